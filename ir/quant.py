@@ -1,0 +1,132 @@
+"""Quantization formats: data describing how a weight ``W (N, K)`` is stored.
+
+``dequant(W)[n, k] = (q[n, k] - z[n, g]) * s[n, g]`` with ``g`` the group of ``k`` (``k //
+group_size`` unless a GPTQ ``g_idx`` says otherwise). Symmetric formats have a fixed zero point.
+Every packing below states its exact byte layout; ``portakern.ir.packing`` holds the numpy
+pack/unpack pair for each, and a round-trip test per packing.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from .dtypes import DType
+
+
+class Packing(str, enum.Enum):
+    """Byte layouts of the quantized payload. Tensor names are the keys of ``QuantizedWeight.tensors``.
+
+    NATIVE: portakern's own layout, for 4 and 8 bits.
+        ``qweight`` uint8 ``(N, K * bits // 8)``: row n holds the codes of W[n, :] in order of k;
+        at 4 bits, byte j holds k = 2j in its low nibble and k = 2j+1 in its high nibble.
+        Codes are unsigned in ``[0, 2^bits)``.
+        ``scales`` ``(N, K // G)`` in ``scale_dtype``.
+        ``zeros`` uint8 ``(N, K // G)`` integer zero points (asymmetric only). Symmetric formats
+        use the fixed zero point ``2^(bits-1)`` (8 at 4 bits, 128 at 8 bits) and have no ``zeros``.
+
+    AWQ: AutoAWQ's GEMM layout, 4 bits, asymmetric, weight stored transposed (in=K, out=N).
+        ``qweight`` int32 ``(K, N // 8)``: word ``[k, j]`` holds W[8j + ORDER[i], k] in bits
+        ``4i .. 4i+3`` for i = 0..7, ORDER = (0, 2, 4, 6, 1, 3, 5, 7).
+        ``qzeros`` int32 ``(K // G, N // 8)``: the integer zero points, packed like qweight.
+        ``scales`` float16 ``(K // G, N)``.
+
+    GPTQ: AutoGPTQ v1 checkpoints ("zero-point minus one" convention), 4 bits.
+        ``qweight`` int32 ``(K // 8, N)``: word ``[r, n]`` holds W[n, 8r + i] in bits 4i .. 4i+3.
+        ``qzeros`` int32 ``(G_count, N // 8)``: word ``[g, j]`` holds ``z[8j + i, g] - 1`` in bits
+        4i .. 4i+3 (the v1 checkpoint stores the zero point minus one; dequant adds it back).
+        ``scales`` float16 ``(G_count, N)``.
+        ``g_idx`` int32 ``(K,)`` (optional, act-order): the group of each input channel k;
+        absent means ``k // G``.
+
+    GGUF_Q4_0: llama.cpp Q4_0, group size 32, symmetric.
+        ``data`` uint8 ``(N, K // 32 * 18)``: per block of 32 weights, a little-endian float16
+        scale d then 16 bytes qs; weight j (0..15) is the low nibble of qs[j], weight j + 16 the
+        high nibble. ``dequant = (q - 8) * d``.
+
+    GGUF_Q8_0: llama.cpp Q8_0, group size 32, symmetric.
+        ``data`` uint8 ``(N, K // 32 * 34)``: per block, a float16 scale d then 32 int8 codes q.
+        ``dequant = q * d``.
+    """
+
+    NATIVE = "native"
+    AWQ = "awq"
+    GPTQ = "gptq"
+    GGUF_Q4_0 = "gguf_q4_0"
+    GGUF_Q8_0 = "gguf_q8_0"
+
+
+#: bits each packing can hold
+PACKING_BITS = {
+    Packing.NATIVE: (4, 8),
+    Packing.AWQ: (4,),
+    Packing.GPTQ: (4,),
+    Packing.GGUF_Q4_0: (4,),
+    Packing.GGUF_Q8_0: (8,),
+}
+
+
+@dataclass(frozen=True)
+class QuantFormat:
+    """How a quantized weight is stored: bits, grouping, zero points, scale dtype and packing."""
+
+    bits: int
+    group_size: int
+    symmetric: bool
+    packing: Packing = Packing.NATIVE
+    scale_dtype: DType = DType.float16
+    has_g_idx: bool = False
+
+    def verify(self, K: int | None = None, N: int | None = None) -> None:
+        """Raise ``InvalidInputError`` naming the field, value and rule when the format is invalid."""
+        from portakern.errors import InvalidInputError
+
+        def fail(msg: str) -> None:
+            raise InvalidInputError(f"QuantFormat: {msg}")
+
+        if not isinstance(self.packing, Packing):
+            fail(f"packing={self.packing!r} must be one of {', '.join(p.value for p in Packing)}")
+        if self.bits not in PACKING_BITS[self.packing]:
+            fail(f"bits={self.bits} is not supported by packing {self.packing.value}: "
+                 f"allowed {PACKING_BITS[self.packing]}")
+        if not isinstance(self.group_size, int) or self.group_size < 2:
+            fail(f"group_size={self.group_size!r} must be an int >= 2")
+        if self.packing in (Packing.GGUF_Q4_0, Packing.GGUF_Q8_0):
+            if self.group_size != 32:
+                fail(f"group_size={self.group_size} must be 32 for {self.packing.value}")
+            if not self.symmetric:
+                fail(f"symmetric=False is impossible for {self.packing.value} (it has no zero points)")
+        if self.packing in (Packing.AWQ, Packing.GPTQ) and self.symmetric:
+            fail(f"symmetric=True is not a {self.packing.value} layout: it always stores zero points")
+        if self.has_g_idx and self.packing is not Packing.GPTQ:
+            fail(f"has_g_idx=True is only meaningful for packing gptq, not {self.packing.value}")
+        if self.scale_dtype not in (DType.float16, DType.bfloat16, DType.float32):
+            fail(f"scale_dtype={self.scale_dtype.value} must be float16, bfloat16 or float32")
+        if K is not None:
+            if K % self.group_size != 0:
+                fail(f"group_size={self.group_size} does not divide K={K}; pick a group size that "
+                     f"divides K (or pad K to a multiple of {self.group_size})")
+            if self.bits == 4 and K % 2 != 0:
+                fail(f"K={K} must be even for 4-bit packing")
+            if self.packing is Packing.GPTQ and K % 8 != 0:
+                fail(f"K={K} must be a multiple of 8 for gptq (8 codes per int32 along K)")
+        if N is not None and self.packing in (Packing.AWQ, Packing.GPTQ) and N % 8 != 0:
+            fail(f"N={N} must be a multiple of 8 for {self.packing.value} (8 codes per int32 along N)")
+
+    @property
+    def zero_point(self) -> int:
+        """The fixed zero point of symmetric formats (GGUF Q8_0 stores signed codes: 0)."""
+        if self.packing is Packing.GGUF_Q8_0:
+            return 0
+        return 1 << (self.bits - 1)
+
+    def to_json(self) -> dict:
+        return {"bits": self.bits, "group_size": self.group_size, "symmetric": self.symmetric,
+                "packing": self.packing.value, "scale_dtype": self.scale_dtype.value,
+                "has_g_idx": self.has_g_idx}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "QuantFormat":
+        return cls(bits=d["bits"], group_size=d["group_size"], symmetric=d["symmetric"],
+                   packing=Packing(d["packing"]), scale_dtype=DType(d["scale_dtype"]),
+                   has_g_idx=d.get("has_g_idx", False))

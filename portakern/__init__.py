@@ -1,0 +1,34 @@
+"""portakern: portable attention and weight-only quantized GEMV kernels for LLM inference.
+
+Quickstart::
+
+    import portakern
+    out = portakern.attention(q, k, v, causal=True)          # fastest backend for q's device
+    w4 = portakern.quantize(w, bits=4, group_size=128)
+    y = portakern.quant_gemv(x, w4)
+    print(portakern.explain(portakern.attention, q, k, v, causal=True))
+"""
+
+from . import ir  # noqa: F401  (portakern.ir)
+from . import backends  # noqa: F401  (portakern.backends: callable package, see backends/__init__.py)
+from .api import attention, devices, explain, plugin_errors, quant_gemv
+from .backend import Backend, Support
+from .devices import Device
+from .dispatch import FallbackWarning, use_backend
+from .errors import (BackendError, InvalidInputError, InvalidTypeError, PluginError, PortakernError,
+                     StrictModeError, UnsupportedError)
+from .plugins import hookimpl
+from .quantized import QuantizedWeight
+
+try:
+    from .quantize import quantize
+except ImportError:  # pragma: no cover - written in parallel; see portakern/quantize.py
+    def quantize(*args, **kwargs):
+        raise NotImplementedError("portakern.quantize is not available in this build")
+
+__version__ = "0.1.0"
+
+__all__ = ["Backend", "BackendError", "Device", "FallbackWarning", "InvalidInputError", "InvalidTypeError",
+           "PluginError", "PortakernError", "QuantizedWeight", "StrictModeError", "Support", "UnsupportedError",
+           "attention", "backends", "devices", "explain", "hookimpl", "plugin_errors", "quant_gemv", "quantize",
+           "use_backend"]

@@ -1,0 +1,203 @@
+"""The public ops: ``attention``, ``quant_gemv``, and the introspection calls around them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import dispatch
+from .arrays import convert_for_backend, empty, to_caller
+from .backend import Backend
+from .devices import Device, detect_devices
+from .dispatch import Decision, Plan
+from .errors import InvalidTypeError, PortakernError
+from .plugins import registry
+from .validate import attention_op, quant_gemv_op
+
+
+def _sig(a: Any) -> tuple | None:
+    """Hashable signature of one array: type, shape, dtype, device, strides."""
+    if a is None:
+        return None
+    try:
+        return (a.shape, a.dtype, a.device, a.stride())  # torch
+    except AttributeError:
+        return (type(a), a.shape, a.dtype, a.strides, getattr(a, "device", None))  # numpy / cupy
+    except TypeError:
+        return (type(a), a.shape, a.dtype, a.strides, a.device)
+
+
+# -- attention ---------------------------------------------------------------------------------
+
+def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, score_mod=None, mask_mod=None,
+              block_table=None, seqlens_k=None, cu_seqlens_q=None, cu_seqlens_k=None, return_lse=False,
+              backend=None):
+    """Scaled dot-product attention, on the fastest backend that supports the inputs.
+
+    Args:
+      q: ``(B, Sq, Hq, D)`` queries (``(total_q, Hq, D)`` for varlen); numpy, torch or cupy,
+        float16 / bfloat16 / float32. The output has the same array type, device and dtype.
+      k, v: ``(B, Sk, Hkv, D)`` / ``(B, Sk, Hkv, Dv)`` keys and values; ``(num_pages, page_size,
+        Hkv, D)`` when ``block_table`` is given; ``(total_k, Hkv, D)`` for varlen. ``Hq % Hkv == 0``.
+      causal: bottom-right aligned causal mask (query i sees key j iff ``j <= i + Sk - Sq``).
+      window: ``(left, right)`` sliding window around the aligned diagonal; -1 = unbounded.
+      softcap: if > 0, scores become ``softcap * tanh(score / softcap)``.
+      scale: score scale, default ``1 / sqrt(D)``.
+      score_mod, mask_mod: ``portakern.ir.Expr`` trees (see ``portakern.ir.expr``) applied to
+        every score / deciding which keys are visible; combined with the flags above.
+      block_table, seqlens_k: paged KV: key t of batch b lives at
+        ``k[block_table[b, t // page_size], t % page_size]`` for ``t < seqlens_k[b]``. With
+        dense k, ``seqlens_k`` alone gives per-batch key lengths.
+      cu_seqlens_q, cu_seqlens_k: ``(B + 1,)`` cumulative lengths for varlen (packed) batches.
+      return_lse: also return the natural-log sum-exp of the scores, float32 ``(B, Hq, Sq)``
+        (``(Hq, total_q)`` for varlen); ``-inf`` for rows with every key masked.
+      backend: run on this backend by name (no fallback); see ``portakern.backends()``.
+
+    Returns:
+      ``out`` ``(B, Sq, Hq, Dv)``, or ``(out, lse)`` when ``return_lse``. Rows with every key
+      masked are zeros.
+
+    Raises:
+      InvalidInputError / InvalidTypeError for bad arguments; UnsupportedError when no backend
+      (or not the one named) can run the problem; BackendError when a forced backend fails.
+    """
+    key = ("attention", _sig(q), _sig(k), _sig(v), _sig(block_table), _sig(seqlens_k), _sig(cu_seqlens_q),
+           _sig(cu_seqlens_k), causal, window if window is None or type(window) is tuple else tuple(window),
+           softcap, scale, score_mod, mask_mod, return_lse, dispatch.override_key(backend))
+    kwargs = dict(causal=causal, window=window, softcap=softcap, scale=scale, score_mod=score_mod,
+                  mask_mod=mask_mod, block_table=block_table, seqlens_k=seqlens_k, cu_seqlens_q=cu_seqlens_q,
+                  cu_seqlens_k=cu_seqlens_k, return_lse=return_lse)
+    plan = dispatch.get_plan(key, lambda: _attention_node(q, k, v, kwargs), backend)
+    aux = {"block_table": block_table, "seqlens_k": seqlens_k, "cu_seqlens_q": cu_seqlens_q,
+           "cu_seqlens_k": cu_seqlens_k}
+    if plan.decision.device.type == "cpu" and any(a is not None for a in aux.values()):
+        attention_op(q, k, v, **kwargs)  # index values are re-checked on the host every call
+    while True:
+        try:
+            return _run_attention(plan, q, k, v, aux)
+        except PortakernError:
+            raise
+        except Exception as e:
+            dispatch.fail_current(plan, plan.backend, e, "run")
+            dispatch.compile_next(plan)
+
+
+def _attention_node(q, k, v, kwargs):
+    op, qi = attention_op(q, k, v, **kwargs)
+    return op, qi.device
+
+
+def _run_attention(plan: Plan, q, k, v, aux: dict):
+    op, device, be = plan.decision.op, plan.decision.device, plan.backend
+    kind = be.array_kind
+    qb, kb, vb = (convert_for_backend(a, be, device) for a in (q, k, v))
+    auxb = {n: convert_for_backend(a, be, device) for n, a in aux.items()}
+    shapes, poison = op.shapes(), dispatch.poisoning()
+    out = empty(kind, shapes["out"], op.dtype, device, poison)
+    lse = empty(kind, shapes["lse"], _F32, device, poison) if op.return_lse else None
+    plan.kernel(qb, kb, vb, out, lse, auxb)
+    caller = _caller_kind(q)
+    res = to_caller(out, caller, q, op.dtype)
+    if lse is None:
+        return res
+    return res, to_caller(lse, caller, q, _F32)
+
+
+# -- quantized GEMV ----------------------------------------------------------------------------
+
+def quant_gemv(x, w, *, backend=None):
+    """``x @ dequant(w).T`` for activations ``x (M, K)`` and a ``QuantizedWeight`` ``w (N, K)``.
+
+    Accumulates in float32 (or better); returns ``(M, N)`` with the array type, device and dtype
+    of ``x``. M from 1 to 16 is the decode regime the device kernels are tuned for; any M works.
+    A backend may repack ``w`` once on first use (cached on ``w.prepared``).
+
+    Raises:
+      InvalidInputError / InvalidTypeError for bad arguments (shape, dtype, device, weight type);
+      UnsupportedError when no backend (or not the one named) supports the problem.
+    """
+    fmt = getattr(w, "fmt", None)
+    key = ("quant_gemv", _sig(x), fmt, getattr(w, "N", None), getattr(w, "K", None),
+           _weight_place(w), dispatch.override_key(backend))
+    plan = dispatch.get_plan(key, lambda: _gemv_node(x, w), backend)
+    while True:
+        try:
+            return _run_gemv(plan, x, w)
+        except PortakernError:
+            raise
+        except Exception as e:
+            dispatch.fail_current(plan, plan.backend, e, "run")
+            dispatch.compile_next(plan)
+
+
+def _weight_place(w) -> tuple:
+    t = next(iter(getattr(w, "tensors", {}).values()), None)
+    return (type(t), getattr(t, "device", None))
+
+
+def _gemv_node(x, w):
+    op, xi = quant_gemv_op(x, w)
+    return op, xi.device
+
+
+def _run_gemv(plan: Plan, x, w):
+    op, device, be = plan.decision.op, plan.decision.device, plan.backend
+    pkey = (be.name, str(device))
+    prepared = w.prepared.get(pkey)
+    if prepared is None:
+        prepared = w.prepared[pkey] = be.prepare_weight(w, device)
+    xb = convert_for_backend(x, be, device)
+    out = empty(be.array_kind, (op.M, op.N), op.result_dtype, device, dispatch.poisoning())
+    plan.kernel(xb, prepared, out)
+    return to_caller(out, _caller_kind(x), x, op.result_dtype)
+
+
+# -- introspection -----------------------------------------------------------------------------
+
+def explain(fn, *args, **kwargs) -> Decision:
+    """Run dispatch for ``fn(*args, **kwargs)`` without executing, and return the decision.
+
+    ``fn`` is ``portakern.attention`` or ``portakern.quant_gemv`` (or their names). The
+    decision lists every candidate with its priority and, when rejected, the reason; the chosen
+    backend; and any fallbacks that happened. ``str(decision)`` is a readable table.
+    """
+    name = fn if isinstance(fn, str) else getattr(fn, "__name__", "")
+    backend = kwargs.pop("backend", None)
+    if name == "attention":
+        op, info = attention_op(*args, **kwargs)
+    elif name == "quant_gemv":
+        op, info = quant_gemv_op(*args, **kwargs)
+    else:
+        raise InvalidTypeError(f"explain(fn={fn!r}): fn must be portakern.attention or portakern.quant_gemv")
+    plan = dispatch.decide(op, info.device, backend)
+    for c in plan.decision.candidates:
+        if c.support.ok:
+            plan.decision.chosen = c.name
+            break
+    return plan.decision
+
+
+def backends() -> list[Backend]:
+    """Every registered backend, by name (plugins that failed to load: ``plugin_errors()``)."""
+    reg = registry()
+    return [reg.backends[n] for n in sorted(reg.backends)]
+
+
+def plugin_errors() -> list[tuple[str, str]]:
+    """``(plugin, error)`` for each plugin that failed to import or register."""
+    return list(registry().errors)
+
+
+def devices() -> list[Device]:
+    """Every device visible on this machine (CPU first)."""
+    return detect_devices()
+
+
+def _caller_kind(a) -> str:
+    from .arrays import kind_of
+
+    return kind_of(a)
+
+
+from portakern.ir.dtypes import DType  # noqa: E402
+
+_F32 = DType.float32

@@ -1,0 +1,138 @@
+"""Array interop: numpy, torch and cupy arrays in, the caller's array type out.
+
+Backends receive arrays of their ``array_kind`` ("numpy" or "torch"). numpy has no bfloat16, so a
+bf16 torch tensor reaches a numpy backend as float32 (exact) and its float32 result is cast back.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from portakern.ir.dtypes import DType
+
+from .devices import CPU, Device, torch_device
+from .errors import InvalidTypeError
+
+_NP_NAMES = {DType.float16: "float16", DType.float32: "float32", DType.float64: "float64",
+             DType.int8: "int8", DType.uint8: "uint8", DType.int32: "int32", DType.int64: "int64",
+             DType.bfloat16: "float32"}
+
+
+def kind_of(a: Any, argument: str = "array") -> str:
+    """"numpy", "torch" or "cupy"; raise ``InvalidTypeError`` naming ``argument`` otherwise."""
+    mod = type(a).__module__.split(".")[0]
+    if mod == "numpy" and hasattr(a, "__array_interface__"):
+        return "numpy"
+    if mod == "torch" and "torch" in sys.modules and isinstance(a, sys.modules["torch"].Tensor):
+        return "torch"
+    if mod == "cupy":
+        return "cupy"
+    raise InvalidTypeError(
+        f"{argument} is a {type(a).__module__}.{type(a).__name__}: expected a numpy array, "
+        "a torch tensor or a cupy array; convert it with numpy.asarray(...) or torch.as_tensor(...)")
+
+
+def device_of(a: Any, kind: str) -> Device:
+    """The Device an array lives on."""
+    if kind == "numpy":
+        return CPU
+    if kind == "torch":
+        d = a.device
+        if d.type == "cpu":
+            return CPU
+        if d.type == "cuda":
+            return torch_device("cuda", d.index if d.index is not None else 0)
+        raise InvalidTypeError(f"torch device {d} is not supported: use a cpu or cuda tensor")
+    return torch_device("cuda", a.device.id)  # cupy
+
+
+def dtype_of(a: Any, kind: str) -> DType:
+    """The IR dtype of an array (ml_dtypes' numpy bfloat16 included)."""
+    return DType.parse(str(a.dtype))
+
+
+def is_contiguous(a: Any, kind: str) -> bool:
+    if kind == "torch":
+        return a.is_contiguous()
+    return bool(a.flags["C_CONTIGUOUS"])
+
+
+def to_numpy(a: Any) -> Any:
+    """A numpy view/copy of any supported array (bf16 becomes float32)."""
+    import numpy as np
+
+    kind = kind_of(a)
+    if kind == "numpy":
+        if str(a.dtype) == "bfloat16":
+            return a.astype(np.float32)
+        return a
+    if kind == "torch":
+        a = a.detach()
+        if str(a.dtype) == "torch.bfloat16":
+            a = a.float()
+        return a.cpu().numpy()
+    return a.get()
+
+
+def convert_for_backend(a: Any, backend: Any, device: Device) -> Any:
+    """Convert ``a`` to ``backend.array_kind`` on ``device``; None passes through."""
+    if a is None:
+        return None
+    kind = kind_of(a)
+    if backend.array_kind == "numpy":
+        return to_numpy(a)
+    if backend.array_kind == "torch":
+        import torch
+
+        if kind == "torch":
+            t = a
+        elif kind == "numpy":
+            t = torch.from_numpy(a)
+        else:
+            t = torch.from_dlpack(a)
+        if device.type in ("cuda", "rocm") and t.device.type != "cuda":
+            t = t.to(f"cuda:{device.index}")
+        return t
+    raise InvalidTypeError(f"backend {backend.name!r} declares unknown array_kind {backend.array_kind!r}")
+
+
+def empty(kind: str, shape: tuple[int, ...], dtype: DType, device: Device, poison: bool = False) -> Any:
+    """Allocate an uninitialised (or NaN-filled when ``poison``) array for a backend."""
+    if kind == "numpy":
+        import numpy as np
+
+        out = np.empty(shape, dtype=_NP_NAMES[dtype])
+        if poison:
+            out.fill(np.nan)
+        return out
+    import torch
+
+    tdev = "cpu" if device.type == "cpu" else f"cuda:{device.index}"
+    out = torch.empty(shape, dtype=getattr(torch, dtype.value), device=tdev)
+    if poison:
+        out.fill_(float("nan"))
+    return out
+
+
+def to_caller(out: Any, caller_kind: str, like: Any, dtype: DType) -> Any:
+    """Return a backend result as the caller's array type on the caller's device, in ``dtype``."""
+    if caller_kind == "numpy":
+        import numpy as np
+
+        if not isinstance(out, np.ndarray):
+            out = to_numpy(out)
+        target = like.dtype if dtype.is_float and str(like.dtype) == dtype.value else _NP_NAMES[dtype]
+        return out if out.dtype == target else out.astype(target)
+    if caller_kind == "torch":
+        import torch
+
+        if not isinstance(out, torch.Tensor):
+            out = torch.from_numpy(out)
+        tdt = getattr(torch, dtype.value)
+        if out.device != like.device:
+            out = out.to(like.device)
+        return out if out.dtype == tdt else out.to(tdt)
+    import cupy
+
+    return cupy.from_dlpack(out) if not isinstance(out, cupy.ndarray) else out

@@ -1,0 +1,144 @@
+"""Plugin manager: loads backends through entry points, isolates failures, builds the registry."""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from importlib import import_module, metadata
+from typing import Any
+
+import pluggy
+
+from . import hookspecs
+from .backend import Backend
+from .errors import InvalidInputError, PluginError
+
+ENTRY_POINT_GROUP = "portakern.backends"
+hookimpl = pluggy.HookimplMarker("portakern")
+
+
+@dataclass
+class Registry:
+    """The loaded plugins and their backends, plus the errors of those that failed."""
+
+    pm: pluggy.PluginManager
+    backends: dict[str, Backend] = field(default_factory=dict)
+    errors: list[tuple[str, str]] = field(default_factory=list)  # (plugin name, error text)
+    plugins: dict[str, str] = field(default_factory=dict)       # plugin name -> distribution
+
+    def get(self, name: str) -> Backend:
+        """The backend called ``name``; raise naming the known ones (and any failed plugin)."""
+        try:
+            return self.backends[name]
+        except KeyError:
+            known = ", ".join(sorted(self.backends)) or "none"
+            failed = "".join(f"; plugin {p!r} failed to load: {e}" for p, e in self.errors)
+            raise InvalidInputError(f"backend={name!r} is not registered: registered backends are "
+                                    f"{known}{failed}") from None
+
+
+_lock = threading.Lock()
+_registry: Registry | None = None
+_manual: list[tuple[str, Any]] = []
+
+
+def _new_manager() -> pluggy.PluginManager:
+    pm = pluggy.PluginManager("portakern")
+    pm.add_hookspecs(hookspecs)
+    return pm
+
+
+def _autoload_disabled() -> bool:
+    return os.environ.get("PORTAKERN_DISABLE_PLUGIN_AUTOLOAD", "").lower() not in ("", "0", "false", "no")
+
+
+def _entry_points() -> list[metadata.EntryPoint]:
+    eps = metadata.entry_points(group=ENTRY_POINT_GROUP)
+    if _autoload_disabled():  # built-ins only, like pytest's PYTEST_DISABLE_PLUGIN_AUTOLOAD
+        eps = [ep for ep in eps if ep.dist is not None and ep.dist.name == "portakern"]
+    return sorted(eps, key=lambda ep: ep.name)
+
+
+def _register(reg: Registry, name: str, obj: Any, dist: str) -> None:
+    try:
+        reg.pm.register(obj, name=name)
+    except Exception as e:  # bad hook signature, duplicate name, ...
+        reg.errors.append((name, f"Error registering plugin {name!r}: {type(e).__name__}: {e}"))
+        return
+    reg.plugins[name] = dist
+    try:
+        lists = reg.pm.subset_hook_caller("portakern_register_backends", remove_plugins=[
+            p for p in reg.pm.get_plugins() if p is not obj])()
+    except Exception as e:
+        reg.pm.unregister(obj)
+        reg.errors.append((name, f"Error in plugin {name!r} portakern_register_backends: {type(e).__name__}: {e}"))
+        return
+    for backends in lists:
+        for b in backends or []:
+            if not isinstance(b, Backend):
+                reg.errors.append((name, f"plugin {name!r} returned {b!r}, which is not a portakern.Backend"))
+            elif not b.name or b.name in reg.backends:
+                reg.errors.append((name, f"plugin {name!r}: backend name {b.name!r} is empty or already taken"))
+            else:
+                reg.backends[b.name] = b
+
+
+def build_registry() -> Registry:
+    """Load every entry-point plugin, then ``PORTAKERN_PLUGINS`` modules, then manual ones."""
+    reg = Registry(pm=_new_manager())
+    for ep in _entry_points():
+        dist = ep.dist.name if ep.dist is not None else "?"
+        try:
+            obj = ep.load()
+        except Exception as e:
+            reg.errors.append((ep.name, f'Error importing plugin "{ep.name}" ({ep.value}): {type(e).__name__}: {e}'))
+            continue
+        _register(reg, ep.name, obj, dist)
+    for modname in filter(None, (m.strip() for m in os.environ.get("PORTAKERN_PLUGINS", "").split(","))):
+        try:
+            obj = import_module(modname)
+        except Exception as e:
+            reg.errors.append((modname, f'Error importing plugin "{modname}": {type(e).__name__}: {e}'))
+            continue
+        _register(reg, modname, obj, "PORTAKERN_PLUGINS")
+    for name, obj in _manual:
+        _register(reg, name, obj, "manual")
+    return reg
+
+
+def registry() -> Registry:
+    """The process-wide registry, built on first use."""
+    global _registry
+    if _registry is None:
+        with _lock:
+            if _registry is None:
+                _registry = build_registry()
+    return _registry
+
+
+def reset() -> None:
+    """Forget the registry and every cached dispatch plan (tests; after installing a plugin)."""
+    global _registry
+    from . import dispatch
+
+    with _lock:
+        _registry = None
+    dispatch.clear_cache()
+
+
+def register(obj: Any, name: str | None = None) -> None:
+    """Register a plugin object by hand (tests, notebooks). Takes effect at once."""
+    name = name or getattr(obj, "__name__", None) or type(obj).__name__
+    _manual.append((name, obj))
+    reset()
+
+
+def unregister(name: str) -> None:
+    """Drop a plugin registered with ``register``."""
+    before = len(_manual)
+    _manual[:] = [(n, o) for n, o in _manual if n != name]
+    if len(_manual) == before:
+        raise PluginError(f"plugin {name!r} was not registered by hand; hand-registered: "
+                          f"{', '.join(n for n, _ in _manual) or 'none'}")
+    reset()

@@ -1,0 +1,235 @@
+"""Input checks for the public ops: turn user arrays and options into a verified IR node.
+
+Runs once per call signature (the result is cached by dispatch), before anything launches.
+Every failure is a ``PortakernError`` naming the argument, the value, the rule and the way out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from portakern.ir import expr as E
+from portakern.ir.dtypes import STORAGE_FLOATS, DType
+from portakern.ir.expr import Expr
+from portakern.ir.ops import Attention, KVLayout, QuantGemv
+
+from .arrays import device_of, dtype_of, kind_of
+from .devices import Device
+from .errors import InvalidInputError, InvalidTypeError
+
+INDEX_DTYPES = (DType.int32, DType.int64)
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    kind: str
+    device: Device
+    dtype: DType
+    shape: tuple[int, ...]
+
+
+def describe(a: Any, argument: str) -> ArrayInfo:
+    kind = kind_of(a, argument)
+    return ArrayInfo(kind, device_of(a, kind), dtype_of(a, kind), tuple(a.shape))
+
+
+def _same_place(infos: dict[str, ArrayInfo]) -> None:
+    first_name, first = next(iter(infos.items()))
+    for name, info in infos.items():
+        if info.kind != first.kind:
+            raise InvalidTypeError(
+                f"{name} is a {info.kind} array but {first_name} is a {first.kind} array: mixed array "
+                f"libraries are not allowed; convert {name} to {first.kind} first")
+        if info.device != first.device:
+            raise InvalidTypeError(
+                f"{name} is on {info.device} but {first_name} is on {first.device}: every input must be "
+                f"on one device; move {name} with .to({str(first.device)!r})")
+
+
+def _check_last_dim_contiguous(a: Any, kind: str, argument: str) -> None:
+    stride = a.stride(-1) if kind == "torch" else a.strides[-1] // a.itemsize
+    if a.shape[-1] > 1 and stride != 1:
+        raise InvalidInputError(
+            f"{argument} has stride {stride} in its last (head_dim) dimension: the innermost dimension "
+            f"must be contiguous; pass {argument}.contiguous() (torch) or numpy.ascontiguousarray({argument})")
+
+
+def _host_values(a: Any, kind: str):
+    """numpy copy of an index array (a device->host copy for GPU arrays: first call only)."""
+    from .arrays import to_numpy
+
+    return to_numpy(a)
+
+
+def _mods(causal, window, softcap, score_mod, mask_mod) -> tuple[Expr | None, Expr | None]:
+    if not isinstance(causal, bool):
+        raise InvalidTypeError(f"causal={causal!r} must be True or False")
+    if score_mod is not None and not isinstance(score_mod, Expr):
+        raise InvalidTypeError(f"score_mod={score_mod!r} must be a portakern.ir.Expr (see portakern.ir.expr)")
+    if mask_mod is not None and not isinstance(mask_mod, Expr):
+        raise InvalidTypeError(f"mask_mod={mask_mod!r} must be a portakern.ir.Expr (see portakern.ir.expr)")
+    if score_mod is not None and score_mod.is_bool():
+        raise InvalidInputError(f"score_mod={score_mod} is a boolean expression: pass masks as mask_mod")
+    if mask_mod is not None and not mask_mod.is_bool():
+        raise InvalidInputError(f"mask_mod={mask_mod} is not a boolean expression: it must say which keys are kept")
+    if not isinstance(softcap, (int, float)) or isinstance(softcap, bool) or not math.isfinite(softcap) or softcap < 0:
+        raise InvalidInputError(f"softcap={softcap!r} must be a finite number >= 0 (0 disables soft-capping)")
+    masks = [] if mask_mod is None else [mask_mod]
+    if causal:
+        masks.insert(0, E.causal_mask())
+    if window is not None:
+        if (not isinstance(window, (tuple, list)) or len(window) != 2
+                or not all(isinstance(w, int) and not isinstance(w, bool) for w in window)):
+            raise InvalidInputError(f"window={window!r} must be a (left, right) pair of ints; -1 means unbounded")
+        masks.append(E.window_mask(int(window[0]), int(window[1])))
+    mask = None
+    for m in masks:
+        mask = m if mask is None else mask & m
+    score = score_mod
+    if softcap:
+        cap = E.softcap_score(float(softcap))
+        score = cap if score is None else E.compose_score(cap, score)
+    return score, mask
+
+
+def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, score_mod=None,
+                 mask_mod=None, block_table=None, seqlens_k=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                 return_lse=False, check_values=True) -> tuple[Attention, ArrayInfo]:
+    """Validate the arguments of ``portakern.attention`` and build its ``Attention`` node."""
+    infos = {"q": describe(q, "q"), "k": describe(k, "k"), "v": describe(v, "v")}
+    _same_place(infos)
+    qi, ki, vi = infos["q"], infos["k"], infos["v"]
+    for name, info in infos.items():
+        if info.dtype not in STORAGE_FLOATS:
+            raise InvalidTypeError(f"{name} has dtype {info.dtype.value}: attention inputs must be float16, "
+                                   "bfloat16 or float32")
+    if not (qi.dtype == ki.dtype == vi.dtype):
+        raise InvalidTypeError(f"q, k, v dtypes differ ({qi.dtype.value}, {ki.dtype.value}, {vi.dtype.value}): "
+                               "cast them to one dtype")
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        _check_last_dim_contiguous(a, infos[name].kind, name)
+    if not isinstance(return_lse, bool):
+        raise InvalidTypeError(f"return_lse={return_lse!r} must be True or False")
+
+    index_args = {"block_table": block_table, "seqlens_k": seqlens_k,
+                  "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}
+    for name, a in index_args.items():
+        if a is None:
+            continue
+        info = describe(a, name)
+        _same_place({"q": qi, name: info})
+        if info.dtype not in INDEX_DTYPES:
+            raise InvalidTypeError(f"{name} has dtype {info.dtype.value}: index arrays must be int32 or int64")
+
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    paged = block_table is not None
+    if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
+        raise InvalidInputError("varlen attention needs both cu_seqlens_q and cu_seqlens_k; one of them is None")
+    if varlen and paged:
+        raise InvalidInputError("block_table together with cu_seqlens_q/k is not supported: use paged KV with "
+                                "a dense (B, Sq, Hq, D) q, or varlen with contiguous K/V")
+    if varlen and seqlens_k is not None:
+        raise InvalidInputError("seqlens_k must be None for varlen attention: key lengths come from cu_seqlens_k")
+    if paged and seqlens_k is None:
+        raise InvalidInputError("paged attention (block_table given) needs seqlens_k, the number of valid "
+                                "keys per batch entry")
+
+    want = 3 if varlen else 4
+    for name, info in infos.items():
+        if len(info.shape) != want:
+            layout = "(total, H, D) for varlen" if varlen else "(B, S, H, D)" if not paged or name == "q" \
+                else "(num_pages, page_size, Hkv, D) for paged KV"
+            raise InvalidInputError(f"{name} has shape {info.shape}: expected {want} dimensions, {layout}")
+    D, Dv = qi.shape[-1], vi.shape[-1]
+    Hq, Hkv = qi.shape[-2], ki.shape[-2]
+    if ki.shape[-1] != D:
+        raise InvalidInputError(f"k head_dim {ki.shape[-1]} != q head_dim {D}: q and k must share head_dim")
+    if ki.shape[:-1] != vi.shape[:-1]:
+        raise InvalidInputError(f"k shape {ki.shape} and v shape {vi.shape} must agree in all but the last dimension")
+    if Hq % Hkv:
+        raise InvalidInputError(f"q has {Hq} heads and k has {Hkv}: the number of query heads must be a multiple "
+                                "of the number of KV heads (grouped-query attention)")
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale) or scale == 0:
+        raise InvalidInputError(f"scale={scale!r} must be a finite non-zero number (default 1/sqrt(head_dim))")
+    score, mask = _mods(causal, window, softcap, score_mod, mask_mod)
+    common = dict(heads_q=Hq, heads_kv=Hkv, head_dim=D, head_dim_v=Dv, dtype=qi.dtype, scale=float(scale),
+                  score_mod=score, mask_mod=mask, return_lse=return_lse)
+
+    if varlen:
+        B = describe(cu_seqlens_q, "cu_seqlens_q").shape[0] - 1
+        for name, a, total in (("cu_seqlens_q", cu_seqlens_q, qi.shape[0]), ("cu_seqlens_k", cu_seqlens_k, ki.shape[0])):
+            shp = describe(a, name).shape
+            if len(shp) != 1 or shp[0] != B + 1 or B < 1:
+                raise InvalidInputError(f"{name} has shape {shp}: expected (batch + 1,) = ({B + 1},) with batch >= 1")
+            if check_values:
+                c = _host_values(a, qi.kind)
+                if c[0] != 0 or (c[1:] < c[:-1]).any() or c[-1] != total:
+                    raise InvalidInputError(f"{name}={c.tolist()[:8]}... must start at 0, never decrease and end at "
+                                            f"{total} (the first dimension of {'q' if name.endswith('q') else 'k'})")
+        op = Attention(batch=B, seqlen_q=qi.shape[0], seqlen_k=ki.shape[0], kv_layout=KVLayout.VARLEN,
+                       total_q=qi.shape[0], total_k=ki.shape[0], **common)
+    elif paged:
+        B, Sq = qi.shape[0], qi.shape[1]
+        P, page = ki.shape[0], ki.shape[1]
+        bt = describe(block_table, "block_table").shape
+        if len(bt) != 2 or bt[0] != B:
+            raise InvalidInputError(f"block_table has shape {bt}: expected (batch, max_pages) = ({B}, max_pages)")
+        sk = describe(seqlens_k, "seqlens_k").shape
+        if sk != (B,):
+            raise InvalidInputError(f"seqlens_k has shape {sk}: expected (batch,) = ({B},)")
+        if check_values:
+            t, s = _host_values(block_table, qi.kind), _host_values(seqlens_k, qi.kind)
+            if (s < 0).any() or (s > bt[1] * page).any():
+                bad = int(s.max())
+                raise InvalidInputError(f"seqlens_k has a value {bad} longer than the block table holds "
+                                        f"({bt[1]} pages x page_size {page} = {bt[1] * page} keys), or a negative one")
+            for b_ in range(B):
+                used = t[b_, : -(-int(s[b_]) // page)]
+                if used.size and (used.min() < 0 or used.max() >= P):
+                    raise InvalidInputError(f"block_table[{b_}] references page {int(used.max() if used.max() >= P else used.min())} "
+                                            f"but k has {P} pages (valid 0..{P - 1})")
+        op = Attention(batch=B, seqlen_q=Sq, seqlen_k=bt[1] * page, kv_layout=KVLayout.PAGED, page_size=page,
+                       num_pages=P, has_seqlens_k=True, **common)
+    else:
+        B, Sq, Sk = qi.shape[0], qi.shape[1], ki.shape[1]
+        if ki.shape[0] != B:
+            raise InvalidInputError(f"k has batch {ki.shape[0]} but q has batch {B}: they must match")
+        if seqlens_k is not None:
+            sk = describe(seqlens_k, "seqlens_k").shape
+            if sk != (B,):
+                raise InvalidInputError(f"seqlens_k has shape {sk}: expected (batch,) = ({B},)")
+            if check_values:
+                s = _host_values(seqlens_k, qi.kind)
+                if (s < 0).any() or (s > Sk).any():
+                    raise InvalidInputError(f"seqlens_k={s.tolist()[:8]} must lie in [0, {Sk}] (the key length of k)")
+        op = Attention(batch=B, seqlen_q=Sq, seqlen_k=Sk, has_seqlens_k=seqlens_k is not None, **common)
+    return op.verify(), qi
+
+
+def quant_gemv_op(x, w) -> tuple[QuantGemv, ArrayInfo]:
+    """Validate the arguments of ``portakern.quant_gemv`` and build its ``QuantGemv`` node."""
+    from .quantized import QuantizedWeight
+
+    xi = describe(x, "x")
+    if not isinstance(w, QuantizedWeight):
+        raise InvalidTypeError(f"w is a {type(w).__name__}: expected a portakern.QuantizedWeight; build one with "
+                               "portakern.quantize(w) or QuantizedWeight.from_gguf/from_awq/from_gptq")
+    if xi.dtype not in STORAGE_FLOATS:
+        raise InvalidTypeError(f"x has dtype {xi.dtype.value}: activations must be float16, bfloat16 or float32")
+    if len(xi.shape) != 2:
+        raise InvalidInputError(f"x has shape {xi.shape}: expected (M, K) = (M, {w.K}); reshape a vector with x[None]")
+    M, K = xi.shape
+    if K != w.K:
+        raise InvalidInputError(f"x has K={K} columns but w is ({w.N}, {w.K}): x must be (M, {w.K})")
+    _check_last_dim_contiguous(x, xi.kind, "x")
+    for name, t in w.tensors.items():
+        ti = describe(t, f"w.tensors[{name!r}]")
+        if ti.device != xi.device:
+            raise InvalidTypeError(f"w.tensors[{name!r}] is on {ti.device} but x is on {xi.device}: move the weight "
+                                   f"with w.to({str(xi.device)!r})")
+    op = QuantGemv(M=M, N=w.N, K=K, dtype=xi.dtype, fmt=w.fmt)
+    return op.verify(), xi
