@@ -48,8 +48,9 @@ _BINARY: dict[Op, Callable] = {
     Op.OR: np.logical_or,
 }
 #: Ops whose boolean operands are read as the integers 0 / 1 (numpy would otherwise refuse
-#: ``-True`` and ``True - False`` and compute ``True + True`` as ``True``).
-_NUMERIC = frozenset({Op.NEG, Op.ABS, Op.ADD, Op.SUB, Op.MUL, Op.MIN, Op.MAX})
+#: ``-True`` and ``True - False``, compute ``True + True`` as ``True`` and ``tanh(True)`` in float16).
+_NUMERIC = frozenset({Op.NEG, Op.ABS, Op.EXP, Op.TANH, Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MIN,
+                      Op.MAX})
 
 
 def evaluate(expr: Expr, env: Mapping[str, object]) -> np.ndarray:

@@ -1,0 +1,58 @@
+"""Reference weight-only quantized GEMV: ``out = x @ dequant(W)^T`` in float64.
+
+The dequantization itself (``(q - z) * s`` per group, for every packing) lives in
+``portakern.ir.packing``: the same numpy unpackers the round-trip tests prove, so the reference
+adds no second reading of any byte layout.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from portakern.errors import InvalidInputError
+from portakern.ir.ops import QuantGemv
+
+
+def quant_gemv_kernel(op: QuantGemv) -> Callable[..., None]:
+    """Build the reference kernel for ``op``: ``kernel(x, weight, out)``.
+
+    Args:
+        op: a verified ``QuantGemv`` node.
+
+    Returns:
+        A function taking numpy ``x (M, K)`` (bf16 arrives as float32), a ``QuantizedWeight``
+        whose ``tensors`` are numpy arrays, and ``out (M, N)``; it computes
+        ``x @ dequant(W)^T`` in float64 and writes every element of ``out`` (cast to its dtype).
+
+    Raises (from the kernel):
+        InvalidInputError: ``x``, ``out`` or the weight do not match the op's shapes or format.
+    """
+    op.verify()
+
+    def kernel(x, weight, out) -> None:
+        # lazy: the packers are only needed once a quantized kernel actually runs
+        from portakern.ir.packing import dequantize
+
+        # -- check operands against the op
+        _check(op, x, weight, out)
+        # -- dequantize W (N, K) to float64, then one float64 matmul
+        w = dequantize(op.fmt, weight.tensors, op.N, op.K)
+        out[...] = np.asarray(x, dtype=np.float64) @ np.asarray(w, dtype=np.float64).T
+
+    kernel.__name__ = f"cpu_quant_gemv_{op.content_hash()}"
+    return kernel
+
+
+def _check(op: QuantGemv, x, weight, out) -> None:
+    """Raise naming the operand when a shape or the weight's format differs from ``op``."""
+    for name, arr, want in (("x", x, (op.M, op.K)), ("out", out, (op.M, op.N))):
+        if tuple(arr.shape) != want:
+            raise InvalidInputError(f"{name} has shape {tuple(arr.shape)}, expected {want} for "
+                                    f"QuantGemv(M={op.M}, N={op.N}, K={op.K})")
+    if (weight.N, weight.K) != (op.N, op.K):
+        raise InvalidInputError(f"weight has shape {(weight.N, weight.K)}, expected (N, K) = "
+                                f"{(op.N, op.K)}")
+    if weight.fmt != op.fmt:
+        raise InvalidInputError(f"weight format {weight.fmt} differs from the op's format {op.fmt}")

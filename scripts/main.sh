@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Main job: set up, print what this machine has, then run the conformance suite on every
+# device present (reports under reports/). Exit status is non-zero if any case fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+PK=.venv/bin/portakern
+$PK info
+mkdir -p reports
+status=0
+for dev in $(.venv/bin/python -c "import portakern; print(' '.join(str(d) for d in portakern.devices() if d.type in ('cpu', 'cuda')))"); do
+  tier=cpu; [ "$dev" != cpu ] && tier=gpu
+  name=${dev//:/-}
+  echo "== conformance on $dev =="
+  $PK conformance --device "$dev" --tier cpu --report "reports/$name.json" --markdown "reports/$name.md" || status=1
+  if [ "$tier" = gpu ]; then
+    $PK conformance --device "$dev" --tier gpu --report "reports/$name-gpu.json" --markdown "reports/$name-gpu.md" || status=1
+  fi
+done
+exit $status
