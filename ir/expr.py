@@ -72,12 +72,14 @@ class Expr:
     op: Op
     args: tuple["Expr", ...] = ()
     value: object = None
+    vtype: str = ""  # CONST only: "bool" | "int" | "float", so True, 1 and 1.0 stay distinct
+
 
     def __hash__(self) -> int:  # trees are hashed on every dispatch: compute once
         try:
             return self.__dict__["_hash"]
         except KeyError:
-            hv = hash((self.op, self.args, self.value))
+            hv = hash((self.op, self.args, self.value, self.vtype))
             object.__setattr__(self, "_hash", hv)
             return hv
 
@@ -120,6 +122,20 @@ class Expr:
         for a in self.args:
             out |= a.variables()
         return out
+
+    def check(self, where: str = "expression") -> None:
+        """Raise ``InvalidInputError`` unless every node has the arity and payload of its op."""
+        from portakern.errors import InvalidInputError
+
+        arity = 0 if self.op in (Op.VAR, Op.CONST) else 1 if self.op in UNARY else 3 if self.op is Op.WHERE else 2
+        if len(self.args) != arity:
+            raise InvalidInputError(f"{where}: node {self.op.value} has {len(self.args)} arguments; it takes {arity}")
+        if self.op is Op.VAR and self.value not in VARIABLES:
+            raise InvalidInputError(f"{where}: variable {self.value!r} is unknown: expected one of {', '.join(VARIABLES)}")
+        if self.op is Op.CONST and not isinstance(self.value, (int, float, bool)):
+            raise InvalidInputError(f"{where}: constant {self.value!r} must be an int, float or bool")
+        for a in self.args:
+            a.check(where)
 
     def is_bool(self) -> bool:
         """Whether the tree evaluates to a boolean."""
@@ -180,7 +196,7 @@ def const(value: int | float | bool) -> Expr:
         from portakern.errors import InvalidTypeError
 
         raise InvalidTypeError(f"expression constant {value!r} must be an int, float or bool")
-    return Expr(Op.CONST, (), value)
+    return Expr(Op.CONST, (), value, type(value).__name__)
 
 
 def where(cond: Operand, a: Operand, b: Operand) -> Expr:

@@ -108,6 +108,10 @@ class Attention:
             _fail(n, f"dtype={self.dtype} must be one of float16, bfloat16, float32")
         if not isinstance(self.scale, float) or not math.isfinite(self.scale) or self.scale == 0.0:
             _fail(n, f"scale={self.scale!r} must be a finite non-zero float")
+        for f in ("score_mod", "mask_mod"):
+            m = getattr(self, f)
+            if isinstance(m, Expr):
+                m.check(f"{n}.{f}")
         if self.score_mod is not None:
             if not isinstance(self.score_mod, Expr) or self.score_mod.is_bool():
                 _fail(n, f"score_mod={self.score_mod} must be a numeric Expr (it returns the new score)")

@@ -21,6 +21,7 @@ GPTQ v1 stores ``zero - 1`` in four bits and adds the one back, so its zero poin
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -33,7 +34,7 @@ from .quant import Packing, QuantFormat
 #: AutoAWQ's interleave: nibble i of a word holds output channel 8j + AWQ_ORDER[i]
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 _IDENTITY = tuple(range(8))
-_GGUF_BLOCK_BYTES = {Packing.GGUF_Q4_0: 18, Packing.GGUF_Q8_0: 34}  # 2-byte fp16 scale + codes
+GGUF_BLOCK_BYTES = {Packing.GGUF_Q4_0: 18, Packing.GGUF_Q8_0: 34}  # 2-byte fp16 scale + codes
 
 
 # -- validation --------------------------------------------------------------------------------
@@ -61,7 +62,7 @@ def tensor_specs(fmt: QuantFormat, N: int, K: int) -> dict[str, tuple[tuple[int,
         if fmt.has_g_idx:
             specs["g_idx"] = ((K,), ("int32",), "(K,)")
         return specs
-    nbytes = _GGUF_BLOCK_BYTES[p]
+    nbytes = GGUF_BLOCK_BYTES[p]
     return {"data": ((N, K // 32 * nbytes), ("uint8",), f"(N, K // 32 * {nbytes})")}
 
 
@@ -78,7 +79,7 @@ def validate_tensors(fmt: QuantFormat, tensors: Mapping[str, Any], N: int, K: in
     (wrong dtype) naming the tensor as ``argument['name']`` (just ``name`` when ``argument`` is None).
     """
     fmt.verify(K=K, N=N)
-    if fmt.packing in _GGUF_BLOCK_BYTES and fmt.scale_dtype is not DType.float16:
+    if fmt.packing in GGUF_BLOCK_BYTES and fmt.scale_dtype is not DType.float16:
         raise InvalidInputError(f"QuantFormat: scale_dtype={fmt.scale_dtype.value} is impossible for "
                                 f"{fmt.packing.value}: GGUF blocks embed float16 scales; use float16")
     specs = tensor_specs(fmt, N, K)
@@ -98,11 +99,9 @@ def validate_tensors(fmt: QuantFormat, tensors: Mapping[str, Any], N: int, K: in
             raise InvalidTypeError(f"{label(name)} is a {type(a).__name__}: expected a numpy array, "
                                    "torch tensor or cupy array")
         if tuple(a.shape) != shape:
-            hint = ""
-            if name == "scales" and len(a.shape) == 2 and fmt.packing is not Packing.NATIVE:
-                rows = a.shape[0]
-                if rows and K % rows == 0 and K // rows != fmt.group_size:
-                    hint = f"; its {rows} rows suggest group_size={K // rows}"
+            fits = [g for g in range(2, K + 1) if K % g == 0 and "group_size" in formula
+                    and tensor_specs(replace(fmt, group_size=g), N, K)[name][0] == tuple(a.shape)]
+            hint = f"; that shape fits group_size={fits[0]}: check group_size" if fits else ""
             raise InvalidInputError(f"{label(name)} has shape {tuple(a.shape)} but {where} needs "
                                     f"{formula} = {shape}{hint}")
         if _dtype_name(a) not in dtypes:
@@ -217,7 +216,7 @@ def pack_gptq(fmt, codes, scales, zeros, N, K, g_idx=None):
 
 
 def _gguf_blocks(fmt, t, N, K):
-    blocks = np.ascontiguousarray(t["data"]).reshape(N, K // 32, _GGUF_BLOCK_BYTES[fmt.packing])
+    blocks = np.ascontiguousarray(t["data"]).reshape(N, K // 32, GGUF_BLOCK_BYTES[fmt.packing])
     d = blocks[:, :, :2].copy().view("<f2")[:, :, 0].astype(np.float64)   # little-endian fp16
     return d, blocks[:, :, 2:]
 
@@ -330,3 +329,70 @@ def pack(fmt: QuantFormat, codes: Any, scales: Any, zeros: Any, N: int, K: int,
         raise InvalidInputError(f"g_idx was given but fmt.has_g_idx=False ({fmt.packing.value}): drop it, "
                                 "or use packing gptq with has_g_idx=True")
     return _PAIRS[fmt.packing][0](fmt, codes, scales, zeros, N, K, g_idx)
+
+
+# -- round-to-nearest quantizer ----------------------------------------------------------------
+
+def ceil_to_dtype(x: np.ndarray, dtype: DType) -> np.ndarray:
+    """The smallest value representable in ``dtype`` that is >= ``x`` (x > 0), as float64."""
+    with np.errstate(over="ignore"):  # overflow -> inf, reported by the caller
+        y = x.astype(np.float16 if dtype is DType.float16 else np.float32)
+    y = np.where(y.astype(np.float64) < x, np.nextafter(y, np.inf), y)
+    if dtype is DType.bfloat16:  # bf16 = top half of fp32: truncate, then step up if bits were lost
+        bits = y.astype(np.float32).view(np.uint32)
+        top = bits & np.uint32(0xFFFF0000)
+        y = np.where(top != bits, top + np.uint32(0x10000), top).astype(np.uint32).view(np.float32)
+    return y.astype(np.float64)
+
+
+def quantize_native(w: Any, bits: int = 4, group_size: int = 128, symmetric: bool = False,
+                    scale_dtype: DType | str = DType.float16) -> tuple[dict[str, np.ndarray], QuantFormat]:
+    """Round-to-nearest min/max quantization of ``w (N, K)`` into the NATIVE packing.
+
+    Per group of ``group_size`` along K:
+
+    * asymmetric: the range is widened to include 0 (``lo = min(w, 0)``, ``hi = max(w, 0)``, as
+      AutoGPTQ does), ``scale = (hi - lo) / (2^bits - 1)``, ``zero = round(-lo / scale)``,
+      ``q = clip(round(w / scale) + zero, 0, 2^bits - 1)``; zeros of ``w`` dequantize exactly.
+    * symmetric: ``scale = max|w| / (2^(bits-1) - 1)``, ``q = round(w / scale) + 2^(bits-1)``
+      (codes 1 .. 2^bits - 1; code 0 is unused so nothing clips).
+
+    The scale is rounded *up* to ``scale_dtype`` before the codes are computed, so the range always
+    fits and ``max|w - dequant| <= scale / 2`` holds with the stored scale. An all-zero group gets
+    scale 1 (any scale is exact there). Returns ``(tensors, fmt)``; raises ``InvalidInputError`` for
+    a bad shape, bits, group size, non-finite values or a scale that overflows ``scale_dtype``.
+    """
+    w = np.asarray(w, dtype=np.float64)
+    if w.ndim != 2:
+        raise InvalidInputError(f"w has shape {w.shape}: expected a 2-D weight (N, K) = (out, in features)")
+    N, K = w.shape
+    if bits not in (4, 8):
+        raise InvalidInputError(f"bits={bits!r} is not supported by the native packing: choose 4 or 8")
+    fmt = QuantFormat(bits=bits, group_size=group_size, symmetric=bool(symmetric),
+                      packing=Packing.NATIVE, scale_dtype=DType.parse(scale_dtype, argument="scale_dtype"))
+    fmt.verify(K=K, N=N)
+    if not np.isfinite(w).all():
+        bad = tuple(int(i) for i in np.argwhere(~np.isfinite(w))[0])
+        raise InvalidInputError(f"w{list(bad)}={w[bad]}: w must be finite to quantize; replace NaN/Inf first")
+    wg = w.reshape(N, K // group_size, group_size)
+    if symmetric:
+        qmax = (1 << (bits - 1)) - 1
+        raw = np.abs(wg).max(axis=-1) / qmax
+    else:
+        qmax = (1 << bits) - 1
+        lo, hi = np.minimum(wg.min(axis=-1), 0.0), np.maximum(wg.max(axis=-1), 0.0)
+        raw = (hi - lo) / qmax
+    scales = ceil_to_dtype(np.where(raw == 0, 1.0, raw), fmt.scale_dtype)
+    if not np.isfinite(scales).all():
+        big = float(np.abs(w).max())
+        raise InvalidInputError(f"w has values up to {big:.4g}: its scale overflows scale_dtype="
+                                f"{fmt.scale_dtype.value}; pass scale_dtype='float32' or rescale w")
+    s = scales[..., None]
+    if symmetric:
+        zeros = None
+        codes = np.clip(np.round(wg / s), -qmax, qmax) + fmt.zero_point
+    else:
+        zeros = np.clip(np.round(-lo / scales), 0, qmax)
+        codes = np.clip(np.round(wg / s) + zeros[..., None], 0, qmax)
+    codes = codes.astype(np.int64).reshape(N, K)
+    return pack(fmt, codes, scales, zeros, N, K), fmt

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from numpy import ndarray as _ndarray
+
 from . import dispatch
-from .arrays import convert_for_backend, empty, to_caller
+from .arrays import convert_for_backend, empty, kind_of, to_caller
 from .backend import Backend
 from .devices import Device, detect_devices
 from .dispatch import Decision, Plan
@@ -18,6 +20,8 @@ def _sig(a: Any) -> tuple | None:
     """Hashable signature of one array: type, shape, dtype, device, strides."""
     if a is None:
         return None
+    if type(a) is _ndarray:  # hot path: a plain numpy array lives on the host
+        return (a.shape, a.dtype, a.strides)
     try:
         return (a.shape, a.dtype, a.device, a.stride())  # torch
     except AttributeError:
@@ -63,14 +67,18 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, sc
     key = ("attention", _sig(q), _sig(k), _sig(v), _sig(block_table), _sig(seqlens_k), _sig(cu_seqlens_q),
            _sig(cu_seqlens_k), causal, window if window is None or type(window) is tuple else tuple(window),
            softcap, scale, score_mod, mask_mod, return_lse, dispatch.override_key(backend))
-    kwargs = dict(causal=causal, window=window, softcap=softcap, scale=scale, score_mod=score_mod,
-                  mask_mod=mask_mod, block_table=block_table, seqlens_k=seqlens_k, cu_seqlens_q=cu_seqlens_q,
-                  cu_seqlens_k=cu_seqlens_k, return_lse=return_lse)
-    plan = dispatch.get_plan(key, lambda: _attention_node(q, k, v, kwargs), backend)
+
+    def options() -> dict:
+        return dict(causal=causal, window=window, softcap=softcap, scale=scale, score_mod=score_mod,
+                    mask_mod=mask_mod, block_table=block_table, seqlens_k=seqlens_k, cu_seqlens_q=cu_seqlens_q,
+                    cu_seqlens_k=cu_seqlens_k, return_lse=return_lse)
+
+    plan = dispatch.get_plan(key, lambda: _attention_node(q, k, v, options()), backend)
     aux = {"block_table": block_table, "seqlens_k": seqlens_k, "cu_seqlens_q": cu_seqlens_q,
            "cu_seqlens_k": cu_seqlens_k}
-    if plan.decision.device.type == "cpu" and any(a is not None for a in aux.values()):
-        attention_op(q, k, v, **kwargs)  # index values are re-checked on the host every call
+    if (block_table is not None or seqlens_k is not None or cu_seqlens_q is not None
+            or cu_seqlens_k is not None) and plan.decision.device.type == "cpu":
+        attention_op(q, k, v, **options())  # index values are re-checked on the host every call
     while True:
         try:
             return _run_attention(plan, q, k, v, aux)
@@ -89,13 +97,16 @@ def _attention_node(q, k, v, kwargs):
 def _run_attention(plan: Plan, q, k, v, aux: dict):
     op, device, be = plan.decision.op, plan.decision.device, plan.backend
     kind = be.array_kind
-    qb, kb, vb = (convert_for_backend(a, be, device) for a in (q, k, v))
-    auxb = {n: convert_for_backend(a, be, device) for n, a in aux.items()}
-    shapes, poison = op.shapes(), dispatch.poisoning()
+    qb, kb, vb = (convert_for_backend(q, be, device), convert_for_backend(k, be, device),
+                  convert_for_backend(v, be, device))
+    auxb = {n: None if a is None else convert_for_backend(a, be, device) for n, a in aux.items()}
+    shapes, poison = plan.shapes, dispatch.poisoning()
+    if shapes is None:
+        shapes = plan.shapes = op.shapes()
     out = empty(kind, shapes["out"], op.dtype, device, poison)
     lse = empty(kind, shapes["lse"], _F32, device, poison) if op.return_lse else None
     plan.kernel(qb, kb, vb, out, lse, auxb)
-    caller = _caller_kind(q)
+    caller = kind_of(q)
     res = to_caller(out, caller, q, op.dtype)
     if lse is None:
         return res
@@ -148,7 +159,7 @@ def _run_gemv(plan: Plan, x, w):
     xb = convert_for_backend(x, be, device)
     out = empty(be.array_kind, (op.M, op.N), op.result_dtype, device, dispatch.poisoning())
     plan.kernel(xb, prepared, out)
-    return to_caller(out, _caller_kind(x), x, op.result_dtype)
+    return to_caller(out, kind_of(x), x, op.result_dtype)
 
 
 # -- introspection -----------------------------------------------------------------------------
@@ -190,12 +201,6 @@ def plugin_errors() -> list[tuple[str, str]]:
 def devices() -> list[Device]:
     """Every device visible on this machine (CPU first)."""
     return detect_devices()
-
-
-def _caller_kind(a) -> str:
-    from .arrays import kind_of
-
-    return kind_of(a)
 
 
 from portakern.ir.dtypes import DType  # noqa: E402

@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import numpy as np
+
 from portakern.ir.dtypes import DType
 
 from .devices import CPU, Device, torch_device
@@ -17,20 +19,29 @@ from .errors import InvalidTypeError
 _NP_NAMES = {DType.float16: "float16", DType.float32: "float32", DType.float64: "float64",
              DType.int8: "int8", DType.uint8: "uint8", DType.int32: "int32", DType.int64: "int64",
              DType.bfloat16: "float32"}
+_NP_DTYPES = {d: np.dtype(n) for d, n in _NP_NAMES.items()}
+_KINDS: dict[type, str] = {}  # array type -> kind, filled by kind_of
+_TORCH_DEVICES: dict[tuple[str, int], Any] = {}  # (device type, index) -> torch.device
 
 
 def kind_of(a: Any, argument: str = "array") -> str:
     """"numpy", "torch" or "cupy"; raise ``InvalidTypeError`` naming ``argument`` otherwise."""
+    kind = _KINDS.get(type(a))  # hot path: one dict lookup per array type seen before
+    if kind is not None:
+        return kind
     mod = type(a).__module__.split(".")[0]
     if mod == "numpy" and hasattr(a, "__array_interface__"):
-        return "numpy"
-    if mod == "torch" and "torch" in sys.modules and isinstance(a, sys.modules["torch"].Tensor):
-        return "torch"
-    if mod == "cupy":
-        return "cupy"
-    raise InvalidTypeError(
-        f"{argument} is a {type(a).__module__}.{type(a).__name__}: expected a numpy array, "
-        "a torch tensor or a cupy array; convert it with numpy.asarray(...) or torch.as_tensor(...)")
+        kind = "numpy"
+    elif mod == "torch" and "torch" in sys.modules and isinstance(a, sys.modules["torch"].Tensor):
+        kind = "torch"
+    elif mod == "cupy":
+        kind = "cupy"
+    else:
+        raise InvalidTypeError(
+            f"{argument} is a {type(a).__module__}.{type(a).__name__}: expected a numpy array, "
+            "a torch tensor or a cupy array; convert it with numpy.asarray(...) or torch.as_tensor(...)")
+    _KINDS[type(a)] = kind
+    return kind
 
 
 def device_of(a: Any, kind: str) -> Device:
@@ -60,18 +71,17 @@ def is_contiguous(a: Any, kind: str) -> bool:
 
 def to_numpy(a: Any) -> Any:
     """A numpy view/copy of any supported array (bf16 becomes float32)."""
-    import numpy as np
-
     kind = kind_of(a)
     if kind == "numpy":
-        if str(a.dtype) == "bfloat16":
+        if a.dtype.isbuiltin != 1 and a.dtype.name == "bfloat16":  # ml_dtypes' bfloat16
             return a.astype(np.float32)
         return a
     if kind == "torch":
-        a = a.detach()
+        if a.requires_grad:
+            a = a.detach()
         if str(a.dtype) == "torch.bfloat16":
             a = a.float()
-        return a.cpu().numpy()
+        return a.numpy() if a.is_cpu else a.cpu().numpy()
     return a.get()
 
 
@@ -100,15 +110,16 @@ def convert_for_backend(a: Any, backend: Any, device: Device) -> Any:
 def empty(kind: str, shape: tuple[int, ...], dtype: DType, device: Device, poison: bool = False) -> Any:
     """Allocate an uninitialised (or NaN-filled when ``poison``) array for a backend."""
     if kind == "numpy":
-        import numpy as np
-
-        out = np.empty(shape, dtype=_NP_NAMES[dtype])
+        out = np.empty(shape, dtype=_NP_DTYPES[dtype])
         if poison:
             out.fill(np.nan)
         return out
     import torch
 
-    tdev = "cpu" if device.type == "cpu" else f"cuda:{device.index}"
+    tdev = _TORCH_DEVICES.get((device.type, device.index))
+    if tdev is None:
+        tdev = _TORCH_DEVICES[(device.type, device.index)] = torch.device(
+            "cpu" if device.type == "cpu" else f"cuda:{device.index}")
     out = torch.empty(shape, dtype=getattr(torch, dtype.value), device=tdev)
     if poison:
         out.fill_(float("nan"))
@@ -118,11 +129,11 @@ def empty(kind: str, shape: tuple[int, ...], dtype: DType, device: Device, poiso
 def to_caller(out: Any, caller_kind: str, like: Any, dtype: DType) -> Any:
     """Return a backend result as the caller's array type on the caller's device, in ``dtype``."""
     if caller_kind == "numpy":
-        import numpy as np
-
         if not isinstance(out, np.ndarray):
             out = to_numpy(out)
-        target = like.dtype if dtype.is_float and str(like.dtype) == dtype.value else _NP_NAMES[dtype]
+        target = _NP_DTYPES[dtype]
+        if dtype is DType.bfloat16 and like.dtype.name == "bfloat16":  # ml_dtypes' bfloat16 in, out
+            target = like.dtype
         return out if out.dtype == target else out.astype(target)
     if caller_kind == "torch":
         import torch

@@ -133,6 +133,7 @@ class Plan:
     order: list[Backend]            # supporting backends, best first, not yet failed
     backend: Backend | None = None
     kernel: Callable[..., None] | None = None
+    shapes: dict | None = None      # op.shapes(), memoised by the hot path
 
 
 def _rank(backend: Backend, op: Any, device: Device) -> int:

@@ -26,6 +26,7 @@ class Registry:
     backends: dict[str, Backend] = field(default_factory=dict)
     errors: list[tuple[str, str]] = field(default_factory=list)  # (plugin name, error text)
     plugins: dict[str, str] = field(default_factory=dict)       # plugin name -> distribution
+    origins: dict[str, str] = field(default_factory=dict)       # backend name -> plugin name
 
     def get(self, name: str) -> Backend:
         """The backend called ``name``; raise naming the known ones (and any failed plugin)."""
@@ -82,6 +83,7 @@ def _register(reg: Registry, name: str, obj: Any, dist: str) -> None:
                 reg.errors.append((name, f"plugin {name!r}: backend name {b.name!r} is empty or already taken"))
             else:
                 reg.backends[b.name] = b
+                reg.origins[b.name] = name
 
 
 def build_registry() -> Registry:

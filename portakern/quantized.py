@@ -2,31 +2,58 @@
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
-from portakern.ir.quant import QuantFormat
+from portakern.ir import packing
+from portakern.ir.dtypes import DType
+from portakern.ir.quant import Packing, QuantFormat
+
+from .arrays import device_of, kind_of, to_numpy
+from .devices import Device
+from .errors import InvalidInputError, InvalidTypeError
+
+_GGML_TYPES = {"Q4_0": (Packing.GGUF_Q4_0, 4), "Q8_0": (Packing.GGUF_Q8_0, 8)}
+_GGML_IDS = {2: "Q4_0", 8: "Q8_0"}  # ggml_type enum values
 
 
 class QuantizedWeight:
     """A weight ``W (N, K)`` stored in a ``QuantFormat``; ``tensors`` holds the packed arrays.
 
     The tensor names and byte layouts per packing are documented on ``portakern.ir.Packing``.
-    Arrays may be numpy, torch or cupy; they all live on one device. Backends may repack the
-    weight once (``Backend.prepare_weight``); the result is cached in ``prepared`` keyed by
-    ``(backend name, device)`` so repeated calls do no repacking.
+    Arrays may be numpy, torch or cupy; they all live on one device (checked here, with their
+    names, shapes and dtypes). Backends may repack the weight once (``Backend.prepare_weight``);
+    the result is cached in ``prepared`` keyed by ``(backend name, device)`` so repeated calls do
+    no repacking.
+
+    Build one with ``portakern.quantize(w)`` or from a checkpoint with ``from_awq``, ``from_gptq``
+    or ``from_gguf``; ``dequantize()`` gives the float32 weight back.
     """
 
     def __init__(self, fmt: QuantFormat, N: int, K: int, tensors: dict[str, Any]):
-        fmt.verify(K=K, N=N)
+        if not isinstance(fmt, QuantFormat):
+            raise InvalidTypeError(f"fmt is a {type(fmt).__name__}: expected a portakern.ir.QuantFormat")
+        packing.validate_tensors(fmt, tensors, N, K)
         self.fmt = fmt
         self.N = int(N)
         self.K = int(K)
         self.tensors = dict(tensors)
         self.prepared: dict[tuple[str, str], Any] = {}
+        self._kind, self._device = _placement(self.tensors)
 
     @property
     def shape(self) -> tuple[int, int]:
         return (self.N, self.K)
+
+    @property
+    def device(self) -> Device:
+        """The Device every tensor lives on (``portakern.devices.CPU`` for numpy)."""
+        return self._device
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the packed tensors (payload, scales, zeros, g_idx)."""
+        return sum(_nbytes(t) for t in self.tensors.values())
 
     def with_tensors(self, tensors: dict[str, Any]) -> "QuantizedWeight":
         """The same weight with other arrays (e.g. moved to a device), sharing no cache."""
@@ -35,26 +62,207 @@ class QuantizedWeight:
     def __repr__(self) -> str:
         f = self.fmt
         return (f"QuantizedWeight(N={self.N}, K={self.K}, packing={f.packing.value}, bits={f.bits}, "
-                f"group_size={f.group_size}, symmetric={f.symmetric})")
+                f"group_size={f.group_size}, symmetric={f.symmetric}, device={self._device})")
 
-    # -- constructors from checkpoint layouts, dequantize, device moves -------------------------
-    # (implemented with the numpy reference packers in ir/packing.py)
+    # -- constructors from checkpoint layouts -------------------------------------------------
     @classmethod
-    def from_gguf(cls, data: Any, ggml_type: str, shape: tuple[int, int]) -> "QuantizedWeight":
-        """Wrap a GGUF block array (``gguf.quants.quantize`` output) of type "Q4_0" or "Q8_0"."""
-        raise NotImplementedError("QuantizedWeight.from_gguf is not implemented yet")
+    def from_gguf(cls, data: Any, ggml_type: Any, shape: tuple[int, int]) -> "QuantizedWeight":
+        """Wrap a GGUF Q4_0 or Q8_0 block array (see ``Packing.GGUF_Q4_0`` / ``GGUF_Q8_0``).
+
+        ``data``: the uint8 array ``gguf.quants.quantize(w, GGMLQuantizationType.Q4_0)`` returns,
+        shape ``(N, K // 32 * 18)`` (Q8_0: ``* 34``), or the same bytes flat. ``ggml_type``: "Q4_0",
+        "Q8_0" or the ``gguf.GGMLQuantizationType`` member. ``shape``: ``(N, K)`` in numpy order
+        (a GGUF file lists dimensions innermost first, so reverse the file's shape). numpy, torch or
+        cupy arrays are kept as they are (no copy).
+        """
+        name = getattr(ggml_type, "name", None) or (
+            _GGML_IDS.get(ggml_type) if isinstance(ggml_type, int) else str(ggml_type).upper())
+        if name not in _GGML_TYPES:
+            raise InvalidInputError(
+                f"ggml_type={ggml_type!r} is not supported: from_gguf reads Q4_0 and Q8_0; for other "
+                "types dequantize with gguf.quants.dequantize and call portakern.quantize(w)")
+        pk, bits = _GGML_TYPES[name]
+        try:
+            N, K = (operator.index(s) for s in shape)  # numpy integers (GGUFReader shapes) too
+        except (TypeError, ValueError):
+            N = K = 0
+        if N < 1 or K < 1 or any(isinstance(s, bool) for s in shape):
+            raise InvalidInputError(f"shape={shape!r} must be two positive ints (N, K)")
+        if K % 32:
+            raise InvalidInputError(f"shape={tuple(shape)}: K={K} must be a multiple of 32 for {name} "
+                                    "(32 weights per block); if you passed the GGUF file's shape, reverse it")
+        kind_of(data, "data")
+        if str(data.dtype).replace("torch.", "") != "uint8":
+            raise InvalidTypeError(f"data has dtype {data.dtype}: GGUF blocks are raw bytes, pass the uint8 "
+                                   "array gguf.quants.quantize returns (or reinterpret with .view(uint8))")
+        block = packing.GGUF_BLOCK_BYTES[pk]
+        row = K // 32 * block
+        size = 1
+        for s in data.shape:
+            size *= int(s)
+        if size != N * row:
+            raise InvalidInputError(
+                f"data has shape {tuple(data.shape)} ({size} bytes) but {name} with shape=(N, K)=({N}, {K}) "
+                f"needs N * K // 32 * {block} = {N * row} bytes; check shape (numpy order "
+                "(N, K), the reverse of the GGUF file's) and ggml_type")
+        if tuple(data.shape) != (N, row):
+            data = data.reshape(N, row)
+        return cls(QuantFormat(bits, 32, True, pk), N, K, {"data": data})
 
     @classmethod
     def from_awq(cls, qweight: Any, qzeros: Any, scales: Any, *, group_size: int) -> "QuantizedWeight":
-        """Wrap AutoAWQ GEMM-layout tensors (see ``Packing.AWQ``)."""
-        raise NotImplementedError("QuantizedWeight.from_awq is not implemented yet")
+        """Wrap AutoAWQ GEMM-layout tensors (see ``Packing.AWQ``); no data is copied.
+
+        ``qweight`` int32 ``(K, N // 8)``, ``qzeros`` int32 ``(K // group_size, N // 8)``, ``scales``
+        ``(K // group_size, N)``; the scale dtype (float16 in AutoAWQ checkpoints) becomes the
+        format's ``scale_dtype``. ``group_size=-1`` means one group per row (K).
+        """
+        t = {"qweight": qweight, "qzeros": qzeros, "scales": scales}
+        K, N8 = _dims2(qweight, "qweight", "(K, N // 8)")
+        fmt = QuantFormat(4, _group(group_size, K), False, Packing.AWQ, _scale_dtype(scales))
+        return cls._checked(fmt, N8 * 8, K, t)
 
     @classmethod
     def from_gptq(cls, qweight: Any, qzeros: Any, scales: Any, *, group_size: int,
                   g_idx: Any = None) -> "QuantizedWeight":
-        """Wrap AutoGPTQ v1 tensors (see ``Packing.GPTQ``)."""
-        raise NotImplementedError("QuantizedWeight.from_gptq is not implemented yet")
+        """Wrap AutoGPTQ v1 tensors (see ``Packing.GPTQ``); no data is copied except ``g_idx``.
 
+        ``qweight`` int32 ``(K // 8, N)``, ``qzeros`` int32 ``(K // group_size, N // 8)`` (zero
+        points minus one), ``scales`` ``(K // group_size, N)``, ``g_idx`` optional ``(K,)`` integers
+        (act-order). A ``g_idx`` equal to ``arange(K) // group_size`` carries no information and is
+        dropped (``fmt.has_g_idx`` False); any other is stored as int32. ``group_size=-1`` means
+        one group per row (K).
+        """
+        t = {"qweight": qweight, "qzeros": qzeros, "scales": scales}
+        K8, N = _dims2(qweight, "qweight", "(K // 8, N)")
+        K = K8 * 8
+        G = _group(group_size, K)
+        has_g_idx = False
+        if g_idx is not None:
+            import numpy as np
+
+            kind = kind_of(g_idx, "g_idx")
+            host = to_numpy(g_idx)
+            if not np.issubdtype(host.dtype, np.integer):
+                raise InvalidTypeError(f"g_idx has dtype {g_idx.dtype}: it must hold integer group indices")
+            QuantFormat(4, G, False, Packing.GPTQ).verify(K=K, N=N)
+            packing.check_g_idx(host, K, G)
+            if not np.array_equal(host, np.arange(K) // G):
+                has_g_idx = True
+                t["g_idx"] = g_idx.to(_torch().int32) if kind == "torch" else g_idx.astype("int32")
+        fmt = QuantFormat(4, G, False, Packing.GPTQ, _scale_dtype(scales), has_g_idx=has_g_idx)
+        return cls._checked(fmt, N, K, t)
+
+    @classmethod
+    def _checked(cls, fmt: QuantFormat, N: int, K: int, tensors: dict[str, Any]) -> "QuantizedWeight":
+        packing.validate_tensors(fmt, tensors, N, K, argument=None)  # messages name the arguments
+        return cls(fmt, N, K, tensors)
+
+    # -- values and devices -------------------------------------------------------------------
     def dequantize(self) -> Any:
-        """The float32 ``(N, K)`` weight, as the same array type and device as the tensors."""
-        raise NotImplementedError("QuantizedWeight.dequantize is not implemented yet")
+        """The float32 ``(N, K)`` weight, as the same array type and device as the tensors.
+
+        Computed by the numpy reference (``portakern.ir.packing.dequantize``, float64, then
+        rounded once to float32); GPU tensors are copied to the host and the result copied back.
+        """
+        host = {k: to_numpy(v) for k, v in self.tensors.items()}
+        out = packing.dequantize(self.fmt, host, self.N, self.K).astype("float32")
+        if self._kind == "torch":
+            torch = _torch()
+            return torch.from_numpy(out).to(next(iter(self.tensors.values())).device)
+        if self._kind == "cupy":
+            import cupy
+
+            with cupy.cuda.Device(self._device.index):
+                return cupy.asarray(out)
+        return out
+
+    def to(self, device: Any) -> "QuantizedWeight":
+        """This weight with its tensors on ``device`` ("cpu", "cuda", "cuda:1", a ``Device`` or a
+        ``torch.device``); ``self`` when they are already there.
+
+        torch tensors move with ``Tensor.to``; numpy arrays become torch tensors when a GPU device
+        is asked; cupy arrays come back to the host as numpy for "cpu". The result shares no
+        ``prepared`` cache with ``self``.
+        """
+        target = _parse_target(device)
+        here = "cpu" if self._device.type == "cpu" else f"cuda:{self._device.index}"
+        if target == here:
+            return self
+        if target == "cpu":
+            moved = {k: (v.cpu() if self._kind == "torch" else to_numpy(v)) for k, v in self.tensors.items()}
+        else:
+            torch = _torch()
+            moved = {k: (torch.from_numpy(v) if self._kind == "numpy" else
+                         torch.from_dlpack(v) if self._kind == "cupy" else v).to(target)
+                     for k, v in self.tensors.items()}
+        return self.with_tensors(moved)
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _placement(tensors: dict[str, Any]) -> tuple[str, Device]:
+    """(array kind, Device) shared by all tensors; ``InvalidTypeError`` when they differ."""
+    first = None
+    for name, t in tensors.items():
+        kind = kind_of(t, f"tensors[{name!r}]")
+        dev = device_of(t, kind)
+        if first is None:
+            first = (name, kind, dev)
+        elif (kind, dev) != first[1:]:
+            raise InvalidTypeError(
+                f"tensors[{name!r}] is a {kind} array on {dev} but tensors[{first[0]!r}] is a {first[1]} "
+                f"array on {first[2]}: a QuantizedWeight keeps every tensor in one library on one device; "
+                "convert them together, or build it and call .to(device)")
+    return first[1], first[2]
+
+
+def _nbytes(t: Any) -> int:
+    if hasattr(t, "element_size"):  # torch
+        return int(t.numel() * t.element_size())
+    return int(t.nbytes)
+
+
+def _parse_target(device: Any) -> str:
+    """"cpu" or "cuda:<i>" (torch's name for NVIDIA and ROCm GPUs alike)."""
+    text = str(device).strip()
+    if text == "cpu":
+        return "cpu"
+    head, _, idx = text.partition(":")
+    if head in ("cuda", "rocm") and (idx == "" or idx.isdigit()):
+        return f"cuda:{int(idx or 0)}"
+    raise InvalidInputError(f"device={device!r} is not a device QuantizedWeight.to can move to: use "
+                            "'cpu', 'cuda' or 'cuda:<index>' (rocm devices are 'cuda' to torch)")
+
+
+def _dims2(a: Any, name: str, formula: str) -> tuple[int, int]:
+    kind_of(a, name)
+    if len(a.shape) != 2:
+        raise InvalidInputError(f"{name} has shape {tuple(a.shape)}: it must be 2-D {formula}")
+    return int(a.shape[0]), int(a.shape[1])
+
+
+def _group(group_size: Any, K: int) -> int:
+    if group_size == -1:
+        return K
+    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 2:
+        raise InvalidInputError(f"group_size={group_size!r} must be an int >= 2, or -1 for one group per "
+                                "row; use the value from the checkpoint's quantization config")
+    return group_size
+
+
+def _scale_dtype(scales: Any) -> DType:
+    kind_of(scales, "scales")
+    try:
+        dt = DType.parse(str(scales.dtype), argument="scales.dtype")
+    except InvalidInputError:
+        dt = None
+    if dt not in (DType.float16, DType.bfloat16, DType.float32):
+        raise InvalidTypeError(f"scales has dtype {scales.dtype}: scales must be float16, bfloat16 or float32")
+    return dt

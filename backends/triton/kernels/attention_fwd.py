@@ -1,0 +1,253 @@
+"""Attention forward: one online-softmax kernel for prefill, decode, paged and varlen KV.
+
+A program owns a tile of BLOCK_M query rows of one (batch entry, query head block) and walks the
+key tiles of its KV range (one split of it under split-KV). Rows of a tile are
+``(query row, head)`` pairs: PACK = 1 gives BLOCK_M query rows of one head (prefill); PACK = G
+packs the G query heads that share a KV head (decode), so each K/V tile is loaded once for all
+of them. Launched by ``backends/triton/attention.py``; the layouts and the meaning of every
+argument are documented there.
+
+Key tiles fall in three ranges: masked head, unmasked middle, masked tail. Only masked tiles
+evaluate ``MASK_MOD`` and the key-length bound; tiles outside the recognised causal/window
+bounds are never visited.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # 1 / ln 2
+LN2: tl.constexpr = tl.constexpr(0.6931471805599453)    # ln 2
+NEG_INF: tl.constexpr = tl.constexpr(float("-inf"))
+
+DENSE: tl.constexpr = tl.constexpr(0)
+PAGED: tl.constexpr = tl.constexpr(1)
+VARLEN: tl.constexpr = tl.constexpr(2)
+
+
+@triton.jit
+def _varlen_block(CU_Q, blk, batch, total_q, ROWS: tl.constexpr, BATCH_P2: tl.constexpr):
+    """Map a flat block index to (sequence, block within it, first packed row, length).
+
+    Sequence ``batch`` is virtual: the padding rows after ``cu_seqlens_q[batch]``, which see no keys.
+    """
+    i = tl.arange(0, BATCH_P2)
+    start = tl.load(CU_Q + i, mask=i <= batch, other=0).to(tl.int32)
+    end = tl.load(CU_Q + i + 1, mask=i < batch, other=0).to(tl.int32)
+    end = tl.where(i == batch, total_q, end)
+    nblk = tl.where(i <= batch, (end - start + ROWS - 1) // ROWS, 0)
+    cum = tl.cumsum(nblk, 0)
+    b = tl.sum((cum <= blk).to(tl.int32), 0)
+    first = tl.sum(tl.where(i == b, cum - nblk, 0), 0)
+    q_start = tl.sum(tl.where(i == b, start, 0), 0)
+    sq = tl.sum(tl.where(i == b, end - start, 0), 0)
+    return b, blk - first, q_start, sq
+
+
+@triton.jit
+def _attend_tiles(acc, l_i, m_i, q, t_begin, t_end,
+                  K, V, BLOCK_TABLE, k_base, v_base, bt_base, kv_row0,
+                  stride_kb, stride_ks, stride_vb, stride_vs, stride_btp,
+                  scale, b, h, qrow, sq, sk,
+                  SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr, MASKED: tl.constexpr,
+                  D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                  BLOCK_N: tl.constexpr, LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                  HAS_MASK: tl.constexpr, HAS_SCORE_MOD: tl.constexpr, UPCAST: tl.constexpr,
+                  DOT_PREC: tl.constexpr):
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for t in range(t_begin, t_end):
+        n = t * BLOCK_N + tl.arange(0, BLOCK_N)
+        # -- locate the keys of this tile
+        if LAYOUT == PAGED:
+            page = tl.load(BLOCK_TABLE + bt_base + (n // PAGE_SIZE) * stride_btp, mask=n < sk, other=0)
+            page = page.to(tl.int64)
+            k_rows = k_base + page * stride_kb + (n % PAGE_SIZE) * stride_ks
+            v_rows = v_base + page * stride_vb + (n % PAGE_SIZE) * stride_vs
+        else:
+            pos = (kv_row0 + n).to(tl.int64)
+            k_rows = k_base + pos * stride_ks
+            v_rows = v_base + pos * stride_vs
+        if MASKED:
+            k_mask = (n < sk)[None, :] & (offs_d < D)[:, None]
+            v_mask = (n < sk)[:, None] & (offs_dv < DV)[None, :]
+        else:
+            k_mask = (offs_d < D)[:, None]
+            v_mask = (offs_dv < DV)[None, :]
+        # -- compute qk
+        kt = tl.load(K + k_rows[None, :] + offs_d[:, None], mask=k_mask, other=0.0)
+        if UPCAST:
+            kt = kt.to(tl.float32)
+        qk = tl.dot(q, kt, input_precision=DOT_PREC)
+        if HAS_SCORE_MOD:
+            s = SCORE_MOD(qk * scale, b, h[:, None], qrow[:, None], n[None, :], sq, sk) * LOG2E
+        else:
+            s = qk * (scale * LOG2E)
+        if MASKED:
+            keep = (n < sk)[None, :]
+            if HAS_MASK:
+                keep = keep & MASK_MOD(b, h[:, None], qrow[:, None], n[None, :], sq, sk)
+            s = tl.where(keep, s, NEG_INF)
+        # -- update m_i and l_i (base-2 online softmax; rows with nothing visible yet stay at 0)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == NEG_INF, 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_use)
+        p = tl.math.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # -- accumulate P V
+        v = tl.load(V + v_rows[:, None] + offs_dv[None, :], mask=v_mask, other=0.0)
+        if UPCAST:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def attn_fwd(
+    Q, K, V, O, LSE, WS_O, WS_LSE, BLOCK_TABLE, SEQLENS_K, CU_Q, CU_K,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    stride_lb, stride_lh, stride_ls,
+    stride_btb, stride_btp,
+    batch, seqlen_q, seqlen_k, total_rows, tiles_per_split, scale,
+    SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr,
+    HQ: tl.constexpr, GROUP: tl.constexpr, PACK: tl.constexpr,
+    D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    LAYOUT: tl.constexpr, HAS_SEQLENS: tl.constexpr, PAGE_SIZE: tl.constexpr, BATCH_P2: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    HAS_LEFT: tl.constexpr, WIN_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, WIN_RIGHT: tl.constexpr,
+    HAS_MASK: tl.constexpr, MASK_ALL: tl.constexpr, NEVER: tl.constexpr, HAS_SCORE_MOD: tl.constexpr,
+    RETURN_LSE: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    ROWS: tl.constexpr = BLOCK_M // PACK          # query rows per tile
+    HB: tl.constexpr = HQ // PACK                 # head blocks per batch entry
+    pid_m = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    split = pid_m % NUM_SPLITS
+    blk = pid_m // NUM_SPLITS
+
+    # -- which sequence, which rows
+    if LAYOUT == VARLEN:
+        hb = pid_h
+        b, blk, q_start, sq = _varlen_block(CU_Q, blk, batch, seqlen_q, ROWS, BATCH_P2)
+        if b > batch:
+            return
+        kv_row0 = tl.load(CU_K + b, mask=b < batch, other=0).to(tl.int32)
+        sk = tl.load(CU_K + b + 1, mask=b < batch, other=0).to(tl.int32) - kv_row0
+        q_base = q_start.to(tl.int64) * stride_qs
+        o_base = q_start.to(tl.int64) * stride_os
+        l_base = q_start.to(tl.int64) * stride_ls
+        k_base = tl.zeros([], tl.int64)
+        v_base = tl.zeros([], tl.int64)
+        grow0 = q_start
+    else:
+        b = pid_h // HB
+        hb = pid_h % HB
+        sq = seqlen_q
+        blk = tl.cdiv(sq, ROWS) - 1 - blk         # longest (most keys) tiles first
+        if HAS_SEQLENS:
+            sk = tl.load(SEQLENS_K + b).to(tl.int32)
+        else:
+            sk = seqlen_k
+        kv_row0 = 0
+        q_base = b.to(tl.int64) * stride_qb
+        o_base = b.to(tl.int64) * stride_ob
+        l_base = b.to(tl.int64) * stride_lb
+        if LAYOUT == PAGED:
+            k_base = tl.zeros([], tl.int64)
+            v_base = tl.zeros([], tl.int64)
+        else:
+            k_base = b.to(tl.int64) * stride_kb
+            v_base = b.to(tl.int64) * stride_vb
+        grow0 = b * seqlen_q
+    bt_base = b.to(tl.int64) * stride_btb
+    kvh = (hb * PACK) // GROUP
+    k_base += kvh.to(tl.int64) * stride_kh
+    v_base += kvh.to(tl.int64) * stride_vh
+
+    r = tl.arange(0, BLOCK_M)
+    qrow = blk * ROWS + r // PACK
+    h = hb * PACK + r % PACK
+    row_ok = (qrow < sq) & (r < ROWS * PACK)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+
+    # -- load q: it stays in registers for the whole walk
+    q_rows = q_base + qrow.to(tl.int64) * stride_qs + h.to(tl.int64) * stride_qh
+    q = tl.load(Q + q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & (offs_d < D)[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+
+    # -- key range of this tile: [lo, hi) may be visible, [full_lo, full_hi) is visible to every row
+    q0 = blk * ROWS
+    q1 = tl.minimum(q0 + ROWS, sq) - 1
+    off = sk - sq
+    lo = 0
+    hi = sk
+    full_lo = 0
+    full_hi = sk
+    if HAS_LEFT:
+        lo = tl.maximum(q0 + off - WIN_LEFT, 0)
+        full_lo = tl.maximum(q1 + off - WIN_LEFT, 0)
+    if HAS_RIGHT:
+        hi = tl.minimum(q1 + off + WIN_RIGHT + 1, sk)
+        full_hi = tl.minimum(q0 + off + WIN_RIGHT + 1, sk)
+    if NEVER:
+        hi = lo
+    hi = tl.maximum(hi, lo)
+    t_lo = lo // BLOCK_N
+    t_hi = tl.cdiv(hi, BLOCK_N)
+    t_flo = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N), t_lo), t_hi)
+    t_fhi = tl.maximum(tl.minimum(full_hi // BLOCK_N, t_hi), t_flo)
+    if MASK_ALL:
+        t_flo = t_hi
+        t_fhi = t_hi
+    if NUM_SPLITS > 1:
+        s_lo = split * tiles_per_split
+        s_hi = s_lo + tiles_per_split
+        t_lo = tl.maximum(t_lo, s_lo)
+        t_flo = tl.minimum(tl.maximum(t_flo, s_lo), s_hi)
+        t_fhi = tl.minimum(tl.maximum(t_fhi, s_lo), s_hi)
+        t_hi = tl.minimum(t_hi, s_hi)
+
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + NEG_INF
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    # stage 1: masked tiles before the fully visible band
+    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, t_lo, t_flo, K, V, BLOCK_TABLE, k_base, v_base, bt_base,
+                                  kv_row0, stride_kb, stride_ks, stride_vb, stride_vs, stride_btp,
+                                  scale, b, h, qrow, sq, sk, SCORE_MOD, MASK_MOD, True,
+                                  D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, LAYOUT, PAGE_SIZE,
+                                  HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC)
+    # stage 2: the fully visible band, no mask
+    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, t_flo, t_fhi, K, V, BLOCK_TABLE, k_base, v_base, bt_base,
+                                  kv_row0, stride_kb, stride_ks, stride_vb, stride_vs, stride_btp,
+                                  scale, b, h, qrow, sq, sk, SCORE_MOD, MASK_MOD, False,
+                                  D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, LAYOUT, PAGE_SIZE,
+                                  HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC)
+    # stage 3: masked tiles after it (diagonal, window edge, key-length tail)
+    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, t_fhi, t_hi, K, V, BLOCK_TABLE, k_base, v_base, bt_base,
+                                  kv_row0, stride_kb, stride_ks, stride_vb, stride_vs, stride_btp,
+                                  scale, b, h, qrow, sq, sk, SCORE_MOD, MASK_MOD, True,
+                                  D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, LAYOUT, PAGE_SIZE,
+                                  HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC)
+
+    # -- epilogue: normalise; rows that saw no key get 0 and lse = -inf
+    seen = l_i > 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * LN2, NEG_INF)
+    dv_ok = (offs_dv < DV)[None, :]
+    if NUM_SPLITS == 1:
+        o_rows = o_base + qrow.to(tl.int64) * stride_os + h.to(tl.int64) * stride_oh
+        tl.store(O + o_rows[:, None] + offs_dv[None, :], out.to(O.dtype.element_ty), mask=row_ok[:, None] & dv_ok)
+        if RETURN_LSE:
+            tl.store(LSE + l_base + h.to(tl.int64) * stride_lh + qrow.to(tl.int64) * stride_ls, lse, mask=row_ok)
+    else:
+        ws_rows = ((split * total_rows + grow0 + qrow).to(tl.int64) * HQ + h) 
+        tl.store(WS_O + ws_rows[:, None] * DV + offs_dv[None, :], out, mask=row_ok[:, None] & dv_ok)
+        tl.store(WS_LSE + ws_rows, lse, mask=row_ok)

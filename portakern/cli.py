@@ -1,0 +1,361 @@
+"""The ``portakern`` command line: ``info``, ``explain``, and the conformance tools.
+
+Exit status (every subcommand):
+
+    0   success
+    1   the job ran and found a problem: ``explain`` found no backend that supports the
+        problem; ``conformance`` had a failing case (the conformance tools set their own codes)
+    2   usage error: a bad argument, an invalid problem description, or a missing component
+        (e.g. the conformance suite is not installed)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Callable, Sequence
+
+EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+
+#: subcommands handed, with their arguments untouched, to ``portakern.conformance``
+DELEGATES = {
+    "conformance": ("cli_main", "run the conformance suite against the goldens and write a report"),
+    "support": ("support_main", "generate the support matrix (docs/support.md) from supports()"),
+    "goldens": ("goldens_main", "recompute or verify the golden outputs with the CPU reference"),
+}
+
+_EPILOG = """\
+examples:
+  portakern info                       devices, backends, plugin errors
+  portakern info --json
+  portakern explain attention --shape 1,1,4096,32,8,128 --dtype bf16 --causal
+  portakern explain attention --shape 4,1,8192,32,8,128 --paged 16 --device cuda
+  portakern explain quant_gemv --shape 1,4096,4096 --bits 4 --group-size 128 --packing native
+  portakern conformance --backend cpu  (see: portakern conformance --help)
+  python -m portakern info             same as portakern info
+
+exit status: 0 ok; 1 the job found a problem (no backend supports the problem, a conformance
+case failed); 2 usage error (bad argument, invalid problem, missing component)
+"""
+
+
+class _UsageError(Exception):
+    """A command-line argument the parser accepted but the command cannot use."""
+
+
+# -- parsing helpers ------------------------------------------------------------------------------
+
+def _ints(text: str, names: Sequence[str], option: str) -> tuple[int, ...]:
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        vals = tuple(int(p) for p in parts)
+    except ValueError:
+        vals = ()
+    if len(vals) != len(names):
+        raise _UsageError(f"{option} {text!r}: expected {len(names)} comma-separated integers "
+                          f"{','.join(names)}")
+    return vals
+
+
+def _dtype(text: str):
+    from portakern.ir.dtypes import STORAGE_FLOATS, DType
+
+    dt = DType.parse(text, argument="--dtype")
+    if dt not in STORAGE_FLOATS:
+        raise _UsageError(f"--dtype {text}: must be one of fp16, bf16, fp32")
+    return dt
+
+
+class _Arrays:
+    """Allocates cheap placeholder arrays (values are never read) on the requested device."""
+
+    def __init__(self, device: str, dtype):
+        self.device = device
+        self.dtype = dtype
+        self.use_torch = device != "cpu" or dtype.value == "bfloat16"
+        if device != "cpu":
+            from portakern.devices import parse_device
+
+            parse_device(device)  # raises naming the present devices
+
+    def float(self, shape: tuple[int, ...], dtype=None):
+        return self._alloc(shape, (dtype or self.dtype).value)
+
+    def index(self, values: Any):
+        import numpy as np
+
+        a = np.ascontiguousarray(np.asarray(values, dtype=np.int32))
+        if not self.use_torch:
+            return a
+        import torch
+
+        return torch.from_numpy(a).to(self._torch_device())
+
+    def raw(self, shape: tuple[int, ...], dtype_name: str):
+        return self._alloc(shape, dtype_name)
+
+    def _torch_device(self) -> str:
+        from portakern.devices import parse_device
+
+        d = parse_device(self.device)
+        return "cpu" if d.type == "cpu" else f"cuda:{d.index}"
+
+    def _alloc(self, shape, name: str):
+        if not self.use_torch:
+            import numpy as np
+
+            return np.zeros(shape, dtype=name)  # calloc: pages are never touched
+        import torch
+
+        return torch.empty(shape, dtype=getattr(torch, name), device=self._torch_device())
+
+
+def _attention_call(args) -> tuple[tuple, dict]:
+    B, Sq, Sk, Hq, Hkv, D = _ints(args.shape, ("B", "Sq", "Sk", "Hq", "Hkv", "D"), "--shape")
+    Dv = args.dv or D
+    arr = _Arrays(args.device, _dtype(args.dtype))
+    kwargs: dict[str, Any] = {"causal": args.causal, "return_lse": args.return_lse}
+    if args.window:
+        kwargs["window"] = _ints(args.window, ("L", "R"), "--window")
+    if args.softcap:
+        kwargs["softcap"] = args.softcap
+    if args.scale is not None:
+        kwargs["scale"] = args.scale
+    if args.paged and args.varlen:
+        raise _UsageError("--paged and --varlen exclude each other")
+    if args.paged:
+        page = args.paged
+        if page < 1:
+            raise _UsageError(f"--paged {page}: the page size must be a positive integer")
+        pages_per_seq = -(-Sk // page)
+        q = arr.float((B, Sq, Hq, D))
+        k = arr.float((B * pages_per_seq, page, Hkv, D))
+        v = arr.float((B * pages_per_seq, page, Hkv, Dv))
+        kwargs["block_table"] = arr.index([[b * pages_per_seq + p for p in range(pages_per_seq)] for b in range(B)])
+        kwargs["seqlens_k"] = arr.index([Sk] * B)
+    elif args.varlen:
+        q = arr.float((B * Sq, Hq, D))
+        k = arr.float((B * Sk, Hkv, D))
+        v = arr.float((B * Sk, Hkv, Dv))
+        kwargs["cu_seqlens_q"] = arr.index([i * Sq for i in range(B + 1)])
+        kwargs["cu_seqlens_k"] = arr.index([i * Sk for i in range(B + 1)])
+    else:
+        q, k, v = arr.float((B, Sq, Hq, D)), arr.float((B, Sk, Hkv, D)), arr.float((B, Sk, Hkv, Dv))
+    return (q, k, v), kwargs
+
+
+def _quant_gemv_call(args) -> tuple[tuple, dict]:
+    from portakern.ir.quant import Packing, QuantFormat
+    from portakern.quantized import QuantizedWeight
+
+    M, N, K = _ints(args.shape, ("M", "N", "K"), "--shape")
+    try:
+        packing = Packing(args.packing)
+    except ValueError:
+        raise _UsageError(f"--packing {args.packing}: expected one of "
+                          f"{', '.join(p.value for p in Packing)}") from None
+    if packing in (Packing.GGUF_Q4_0, Packing.GGUF_Q8_0):
+        bits, group, symmetric = (4 if packing is Packing.GGUF_Q4_0 else 8), 32, True
+    else:
+        bits, group = args.bits, args.group_size or K
+        symmetric = args.symmetric and packing is Packing.NATIVE
+    fmt = QuantFormat(bits=bits, group_size=group, symmetric=symmetric, packing=packing,
+                      has_g_idx=args.act_order)
+    fmt.verify(K=K, N=N)
+    arr = _Arrays(args.device, _dtype(args.dtype))
+    tensors = {name: arr.raw(shape, dtypes[0] if dtypes[0] != "bfloat16" or arr.use_torch else "float32")
+               for name, (shape, dtypes, _) in _tensor_specs(fmt, N, K).items()}
+    return (arr.float((M, K)), QuantizedWeight(fmt, N, K, tensors)), {}
+
+
+def _tensor_specs(fmt, N: int, K: int) -> dict:
+    from portakern.ir.packing import tensor_specs
+
+    return tensor_specs(fmt, N, K)
+
+
+# -- commands -------------------------------------------------------------------------------------
+
+def cmd_info(args) -> int:
+    import portakern
+    from portakern.plugins import registry
+
+    reg = registry()
+    devices = portakern.devices()
+    backends = []
+    for b in portakern.backends():
+        try:
+            status = b.status()
+        except Exception as e:  # a broken status() is reported, not fatal
+            status = f"status() raised {type(e).__name__}: {e}"
+        plugin = reg.origins.get(b.name, "?")
+        backends.append({"name": b.name, "version": str(b.version), "plugin": plugin,
+                         "distribution": reg.plugins.get(plugin, "?"), "array_kind": b.array_kind,
+                         "device_types": list(b.device_types), "priority": b.priority,
+                         "compile_targets": list(b.compile_targets), "status": status})
+    errors = [{"plugin": p, "error": e} for p, e in reg.errors]
+    if args.json:
+        print(json.dumps({"portakern": portakern.__version__, "python": sys.version.split()[0],
+                          "devices": [d.to_json() for d in devices], "backends": backends,
+                          "plugin_errors": errors}, indent=2))
+        return EXIT_OK
+    print(f"portakern {portakern.__version__} (python {sys.version.split()[0]})")
+    print("\ndevices")
+    for d in devices:
+        print(f"  {d.label}")
+    print("\nbackends")
+    w = max([len(b["name"]) for b in backends] + [4])
+    for b in backends:
+        print(f"  {b['name'].ljust(w)}  {b['version']}  [{b['distribution']}]")
+        print(f"  {''.ljust(w)}  arrays {b['array_kind']}, devices {', '.join(b['device_types'])}, "
+              f"priority {b['priority']}")
+        if b["compile_targets"]:
+            print(f"  {''.ljust(w)}  compile targets {', '.join(b['compile_targets'])}")
+        print(f"  {''.ljust(w)}  status {b['status']}")
+    if not backends:
+        print("  none registered")
+    if errors:
+        print("\nplugin errors (these plugins were skipped; the others work)")
+        for e in errors:
+            print(f"  {e['plugin']}: {e['error']}")
+    return EXIT_OK
+
+
+def cmd_explain(args) -> int:
+    import portakern
+    from portakern.errors import UnsupportedError
+
+    fn: Callable = portakern.attention if args.op == "attention" else portakern.quant_gemv
+    call_args, kwargs = (_attention_call if args.op == "attention" else _quant_gemv_call)(args)
+    if args.backend:
+        kwargs["backend"] = args.backend
+    try:
+        decision = portakern.explain(fn, *call_args, **kwargs)
+    except UnsupportedError as e:
+        if args.json:
+            print(json.dumps({"op": args.op, "chosen": None, "error": str(e)}, indent=2))
+        else:
+            print(f"unsupported: {e}", file=sys.stderr)
+        return EXIT_PROBLEM
+    print(json.dumps(decision.to_json(), indent=2) if args.json else str(decision))
+    return EXIT_OK
+
+
+def _delegate(command: str, argv: list[str]) -> int:
+    func_name = DELEGATES[command][0]
+    try:
+        from portakern import conformance
+    except ImportError as e:
+        print(f"portakern {command}: the conformance suite cannot be imported ({e}); "
+              "reinstall portakern (pip install -e .) to get portakern.conformance", file=sys.stderr)
+        return EXIT_USAGE
+    func = getattr(conformance, func_name, None)
+    if func is None:
+        print(f"portakern {command}: this build's portakern.conformance has no {func_name}(); "
+              "the conformance suite is missing or too old", file=sys.stderr)
+        return EXIT_USAGE
+    return int(func(argv) or 0)
+
+
+# -- parser ---------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = argparse.ArgumentParser(prog="portakern", formatter_class=fmt, epilog=_EPILOG,
+                                description="Portable attention and quantized-GEMV kernels: inspect "
+                                            "devices and backends, explain dispatch, run conformance.")
+    p.add_argument("--version", action="version", version=f"portakern {_version()}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    info = sub.add_parser("info", help="devices, backends (version, devices, targets, status), plugin errors",
+                          formatter_class=fmt, epilog="example:\n  portakern info --json")
+    info.add_argument("--json", action="store_true", help="print JSON instead of text")
+    info.set_defaults(func=cmd_info)
+
+    ex = sub.add_parser("explain", help="show which backend would run a problem, and why",
+                        formatter_class=fmt, description="Plan a call without running it: candidates, "
+                        "priority, why each rejected backend said no, and the chosen backend.",
+                        epilog="examples:\n"
+                               "  portakern explain attention --shape 1,1,4096,32,8,128 --dtype bf16 --causal\n"
+                               "  portakern explain quant_gemv --shape 1,4096,4096 --bits 4 --group-size 128")
+    exsub = ex.add_subparsers(dest="op", metavar="OP", required=True)
+
+    at = exsub.add_parser("attention", help="explain portakern.attention", formatter_class=fmt,
+                          epilog="examples:\n"
+                                 "  portakern explain attention --shape 2,128,128,16,16,64 --causal\n"
+                                 "  portakern explain attention --shape 1,1,4096,32,8,128 --window 1024,0 --json\n"
+                                 "  portakern explain attention --shape 8,1,2048,32,8,128 --paged 16 --device cuda")
+    at.add_argument("--shape", required=True, metavar="B,Sq,Sk,Hq,Hkv,D",
+                    help="batch, query length, key length, query heads, kv heads, head dim")
+    at.add_argument("--dv", type=int, default=0, metavar="DV", help="value head dim (default D)")
+    at.add_argument("--causal", action="store_true", help="bottom-right aligned causal mask")
+    at.add_argument("--window", metavar="L,R", help="sliding window (left, right); -1 = unbounded")
+    at.add_argument("--softcap", type=float, default=0.0, metavar="C", help="soft-cap scores at C")
+    at.add_argument("--scale", type=float, default=None, help="score scale (default 1/sqrt(D))")
+    at.add_argument("--paged", type=int, default=0, metavar="PAGE", help="paged KV with this page size")
+    at.add_argument("--varlen", action="store_true", help="varlen (packed) batch with cu_seqlens")
+    at.add_argument("--return-lse", action="store_true", help="also return the log-sum-exp")
+    _common(at)
+
+    qg = exsub.add_parser("quant_gemv", help="explain portakern.quant_gemv", formatter_class=fmt,
+                          epilog="examples:\n"
+                                 "  portakern explain quant_gemv --shape 1,4096,4096 --bits 4 --group-size 128\n"
+                                 "  portakern explain quant_gemv --shape 8,4096,4096 --packing gguf_q4_0 --json")
+    qg.add_argument("--shape", required=True, metavar="M,N,K", help="rows of x, output features, input features")
+    qg.add_argument("--bits", type=int, default=4, choices=(2, 3, 4, 8), help="bits per weight (default 4)")
+    qg.add_argument("--group-size", type=int, default=128, metavar="G",
+                    help="weights per scale along K (default 128; 0 = K)")
+    qg.add_argument("--packing", default="native",
+                    help="native | awq | gptq | gguf_q4_0 | gguf_q8_0 (default native)")
+    qg.add_argument("--symmetric", action="store_true", help="no zero points (native packing only)")
+    qg.add_argument("--act-order", action="store_true", help="gptq with g_idx")
+    _common(qg)
+    ex.set_defaults(func=cmd_explain)
+
+    for name, (_, text) in DELEGATES.items():
+        sub.add_parser(name, help=f"{text} (see: portakern {name} --help)", add_help=False)
+    return p
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", default="bf16", help="fp16 | bf16 | fp32 (default bf16)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
+    p.add_argument("--backend", default=None, help="explain a forced backend (as backend=NAME)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _version() -> str:
+    from portakern import __version__
+
+    return __version__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``portakern`` console script and ``python -m portakern``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DELEGATES:
+        return _delegate(argv[0], argv[1:])
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, or an argparse usage error (already printed)
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_USAGE
+    from portakern.errors import PortakernError
+
+    try:
+        return args.func(args)
+    except _UsageError as e:
+        where = " ".join(filter(None, (args.command, getattr(args, "op", None))))
+        print(f"portakern {where}: error: {e} (see: portakern {where} --help)", file=sys.stderr)
+        return EXIT_USAGE
+    except PortakernError as e:  # an invalid problem description: the message names the rule
+        print(f"portakern {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

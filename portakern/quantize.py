@@ -1,0 +1,82 @@
+"""``portakern.quantize``: round-to-nearest quantization of a float weight into the native packing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from portakern.ir import packing
+from portakern.ir.dtypes import DType
+
+from .arrays import device_of, kind_of, to_numpy
+from .errors import InvalidInputError, InvalidTypeError
+from .quantized import QuantizedWeight
+
+_FLOAT_INPUTS = (DType.float16, DType.bfloat16, DType.float32, DType.float64)
+
+
+def quantize(w: Any, *, bits: int = 4, group_size: int = 128, symmetric: bool = False,
+             scale_dtype: str | DType = "float16") -> QuantizedWeight:
+    """Quantize a float weight ``w (N, K)`` (out x in features) into a ``QuantizedWeight``.
+
+    Round-to-nearest min/max per group of ``group_size`` consecutive input channels, stored in the
+    NATIVE packing (see ``portakern.ir.Packing``); ``portakern.ir.packing.quantize_native`` states
+    the exact rule. Asymmetric (default) stores an integer zero point per group; ``symmetric=True``
+    uses the fixed zero point ``2^(bits-1)``. Every group satisfies ``max|w - dequant| <= scale/2``.
+
+    Args:
+        w: numpy array, torch tensor (CPU or GPU) or cupy array of float16/bfloat16/float32/float64.
+        bits: 4 or 8.
+        group_size: a divisor of K (>= 2), or -1 for one group per row.
+        symmetric: no zero points when True.
+        scale_dtype: "float16" (default), "bfloat16" or "float32".
+
+    Returns:
+        A ``QuantizedWeight`` whose tensors are in ``w``'s array library and on ``w``'s device
+        (numpy has no bfloat16: numpy weights keep bfloat16 scales as bf16-exact float32).
+
+    Raises:
+        InvalidTypeError: ``w`` is not a float array of a supported library.
+        InvalidInputError: bad shape, bits, group size, non-finite values, scale overflow.
+    """
+    kind = kind_of(w, "w")
+    try:
+        dt = DType.parse(str(w.dtype), argument="w.dtype")
+    except InvalidInputError:
+        dt = None
+    if dt not in _FLOAT_INPUTS:
+        raise InvalidTypeError(f"w has dtype {w.dtype}: quantize takes a float weight (float16, bfloat16, "
+                               "float32 or float64); convert it first")
+    if len(w.shape) != 2:
+        raise InvalidInputError(f"w has shape {tuple(w.shape)}: expected a 2-D weight (N, K) = (out, in "
+                                "features); reshape it, e.g. w.reshape(N, -1)")
+    N, K = (int(s) for s in w.shape)
+    if isinstance(bits, bool) or bits not in (4, 8):
+        raise InvalidInputError(f"bits={bits!r} is not supported by portakern.quantize: choose 4 or 8")
+    if group_size == -1:
+        group_size = K
+    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 2:
+        raise InvalidInputError(f"group_size={group_size!r} must be an int >= 2 (or -1 for one group per row)")
+    if K % group_size:
+        divisors = [g for g in (256, 128, 64, 32) if K % g == 0]
+        hint = f"such as {', '.join(map(str, divisors))}, " if divisors else ""
+        raise InvalidInputError(f"group_size={group_size} does not divide K={K}: pick a divisor of K "
+                                f"({hint}or -1 for one group per row) or pad K to a multiple of {group_size}")
+    host, fmt = packing.quantize_native(to_numpy(w), bits, group_size, symmetric, scale_dtype)
+    return QuantizedWeight(fmt, N, K, _like(host, kind, w, fmt.scale_dtype))
+
+
+def _like(host: dict, kind: str, w: Any, scale_dtype: DType) -> dict:
+    """Move the numpy tensors to ``w``'s library and device (bf16 scales become real bf16 there)."""
+    if kind == "numpy":
+        return host
+    if kind == "torch":
+        import torch
+
+        out = {k: torch.from_numpy(v).to(w.device) for k, v in host.items()}
+        if scale_dtype is DType.bfloat16:
+            out["scales"] = out["scales"].to(torch.bfloat16)  # exact: the values are bf16 already
+        return out
+    import cupy
+
+    with cupy.cuda.Device(device_of(w, kind).index):
+        return {k: cupy.asarray(v) for k, v in host.items()}

@@ -1,0 +1,34 @@
+"""The built wheel maps ir/, backends/ and conformance/ into the portakern namespace and runs."""
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_wheel_layout_and_import(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(tmp_path), str(ROOT)], check=True)
+    wheel = next(tmp_path.glob("portakern-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names}
+    assert top <= {"portakern", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}, top
+    for module in ("portakern/ir/ops.py", "portakern/backends/cpu/attention.py",
+                   "portakern/backends/triton/backend.py", "portakern/conformance/__init__.py"):
+        assert module in names
+    entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert "[portakern.backends]" in entry_points and "cpu = portakern.backends.cpu" in entry_points
+
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+                   check=True)
+    code = ("import portakern, numpy as np; assert portakern.__file__.startswith(%r), portakern.__file__;"
+            "q = np.ones((1, 2, 1, 4), np.float32); out = portakern.attention(q, q, q, backend='cpu');"
+            "assert np.allclose(out, 1.0); print(sorted(b.name for b in portakern.backends()))" % str(target))
+    env = dict(os.environ, PYTHONPATH=str(target))
+    res = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "cpu" in res.stdout

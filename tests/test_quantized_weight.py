@@ -1,0 +1,226 @@
+"""``QuantizedWeight`` constructors, dequantize, device moves, and ``portakern.quantize``.
+
+Checkpoint tensors are built here with packers written independently of portakern (per-nibble
+shifts from the layouts on ``portakern.ir.Packing``), and GGUF data comes from gguf-py itself.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from portakern.arrays import to_numpy
+from portakern.errors import InvalidInputError, InvalidTypeError
+from portakern.ir import DType, Packing, QuantFormat
+from portakern.quantize import quantize
+from portakern.quantized import QuantizedWeight
+
+torch = pytest.importorskip("torch")
+gguf = pytest.importorskip("gguf")
+
+DEVICES = ["cpu"] + (["cuda:0"] if torch.cuda.is_available() else [])
+AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
+
+
+def words(vals: np.ndarray, order=range(8)) -> np.ndarray:
+    """Pack (R, 8C) nibbles into int32 (R, C): nibble i of word j <- column 8j + order[i]."""
+    order = list(order)
+    R, C = vals.shape
+    out = np.zeros((R, C // 8), dtype=np.uint32)
+    for j in range(C // 8):
+        for i in range(8):
+            out[:, j] |= vals[:, 8 * j + order[i]].astype(np.uint32) << np.uint32(4 * i)
+    return out.view(np.int32)
+
+
+def checkpoint(N=32, K=256, G=64, seed=0):
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, 16, (N, K))
+    zeros = rng.integers(1, 16, (N, K // G))
+    scales = rng.uniform(0.001, 0.05, (N, K // G)).astype(np.float16)
+    return codes, zeros, scales
+
+
+def reference(codes, zeros, scales, group):
+    return ((codes - zeros[:, group]) * scales.astype(np.float64)[:, group]).astype(np.float32)
+
+
+# -- portakern.quantize --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+def test_quantize_error_bound_per_group(bits, symmetric, lib):
+    w = np.random.default_rng(1).standard_normal((24, 256)).astype(np.float32)
+    w[3] += 4.0  # an all-positive row
+    arg = torch.from_numpy(w) if lib == "torch" else w
+    q = quantize(arg, bits=bits, group_size=64, symmetric=symmetric)
+    assert q.fmt == QuantFormat(bits, 64, symmetric) and q.shape == (24, 256)
+    assert all(type(t).__module__.split(".")[0] == lib for t in q.tensors.values())
+    deq = q.dequantize()
+    assert type(deq).__module__.split(".")[0] == lib and deq.dtype in (np.float32, torch.float32)
+    scales = to_numpy(q.tensors["scales"]).astype(np.float64)  # (N, K // 64)
+    err = np.abs(to_numpy(deq).astype(np.float64) - w).reshape(24, 4, 64).max(axis=-1)
+    assert (err <= scales / 2 * (1 + 1e-6) + 1e-7).all()  # + the float32 rounding of dequant
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_quantize_keeps_library_and_device_bf16(device):
+    w = torch.randn(16, 128, dtype=torch.bfloat16, device=device)
+    q = quantize(w, group_size=-1, symmetric=True, scale_dtype="bfloat16")
+    assert q.fmt.group_size == 128 and q.fmt.scale_dtype is DType.bfloat16
+    assert q.tensors["scales"].dtype == torch.bfloat16 and str(q.device) == device
+    assert set(q.tensors) == {"qweight", "scales"}
+    assert q.nbytes == 16 * 64 + 16 * 2
+    # a numpy backend's prepare_weight converts bf16 scales to float32: still a valid weight
+    host = q.with_tensors({k: to_numpy(v) for k, v in q.tensors.items()})
+    np.testing.assert_array_equal(host.dequantize(), q.dequantize().cpu().numpy())
+
+
+def test_nbytes_and_repr():
+    q = quantize(np.ones((16, 256), np.float32), bits=4, group_size=128)
+    assert q.nbytes == 16 * 128 + 16 * 2 * 2 + 16 * 2  # qweight + fp16 scales + uint8 zeros
+    assert "packing=native" in repr(q) and "device=cpu" in repr(q)
+
+
+# -- checkpoint constructors ---------------------------------------------------------------------
+
+def test_from_awq_dequantize():
+    codes, zeros, scales = checkpoint()
+    q = QuantizedWeight.from_awq(words(codes.T, AWQ_ORDER), words(zeros.T, AWQ_ORDER),
+                                 np.ascontiguousarray(scales.T), group_size=64)
+    assert (q.N, q.K, q.fmt.packing, q.fmt.scale_dtype) == (32, 256, Packing.AWQ, DType.float16)
+    np.testing.assert_array_equal(q.dequantize(), reference(codes, zeros, scales, np.arange(256) // 64))
+
+
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+def test_from_gptq_v1_zero_plus_one(lib):
+    codes, zeros, scales = checkpoint(seed=2)
+    qweight = words(codes).T.copy()            # (K // 8, N), nibbles along K
+    qzeros = words((zeros - 1).T)              # v1: zero - 1, nibbles along N
+    args = [qweight, qzeros, np.ascontiguousarray(scales.T)]
+    if lib == "torch":
+        args = [torch.from_numpy(a) for a in args]
+    q = QuantizedWeight.from_gptq(*args, group_size=64)
+    assert not q.fmt.has_g_idx and "g_idx" not in q.tensors
+    np.testing.assert_array_equal(to_numpy(q.dequantize()),
+                                  reference(codes, zeros, scales, np.arange(256) // 64))
+
+
+def test_from_gptq_act_order_g_idx():
+    codes, zeros, scales = checkpoint(seed=3)
+    K, G = 256, 64
+    g_idx = (np.arange(K) // G)[np.random.default_rng(4).permutation(K)].astype(np.int64)
+    q = QuantizedWeight.from_gptq(words(codes).T.copy(), words((zeros - 1).T), scales.T.copy(),
+                                  group_size=G, g_idx=g_idx)
+    assert q.fmt.has_g_idx and q.tensors["g_idx"].dtype == np.int32
+    np.testing.assert_array_equal(q.dequantize(), reference(codes, zeros, scales, g_idx))
+    trivial = QuantizedWeight.from_gptq(words(codes).T.copy(), words((zeros - 1).T), scales.T.copy(),
+                                        group_size=G, g_idx=torch.arange(K) // G)
+    assert not trivial.fmt.has_g_idx and "g_idx" not in trivial.tensors
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0"])
+def test_from_gguf_matches_gguf_py(qtype):
+    T = getattr(gguf.GGMLQuantizationType, qtype)
+    w = np.random.default_rng(5).standard_normal((8, 96)).astype(np.float32)
+    data = gguf.quants.quantize(w, T)
+    expected = gguf.quants.dequantize(data, T)
+    for d, t in [(data, qtype), (data.reshape(-1), T), (torch.from_numpy(data), qtype.lower())]:
+        q = QuantizedWeight.from_gguf(d, t, (8, 96))
+        assert q.fmt.group_size == 32 and q.fmt.symmetric and q.tensors["data"].shape == data.shape
+        np.testing.assert_array_equal(to_numpy(q.dequantize()), expected)
+
+
+# -- devices -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_to_device_round_trip(device):
+    q = quantize(np.random.default_rng(6).standard_normal((8, 64)), group_size=32)
+    assert q.to("cpu") is q
+    moved = q.to(device)
+    if device == "cpu":
+        assert moved is q
+    else:
+        assert moved is not q and str(moved.device) == device and moved.prepared == {}
+        assert all(t.device.type == "cuda" for t in moved.tensors.values())
+        back = moved.to("cpu")
+        assert all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in back.tensors.values())
+    np.testing.assert_array_equal(to_numpy(moved.dequantize()), q.dequantize())
+
+
+# -- bad input -----------------------------------------------------------------------------------
+
+def awq_parts():
+    codes, zeros, scales = checkpoint()
+    return words(codes.T, AWQ_ORDER), words(zeros.T, AWQ_ORDER), np.ascontiguousarray(scales.T)
+
+
+W = np.zeros((8, 64), np.float32)
+BAD = {
+    "quantize bits": (lambda: quantize(W, bits=3), InvalidInputError, "bits=3 is not supported"),
+    "quantize group": (lambda: quantize(W, group_size=48), InvalidInputError,
+                       "group_size=48 does not divide K=64: pick a divisor of K (such as 64, 32"),
+    "quantize group 0": (lambda: quantize(W, group_size=0), InvalidInputError, "group_size=0 must be an int >= 2"),
+    "quantize 1-D": (lambda: quantize(W[0]), InvalidInputError, "w has shape (64,): expected a 2-D weight"),
+    "quantize int": (lambda: quantize(W.astype(np.int8)), InvalidTypeError, "w has dtype int8"),
+    "quantize list": (lambda: quantize([[1.0, 2.0]]), InvalidTypeError, "w is a builtins.list"),
+    "quantize nan": (lambda: quantize(np.full((2, 64), np.nan), group_size=32), InvalidInputError, "must be finite"),
+    "awq float qweight": (lambda: QuantizedWeight.from_awq(awq_parts()[0].astype(np.float32), *awq_parts()[1:],
+                                                           group_size=64),
+                          InvalidTypeError, "qweight has dtype float32 but packing awq"),
+    "awq group size": (lambda: QuantizedWeight.from_awq(*awq_parts(), group_size=128), InvalidInputError,
+                       "qzeros has shape (4, 4) but packing awq (bits=4, group_size=128, N=32, K=256) "
+                       "needs (K // group_size, N // 8) = (2, 4); that shape fits group_size=64"),
+    "awq int scales": (lambda: QuantizedWeight.from_awq(*awq_parts()[:2], awq_parts()[2].astype(np.int32),
+                                                        group_size=64), InvalidTypeError, "scales has dtype int32"),
+    "gptq g_idx range": (lambda: QuantizedWeight.from_gptq(
+        np.zeros((8, 8), np.int32), np.zeros((2, 1), np.int32), np.ones((2, 8), np.float16), group_size=32,
+        g_idx=np.full(64, 2)), InvalidInputError, "g_idx[0]=2 is out of range"),
+    "gptq g_idx shape": (lambda: QuantizedWeight.from_gptq(
+        np.zeros((8, 8), np.int32), np.zeros((2, 1), np.int32), np.ones((2, 8), np.float16), group_size=32,
+        g_idx=np.zeros(63, np.int32)), InvalidInputError, "g_idx has shape (63,): it must be (K,) = (64,)"),
+    "gptq g_idx float": (lambda: QuantizedWeight.from_gptq(
+        np.zeros((8, 8), np.int32), np.zeros((2, 1), np.int32), np.ones((2, 8), np.float16), group_size=32,
+        g_idx=np.zeros(64)), InvalidTypeError, "g_idx has dtype float64"),
+    "gguf type": (lambda: QuantizedWeight.from_gguf(np.zeros((1, 18), np.uint8), "Q4_K", (1, 32)),
+                  InvalidInputError, "ggml_type='Q4_K' is not supported: from_gguf reads Q4_0 and Q8_0"),
+    "gguf bytes": (lambda: QuantizedWeight.from_gguf(np.zeros((2, 18), np.uint8), "Q8_0", (2, 32)),
+                   InvalidInputError, "needs N * K // 32 * 34 = 68 bytes"),
+    "gguf dtype": (lambda: QuantizedWeight.from_gguf(np.zeros((1, 18), np.int8), "Q4_0", (1, 32)),
+                   InvalidTypeError, "data has dtype int8: GGUF blocks are raw bytes"),
+    "mixed libraries": (lambda: QuantizedWeight(QuantFormat(4, 32, True), 2, 64, {
+        "qweight": np.zeros((2, 32), np.uint8), "scales": torch.ones(2, 2, dtype=torch.float16)}),
+        InvalidTypeError, "a QuantizedWeight keeps every tensor in one library on one device"),
+    "missing zeros": (lambda: QuantizedWeight(QuantFormat(4, 32, False), 2, 64, {
+        "qweight": np.zeros((2, 32), np.uint8), "scales": np.ones((2, 2), np.float16)}),
+        InvalidInputError, "missing ['zeros']"),
+    "bad device": (lambda: quantize(W, group_size=32).to("tpu:0"), InvalidInputError, "device='tpu:0' is not a device"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input(case):
+    call, exc, fragment = BAD[case]
+    with pytest.raises(exc) as info:
+        call()
+    assert fragment in str(info.value), str(info.value)
+    assert isinstance(info.value, (ValueError, TypeError))
+
+
+def test_gguf_shape_in_file_order_is_caught():
+    # a Q4_0 weight (N=2, K=64) given with the file's innermost-first shape (64, 2): K=2 is no block
+    with pytest.raises(InvalidInputError, match="K=2 must be a multiple of 32 .* reverse it"):
+        QuantizedWeight.from_gguf(np.zeros((2, 36), np.uint8), "Q4_0", (64, 2))
+
+
+def test_cupy_arrays_stay_cupy():
+    cupy = pytest.importorskip("cupy")  # only where CuPy and a GPU exist
+    w = np.random.default_rng(7).standard_normal((8, 64)).astype(np.float32)
+    q = quantize(cupy.asarray(w), group_size=32)
+    assert all(isinstance(t, cupy.ndarray) for t in q.tensors.values()) and q.device.type == "cuda"
+    deq = q.dequantize()
+    assert isinstance(deq, cupy.ndarray)
+    np.testing.assert_array_equal(cupy.asnumpy(deq), quantize(w, group_size=32).dequantize())
+    host = q.to("cpu")
+    assert all(isinstance(t, np.ndarray) for t in host.tensors.values())
