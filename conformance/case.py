@@ -79,25 +79,38 @@ class AttentionCase:
     # -- inputs -------------------------------------------------------------------------------
     def inputs(self) -> dict[str, np.ndarray]:
         """q, k, v (float32, exact in ``dtype``) and the index arrays this layout needs (int32)."""
-        s, dt, Hq, Hkv, D, Dv = self.seed, self.dtype, self.Hq, self.Hkv, self.D, self.dv
-        out: dict[str, np.ndarray] = {}
+        out = self._index_arrays()
+        for name, shape in self._float_shapes().items():
+            out[name] = gen.floats(self.seed, name, shape, self.dtype, AMPLITUDE[name])
+        return out
+
+    def placeholders(self) -> dict[str, np.ndarray]:
+        """Like ``inputs()`` but q, k, v are uninitialised (only shapes matter): builds ops cheaply."""
+        out = {k: v for k, v in self._index_arrays().items()}
+        for name, shape in self._float_shapes().items():
+            out[name] = np.empty(shape, dtype=np.float32)
+        return out
+
+    def _float_shapes(self) -> dict[str, tuple[int, ...]]:
+        Hq, Hkv, D, Dv = self.Hq, self.Hkv, self.D, self.dv
         if self.layout == "varlen":
             tq, tk = sum(self.q_lens), sum(self.k_lens)
-            shapes = {"q": (tq, Hq, D), "k": (tk, Hkv, D), "v": (tk, Hkv, Dv)}
+            return {"q": (tq, Hq, D), "k": (tk, Hkv, D), "v": (tk, Hkv, Dv)}
+        if self.layout == "paged":
+            ps, P = self.page_size, self.num_pages
+            return {"q": (self.B, self.Sq, Hq, D), "k": (P, ps, Hkv, D), "v": (P, ps, Hkv, Dv)}
+        return {"q": (self.B, self.Sq, Hq, D), "k": (self.B, self.Sk, Hkv, D), "v": (self.B, self.Sk, Hkv, Dv)}
+
+    def _index_arrays(self) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        if self.layout == "varlen":
             out["cu_seqlens_q"] = np.concatenate([[0], np.cumsum(self.q_lens)]).astype(np.int32)
             out["cu_seqlens_k"] = np.concatenate([[0], np.cumsum(self.k_lens)]).astype(np.int32)
         elif self.layout == "paged":
-            ps, P = self.page_size, self.num_pages
-            shapes = {"q": (self.B, self.Sq, Hq, D), "k": (P, ps, Hkv, D), "v": (P, ps, Hkv, Dv)}
             out["block_table"] = self._block_table()
             out["seqlens_k"] = np.asarray(self.seqlens_k, dtype=np.int32)
-        else:
-            shapes = {"q": (self.B, self.Sq, Hq, D), "k": (self.B, self.Sk, Hkv, D),
-                      "v": (self.B, self.Sk, Hkv, Dv)}
-            if self.seqlens_k is not None:
-                out["seqlens_k"] = np.asarray(self.seqlens_k, dtype=np.int32)
-        for name, shape in shapes.items():
-            out[name] = gen.floats(s, name, shape, dt, AMPLITUDE[name])
+        elif self.seqlens_k is not None:
+            out["seqlens_k"] = np.asarray(self.seqlens_k, dtype=np.int32)
         return out
 
     def _block_table(self) -> np.ndarray:
@@ -216,6 +229,15 @@ class GemvCase:
             out["g_idx"] = g_idx
         return out
 
+    def placeholders(self) -> dict[str, np.ndarray]:
+        """x uninitialised and the packed tensors as empty arrays of the right shapes and dtypes."""
+        from portakern.ir.packing import tensor_specs
+
+        out = {"x": np.empty((self.M, self.K), dtype=np.float32)}
+        for name, (shape, dtypes, _) in tensor_specs(self.fmt, self.N, self.K).items():
+            out["packed:" + name] = np.zeros(shape, dtype=dtypes[-1])
+        return out
+
     def tensors(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The packed tensors of the weight (``portakern.ir.packing.pack``)."""
         from portakern.ir.packing import pack
@@ -224,9 +246,11 @@ class GemvCase:
                     g_idx=inputs.get("g_idx"))
 
     def weight(self, inputs: dict[str, np.ndarray]):
+        """The ``QuantizedWeight`` (from ``inputs()``, or from ``placeholders()`` without packing)."""
         from portakern.quantized import QuantizedWeight
 
-        return QuantizedWeight(self.fmt, self.N, self.K, self.tensors(inputs))
+        packed = {k[7:]: v for k, v in inputs.items() if k.startswith("packed:")}
+        return QuantizedWeight(self.fmt, self.N, self.K, packed or self.tensors(inputs))
 
     def dequantized(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         """float64 ``W (N, K)`` straight from the generated codes (independent of the packers)."""

@@ -25,9 +25,13 @@ def _sig(a: Any) -> tuple | None:
     try:
         return (a.shape, a.dtype, a.device, a.stride())  # torch
     except AttributeError:
-        return (type(a), a.shape, a.dtype, a.strides, getattr(a, "device", None))  # numpy / cupy
+        pass
     except TypeError:
         return (type(a), a.shape, a.dtype, a.strides, a.device)
+    try:
+        return (type(a), a.shape, a.dtype, a.strides, getattr(a, "device", None))  # numpy subclass / cupy
+    except AttributeError:
+        return (type(a), id(a))  # not an array: the plan miss validates it and names the argument
 
 
 # -- attention ---------------------------------------------------------------------------------
@@ -76,8 +80,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, sc
     plan = dispatch.get_plan(key, lambda: _attention_node(q, k, v, options()), backend)
     aux = {"block_table": block_table, "seqlens_k": seqlens_k, "cu_seqlens_q": cu_seqlens_q,
            "cu_seqlens_k": cu_seqlens_k}
-    if (block_table is not None or seqlens_k is not None or cu_seqlens_q is not None
-            or cu_seqlens_k is not None) and plan.decision.device.type == "cpu":
+    if not _no_aux(aux) and plan.decision.device.type == "cpu":
         attention_op(q, k, v, **options())  # index values are re-checked on the host every call
     while True:
         try:
@@ -87,6 +90,11 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, sc
         except Exception as e:
             dispatch.fail_current(plan, plan.backend, e, "run")
             dispatch.compile_next(plan)
+
+
+def _no_aux(aux: dict) -> bool:
+    return (aux["block_table"] is None and aux["seqlens_k"] is None and aux["cu_seqlens_q"] is None
+            and aux["cu_seqlens_k"] is None)
 
 
 def _attention_node(q, k, v, kwargs):
@@ -99,7 +107,8 @@ def _run_attention(plan: Plan, q, k, v, aux: dict):
     kind = be.array_kind
     qb, kb, vb = (convert_for_backend(q, be, device), convert_for_backend(k, be, device),
                   convert_for_backend(v, be, device))
-    auxb = {n: None if a is None else convert_for_backend(a, be, device) for n, a in aux.items()}
+    auxb = aux if _no_aux(aux) else {n: None if a is None else convert_for_backend(a, be, device)
+                                     for n, a in aux.items()}  # aux is a fresh dict per call
     shapes, poison = plan.shapes, dispatch.poisoning()
     if shapes is None:
         shapes = plan.shapes = op.shapes()

@@ -22,6 +22,7 @@ _NP_NAMES = {DType.float16: "float16", DType.float32: "float32", DType.float64: 
 _NP_DTYPES = {d: np.dtype(n) for d, n in _NP_NAMES.items()}
 _KINDS: dict[type, str] = {}  # array type -> kind, filled by kind_of
 _TORCH_DEVICES: dict[tuple[str, int], Any] = {}  # (device type, index) -> torch.device
+_TORCH_DTYPES: dict[DType, Any] = {}             # DType -> torch.dtype
 
 
 def kind_of(a: Any, argument: str = "array") -> str:
@@ -120,7 +121,10 @@ def empty(kind: str, shape: tuple[int, ...], dtype: DType, device: Device, poiso
     if tdev is None:
         tdev = _TORCH_DEVICES[(device.type, device.index)] = torch.device(
             "cpu" if device.type == "cpu" else f"cuda:{device.index}")
-    out = torch.empty(shape, dtype=getattr(torch, dtype.value), device=tdev)
+    tdt = _TORCH_DTYPES.get(dtype)
+    if tdt is None:
+        tdt = _TORCH_DTYPES[dtype] = getattr(torch, dtype.value)
+    out = torch.empty(shape, dtype=tdt, device=tdev)
     if poison:
         out.fill_(float("nan"))
     return out
@@ -140,7 +144,9 @@ def to_caller(out: Any, caller_kind: str, like: Any, dtype: DType) -> Any:
 
         if not isinstance(out, torch.Tensor):
             out = torch.from_numpy(out)
-        tdt = getattr(torch, dtype.value)
+        tdt = _TORCH_DTYPES.get(dtype)
+        if tdt is None:
+            tdt = _TORCH_DTYPES[dtype] = getattr(torch, dtype.value)
         if out.device != like.device:
             out = out.to(like.device)
         return out if out.dtype == tdt else out.to(tdt)

@@ -50,10 +50,27 @@ def override(backend_arg: str | None) -> tuple[str | None, str]:
     return None, ""
 
 
+def _env_reader(*names: str) -> Callable[[], tuple]:
+    """A fast reader of ``names`` in ``os.environ``, for the per-call signature.
+
+    ``os.environ.get`` of an unset variable costs about a microsecond (it encodes the key and
+    raises KeyError inside); reading CPython's backing dict with pre-encoded keys costs tens of
+    nanoseconds and sees exactly what ``os.environ`` sees (``monkeypatch.setenv`` included).
+    """
+    data, encode = getattr(os.environ, "_data", None), getattr(os.environ, "encodekey", None)
+    if isinstance(data, dict) and encode is not None:
+        keys = tuple(encode(n) for n in names)
+        get = data.get
+        return lambda: tuple(get(k) for k in keys)
+    return lambda: tuple(os.environ.get(n) for n in names)  # pragma: no cover - other Pythons
+
+
+_override_env = _env_reader("PORTAKERN_BACKEND", "PORTAKERN_STRICT")
+
+
 def override_key(backend_arg: str | None) -> tuple:
     """The part of a signature that depends on overrides and strict mode (cheap: no registry)."""
-    return (backend_arg, _context_backend.get(), os.environ.get("PORTAKERN_BACKEND"),
-            os.environ.get("PORTAKERN_STRICT"))
+    return (backend_arg, _context_backend.get(), _override_env())
 
 
 @contextlib.contextmanager

@@ -64,7 +64,10 @@ def _entry_points() -> list[metadata.EntryPoint]:
 def _register(reg: Registry, name: str, obj: Any, dist: str) -> None:
     try:
         reg.pm.register(obj, name=name)
-    except Exception as e:  # bad hook signature, duplicate name, ...
+        reg.pm.check_pending()  # a @hookimpl whose name matches no hookspec (a typo) is an error too
+    except Exception as e:  # bad hook signature, unknown hook, duplicate name, ...
+        if reg.pm.is_registered(obj):
+            reg.pm.unregister(obj)
         reg.errors.append((name, f"Error registering plugin {name!r}: {type(e).__name__}: {e}"))
         return
     reg.plugins[name] = dist

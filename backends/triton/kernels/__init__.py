@@ -1,9 +1,10 @@
 """The ``@triton.jit`` bodies of the triton backend (host launchers live one level up).
 
-``load(name, interpret)`` imports ``kernels/<name>.py`` in the flavour asked for: Triton decides
-at decoration time whether ``@triton.jit`` builds interpreter functions (``TRITON_INTERPRET=1``)
-or compiler ``JITFunction``s, so a process that interprets on the CPU can still lower the same
-kernels for a GPU target (``compile_for_target``), and vice versa.
+Triton decides at decoration time whether ``@triton.jit`` builds interpreter functions
+(``TRITON_INTERPRET=1``) or compiler ``JITFunction``s, and its own library functions (``tl.max``,
+``tl.cdiv``, ...) were decorated when ``triton`` was first imported. ``interpreted()`` says which
+flavour that was; ``load(name)`` imports ``kernels/<name>.py`` in the same flavour, whatever the
+environment says now, so the two never mix.
 """
 
 from __future__ import annotations
@@ -17,8 +18,16 @@ _loaded: dict[tuple[str, bool], ModuleType] = {}
 _lock = threading.Lock()
 
 
-def load(name: str, interpret: bool) -> ModuleType:
-    """The kernel module ``name`` with ``@triton.jit`` in interpreter (True) or compiler (False) form."""
+def interpreted() -> bool:
+    """Whether this process's Triton was imported in interpreter mode (``TRITON_INTERPRET=1``)."""
+    import triton.language as tl
+
+    return type(tl.standard.cdiv).__name__ == "InterpretedFunction"
+
+
+def load(name: str) -> ModuleType:
+    """The kernel module ``name``, its ``@triton.jit`` functions in this process's Triton flavour."""
+    interpret = interpreted()
     key = (name, interpret)
     mod = _loaded.get(key)
     if mod is None:

@@ -44,6 +44,18 @@ def _varlen_block(CU_Q, blk, batch, total_q, ROWS: tl.constexpr, BATCH_P2: tl.co
 
 
 @triton.jit
+def _page_ids(BLOCK_TABLE, bt_base, t, sk, stride_btp, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """Physical page of each key of tile ``t`` (one scalar when a page holds whole tiles)."""
+    if PAGE_SIZE % BLOCK_N == 0:
+        page = tl.load(BLOCK_TABLE + bt_base + ((t * BLOCK_N) // PAGE_SIZE) * stride_btp, mask=t * BLOCK_N < sk,
+                       other=0)
+    else:
+        n = t * BLOCK_N + tl.arange(0, BLOCK_N)
+        page = tl.load(BLOCK_TABLE + bt_base + (n // PAGE_SIZE) * stride_btp, mask=n < sk, other=0)
+    return page.to(tl.int64)
+
+
+@triton.jit
 def _attend_tiles(acc, l_i, m_i, q, t_begin, t_end,
                   K, V, BLOCK_TABLE, k_base, v_base, bt_base, kv_row0,
                   stride_kb, stride_ks, stride_vb, stride_vs, stride_btp,
@@ -55,26 +67,28 @@ def _attend_tiles(acc, l_i, m_i, q, t_begin, t_end,
                   DOT_PREC: tl.constexpr):
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
+    if LAYOUT == PAGED:
+        page = _page_ids(BLOCK_TABLE, bt_base, t_begin, sk, stride_btp, BLOCK_N, PAGE_SIZE)
     for t in range(t_begin, t_end):
         n = t * BLOCK_N + tl.arange(0, BLOCK_N)
-        # -- locate the keys of this tile
+        # -- locate the keys of this tile; the next tile's page ids are fetched while this one runs
         if LAYOUT == PAGED:
-            page = tl.load(BLOCK_TABLE + bt_base + (n // PAGE_SIZE) * stride_btp, mask=n < sk, other=0)
-            page = page.to(tl.int64)
-            k_rows = k_base + page * stride_kb + (n % PAGE_SIZE) * stride_ks
-            v_rows = v_base + page * stride_vb + (n % PAGE_SIZE) * stride_vs
+            cur = page
+            page = _page_ids(BLOCK_TABLE, bt_base, t + 1, sk, stride_btp, BLOCK_N, PAGE_SIZE)
+            k_rows = k_base + cur * stride_kb + (n % PAGE_SIZE) * stride_ks
+            v_rows = v_base + cur * stride_vb + (n % PAGE_SIZE) * stride_vs
         else:
             pos = (kv_row0 + n).to(tl.int64)
             k_rows = k_base + pos * stride_ks
             v_rows = v_base + pos * stride_vs
-        if MASKED:
-            k_mask = (n < sk)[None, :] & (offs_d < D)[:, None]
-            v_mask = (n < sk)[:, None] & (offs_dv < DV)[None, :]
-        else:
-            k_mask = (offs_d < D)[:, None]
-            v_mask = (offs_dv < DV)[None, :]
         # -- compute qk
-        kt = tl.load(K + k_rows[None, :] + offs_d[:, None], mask=k_mask, other=0.0)
+        if MASKED:
+            kt = tl.load(K + k_rows[None, :] + offs_d[:, None], mask=(n < sk)[None, :] & (offs_d < D)[:, None],
+                         other=0.0)
+        elif BLOCK_D == D:
+            kt = tl.load(K + k_rows[None, :] + offs_d[:, None])
+        else:
+            kt = tl.load(K + k_rows[None, :] + offs_d[:, None], mask=(offs_d < D)[:, None], other=0.0)
         if UPCAST:
             kt = kt.to(tl.float32)
         qk = tl.dot(q, kt, input_precision=DOT_PREC)
@@ -94,7 +108,13 @@ def _attend_tiles(acc, l_i, m_i, q, t_begin, t_end,
         p = tl.math.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         # -- accumulate P V
-        v = tl.load(V + v_rows[:, None] + offs_dv[None, :], mask=v_mask, other=0.0)
+        if MASKED:
+            v = tl.load(V + v_rows[:, None] + offs_dv[None, :], mask=(n < sk)[:, None] & (offs_dv < DV)[None, :],
+                        other=0.0)
+        elif BLOCK_DV == DV:
+            v = tl.load(V + v_rows[:, None] + offs_dv[None, :])
+        else:
+            v = tl.load(V + v_rows[:, None] + offs_dv[None, :], mask=(offs_dv < DV)[None, :], other=0.0)
         if UPCAST:
             v = v.to(tl.float32)
         acc = acc * alpha[:, None]
@@ -105,20 +125,20 @@ def _attend_tiles(acc, l_i, m_i, q, t_begin, t_end,
 
 @triton.jit
 def attn_fwd(
-    Q, K, V, O, LSE, WS_O, WS_LSE, BLOCK_TABLE, SEQLENS_K, CU_Q, CU_K,
+    Q, K, V, O, LSE, WS_O, WS_LSE, LOCKS, BLOCK_TABLE, SEQLENS_K, CU_Q, CU_K,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_ob, stride_os, stride_oh,
     stride_lb, stride_lh, stride_ls,
     stride_btb, stride_btp,
-    batch, seqlen_q, seqlen_k, total_rows, tiles_per_split, scale,
+    batch, seqlen_q, seqlen_k, total_rows, scale,
     SCORE_MOD: tl.constexpr, MASK_MOD: tl.constexpr,
     HQ: tl.constexpr, GROUP: tl.constexpr, PACK: tl.constexpr,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     LAYOUT: tl.constexpr, HAS_SEQLENS: tl.constexpr, PAGE_SIZE: tl.constexpr, BATCH_P2: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, FUSED_COMBINE: tl.constexpr,
     HAS_LEFT: tl.constexpr, WIN_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, WIN_RIGHT: tl.constexpr,
     HAS_MASK: tl.constexpr, MASK_ALL: tl.constexpr, NEVER: tl.constexpr, HAS_SCORE_MOD: tl.constexpr,
     RETURN_LSE: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -203,12 +223,10 @@ def attn_fwd(
     t_hi = tl.cdiv(hi, BLOCK_N)
     t_flo = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N), t_lo), t_hi)
     t_fhi = tl.maximum(tl.minimum(full_hi // BLOCK_N, t_hi), t_flo)
-    if MASK_ALL:
-        t_flo = t_hi
-        t_fhi = t_hi
-    if NUM_SPLITS > 1:
-        s_lo = split * tiles_per_split
-        s_hi = s_lo + tiles_per_split
+    if NUM_SPLITS > 1:  # split the visible tiles evenly: adapts to each sequence's own length
+        per = tl.cdiv(t_hi - t_lo, NUM_SPLITS)
+        s_lo = t_lo + split * per
+        s_hi = s_lo + per
         t_lo = tl.maximum(t_lo, s_lo)
         t_flo = tl.minimum(tl.maximum(t_flo, s_lo), s_hi)
         t_fhi = tl.minimum(tl.maximum(t_fhi, s_lo), s_hi)
@@ -217,24 +235,33 @@ def attn_fwd(
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + NEG_INF
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    # stage 1: masked tiles before the fully visible band
-    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, t_lo, t_flo, K, V, BLOCK_TABLE, k_base, v_base, bt_base,
-                                  kv_row0, stride_kb, stride_ks, stride_vb, stride_vs, stride_btp,
-                                  scale, b, h, qrow, sq, sk, SCORE_MOD, MASK_MOD, True,
-                                  D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, LAYOUT, PAGE_SIZE,
-                                  HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC)
-    # stage 2: the fully visible band, no mask
-    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, t_flo, t_fhi, K, V, BLOCK_TABLE, k_base, v_base, bt_base,
-                                  kv_row0, stride_kb, stride_ks, stride_vb, stride_vs, stride_btp,
-                                  scale, b, h, qrow, sq, sk, SCORE_MOD, MASK_MOD, False,
-                                  D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, LAYOUT, PAGE_SIZE,
-                                  HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC)
-    # stage 3: masked tiles after it (diagonal, window edge, key-length tail)
-    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, t_fhi, t_hi, K, V, BLOCK_TABLE, k_base, v_base, bt_base,
-                                  kv_row0, stride_kb, stride_ks, stride_vb, stride_vs, stride_btp,
-                                  scale, b, h, qrow, sq, sk, SCORE_MOD, MASK_MOD, True,
-                                  D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, LAYOUT, PAGE_SIZE,
-                                  HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC)
+    if MASK_ALL:
+        # a mask with terms the kernel cannot reason about: evaluate it on every visible tile
+        acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, t_lo, t_hi, K, V, BLOCK_TABLE, k_base, v_base, bt_base,
+                                      kv_row0, stride_kb, stride_ks, stride_vb, stride_vs, stride_btp,
+                                      scale, b, h, qrow, sq, sk, SCORE_MOD, MASK_MOD, True,
+                                      D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, LAYOUT, PAGE_SIZE,
+                                      HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC)
+    else:
+        if HAS_LEFT:
+            # stage 1: masked tiles before the fully visible band (sliding window's left edge)
+            acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, t_lo, t_flo, K, V, BLOCK_TABLE, k_base, v_base,
+                                          bt_base, kv_row0, stride_kb, stride_ks, stride_vb, stride_vs, stride_btp,
+                                          scale, b, h, qrow, sq, sk, SCORE_MOD, MASK_MOD, True,
+                                          D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, LAYOUT, PAGE_SIZE,
+                                          HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC)
+        # stage 2: the fully visible band, no mask
+        acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, t_flo, t_fhi, K, V, BLOCK_TABLE, k_base, v_base, bt_base,
+                                      kv_row0, stride_kb, stride_ks, stride_vb, stride_vs, stride_btp,
+                                      scale, b, h, qrow, sq, sk, SCORE_MOD, MASK_MOD, False,
+                                      D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, LAYOUT, PAGE_SIZE,
+                                      HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC)
+        # stage 3: masked tiles after it (causal diagonal, window's right edge, key-length tail)
+        acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, t_fhi, t_hi, K, V, BLOCK_TABLE, k_base, v_base, bt_base,
+                                      kv_row0, stride_kb, stride_ks, stride_vb, stride_vs, stride_btp,
+                                      scale, b, h, qrow, sq, sk, SCORE_MOD, MASK_MOD, True,
+                                      D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, LAYOUT, PAGE_SIZE,
+                                      HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC)
 
     # -- epilogue: normalise; rows that saw no key get 0 and lse = -inf
     seen = l_i > 0.0
@@ -248,6 +275,49 @@ def attn_fwd(
         if RETURN_LSE:
             tl.store(LSE + l_base + h.to(tl.int64) * stride_lh + qrow.to(tl.int64) * stride_ls, lse, mask=row_ok)
     else:
-        ws_rows = ((split * total_rows + grow0 + qrow).to(tl.int64) * HQ + h) 
+        ws_rows = (split * total_rows + grow0 + qrow).to(tl.int64) * HQ + h
         tl.store(WS_O + ws_rows[:, None] * DV + offs_dv[None, :], out, mask=row_ok[:, None] & dv_ok)
         tl.store(WS_LSE + ws_rows, lse, mask=row_ok)
+        if FUSED_COMBINE:
+            # the last split of this tile to finish merges all of them (no second launch)
+            tl.debug_barrier()
+            group = pid_h * (tl.num_programs(0) // NUM_SPLITS) + pid_m // NUM_SPLITS
+            done = tl.atomic_add(LOCKS + group, 1, sem="acq_rel", scope="gpu")
+            if done == NUM_SPLITS - 1:
+                tl.store(LOCKS + group, 0)  # ready for the next launch
+                _merge_splits(WS_O, WS_LSE, O, LSE, o_base, l_base, grow0, qrow, h, row_ok, total_rows,
+                              stride_os, stride_oh, stride_ls, stride_lh,
+                              HQ, DV, BLOCK_M, BLOCK_DV, NUM_SPLITS, RETURN_LSE)
+
+
+@triton.jit
+def _merge_splits(WS_O, WS_LSE, O, LSE, o_base, l_base, grow0, qrow, h, row_ok, total_rows,
+                  stride_os, stride_oh, stride_ls, stride_lh,
+                  HQ: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
+                  NUM_SPLITS: tl.constexpr, RETURN_LSE: tl.constexpr):
+    """out = sum_s exp(lse_s - lse) O_s with lse = log sum_s exp(lse_s), over the split partials."""
+    offs_dv = tl.arange(0, BLOCK_DV)
+    mask = row_ok[:, None] & (offs_dv < DV)[None, :]
+    m = tl.zeros([BLOCK_M], dtype=tl.float32) + NEG_INF
+    den = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    for s in range(NUM_SPLITS):
+        rows = (s * total_rows + grow0 + qrow).to(tl.int64) * HQ + h
+        # .cg: read the other programs' partials from L2, never a stale L1 line
+        lse_s = tl.load(WS_LSE + rows, mask=row_ok, other=NEG_INF, cache_modifier=".cg")
+        o_s = tl.load(WS_O + rows[:, None] * DV + offs_dv[None, :], mask=mask, other=0.0, cache_modifier=".cg")
+        m_new = tl.maximum(m, lse_s)
+        m_use = tl.where(m_new == NEG_INF, 0.0, m_new)
+        alpha = tl.exp(m - m_use)
+        w = tl.exp(lse_s - m_use)
+        acc = acc * alpha[:, None] + w[:, None] * o_s
+        den = den * alpha + w
+        m = m_new
+    seen = den > 0.0
+    den_safe = tl.where(seen, den, 1.0)
+    out = acc / den_safe[:, None]
+    o_rows = o_base + qrow.to(tl.int64) * stride_os + h.to(tl.int64) * stride_oh
+    tl.store(O + o_rows[:, None] + offs_dv[None, :], out.to(O.dtype.element_ty), mask=mask)
+    if RETURN_LSE:
+        lse = tl.where(seen, tl.where(m == NEG_INF, 0.0, m) + tl.log(den_safe), NEG_INF)
+        tl.store(LSE + l_base + h.to(tl.int64) * stride_lh + qrow.to(tl.int64) * stride_ls, lse, mask=row_ok)

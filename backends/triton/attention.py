@@ -1,0 +1,374 @@
+"""Host side of the Triton attention backend: supports, compile, compile_for_target, launch.
+
+One kernel (``kernels/attention_fwd.py``) serves prefill and decode over dense, paged and varlen
+KV; ``kernels/attention_combine.py`` merges KV splits. ``score_mod`` / ``mask_mod`` are lowered to
+Triton source by ``expr_triton`` and passed to the kernel as constexpr functions; library
+causal/window terms of the mask are recognised so key tiles outside them are skipped.
+
+Split-KV workspace (decode, when one sequence does not fill the GPU): allocated once per compiled
+signature and device, kept in the kernel's closure, ``4 * num_splits * R * Hq * (Dv + 1)`` bytes
+with ``R = B * Sq`` (``total_q`` for varlen), ``num_splits <= tuning.MAX_SPLITS``. Two concurrent
+calls of one signature on different CUDA streams would share it: serialise them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from portakern.backend import YES, Support, no
+from portakern.devices import Device
+from portakern.errors import InvalidInputError, UnsupportedError
+from portakern.ir.ops import Attention, KVLayout
+
+from . import tuning
+from .tuning import AttnConfig
+
+MAX_HEAD_DIM = 256
+MAX_GRID_Y = 65535
+MAX_VARLEN_BATCH = 1 << 14
+_LAYOUT = {KVLayout.DENSE: 0, KVLayout.PAGED: 1, KVLayout.VARLEN: 2}
+_TARGETS = {"sm_80": 80, "sm_86": 86, "sm_89": 89, "sm_90": 90, "sm_90a": 90, "sm_100": 100, "sm_100a": 100,
+            "sm_120": 120, "sm_120a": 120}
+
+
+def _interpreted() -> bool:
+    from .kernels import interpreted
+
+    return interpreted()
+
+
+# -- supports ---------------------------------------------------------------------------------------
+
+def supports(op: Attention, device: Device) -> Support:
+    """Whether the kernels can run ``op`` on ``device``; a reason naming the limit when not."""
+    where = f"triton on {device.arch or device.type}"
+    for field, value in (("head_dim", op.head_dim), ("head_dim_v", op.head_dim_v)):
+        if value > MAX_HEAD_DIM:
+            return no(f"attention({field}={value}) is not supported by {where}: head dimensions up to "
+                      f"{MAX_HEAD_DIM} fit the kernel's tiles; pass backend=\"cpu\" or split the head dimension")
+    if device.type == "cpu" and not _interpreted():
+        return no("triton was imported before TRITON_INTERPRET=1 was set, so its interpreter cannot run "
+                  "here; set TRITON_INTERPRET=1 before the first import of triton")
+    cfg = _config(op, device)
+    if op.kv_layout is KVLayout.VARLEN:
+        if op.batch >= MAX_VARLEN_BATCH:
+            return no(f"varlen attention with batch={op.batch} is not supported by {where}: at most "
+                      f"{MAX_VARLEN_BATCH - 1} sequences per call; split the batch")
+        grid_y = op.heads_q // cfg.pack
+    else:
+        grid_y = op.batch * op.heads_q // cfg.pack
+    if grid_y > MAX_GRID_Y:
+        return no(f"attention with batch x heads = {grid_y} programs on the grid's second axis is not "
+                  f"supported by {where} (CUDA allows {MAX_GRID_Y}); split the batch")
+    try:
+        from .expr_triton import generate_source
+
+        generate_source(op.score_mod, op.mask_mod)
+    except UnsupportedError as e:
+        return no(f"{e}; pass backend=\"cpu\"")
+    return YES
+
+
+# -- configuration ------------------------------------------------------------------------------------
+
+def _device_arch(device: Device) -> tuple[str, int]:
+    if device.type != "cuda":
+        return "interp", tuning.DEFAULT_SMS["interp"]
+    cc = device.capability[0] * 10 + device.capability[1] if device.capability else 90
+    arch = tuning.arch_family(cc)
+    sms = int(dict(device.info).get("multiprocessors", tuning.DEFAULT_SMS.get(arch, 132)))
+    return arch, sms
+
+
+def _config(op: Attention, device: Device) -> AttnConfig:
+    arch, sms = _device_arch(device)
+    return tuning.choose(op, arch, sms)
+
+
+def _constexprs(op: Attention, cfg: AttnConfig, interpret: bool, mods) -> dict[str, Any]:
+    """The compile-time arguments of ``attn_fwd`` for ``op`` under ``cfg``."""
+    from .expr_triton import analyse_mask
+
+    bounds = analyse_mask(op.mask_mod)
+    bd = max(16, tuning.next_pow2(op.head_dim))
+    bdv = max(16, tuning.next_pow2(op.head_dim_v))
+    return dict(
+        SCORE_MOD=mods.score_mod, MASK_MOD=mods.mask_mod,
+        HQ=op.heads_q, GROUP=op.group_size, PACK=cfg.pack,
+        D=op.head_dim, DV=op.head_dim_v, BLOCK_D=bd, BLOCK_DV=bdv,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        LAYOUT=_LAYOUT[op.kv_layout], HAS_SEQLENS=op.has_seqlens_k, PAGE_SIZE=max(1, op.page_size),
+        BATCH_P2=tuning.next_pow2(op.batch + 1) if op.kv_layout is KVLayout.VARLEN else 1,
+        NUM_SPLITS=cfg.num_splits, FUSED_COMBINE=cfg.fused_combine,
+        HAS_LEFT=bounds.left is not None, WIN_LEFT=bounds.left or 0,
+        HAS_RIGHT=bounds.right is not None, WIN_RIGHT=bounds.right or 0,
+        HAS_MASK=op.mask_mod is not None, MASK_ALL=bounds.residual, NEVER=bounds.never,
+        HAS_SCORE_MOD=op.score_mod is not None, RETURN_LSE=op.return_lse,
+        UPCAST=interpret and op.dtype.value == "bfloat16",
+        DOT_PREC="ieee" if op.dtype.value == "float32" else "tf32",
+    )
+
+
+# -- compile ------------------------------------------------------------------------------------------
+
+def compile(op: Attention, device: Device) -> Callable[..., None]:
+    """The kernel ``kernel(q, k, v, out, lse, aux)`` for ``op`` on ``device`` (table or tuned config)."""
+    arch, sms = _device_arch(device)
+    if tuning.autotune_enabled() and device.type == "cuda":
+        cfg = tuning.tuned(op, device, arch, sms, lambda c: _time_config(op, device, c))
+    else:
+        cfg = tuning.choose(op, arch, sms)
+    return build(op, device, cfg)
+
+
+def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]:
+    """The kernel for ``op`` with an explicit configuration (benchmarks and tuning sweep with this)."""
+    from . import kernels
+    from .expr_triton import load_mods
+
+    interpret = kernels.interpreted()
+    fwd = kernels.load("attention_fwd").attn_fwd
+    combine = kernels.load("attention_combine").attn_combine
+    consts = _constexprs(op, cfg, interpret, load_mods(op.score_mod, op.mask_mod, interpret))
+    shapes = op.shapes()
+    varlen = op.kv_layout is KVLayout.VARLEN
+    rows = cfg.block_m // cfg.pack
+    R = op.total_q if varlen else op.batch * op.seqlen_q
+    if varlen:
+        grid = ((-(-op.total_q // rows) + op.batch + 1) * cfg.num_splits, op.heads_q // cfg.pack)
+    else:
+        grid = (-(-op.seqlen_q // rows) * cfg.num_splits, op.batch * op.heads_q // cfg.pack)
+    launch_opts = {} if interpret else dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    workspace: dict[Any, tuple[Any, Any]] = {}
+    bdv = consts["BLOCK_DV"]
+    splits_p2 = tuning.next_pow2(cfg.num_splits)
+
+    def kernel(q, k, v, out, lse, aux=None) -> None:
+        aux = aux or {}
+        _check(op, shapes, q, k, v, out, lse)
+        bt, sk, cu_q, cu_k = (aux.get(n) for n in ("block_table", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k"))
+        _require(op, bt, sk, cu_q, cu_k)
+        if varlen:
+            sq_, sk_ = (0,) + q.stride()[:2], (0,) + k.stride()[:2]
+            sv_, so_ = (0,) + v.stride()[:2], (0,) + out.stride()[:2]
+            sl_ = (0,) + (lse.stride() if lse is not None else (0, 0))
+        else:
+            sq_, sk_, sv_, so_ = q.stride()[:3], k.stride()[:3], v.stride()[:3], out.stride()[:3]
+            sl_ = lse.stride() if lse is not None else (0, 0, 0)
+        sbt = bt.stride() if bt is not None else (0, 0)
+        if cfg.num_splits > 1:
+            ws = workspace.get(q.device)
+            if ws is None:
+                ws = workspace[q.device] = _workspace(op, cfg, R, grid, q.device)
+            ws_o, ws_lse, locks = ws
+        else:
+            ws_o = ws_lse = locks = None
+        fwd[grid](q, k, v, out, lse, ws_o, ws_lse, locks, bt, sk, cu_q, cu_k,
+                  *sq_, *sk_, *sv_, *so_, *sl_, *sbt,
+                  op.batch, op.total_q if varlen else op.seqlen_q, op.seqlen_k, R,
+                  op.scale, **consts, **launch_opts)
+        if cfg.num_splits > 1 and not cfg.fused_combine:
+            combine[(R * op.heads_q,)](ws_o, ws_lse, out, lse, *so_, *sl_, op.seqlen_q, R,
+                                       HQ=op.heads_q, DV=op.head_dim_v, BLOCK_DV=bdv,
+                                       NUM_SPLITS=cfg.num_splits, SPLITS_P2=splits_p2, VARLEN=varlen,
+                                       RETURN_LSE=op.return_lse, **({} if interpret else {"num_warps": 4}))
+
+    kernel.__name__ = f"triton_attention_{op.content_hash()}"
+    kernel.config = cfg
+    kernel.workspace_bytes = tuning.workspace_bytes(op, cfg)
+    return kernel
+
+
+def _workspace(op: Attention, cfg: AttnConfig, R: int, grid: tuple, device):
+    """Split-KV partials (see the module docstring for the size) and the per-tile arrival counters."""
+    import torch
+
+    f32 = dict(dtype=torch.float32, device=device)
+    return (torch.empty((cfg.num_splits, R, op.heads_q, op.head_dim_v), **f32),
+            torch.empty((cfg.num_splits, R, op.heads_q), **f32),
+            torch.zeros((grid[0] // cfg.num_splits) * grid[1], dtype=torch.int32, device=device))
+
+
+def _check(op: Attention, shapes: dict, q, k, v, out, lse) -> None:
+    """Cheap per-call checks of what the signature cache cannot see (shapes, inner strides)."""
+    for name, a in (("q", q), ("k", k), ("v", v), ("out", out)):
+        if tuple(a.shape) != shapes[name]:
+            raise InvalidInputError(f"{name} has shape {tuple(a.shape)}, expected {shapes[name]} for this "
+                                    f"{op.kv_layout.value} attention op")
+        if a.shape[-1] > 1 and a.stride(-1) != 1:
+            raise InvalidInputError(f"{name} has stride {a.stride(-1)} in its last dimension: the triton "
+                                    f"backend needs it contiguous; pass {name}.contiguous()")
+    if op.return_lse and (lse is None or tuple(lse.shape) != shapes["lse"]):
+        raise InvalidInputError(f"lse must be a float32 array of shape {shapes['lse']} when return_lse=True")
+
+
+def _require(op: Attention, bt, sk, cu_q, cu_k) -> None:
+    lay = op.kv_layout
+    need = {"block_table": lay is KVLayout.PAGED, "seqlens_k": op.has_seqlens_k,
+            "cu_seqlens_q": lay is KVLayout.VARLEN, "cu_seqlens_k": lay is KVLayout.VARLEN}
+    for name, a in (("block_table", bt), ("seqlens_k", sk), ("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+        if need[name] and a is None:
+            raise InvalidInputError(f"aux[{name!r}] is missing: this {lay.value} attention op needs it")
+        if not need[name] and a is not None:
+            raise InvalidInputError(f"aux[{name!r}] was given but this {lay.value} attention op does not read it")
+
+
+def _time_config(op: Attention, device: Device, cfg: AttnConfig) -> float:
+    """Seconds per call of ``op`` under ``cfg`` on random inputs (autotuning)."""
+    import torch
+    from triton.testing import do_bench
+
+    q, k, v, out, lse, aux = random_inputs(op, torch.device(str(device)))
+    kern = build(op, device, cfg)
+    return do_bench(lambda: kern(q, k, v, out, lse, aux), warmup=5, rep=20) * 1e-3
+
+
+def random_inputs(op: Attention, device, seed: int = 0):
+    """Random ``(q, k, v, out, lse, aux)`` torch operands for ``op`` (full lengths; shuffled pages)."""
+    import torch
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    dt = getattr(torch, op.dtype.value)
+    shapes = op.shapes()
+
+    def rnd(shape):
+        return torch.randn(shape, generator=g, device=device, dtype=torch.float32).to(dt)
+
+    q, k, v = rnd(shapes["q"]), rnd(shapes["k"]), rnd(shapes["v"])
+    out = torch.empty(shapes["out"], dtype=dt, device=device)
+    lse = torch.empty(shapes["lse"], dtype=torch.float32, device=device) if op.return_lse else None
+    aux = {"block_table": None, "seqlens_k": None, "cu_seqlens_q": None, "cu_seqlens_k": None}
+    i32 = dict(dtype=torch.int32, device=device)
+    if op.kv_layout is KVLayout.PAGED:
+        perm = torch.randperm(op.num_pages, generator=g, device=device)[: op.batch * op.max_pages]
+        perm = perm % op.num_pages if perm.numel() == op.batch * op.max_pages else \
+            torch.randint(0, op.num_pages, (op.batch * op.max_pages,), generator=g, device=device)
+        aux["block_table"] = perm.reshape(op.batch, op.max_pages).to(**i32)
+        aux["seqlens_k"] = torch.full((op.batch,), op.seqlen_k, **i32)
+    elif op.kv_layout is KVLayout.VARLEN:
+        aux["cu_seqlens_q"] = torch.linspace(0, op.total_q, op.batch + 1).round().to(**i32)
+        aux["cu_seqlens_k"] = torch.linspace(0, op.total_k, op.batch + 1).round().to(**i32)
+    elif op.has_seqlens_k:
+        aux["seqlens_k"] = torch.full((op.batch,), op.seqlen_k, **i32)
+    return q, k, v, out, lse, aux
+
+
+# -- compile for a target without the device ------------------------------------------------------
+
+def compile_for_target(op: Attention, target: str) -> dict:
+    """Lower ``op`` for ``target`` ("sm_80", "sm_90a", "sm_100a", "sm_120") with Triton, no GPU needed.
+
+    Returns ``{"target", "config", "kernels": {name: {"cubin": bytes, "ptx": str, "shared": int,
+    "num_warps": int}}}``; ``attn_combine`` is included when the configuration splits the keys
+    without fusing the merge.
+    """
+    try:
+        cc = _TARGETS[target]
+    except KeyError:
+        raise UnsupportedError(f"compile_for_target(target={target!r}): the triton backend lowers for "
+                               f"{', '.join(sorted(_TARGETS))}") from None
+    from . import kernels
+
+    if kernels.interpreted():  # this process's triton library is the interpreter's: lower elsewhere
+        return _compile_in_subprocess(op, target)
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from .expr_triton import load_mods
+
+    arch = tuning.arch_family(cc)
+    cfg = tuning.choose(op, arch, tuning.DEFAULT_SMS.get(arch, 132))
+    consts = _constexprs(op, cfg, False, load_mods(op.score_mod, op.mask_mod, False))
+    fwd = kernels.load("attention_fwd").attn_fwd
+    combine = kernels.load("attention_combine").attn_combine
+    ptr = "*" + {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}[op.dtype.value]
+    lay = op.kv_layout
+    sig = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr,
+           "LSE": "*fp32" if op.return_lse else "constexpr",
+           "WS_O": "*fp32" if cfg.num_splits > 1 else "constexpr",
+           "WS_LSE": "*fp32" if cfg.num_splits > 1 else "constexpr",
+           "LOCKS": "*i32" if cfg.num_splits > 1 else "constexpr",
+           "BLOCK_TABLE": "*i32" if lay is KVLayout.PAGED else "constexpr",
+           "SEQLENS_K": "*i32" if op.has_seqlens_k else "constexpr",
+           "CU_Q": "*i32" if lay is KVLayout.VARLEN else "constexpr",
+           "CU_K": "*i32" if lay is KVLayout.VARLEN else "constexpr"}
+    absent = {n: None for n, t in sig.items() if t == "constexpr"}
+    for name in fwd.arg_names[len(sig):]:
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name == "scale":
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    target_obj = GPUTarget("cuda", cc, 32)
+    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    result = {"target": target, "config": cfg.to_json(), "kernels": {}}
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"  # lowering never interprets
+    try:
+        ck = triton.compile(ASTSource(fwd, sig, {**absent, **consts}), target=target_obj, options=options)
+        result["kernels"]["attn_fwd"] = _artifact(ck, cfg.num_warps)
+        if cfg.num_splits > 1 and not cfg.fused_combine:
+            csig = {n: ("*fp32" if n in ("WS_O", "WS_LSE") else ptr if n == "O" else
+                        ("*fp32" if op.return_lse else "constexpr") if n == "LSE" else "i32")
+                    for n in combine.arg_names}
+            cconst = dict(HQ=op.heads_q, DV=op.head_dim_v, BLOCK_DV=consts["BLOCK_DV"],
+                          NUM_SPLITS=cfg.num_splits, SPLITS_P2=tuning.next_pow2(cfg.num_splits),
+                          VARLEN=lay is KVLayout.VARLEN, RETURN_LSE=op.return_lse)
+            if not op.return_lse:
+                cconst["LSE"] = None
+            for n in cconst:
+                csig[n] = "constexpr"
+            cc_k = triton.compile(ASTSource(combine, csig, cconst), target=target_obj, options={"num_warps": 4})
+            result["kernels"]["attn_combine"] = _artifact(cc_k, 4)
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+    return result
+
+
+def _artifact(ck, num_warps: int) -> dict:
+    md = ck.metadata
+    return {"cubin": ck.asm.get("cubin"), "ptx": ck.asm.get("ptx"),
+            "shared": getattr(md, "shared", None), "num_warps": num_warps}
+
+
+def _compile_in_subprocess(op: Attention, target: str) -> dict:
+    """Run ``compile_for_target`` in a fresh interpreter with ``TRITON_INTERPRET=0``."""
+    import json
+    import pickle
+    import subprocess
+    import sys
+    import tempfile
+
+    from portakern.errors import BackendError
+
+    with tempfile.TemporaryDirectory(prefix="portakern-aot-") as tmp:
+        path = os.path.join(tmp, "artifact.pickle")
+        env = dict(os.environ, TRITON_INTERPRET="0")
+        code = "from portakern.backends.triton.attention import _aot_child; _aot_child()"
+        proc = subprocess.run([sys.executable, "-c", code, path], input=json.dumps(op.to_json()) + "\n" + target,
+                              capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise BackendError(f"lowering attention for {target} in a subprocess failed: "
+                               f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
+        with open(path, "rb") as f:
+            return pickle.load(f)
+
+
+def _aot_child() -> None:
+    """Entry point of ``_compile_in_subprocess``: op JSON and target on stdin, pickle to argv[1]."""
+    import json
+    import pickle
+    import sys
+
+    from portakern.ir.ops import op_from_json
+
+    text, target = sys.stdin.read().rsplit("\n", 1)
+    art = compile_for_target(op_from_json(json.loads(text)), target.strip())
+    with open(sys.argv[1], "wb") as f:
+        pickle.dump(art, f)

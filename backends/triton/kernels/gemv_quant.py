@@ -1,0 +1,220 @@
+"""Triton bodies of the weight-only quantized GEMV: ``out (M, N) = x (M, K) @ dequant(W)^T``.
+
+The host side (``backends/triton/quant_gemv.py``) repacks every packing into one internal layout:
+
+* ``qw``  int32 ``(KWP, NP)``, K-major: word ``(j, n)`` holds the codes of ``W[n, EPW*j + e]``
+  in bits ``BITS*e .. BITS*e + BITS-1`` (``EPW = 32 // BITS`` unsigned codes per word). Rows past
+  ``K / EPW`` are zero (KWP is a multiple of 64); ``NP`` (the row stride) is N rounded up to 128,
+  the largest column tile, so tiles load without masks.
+* ``s``, ``z``  ``(G, NP)``: scale and integer zero point of group ``g`` for column ``n`` (the
+  format's scale dtype). Symmetric formats have no ``z`` and use the constant ``ZP``.
+* ``perm`` int32 ``(K,)`` (act-order GPTQ): internal column ``k`` multiplies ``x[:, perm[k]]``.
+* ``kg`` int32 ``(K,)`` (irregular ``g_idx``): the group of internal column ``k``.
+
+A program owns ``BN`` output columns and one of ``SPLIT_K`` slices of K. Each iteration loads a
+``(BKW, BN)`` tile of words (16-byte vectors along N, so a warp reads whole 512-byte rows) and,
+for each of the ``EPW`` code positions, multiplies the codes by the matching column of x. All large
+tensors stay in the tile's register layout; only x (shared by every column) is re-laid.
+
+Split-K partials go to an fp32 workspace; the last slice to finish a tile (one arrival counter
+per tile, which that slice resets) adds them and writes the output once, so a launch needs no
+zeroed buffer and no second kernel.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _codes(words, E: tl.constexpr, BITS: tl.constexpr, DQ: tl.constexpr):
+    """The code at position ``E`` of every word, as an exact fp32 integer.
+
+    DQ=0: shift, mask, integer-to-float convert (I2F, a quarter-rate unit).
+    DQ=1: shift, mask and OR into the mantissa of 2^23 (one LOP3), subtract 2^23.
+    DQ=2: as 1, but codes that already sit at or below bit 22 are not shifted: the code stays
+          scaled by 2^pos inside the mantissa and one FMA by 2^-pos removes 2^23 and the scale.
+    """
+    MASK: tl.constexpr = (1 << BITS) - 1
+    if DQ == 0:
+        return ((words >> (E * BITS)) & MASK).to(tl.float32)
+    elif DQ == 1:
+        b = ((words >> (E * BITS)) & MASK) | 0x4B000000   # 0x4B000000 = 2^23 as fp32
+        return b.to(tl.float32, bitcast=True) - 8388608.0
+    else:
+        SH: tl.constexpr = 0 if E * BITS + BITS <= 23 else 16
+        POS: tl.constexpr = E * BITS - SH
+        b = ((words >> SH) & (MASK << POS)) | 0x4B000000
+        return tl.fma(b.to(tl.float32, bitcast=True), 1.0 / (1 << POS), -8388608.0 / (1 << POS))
+
+
+@triton.jit
+def _finish(res, rows, n, M, N, pid_n, pid_k, pid_m, out_ptr, stride_om, ws_ptr, lock_ptr,
+            BM: tl.constexpr, BN: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Write the ``(BM, BN)`` fp32 tile ``res``: directly, or through the split-K workspace."""
+    omask = (rows[:, None] < M) & (n[None, :] < N)
+    out_ptrs = out_ptr + rows[:, None] * stride_om + n[None, :]
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, res.to(out_ptr.dtype.element_ty), mask=omask)
+    else:
+        # -- publish this slice's partial sums, then count arrivals for the tile
+        Mp = tl.num_programs(2) * BM
+        ws = ws_ptr + (pid_k * Mp + rows[:, None]) * N + n[None, :]
+        tl.store(ws, res, mask=omask)
+        tl.debug_barrier()
+        lock = lock_ptr + pid_m * tl.num_programs(0) + pid_n
+        arrived = tl.atomic_add(lock, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            # -- last slice in: add every partial (L1 bypassed: other SMs wrote them) and reset
+            tot = tl.zeros((BM, BN), tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                part = ws_ptr + (s * Mp + rows[:, None]) * N + n[None, :]
+                tot += tl.load(part, mask=omask, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptrs, tot.to(out_ptr.dtype.element_ty), mask=omask)
+            tl.atomic_xchg(lock, 0)
+
+
+@triton.jit
+def _scale_zero(s_ptr, z_ptr, off, HAS_Z: tl.constexpr, ZP: tl.constexpr):
+    """Scales and zero points (fp32) at offsets ``off`` of the ``(G, NP)`` tables."""
+    s = tl.load(s_ptr + off).to(tl.float32)
+    if HAS_Z:
+        z = tl.load(z_ptr + off).to(tl.float32)
+    else:
+        z = ZP
+    return s, z
+
+
+@triton.jit
+def _x_column(x_ptr, row, stride_xm, perm_ptr, k, K, HAS_PERM: tl.constexpr, EVEN_K: tl.constexpr):
+    """``x[row, k]`` (row: scalar or column vector), through ``perm`` for act-order weights; 0 past K."""
+    if HAS_PERM:
+        kx = tl.load(perm_ptr + k, mask=k < K, other=0)
+    else:
+        kx = k
+    if EVEN_K:
+        xe = tl.load(x_ptr + row * stride_xm + kx)
+    else:
+        xe = tl.load(x_ptr + row * stride_xm + kx, mask=k < K, other=0.0)
+    return xe.to(tl.float32)
+
+
+@triton.jit
+def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_ptr, lock_ptr,
+                    M, N, K, KWP, stride_qk, stride_xm, stride_om, K_SPLIT_W,
+                    BITS: tl.constexpr, GS: tl.constexpr, ZP: tl.constexpr,
+                    HAS_Z: tl.constexpr, HAS_PERM: tl.constexpr, PER_ELEM_GROUP: tl.constexpr,
+                    HAS_KG: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr,
+                    SPLIT_K: tl.constexpr, DQ: tl.constexpr, EVEN_K: tl.constexpr):
+    """CUDA-core GEMV for small M: per code one LOP3 and one exact FMA, then one FMA per row of x.
+
+    The zero point is applied per word row: ``sum x (q - z) s = s (sum x q - z sum x)``.
+    ``PER_ELEM_GROUP``: the group of each code is looked up per element (``k // GS`` or ``kg``),
+    for group sizes that are not whole words or irregular act-order groups (slow path).
+    """
+    EPW: tl.constexpr = 32 // BITS
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    n = pid_n * BN + tl.arange(0, BN)   # columns up to NP (a multiple of BN) exist: no load mask
+    rows = pid_m * BM + tl.arange(0, BM)
+    kwr = tl.arange(0, BKW)
+    w_ptrs = qw_ptr + kwr[:, None] * stride_qk + n[None, :]
+    kw_begin = pid_k * K_SPLIT_W
+    if BM == 1:
+        acc = tl.zeros((BKW, BN), tl.float32)
+    else:
+        acc = tl.zeros((BM, BKW, BN), tl.float32)
+        x_rows = tl.minimum(rows, M - 1)  # rows past M read row M-1; never stored
+    for kw0 in range(kw_begin, tl.minimum(kw_begin + K_SPLIT_W, KWP), BKW):
+        # -- a (BKW, BN) tile of words; rows past K are zero padding
+        words = tl.load(w_ptrs + kw0 * stride_qk)
+        kw = kw0 + kwr
+        if not PER_ELEM_GROUP:
+            g = tl.minimum(kw * EPW, K - 1) // GS       # padding rows use the last group
+            s, z = _scale_zero(s_ptr, z_ptr, g[:, None] * stride_qk + n[None, :], HAS_Z, ZP)
+        if BM == 1:
+            dot = tl.zeros((BKW, BN), tl.float32)
+            xsum = tl.zeros((BKW,), tl.float32)
+        else:
+            dot = tl.zeros((BM, BKW, BN), tl.float32)
+            xsum = tl.zeros((BM, BKW), tl.float32)
+        for e in tl.static_range(EPW):
+            # -- column k = EPW*kw + e of x, and the codes at position e
+            k = kw * EPW + e
+            q = _codes(words, e, BITS, DQ)
+            if BM == 1:
+                xe = _x_column(x_ptr, pid_m, stride_xm, perm_ptr, k, K, HAS_PERM, EVEN_K)
+            else:
+                xe = _x_column(x_ptr, x_rows[:, None], stride_xm, perm_ptr, k[None, :], K, HAS_PERM, EVEN_K)
+            if PER_ELEM_GROUP:
+                if HAS_KG:
+                    ge = tl.load(kg_ptr + k, mask=k < K, other=0)
+                else:
+                    ge = tl.minimum(k, K - 1) // GS
+                se, ze = _scale_zero(s_ptr, z_ptr, ge[:, None] * stride_qk + n[None, :], HAS_Z, ZP)
+                we = (q - ze) * se
+                if BM == 1:
+                    acc += xe[:, None] * we
+                else:
+                    acc += xe[:, :, None] * we[None, :, :]
+            else:
+                if BM == 1:
+                    dot += xe[:, None] * q
+                else:
+                    dot += xe[:, :, None] * q[None, :, :]
+                xsum += xe
+        if not PER_ELEM_GROUP:
+            if BM == 1:
+                acc += s * (dot - z * xsum[:, None])
+            else:
+                acc += s[None, :, :] * (dot - z * xsum[:, :, None])
+    # -- the one cross-thread reduction, over the word rows of the tile
+    if BM == 1:
+        res = tl.sum(acc, axis=0)[None, :]
+    else:
+        res = tl.sum(acc, axis=1)
+    _finish(res, rows, n, M, N, pid_n, pid_k, pid_m, out_ptr, stride_om, ws_ptr, lock_ptr, BM, BN, SPLIT_K)
+
+
+@triton.jit
+def gemv_dot_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, out_ptr, ws_ptr, lock_ptr,
+                    M, N, K, KWP, stride_qk, stride_xm, stride_om, K_SPLIT_W,
+                    BITS: tl.constexpr, GS: tl.constexpr, ZP: tl.constexpr,
+                    HAS_Z: tl.constexpr, HAS_PERM: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                    BKW: tl.constexpr, SPLIT_K: tl.constexpr, DQ: tl.constexpr, EVEN_K: tl.constexpr,
+                    COMPUTE_F32: tl.constexpr):
+    """Tensor-core GEMV for M up to 16: ``acc (BM, BN) += x[:, k_e] (BM, BKW) @ w_e (BKW, BN)``
+    for each code position e, with ``w_e = (q - z) * s`` dequantized in the compute dtype.
+
+    ``COMPUTE_F32``: multiply in fp32 (fp32 activations, or bf16 under the interpreter).
+    """
+    EPW: tl.constexpr = 32 // BITS
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    n = pid_n * BN + tl.arange(0, BN)
+    rows = pid_m * BM + tl.arange(0, BM)
+    kwr = tl.arange(0, BKW)
+    w_ptrs = qw_ptr + kwr[:, None] * stride_qk + n[None, :]
+    kw_begin = pid_k * K_SPLIT_W
+    if COMPUTE_F32:
+        cdt = tl.float32
+    else:
+        cdt = x_ptr.dtype.element_ty
+    acc = tl.zeros((BM, BN), tl.float32)
+    for kw0 in range(kw_begin, tl.minimum(kw_begin + K_SPLIT_W, KWP), BKW):
+        words = tl.load(w_ptrs + kw0 * stride_qk)
+        kw = kw0 + kwr
+        g = tl.minimum(kw * EPW, K - 1) // GS          # padding rows use the last group
+        s, z = _scale_zero(s_ptr, z_ptr, g[:, None] * stride_qk + n[None, :], HAS_Z, ZP)
+        zs = z * s
+        for e in tl.static_range(EPW):
+            k = kw * EPW + e
+            xe = _x_column(x_ptr, tl.minimum(rows, M - 1)[:, None], stride_xm, perm_ptr, k[None, :], K,
+                           HAS_PERM, EVEN_K).to(cdt)   # rows past M: any row, never stored
+            we = tl.fma(_codes(words, e, BITS, DQ), s, -zs).to(cdt)   # (q - z) * s, one rounding
+            if COMPUTE_F32:
+                acc = tl.dot(xe, we, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(xe, we, acc)
+    _finish(acc, rows, n, M, N, pid_n, pid_k, pid_m, out_ptr, stride_om, ws_ptr, lock_ptr, BM, BN, SPLIT_K)

@@ -1,0 +1,378 @@
+"""Host side of the Triton quantized GEMV: supports, prepare_weight, compile, compile_for_target.
+
+Every packing of ``portakern.ir.Packing`` is repacked once, at ``prepare_weight``, into one
+internal layout (``PreparedGemvWeight``; the byte layout is documented in
+``kernels/gemv_quant.py``), so the kernels know a single format:
+
+* codes as unsigned integers, ``32 // bits`` per int32 word along K, rows padded to 64 bytes;
+* scales and integer zero points transposed to ``(groups, N)`` in the format's scale dtype;
+* act-order GPTQ (``g_idx``): K is permuted so that groups are contiguous, and the kernel reads
+  ``x`` through that permutation; an irregular ``g_idx`` (groups of unequal size) keeps its
+  per-column group table and runs the per-element path.
+
+``compile(op, device)`` returns ``kernel(x, prepared, out)``. The launch configuration comes from
+``gemv_tuning`` (table, or autotuned and cached with ``PORTAKERN_TRITON_AUTOTUNE=1``). CUDA-graph
+contract: the first call of a signature builds the launcher (and, for split-K, its fp32
+workspace and arrival counters, which the kernel resets itself); every later call launches one
+kernel with no allocation, no host synchronisation and no tensor created on the host.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from portakern.backend import YES, Support, no
+from portakern.devices import Device
+from portakern.errors import BackendError, UnsupportedError
+from portakern.ir.dtypes import DType
+from portakern.ir.ops import QuantGemv
+from portakern.ir.quant import Packing
+
+from . import gemv_tuning as tuning
+
+_TARGETS = {"sm_80": 80, "sm_90a": 90, "sm_100a": 100, "sm_120": 120}
+#: words per row are padded to this multiple (64 bytes) so every row starts 16-byte aligned
+_ROW_ALIGN_WORDS = 16
+
+
+# -- the internal layout ---------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class PreparedGemvWeight:
+    """A quantized weight in the triton backend's GEMV layout (see ``kernels/gemv_quant.py``).
+
+    Tensors: ``qweight`` int32 ``(KWP, NP)``, K-major; ``scales`` / ``zeros`` ``(G, NP)`` in the
+    scale dtype (``zeros`` None for symmetric formats, which use ``zero_point``); ``perm`` int32
+    ``(K,)`` or None; ``kgroup`` int32 ``(K,)`` or None. ``dequant[n, k] = (code - zero) * scale``.
+    """
+
+    qweight: Any
+    scales: Any
+    zeros: Any
+    perm: Any
+    kgroup: Any
+    bits: int
+    group_size: int
+    zero_point: int
+    N: int
+    K: int
+
+    @property
+    def codes_per_word(self) -> int:
+        return 32 // self.bits
+
+    @property
+    def KWP(self) -> int:
+        """Word rows, padded with zeros to a multiple of ``K_ALIGN_WORDS``."""
+        return int(self.qweight.shape[0])
+
+    @property
+    def stride_qk(self) -> int:
+        return int(self.qweight.shape[1])
+
+    @property
+    def has_z(self) -> bool:
+        return self.zeros is not None
+
+    @property
+    def has_perm(self) -> bool:
+        return self.perm is not None
+
+    @property
+    def per_elem_group(self) -> bool:
+        """Whether the kernel must look the group up per code (irregular g_idx, or a group size
+        that is not a whole number of words)."""
+        return self.kgroup is not None or self.group_size % self.codes_per_word != 0
+
+    def key(self) -> tuple:
+        """What a compiled launcher depends on, beyond the op."""
+        return (self.has_z, self.has_perm, self.kgroup is not None, self.zero_point, self.per_elem_group,
+                str(self.scales.dtype), self.KWP, self.stride_qk)
+
+    def tensors(self) -> dict[str, Any]:
+        return {n: t for n, t in (("qweight", self.qweight), ("scales", self.scales), ("zeros", self.zeros),
+                                  ("perm", self.perm), ("kgroup", self.kgroup)) if t is not None}
+
+
+#: word rows are padded to a multiple of this (the largest K tile), so tiles need no K mask
+K_ALIGN_WORDS = 64
+#: the row stride is N rounded up to this (the largest column tile), so tiles need no N mask
+N_ALIGN_WORDS = 128
+
+
+def pack_internal(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Unsigned codes ``(N, K)`` -> int32 words ``(KWP, NP)``: code ``(n, k)`` in bits
+    ``bits * (k % epw)`` of word ``(k // epw, n)``; zero-padded to whole tiles and aligned rows."""
+    N, K = codes.shape
+    epw = 32 // bits
+    kw = -(-K // epw)
+    kwp = -(-kw // K_ALIGN_WORDS) * K_ALIGN_WORDS
+    np_ = -(-N // N_ALIGN_WORDS) * N_ALIGN_WORDS
+    padded = np.zeros((np_, kwp * epw), dtype=np.uint32)
+    padded[:N, :K] = codes
+    v = padded.reshape(np_, kwp, epw)
+    words = np.zeros((np_, kwp), dtype=np.uint32)
+    for e in range(epw):
+        words |= v[:, :, e] << np.uint32(bits * e)
+    return np.ascontiguousarray(words.T).view(np.int32)
+
+
+def prepare_weight(backend, weight, device: Device) -> PreparedGemvWeight:
+    """Repack ``weight`` (any packing) once into the internal layout, on ``device``.
+
+    Runs on the host with the numpy reference unpacker (``portakern.ir.packing.unpack``), so the
+    repacking reads each byte layout exactly as the CPU reference does.
+    """
+    import torch
+
+    from portakern.arrays import to_numpy
+    from portakern.ir.packing import unpack
+
+    fmt, N, K = weight.fmt, weight.N, weight.K
+    host = {k: np.asarray(to_numpy(v)) for k, v in weight.tensors.items()}
+    codes, scales, zeros, group = unpack(fmt, host, N, K)
+    # -- unsigned codes: GGUF Q8_0 stores signed codes with zero point 0
+    offset = (1 << (fmt.bits - 1)) if fmt.packing is Packing.GGUF_Q8_0 else 0
+    codes = codes + offset
+    # -- act-order: permute K so that groups are contiguous, when every group has group_size columns
+    GS = fmt.group_size
+    perm = kgroup = None
+    if not np.array_equal(group, np.arange(K) // GS):
+        counts = np.bincount(group, minlength=K // GS)
+        if np.all(counts == GS):
+            perm = np.argsort(group, kind="stable").astype(np.int32)
+            codes = codes[:, perm]
+        else:
+            kgroup = group.astype(np.int32)
+    tdev = "cpu" if device.type == "cpu" else f"cuda:{device.index}"
+    sdt = getattr(torch, fmt.scale_dtype.value)
+
+    def dev(a, dtype=None):
+        t = torch.from_numpy(np.ascontiguousarray(a))
+        return t.to(device=tdev, dtype=dtype or t.dtype)
+
+    def by_group(a):  # (N, G) -> (G, NP), columns past N repeat column 0 (finite, never stored)
+        np_ = -(-N // N_ALIGN_WORDS) * N_ALIGN_WORDS
+        t = np.empty((a.shape[1], np_), dtype=np.float32)
+        t[:, :N] = a.T
+        t[:, N:] = a.T[:, :1]
+        return t
+
+    return PreparedGemvWeight(
+        qweight=dev(pack_internal(codes, fmt.bits)),
+        scales=dev(by_group(scales), sdt),
+        zeros=None if fmt.symmetric else dev(by_group(zeros + offset), sdt),
+        perm=None if perm is None else dev(perm),
+        kgroup=None if kgroup is None else dev(kgroup),
+        bits=fmt.bits, group_size=GS, zero_point=int(fmt.zero_point + offset), N=N, K=K)
+
+
+# -- supports ----------------------------------------------------------------------------------------
+
+def supports(op: QuantGemv, device: Device) -> Support:
+    """Every packing, 4 and 8 bits, fp16/bf16/fp32 activations, any M, N, K."""
+    if op.fmt.bits not in (4, 8):
+        return no(f"quant_gemv(bits={op.fmt.bits}) is not supported by triton on {device}: bits must be 4 or 8")
+    if op.dtype not in (DType.float16, DType.bfloat16, DType.float32):
+        return no(f"quant_gemv(dtype={op.dtype.value}) is not supported by triton: use float16, bfloat16 "
+                  "or float32 activations")
+    return YES
+
+
+# -- launchers ---------------------------------------------------------------------------------------
+
+class _Launcher:
+    """One kernel, its constexprs, grid and (split-K) workspace, for one op and weight layout."""
+
+    def __init__(self, mod, op: QuantGemv, layout, cfg: tuning.GemvConfig, interpret: bool, tdev: str):
+        import torch
+
+        self.cfg = cfg
+        self.fn = mod.gemv_fma_kernel if cfg.kind == "fma" else mod.gemv_dot_kernel
+        self.with_kg = cfg.kind == "fma"
+        self.consts = _consts_for(op, layout, cfg)
+        if cfg.kind == "dot" and interpret and op.dtype is DType.bfloat16:
+            self.consts["COMPUTE_F32"] = True  # the interpreter computes bf16 wrongly
+        bm = self.consts["BM"]
+        tiles_m = -(-op.M // bm)
+        tiles_n = -(-op.N // cfg.block_n)
+        self.grid = (tiles_n, cfg.split_k, tiles_m)
+        self.ksw = _slice_words(layout.KWP, cfg)
+        self.opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        if cfg.split_k > 1:  # allocated once; the kernel's last slice resets its counter after each use
+            self.ws = torch.empty((cfg.split_k, tiles_m * bm, op.N), dtype=torch.float32, device=tdev)
+            self.lock = torch.zeros((tiles_m * tiles_n,), dtype=torch.int32, device=tdev)
+        else:
+            self.ws = self.lock = None
+        self.dims = (op.M, op.N, op.K, layout.KWP, layout.stride_qk)
+
+    def __call__(self, x, w: PreparedGemvWeight, out) -> None:
+        M, N, K, KWP, sqk = self.dims
+        ws = out if self.ws is None else self.ws
+        lock = w.qweight if self.lock is None else self.lock
+        z = w.scales if w.zeros is None else w.zeros
+        perm = w.qweight if w.perm is None else w.perm
+        if self.with_kg:
+            kg = w.qweight if w.kgroup is None else w.kgroup
+            self.fn[self.grid](x, w.qweight, w.scales, z, perm, kg, out, ws, lock, M, N, K, KWP, sqk,
+                               x.stride(0), out.stride(0), self.ksw, **self.consts, **self.opts)
+        else:
+            self.fn[self.grid](x, w.qweight, w.scales, z, perm, out, ws, lock, M, N, K, KWP, sqk,
+                               x.stride(0), out.stride(0), self.ksw, **self.consts, **self.opts)
+
+
+def _slice_words(kwp: int, cfg: tuning.GemvConfig) -> int:
+    """Word rows per split-K slice: whole tiles."""
+    tiles = -(-kwp // cfg.block_kw)
+    return -(-tiles // cfg.split_k) * cfg.block_kw
+
+
+def _num_sms(device: Device) -> int:
+    info = dict(device.info)
+    try:
+        return int(info.get("multiprocessors", 0)) or tuning.DEFAULT_SMS.get(tuning.arch_family(device.capability), 132)
+    except ValueError:
+        return 132
+
+
+def compile(op: QuantGemv, device: Device, config: tuning.GemvConfig | None = None):
+    """The kernel ``kernel(x, prepared, out)`` for ``op`` on ``device`` (torch tensors).
+
+    ``config`` forces a launch configuration (benchmarks, tests); by default the tuning table
+    (or the autotune cache) chooses one per weight layout on the first call.
+    """
+    from . import kernels
+
+    op.verify()
+    interpret = device.type == "cpu"
+    mod = kernels.load("gemv_quant")
+    arch = "interp" if interpret else tuning.arch_family(device.capability)
+    num_sms = tuning.DEFAULT_SMS["interp"] if interpret else _num_sms(device)
+    tdev = "cpu" if interpret else f"cuda:{device.index}"
+    launchers: dict[tuple, _Launcher] = {}
+    lock = threading.Lock()
+
+    def build(x, w: PreparedGemvWeight, out) -> _Launcher:
+        if (w.N, w.K) != (op.N, op.K):
+            raise BackendError(f"prepared weight is ({w.N}, {w.K}) but the op is (N, K) = ({op.N}, {op.K})")
+        if config is not None:
+            cfg = tuning.fit(config, w, op.M)
+        elif tuning.autotune_enabled() and not interpret:
+            import triton.testing
+
+            def timer(c):
+                ln = _Launcher(mod, op, w, tuning.fit(c, w, op.M), interpret, tdev)
+                return triton.testing.do_bench(lambda: ln(x, w, out), warmup=5, rep=25, return_mode="median")
+
+            cfg = tuning.tuned(w, op.M, op.N, op.dtype.value, device, arch, num_sms, timer)
+        else:
+            cfg = tuning.choose(w, op.M, op.N, arch, num_sms)
+        return _Launcher(mod, op, w, cfg, interpret, tdev)
+
+    def kernel(x, w: PreparedGemvWeight, out) -> None:
+        key = w.key()
+        ln = launchers.get(key)
+        if ln is None:
+            with lock:
+                ln = launchers.get(key)
+                if ln is None:
+                    ln = launchers[key] = build(x, w, out)
+        ln(x, w, out)
+
+    kernel.__name__ = f"triton_quant_gemv_{op.content_hash()}"
+    kernel.launchers = launchers  # introspection: the chosen configurations
+    return kernel
+
+
+# -- compile for a target without the device ----------------------------------------------------------
+
+class _LayoutStub:
+    """The layout facts a launch depends on, derived from the op alone (no weight data)."""
+
+    def __init__(self, op: QuantGemv):
+        f = op.fmt
+        self.bits, self.group_size, self.N, self.K = f.bits, f.group_size, op.N, op.K
+        self.codes_per_word = 32 // f.bits
+        kw = -(-op.K // self.codes_per_word)
+        self.KWP = -(-kw // K_ALIGN_WORDS) * K_ALIGN_WORDS
+        self.stride_qk = -(-op.N // N_ALIGN_WORDS) * N_ALIGN_WORDS
+        self.has_z = not f.symmetric
+        self.has_perm = f.has_g_idx
+        self.kgroup = None
+        self.zero_point = f.zero_point + ((1 << (f.bits - 1)) if f.packing is Packing.GGUF_Q8_0 else 0)
+        self.per_elem_group = self.group_size % self.codes_per_word != 0
+
+
+def compile_for_target(op: QuantGemv, target: str) -> dict:
+    """Lower ``op`` for ``target`` ("sm_80", "sm_90a", "sm_100a", "sm_120") with Triton, no GPU needed.
+
+    Returns ``{"target", "config", "kernels": {name: {"cubin", "ptx", "shared", "num_warps"}}}``.
+    A ``g_idx`` format is lowered for the regular act-order layout (K permuted, x gathered).
+    """
+    try:
+        cc = _TARGETS[target]
+    except KeyError:
+        raise UnsupportedError(f"compile_for_target(target={target!r}): the triton backend lowers "
+                               f"quant_gemv for {', '.join(sorted(_TARGETS))}") from None
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from . import kernels
+
+    op.verify()
+    arch = tuning.arch_family(cc)
+    lay = _LayoutStub(op)
+    cfg = tuning.choose(lay, op.M, op.N, arch, tuning.DEFAULT_SMS.get(arch, 132))
+    mod = kernels.load("gemv_quant")
+    consts = _consts_for(op, lay, cfg)   # exactly what a launch passes
+    fn = mod.gemv_fma_kernel if cfg.kind == "fma" else mod.gemv_dot_kernel
+    act = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[op.dtype.value]
+    outp = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[op.result_dtype.value]
+    sdt = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[op.fmt.scale_dtype.value]
+    ptrs = {"x_ptr": act, "qw_ptr": "*i32", "s_ptr": sdt, "z_ptr": sdt, "perm_ptr": "*i32", "kg_ptr": "*i32",
+            "out_ptr": outp, "ws_ptr": "*fp32", "lock_ptr": "*i32"}
+    sig = {}
+    for name in fn.arg_names:
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name in ptrs:
+            sig[name] = ptrs[name]
+        else:
+            sig[name] = "i32"
+    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"
+    try:
+        # what a launch specializes on: 16-byte aligned tensors, row stride and padded K multiples of 16
+        aligned = set(ptrs) | {"KWP", "stride_qk", "K_SPLIT_W"}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a in aligned}
+        ck = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", cc, 32), options=options)
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+    md = ck.metadata
+    return {"target": target, "config": cfg.to_json(),
+            "kernels": {fn.__name__: {"cubin": ck.asm.get("cubin"), "ptx": ck.asm.get("ptx"),
+                                      "shared": getattr(md, "shared", None), "num_warps": cfg.num_warps}}}
+
+
+def _consts_for(op: QuantGemv, layout, cfg: tuning.GemvConfig) -> dict:
+    """The constexpr arguments a launch of ``cfg`` passes (shared by launches and AOT lowering)."""
+    even_k = layout.KWP * layout.codes_per_word == op.K
+    c = dict(BITS=layout.bits, GS=layout.group_size, ZP=layout.zero_point, HAS_Z=layout.has_z,
+             HAS_PERM=layout.has_perm, BM=tuning.block_m(cfg.kind, op.M), BN=cfg.block_n,
+             BKW=cfg.block_kw, SPLIT_K=cfg.split_k, DQ=cfg.dq, EVEN_K=even_k)
+    if cfg.kind == "fma":
+        c.update(PER_ELEM_GROUP=layout.per_elem_group, HAS_KG=layout.kgroup is not None)
+    else:
+        c.update(COMPUTE_F32=op.dtype is DType.float32)
+    return c

@@ -1,0 +1,259 @@
+"""Launch configurations for the Triton attention kernels: per-arch tables, and optional autotuning.
+
+``choose(op, arch, num_sms)`` picks tile sizes, warps, pipeline depth, GQA packing and the number
+of KV splits from the table of the device's architecture family:
+
+==========  ===========================================================================
+arch        source of the numbers
+==========  ===========================================================================
+sm_90       H200 sweeps in ``benchmarks/attention_notes.md`` (``benchmarks/attention.py --sweep``)
+sm_80       the sm_90 shapes cut to sm_80's 163 KiB of shared memory (not measured here)
+sm_120      consumer parts (99 KiB of shared memory): smaller tiles (not measured here)
+interp      Triton's CPU interpreter: small tiles so tests cross tile and split boundaries
+==========  ===========================================================================
+
+With ``PORTAKERN_TRITON_AUTOTUNE=1`` the first call of a problem bucket times the candidates of
+``candidates()`` on the device and keeps the fastest in ``portakern.cache.TuningCache`` (keyed by
+device identity, portakern and Triton versions, and the bucket); a later process reads it back.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, replace
+
+#: Shared memory a block may use, bytes (the opt-in maximum per architecture).
+SMEM_LIMIT = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90": 227 * 1024,
+              "sm_100": 227 * 1024, "sm_120": 99 * 1024, "interp": 1 << 30}
+#: Multiprocessors assumed when lowering for a target without the device.
+DEFAULT_SMS = {"sm_80": 108, "sm_86": 84, "sm_89": 128, "sm_90": 132, "sm_100": 148, "sm_120": 84, "interp": 4}
+
+#: Split-KV bounds: at most MAX_SPLITS splits, each at least MIN_TILES_PER_SPLIT key tiles.
+MAX_SPLITS = 64
+MIN_TILES_PER_SPLIT = 2
+#: Split until the grid holds this many programs per multiprocessor.
+PROGRAMS_PER_SM = 2
+
+
+@dataclass(frozen=True)
+class AttnConfig:
+    """One launch configuration of ``attn_fwd`` (and ``attn_combine`` when ``num_splits > 1``)."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    pack: int = 1          # query heads per tile row group: 1 or the GQA group size
+    num_splits: int = 1    # KV splits (1 = no workspace, no combine)
+    fused_combine: bool = True  # the last split merges (one launch) instead of attn_combine
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def arch_family(cc: int | None) -> str:
+    """Table key for a compute capability (80, 86, 89, 90, 100, 120; None = interpreter)."""
+    if cc is None:
+        return "interp"
+    if cc >= 120:
+        return "sm_120"
+    if cc >= 100:
+        return "sm_100"
+    if cc >= 90:
+        return "sm_90"
+    if cc in (86, 87, 89):
+        return f"sm_{cc if cc != 87 else 86}"
+    return "sm_80"
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, n))))
+
+
+def decode_rows(op) -> int | None:
+    """Query rows per sequence when the G query heads of a KV head should share one tile, else None.
+
+    That is decode and short speculative windows: few query rows, so packing ``rows * G`` (row, head)
+    pairs into one tile loads each K/V tile once per KV head instead of once per query head.
+    """
+    if op.group_size == 1:
+        return None
+    if op.kv_layout.value == "varlen":
+        rows = -(-op.total_q // op.batch)        # average query rows per sequence
+    else:
+        rows = op.seqlen_q
+    return rows if rows <= 16 and rows * op.group_size <= 128 else None
+
+
+def smem_bytes(op, block_m: int, block_n: int, stages: int) -> int:
+    """Estimate of shared memory: pipelined K and V tiles plus the q tile."""
+    elt = 4 if op.dtype.value == "float32" else 2
+    bd, bdv = max(16, next_pow2(op.head_dim)), max(16, next_pow2(op.head_dim_v))
+    return stages * block_n * (bd + bdv) * elt + block_m * bd * elt
+
+
+def _base_table(op, arch: str) -> tuple[int, int, int, int]:
+    """(block_m, block_n, num_warps, num_stages) for a prefill tile, before fitting."""
+    d = max(op.head_dim, op.head_dim_v)
+    fp32 = op.dtype.value == "float32"
+    if arch == "interp":
+        return 16, 16, 4, 1
+    if fp32:
+        return 64, 32, 4, 2
+    if arch in ("sm_90", "sm_100"):
+        if d <= 64:
+            return 128, 128, 8, 3
+        if d <= 128:
+            return 128, 128, 8, 2
+        return 128, 64, 8, 2
+    if arch == "sm_80":
+        return (128, 64, 4, 3) if d <= 64 else (128, 64, 8, 2) if d <= 128 else (64, 64, 4, 2)
+    return (64, 64, 4, 2) if d <= 128 else (64, 32, 4, 2)
+
+
+def _decode_table(op, arch: str) -> tuple[int, int, int]:
+    """(block_n, num_warps, num_stages) for a packed decode tile."""
+    if arch == "interp":
+        return 16, 4, 1
+    d = max(op.head_dim, op.head_dim_v)
+    if op.dtype.value == "float32":
+        return 32, 4, 2
+    if arch in ("sm_90", "sm_100"):
+        return (128, 4, 3) if d <= 128 else (64, 4, 3)
+    return (64, 4, 3) if d <= 128 else (32, 4, 2)
+
+
+def choose(op, arch: str, num_sms: int | None = None) -> AttnConfig:
+    """The table configuration for ``op`` on architecture family ``arch`` (see ``arch_family``)."""
+    num_sms = num_sms or DEFAULT_SMS.get(arch, 132)
+    G = op.group_size
+    rows = decode_rows(op)
+    if rows is not None:
+        pack = G
+        block_m = min(max(16, next_pow2(rows * G)), max(128, next_pow2(G)))
+        block_n, warps, stages = _decode_table(op, arch)
+    else:
+        pack = 1
+        block_m, block_n, warps, stages = _base_table(op, arch)
+        if op.kv_layout.value != "varlen":
+            block_m = min(block_m, max(16, next_pow2(op.seqlen_q)))
+        if block_m < 128 and warps == 8:
+            warps = 4
+    cfg = AttnConfig(block_m, block_n, warps, stages, pack)
+    cfg = fit(op, cfg, arch)
+    return replace(cfg, num_splits=num_splits(op, cfg, num_sms))
+
+
+def fit(op, cfg: AttnConfig, arch: str) -> AttnConfig:
+    """Shrink stages, then key tiles, then query tiles until the shared-memory estimate fits."""
+    limit = SMEM_LIMIT.get(arch, 99 * 1024) - 8 * 1024
+    while smem_bytes(op, cfg.block_m, cfg.block_n, cfg.num_stages) > limit:
+        if cfg.num_stages > 1:
+            cfg = replace(cfg, num_stages=cfg.num_stages - 1)
+        elif cfg.block_n > 16:
+            cfg = replace(cfg, block_n=cfg.block_n // 2)
+        elif cfg.block_m > max(16, next_pow2(cfg.pack)):
+            cfg = replace(cfg, block_m=cfg.block_m // 2)
+        else:
+            break
+    return cfg
+
+
+def query_tiles(op, cfg: AttnConfig) -> int:
+    """Programs of one KV split: query tiles x head blocks (varlen: an upper bound, B + 1 extra)."""
+    rows = cfg.block_m // cfg.pack
+    if op.kv_layout.value == "varlen":
+        return (-(-op.total_q // rows) + op.batch + 1) * (op.heads_q // cfg.pack)
+    return -(-op.seqlen_q // rows) * (op.batch * op.heads_q // cfg.pack)
+
+
+def num_splits(op, cfg: AttnConfig, num_sms: int) -> int:
+    """KV splits so that the grid fills ``PROGRAMS_PER_SM * num_sms`` programs (1 for prefill).
+
+    Bounded by ``MAX_SPLITS`` and by ``MIN_TILES_PER_SPLIT`` key tiles per split.
+    """
+    base = query_tiles(op, cfg)
+    tiles = -(-op.seqlen_k // cfg.block_n)
+    want = -(-PROGRAMS_PER_SM * num_sms // base)
+    splits = max(1, min(want, MAX_SPLITS, tiles // MIN_TILES_PER_SPLIT))
+    if splits > 1:
+        per = -(-tiles // splits)
+        splits = -(-tiles // per)
+    return splits
+
+
+def workspace_bytes(op, cfg: AttnConfig) -> int:
+    """Split-KV workspace, allocated once per compiled signature and device.
+
+    ``4 * num_splits * R * Hq * (Dv + 1)`` bytes of float32 partials (output and LSE per split),
+    ``R = B * Sq`` (``total_q`` for varlen), plus one int32 arrival counter per query tile
+    (``query_tiles``). ``num_splits <= MAX_SPLITS`` and splitting only happens while the query
+    tiles alone fill less than ``PROGRAMS_PER_SM`` x the multiprocessors, so it stays small:
+    e.g. B=1, Hq=32, Dv=128, 32 splits: 516 KiB.
+    """
+    if cfg.num_splits == 1:
+        return 0
+    R = op.total_q if op.kv_layout.value == "varlen" else op.batch * op.seqlen_q
+    return 4 * cfg.num_splits * R * op.heads_q * (op.head_dim_v + 1) + 4 * query_tiles(op, cfg)
+
+
+# -- autotuning -----------------------------------------------------------------------------------
+
+def autotune_enabled() -> bool:
+    return os.environ.get("PORTAKERN_TRITON_AUTOTUNE", "") not in ("", "0")
+
+
+def bucket(op) -> str:
+    """Problem bucket for tuning results: shapes rounded to powers of two, plus the mask flavour."""
+    return (f"{op.kv_layout.value}-d{op.head_dim}-dv{op.head_dim_v}-g{op.group_size}-{op.dtype.value}"
+            f"-sq{next_pow2(op.seqlen_q)}-sk{next_pow2(op.seqlen_k)}-b{next_pow2(op.batch)}"
+            f"-h{op.heads_q}-m{int(op.mask_mod is not None)}-s{int(op.score_mod is not None)}")
+
+
+def candidates(op, arch: str, num_sms: int) -> list[AttnConfig]:
+    """Configurations worth timing for ``op`` (the table's choice first)."""
+    base = choose(op, arch, num_sms)
+    out = [base]
+    if base.pack > 1:
+        for bn, st, w in ((64, 3, 4), (64, 4, 4), (128, 4, 4), (128, 2, 4), (64, 2, 4)):
+            c = fit(op, replace(base, block_n=bn, num_stages=st, num_warps=w), arch)
+            for splits in sorted({c.num_splits, max(1, base.num_splits // 2), base.num_splits * 2}):
+                cand = replace(c, num_splits=min(MAX_SPLITS, max(1, splits)))
+                if cand not in out:
+                    out.append(cand)
+        return out
+    for bm, bn, w, st in ((128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3)):
+        c = fit(op, replace(base, block_m=bm, block_n=bn, num_warps=w, num_stages=st), arch)
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def tuned(op, device, arch: str, num_sms: int, timer) -> AttnConfig:
+    """The cached best configuration of ``op``'s bucket, timing ``candidates`` with ``timer(cfg) -> s``."""
+    from portakern import __version__ as pk_version
+    from portakern.cache import TuningCache
+
+    import triton
+
+    cache = TuningCache("triton-attention", device, {"portakern": pk_version, "triton": triton.__version__})
+    key = bucket(op)
+    hit = cache.get(key)
+    if isinstance(hit, dict):
+        try:
+            return AttnConfig(**hit)
+        except TypeError:
+            pass  # an entry of another shape is a miss
+    best, best_t = None, math.inf
+    for cfg in candidates(op, arch, num_sms):
+        try:
+            t = timer(cfg)
+        except Exception:  # a candidate that fails to compile (resources) is skipped
+            continue
+        if t < best_t:
+            best, best_t = cfg, t
+    if best is None:
+        return choose(op, arch, num_sms)
+    cache.put(key, best.to_json())
+    return best

@@ -1,0 +1,469 @@
+"""Attention on an NVIDIA GPU: portakern's triton backend against torch SDPA (cuDNN, flash) and FA4.
+
+Same process, same inputs, bf16. Times are medians of ``triton.testing.do_bench`` (it flushes the
+L2 before every call) and, for decode, per call inside a CUDA graph over rotated input sets (more
+than 4x the L2). Prefill reports TFLOP/s (flops = 4 B H S^2 D, x0.5 causal) and the ratio to cuDNN;
+decode reports microseconds, the ratio to cuDNN and the fraction of the floor (K+V bytes over the
+copy bandwidth measured in the same run).
+
+    python benchmarks/attention.py [--check] [--sweep] [--bench] [--quick] [--out DIR]
+
+``--check`` runs every feature once on the GPU against the cpu reference; ``--sweep`` times the
+candidate configurations of ``backends/triton/tuning.py`` on representative shapes (the winners
+serve ``--bench`` in the same run and are printed for the sm_90 table); results go to
+``DIR/attention-<date>.json``. Kernels are compiled up front in a pool of processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import datetime
+import itertools
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import replace
+
+import torch
+import triton
+from triton.testing import do_bench
+
+from portakern.devices import torch_device
+from portakern.backends.triton import attention as A
+from portakern.backends.triton import tuning
+from portakern.backends.triton.tuning import AttnConfig
+from portakern.ir import Attention, DType, KVLayout
+from portakern.ir import expr as E
+
+PEERS = os.path.join(os.path.dirname(__file__), "..", "shared", "peers", "h200-2026-12-02.json")
+
+
+# -- problems -----------------------------------------------------------------------------------------
+
+def prefill(B, S, H, D, causal, Hkv=None):
+    return Attention(batch=B, seqlen_q=S, seqlen_k=S, heads_q=H, heads_kv=Hkv or H, head_dim=D, head_dim_v=D,
+                     dtype=DType.bfloat16, scale=1 / math.sqrt(D), mask_mod=E.causal_mask() if causal else None)
+
+
+def decode(B, L, page=0, Hq=32, Hkv=8, D=128):
+    kw = {}
+    if page:
+        kw = dict(kv_layout=KVLayout.PAGED, page_size=page, num_pages=B * L // page + 7, has_seqlens_k=True)
+    return Attention(batch=B, seqlen_q=1, seqlen_k=L, heads_q=Hq, heads_kv=Hkv, head_dim=D, head_dim_v=D,
+                     dtype=DType.bfloat16, scale=1 / math.sqrt(D), **kw)
+
+
+def prefill_shapes(quick):
+    rows = []
+    for D, H in ((64, 32), (128, 32), (256, 16)):
+        for S, B in ((1024, 16), (4096, 4), (16384, 1)):
+            if quick and S == 1024 and D != 128:
+                continue
+            for causal in (False, True):
+                rows.append((B, S, H, D, causal))
+    return rows
+
+
+DECODE = [(1, 8192), (1, 32768), (1, 131072), (16, 8192), (64, 4096)]
+PAGED = [(1, 32768, 16), (1, 32768, 64), (64, 4096, 16), (64, 4096, 64)]
+
+
+# -- configurations -----------------------------------------------------------------------------------
+
+def table_config(op, dev):
+    arch, sms = A._device_arch(dev)
+    return tuning.choose(op, arch, sms)
+
+
+def sweep_candidates(op, dev):
+    base = table_config(op, dev)
+    arch, _ = A._device_arch(dev)
+    out = [base]
+    if base.pack > 1:
+        for bn, w, st in ((64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 4, 4), (128, 8, 3)):
+            for mult in (1, 2):
+                c = tuning.fit(op, replace(base, block_n=bn, num_warps=w, num_stages=st), arch)
+                splits = tuning.num_splits(op, c, A._device_arch(dev)[1])
+                c = replace(c, num_splits=max(1, min(tuning.MAX_SPLITS, int(splits * mult))))
+                if c not in out:
+                    out.append(c)
+        return out
+    big = op.head_dim > 128
+    grid = ((128, 64, 8, 2), (128, 32, 8, 2), (64, 64, 4, 2), (64, 32, 4, 3)) if big else \
+        ((128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 8, 4))
+    for bm, bn, w, st in grid:
+        c = tuning.fit(op, replace(base, block_m=bm, block_n=bn, num_warps=w, num_stages=st), arch)
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def _warm(job):
+    """Worker: compile one (op, config) by launching it once on random inputs (fills Triton's cache)."""
+    op_json, cfg_json = job
+    from portakern.ir.ops import op_from_json
+
+    op, cfg = op_from_json(op_json), AttnConfig(**cfg_json)
+    dev = torch_device("cuda", 0)
+    t = time.time()
+    try:
+        q, k, v, out, lse, aux = A.random_inputs(op, torch.device("cuda"))
+        A.build(op, dev, cfg)(q, k, v, out, lse, aux)
+        torch.cuda.synchronize()
+        return None, time.time() - t
+    except Exception as e:  # reported, the config is dropped
+        return f"{type(e).__name__}: {str(e)[:300]}", time.time() - t
+
+
+def precompile(jobs, workers):
+    uniq = list({json.dumps(j, sort_keys=True): j for j in jobs}.values())
+    t = time.time()
+    errors = {}
+    ctx = __import__("multiprocessing").get_context("spawn")
+    with cf.ProcessPoolExecutor(max_workers=min(workers, len(uniq)), mp_context=ctx) as ex:
+        for j, (err, _) in zip(uniq, ex.map(_warm, uniq)):
+            if err:
+                errors[json.dumps(j, sort_keys=True)] = err
+    print(f"precompiled {len(uniq)} kernels in {time.time() - t:.1f}s with {workers} workers; "
+          f"{len(errors)} failed", flush=True)
+    for k, e in list(errors.items())[:5]:
+        print("  compile error:", k[:200], e, flush=True)
+    return errors
+
+
+# -- timing -------------------------------------------------------------------------------------------
+
+def n_sets(bytes_per_set, l2):
+    return max(1, min(8, math.ceil(4 * l2 / max(1, bytes_per_set))))
+
+
+def bench_ms(fn):
+    return do_bench(fn, warmup=20, rep=80, return_mode="median")
+
+
+def graph_ms(fns):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in fns:
+            f()
+    return do_bench(g.replay, warmup=10, rep=60, return_mode="median") / len(fns)
+
+
+def ours(op, dev, cfg, sets):
+    kern = A.build(op, dev, cfg)
+    return [(lambda s=s: kern(*s)) for s in sets]
+
+
+def sdpa_fns(op, sets, backend):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
+    causal = op.mask_mod is not None
+    fns = []
+    for q, k, v, *_ in sets:
+        qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))   # BHSD, SDPA's layout
+        gqa = op.heads_q != op.heads_kv
+
+        def f(qt=qt, kt=kt, vt=vt):
+            with sdpa_kernel(be):
+                return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=gqa)
+        fns.append(f)
+    return fns
+
+
+def fa4_fns(op, sets):
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception:
+        return None
+    causal = op.mask_mod is not None
+    return [(lambda q=q, k=k, v=v: flash_attn_func(q, k, v, causal=causal)) for q, k, v, *_ in sets]
+
+
+def time_impl(fns, graph):
+    if fns is None:
+        return None
+    try:
+        fns[0]()
+        torch.cuda.synchronize()
+        ms = bench_ms(fns[0]) if not graph else graph_ms(fns)
+        return ms * 1e3
+    except Exception as e:
+        return f"ERR {type(e).__name__}: {str(e)[:120]}"
+
+
+# -- phases -------------------------------------------------------------------------------------------
+
+def check_cases():
+    """(name, kwargs for make, call kwargs): every feature once, small enough for the cpu reference."""
+    return [
+        ("dense causal gqa4 d128 lse", dict(B=2, Sq=300, Sk=300, Hq=8, Hkv=2, D=128), dict(causal=True)),
+        ("dense window fp16 d64", dict(B=1, Sq=257, Sk=513, Hq=4, Hkv=4, D=64, dt=torch.float16),
+         dict(window=(64, 8))),
+        ("dense softcap fp32 d96", dict(B=1, Sq=130, Sk=200, Hq=2, Hkv=1, D=96, dt=torch.float32),
+         dict(softcap=20.0, causal=True)),
+        ("d59 causal sq113 sk512", dict(B=1, Sq=113, Sk=512, Hq=4, Hkv=1, D=59), dict(causal=True)),
+        ("d256 sq239 sk1", dict(B=2, Sq=239, Sk=1, Hq=2, Hkv=2, D=256), dict()),
+        ("more queries than keys", dict(B=1, Sq=200, Sk=60, Hq=2, Hkv=1, D=128), dict(causal=True)),
+        ("alibi + custom mask", dict(B=1, Sq=150, Sk=150, Hq=4, Hkv=2, D=64),
+         dict(score_mod=E.alibi_score(E.alibi_slopes(4)), mask_mod=E.prefix_lm_mask(20))),
+        ("decode split gqa4 sk4096", dict(B=2, Sq=1, Sk=4096, Hq=32, Hkv=8, D=128), dict(causal=True)),
+        ("decode sq4 gqa8", dict(B=1, Sq=4, Sk=3000, Hq=16, Hkv=2, D=128), dict(causal=True)),
+        ("paged16 decode", dict(B=3, Sq=1, Sk=2048, Hq=8, Hkv=2, D=128, page=16), dict()),
+        ("paged64 prefill causal", dict(B=2, Sq=64, Sk=1024, Hq=8, Hkv=2, D=128, page=64), dict(causal=True)),
+        ("paged256 decode", dict(B=2, Sq=1, Sk=4096, Hq=8, Hkv=1, D=128, page=256), dict()),
+        ("dense seqlens_k", dict(B=3, Sq=5, Sk=700, Hq=8, Hkv=2, D=128, seqlens=True), dict(causal=True)),
+        ("varlen causal padded", dict(B=4, Sq=0, Sk=0, Hq=8, Hkv=2, D=128, varlen=(70, 0, 190, 1)), dict(causal=True)),
+        ("varlen decode", dict(B=6, Sq=0, Sk=0, Hq=32, Hkv=8, D=128, varlen=(1,) * 6), dict(causal=True)),
+        ("non-contiguous q", dict(B=2, Sq=128, Sk=256, Hq=8, Hkv=2, D=128, strided=True), dict(causal=True)),
+    ]
+
+
+def make_inputs(B, Sq, Sk, Hq, Hkv, D, dt=torch.bfloat16, page=0, seqlens=False, varlen=None, strided=False):
+    g = torch.Generator().manual_seed(B * 1000 + Sq + Sk + D)
+    rnd = lambda *s: torch.randn(*s, generator=g).to(dt)  # noqa: E731
+    kw = {}
+    if varlen:
+        lens_q = list(varlen)
+        lens_k = [max(n, 1) * 3 + 5 for n in lens_q]
+        cu_q = torch.tensor([0, *itertools.accumulate(lens_q)], dtype=torch.int32)
+        cu_k = torch.tensor([0, *itertools.accumulate(lens_k)], dtype=torch.int32)
+        tq = int(cu_q[-1])
+        q, k, v = rnd(tq, Hq, D), rnd(int(cu_k[-1]), Hkv, D), rnd(int(cu_k[-1]), Hkv, D)
+        kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    elif page:
+        pages = B * Sk // page + 3
+        q, k, v = rnd(B, Sq, Hq, D), rnd(pages, page, Hkv, D), rnd(pages, page, Hkv, D)
+        table = torch.randperm(pages, generator=g)[: B * (Sk // page)].reshape(B, Sk // page).to(torch.int32)
+        lens = torch.tensor([Sk - 17 * i for i in range(B)], dtype=torch.int32)
+        kw = dict(block_table=table, seqlens_k=lens)
+    else:
+        q = rnd(B, Hq, Sq, D).transpose(1, 2) if strided else rnd(B, Sq, Hq, D)
+        k, v = rnd(B, Sk, Hkv, D), rnd(B, Sk, Hkv, D)
+        if seqlens:
+            kw = dict(seqlens_k=torch.tensor([Sk, 0, Sk // 3][:B], dtype=torch.int32))
+    return q, k, v, kw
+
+
+def check_one(i, device="cuda"):
+    """Check case ``i`` of ``check_cases()`` through the public API against the cpu backend."""
+    import portakern
+    from portakern.dispatch import poison_outputs
+
+    name, shape, call = check_cases()[i]
+    q, k, v, kw = make_inputs(**shape)
+    cu = {n: a.to(device) for n, a in kw.items()}
+    try:
+        with poison_outputs():
+            out, lse = portakern.attention(q.to(device), k.to(device), v.to(device), return_lse=True,
+                                           backend="triton", **cu, **call)
+        ref, ref_lse = portakern.attention(q, k, v, return_lse=True, backend="cpu", **kw, **call)
+        err = (out.float().cpu() - ref.float()).abs().max().item()
+        fin = torch.isfinite(ref_lse)
+        lerr = (lse.cpu() - ref_lse)[fin].abs().max().item() if fin.any() else 0.0
+        same_inf = bool(torch.equal(torch.isneginf(lse.cpu()), torch.isneginf(ref_lse)))
+        nan = bool(torch.isnan(out).any() or torch.isnan(lse).any())
+        tol = {torch.bfloat16: 3e-2, torch.float16: 4e-3, torch.float32: 1e-4}[q.dtype]
+        return dict(case=name, err=err, lse_err=lerr, ok=err <= tol and lerr <= 1e-3 and same_inf and not nan)
+    except Exception as e:
+        return dict(case=name, ok=False, error=f"{type(e).__name__}: {str(e)[:300]}")
+
+
+def run_check(device="cuda", workers=1):
+    n = len(check_cases())
+    if workers > 1:
+        ctx = __import__("multiprocessing").get_context("spawn")
+        with cf.ProcessPoolExecutor(max_workers=min(workers, n), mp_context=ctx) as ex:
+            rows = list(ex.map(check_one, range(n), [device] * n))
+    else:
+        rows = [check_one(i, device) for i in range(n)]
+    for r in rows:
+        print(f"check {'PASS' if r['ok'] else 'FAIL'} {r['case']:28s} err={r.get('err', float('nan')):.2e} "
+              f"lse={r.get('lse_err', float('nan')):.2e} {r.get('error', '')}", flush=True)
+    return rows
+
+
+def run_sweep(ops, dev, l2):
+    best, rows = {}, []
+    for key, op in ops.items():
+        sets = [A.random_inputs(op, torch.device("cuda"), seed=i) for i in range(1)]
+        res = []
+        for cfg in sweep_candidates(op, dev):
+            t = time_impl(ours(op, dev, cfg, sets), graph=False)
+            res.append((t, cfg))
+            rows.append(dict(shape=key, config=cfg.to_json(), us=t))
+        ok = [(t, c) for t, c in res if isinstance(t, float)]
+        if ok:
+            t, c = min(ok, key=lambda x: x[0])
+            best[key] = c
+            print(f"sweep {key:34s} best {t:9.1f} us  table {res[0][0] if isinstance(res[0][0], float) else res[0][0]} "
+                  f"-> {c.to_json()}", flush=True)
+        del sets
+    return best, rows
+
+
+def run_bench(dev, best, quick, l2, bw):
+    rows = []
+    for B, S, H, D, causal in prefill_shapes(quick):
+        op = prefill(B, S, H, D, causal)
+        cfg = best.get(f"prefill-d{D}-s{S}-c{int(causal)}") or best.get(f"prefill-d{D}-c{int(causal)}") \
+            or table_config(op, dev)
+        sets = [A.random_inputs(op, torch.device("cuda"))]
+        flops = 4 * B * H * S * S * D * (0.5 if causal else 1.0)
+        r = dict(kind="prefill", B=B, S=S, H=H, D=D, causal=causal, config=cfg.to_json())
+        for name, fns in (("portakern", ours(op, dev, cfg, sets)), ("cudnn", sdpa_fns(op, sets, "cudnn")),
+                          ("flash", sdpa_fns(op, sets, "flash")), ("fa4", fa4_fns(op, sets))):
+            us = time_impl(fns, graph=False)
+            r[f"{name}_us"] = us
+            r[f"{name}_tflops"] = flops / (us * 1e-6) / 1e12 if isinstance(us, float) else None
+        rows.append(r)
+        print(_fmt(r), flush=True)
+        del sets
+    for B, L, *page in DECODE + PAGED:
+        page = page[0] if page else 0
+        op = decode(B, L, page)
+        key = f"decode-b{B}-l{L}-p{page}"
+        cfg = best.get(key) or table_config(op, dev)
+        kv_bytes = 2 * B * L * op.heads_kv * op.head_dim * 2
+        k_sets = n_sets(kv_bytes, l2)
+        sets = [A.random_inputs(op, torch.device("cuda"), seed=i) for i in range(k_sets)]
+        r = dict(kind="paged" if page else "decode", B=B, L=L, page=page, Hq=32, Hkv=8, D=128, config=cfg.to_json(),
+                 floor_us=kv_bytes / bw * 1e6, sets=k_sets)
+        impls = [("portakern", ours(op, dev, cfg, sets))]
+        if not page:
+            impls += [("cudnn", sdpa_fns(op, sets, "cudnn")), ("flash", sdpa_fns(op, sets, "flash"))]
+        for name, fns in impls:
+            r[f"{name}_us"] = time_impl(fns, graph=False)
+            r[f"{name}_graph_us"] = time_impl(fns, graph=True)
+        rows.append(r)
+        print(_fmt(r), flush=True)
+        del sets
+    return rows
+
+
+def _fmt(r):
+    def f(x):
+        return f"{x:8.1f}" if isinstance(x, float) else f"{str(x)[:8]:>8s}"
+    if r["kind"] == "prefill":
+        return (f"prefill D={r['D']:3d} S={r['S']:5d} B={r['B']:2d} c={int(r['causal'])}  TFLOP/s pk {f(r['portakern_tflops'])}"
+                f" cudnn {f(r['cudnn_tflops'])} flash {f(r['flash_tflops'])} fa4 {f(r['fa4_tflops'])}")
+    return (f"{r['kind']:7s} B={r['B']:2d} L={r['L']:6d} p={r['page']:3d} us pk {f(r['portakern_us'])} "
+            f"graph {f(r['portakern_graph_us'])} cudnn {f(r.get('cudnn_us'))} flash {f(r.get('flash_us'))} "
+            f"floor {f(r['floor_us'])}")
+
+
+def sweep_ops(quick):
+    ops = {}
+    for D, H in ((64, 32), (128, 32), (256, 16)):
+        for causal in (False, True):
+            ops[f"prefill-d{D}-c{int(causal)}"] = prefill(4, 4096, H, D, causal)
+    for B, L, *page in DECODE + PAGED:
+        page = page[0] if page else 0
+        if B == 16 or (page and B == 64):  # covered by the neighbouring shapes
+            continue
+        ops[f"decode-b{B}-l{L}-p{page}"] = decode(B, L, page)
+    return ops
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)))
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--check-on-cpu", action="store_true", help="only --check, under TRITON_INTERPRET=1")
+    a = ap.parse_args()
+    if a.check_on_cpu:
+        rows = run_check("cpu", 1)
+        sys.exit(0 if all(r["ok"] for r in rows) else 1)
+    dev = torch_device("cuda", 0)
+    props = torch.cuda.get_device_properties(0)
+    l2 = getattr(props, "L2_cache_size", 50 << 20)
+    res = {"date": datetime.date.today().isoformat(), "device": dev.to_json(), "l2": l2,
+           "versions": {"torch": torch.__version__, "triton": triton.__version__,
+                        "cudnn": torch.backends.cudnn.version(), "commit": os.environ.get("PK_COMMIT", "")}}
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    bw = 2 * x.numel() / (bench_ms(lambda: y.copy_(x)) * 1e-3)
+    del x, y
+    res["copy_TBps"] = bw / 1e12
+    print(f"device {dev.label}  copy {bw / 1e12:.3f} TB/s  triton {triton.__version__}  torch {torch.__version__}", flush=True)
+
+    sw_ops = sweep_ops(a.quick) if a.sweep else {}
+    jobs = []
+    for key, op in sw_ops.items():
+        jobs += [(op.to_json(), c.to_json()) for c in sweep_candidates(op, dev)]
+    if a.bench:
+        for B, S, H, D, causal in prefill_shapes(a.quick):
+            op = prefill(B, S, H, D, causal)
+            jobs.append((op.to_json(), table_config(op, dev).to_json()))
+        for B, L, *page in DECODE + PAGED:
+            op = decode(B, L, page[0] if page else 0)
+            jobs.append((op.to_json(), table_config(op, dev).to_json()))
+    if jobs:
+        res["compile_errors"] = precompile(jobs, a.workers)
+    if a.check:
+        t = time.time()
+        res["check"] = run_check("cuda", a.workers)
+        print(f"checks took {time.time() - t:.1f}s", flush=True)
+        dump(res, a.out)
+    best = {}
+    if a.sweep:
+        best, res["sweep"] = run_sweep(sw_ops, dev, l2)
+        res["sweep_best"] = {k: c.to_json() for k, c in best.items()}
+        dump(res, a.out)
+    if a.bench:
+        if best:  # the sweep winners of 4k shapes also serve 1k / 16k rows: compile them first
+            extra = []
+            for B, S, H, D, causal in prefill_shapes(a.quick):
+                c = best.get(f"prefill-d{D}-c{int(causal)}")
+                if c:
+                    extra.append((prefill(B, S, H, D, causal).to_json(), c.to_json()))
+            precompile(extra, a.workers)
+        res["bench"] = run_bench(dev, best, a.quick, l2, bw)
+    print(f"wrote {dump(res, a.out)}")
+    summary(res)
+
+
+def dump(res, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"attention-{res['date']}.json")
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1, default=str)
+    return path
+
+
+def summary(res):
+    print("\n== summary ==")
+    for r in res.get("check", []):
+        if not r["ok"]:
+            print("CHECK FAIL", r)
+    print(f"checks passed: {sum(r['ok'] for r in res.get('check', []))}/{len(res.get('check', []))}")
+    for r in res.get("bench", []):
+        if r["kind"] == "prefill":
+            pk, cd = r["portakern_tflops"], r["cudnn_tflops"]
+            ratio = pk / cd if isinstance(pk, float) and isinstance(cd, float) else None
+            print(f"P D{r['D']:<3d} S{r['S']:<5d} c{int(r['causal'])} pk {pk or 0:6.1f} cudnn {cd or 0:6.1f} "
+                  f"x{ratio or 0:.2f} flash {r['flash_tflops'] or 0:6.1f}")
+        else:
+            pk, g = r["portakern_us"], r["portakern_graph_us"]
+            cd = r.get("cudnn_us")
+            fl = r["floor_us"]
+            frac = fl / pk if isinstance(pk, float) else 0
+            print(f"{r['kind'][0].upper()} B{r['B']:<2d} L{r['L']:<6d} p{r['page']:<3d} pk {pk:7.1f} graph {g:7.1f} "
+                  f"floor {fl:6.1f} ({frac:.0%}) cudnn {cd if not isinstance(cd, float) else round(cd, 1)}")
+
+
+if __name__ == "__main__":
+    main()

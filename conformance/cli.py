@@ -1,0 +1,172 @@
+"""Command-line entry points of the conformance tools, called by ``portakern.cli``:
+
+``cli_main(argv)``      ``portakern conformance ...``
+``support_main(argv)``  ``portakern support ...``
+``goldens_main(argv)``  ``portakern goldens ...`` (also ``python -m portakern.conformance.goldens``)
+
+Each takes the arguments after the subcommand and returns the exit status: 0 success, 1 the job
+found a problem (a failing case, stale goldens or support matrix), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+_RUN_EPILOG = """\
+examples:
+  portakern conformance --backend cpu --device cpu --report r.json
+  portakern conformance --backend triton --device cuda:0 --tier gpu --report h200.json --markdown h200.md
+  portakern conformance --backend theirs --cases 'attn-*-paged*' --repeat 3
+  portakern conformance --compile-only --target sm_90a,sm_100a,gfx942 --backend triton --report aot.json
+  portakern conformance --list --cases 'gemv-awq-*'
+
+status per record: pass | fail | error | nondeterministic | unsupported (with the backend's reason).
+exit status: 0 every record passed or was unsupported; 1 any fail, error or nondeterministic
+record; 2 usage error (unknown backend or device, no case matched).
+"""
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="portakern conformance", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_RUN_EPILOG,
+        description="Run the conformance suite (cases-v1) on backends and compare every output with the "
+                    "float64 CPU-reference goldens. Tolerance: max|out - gold| <= 2 * naive error + floor "
+                    "(see docs/conformance.md).")
+    p.add_argument("--backend", action="extend", nargs="+", metavar="NAME", default=[],
+                   help="backend(s) to check; repeat or comma-separate (default: every registered backend)")
+    p.add_argument("--device", default="cpu", help="device to run on: cpu, cuda, cuda:1, ... (default cpu)")
+    p.add_argument("--cases", action="append", metavar="GLOB", default=[],
+                   help="only cases whose id matches GLOB (repeat or comma-separate), e.g. 'attn-d128-*'")
+    p.add_argument("--tier", choices=("cpu", "gpu"), default="cpu",
+                   help="cpu: the checked-in tier; gpu: adds production-sized cases whose goldens are "
+                        "computed by the CPU reference on first use and cached (default cpu)")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run every case N times; results not bit-identical are flagged nondeterministic")
+    p.add_argument("--report", metavar="PATH.json", help="write the JSON report here")
+    p.add_argument("--markdown", metavar="PATH.md", help="write the Markdown op x backend matrix here")
+    p.add_argument("--junit", metavar="PATH.xml", help="write JUnit XML here (one testcase per case)")
+    p.add_argument("--compile-only", action="store_true",
+                   help="do not run: lower every case for each --target (status pass = it lowered)")
+    p.add_argument("--target", action="append", metavar="T1,T2", default=[],
+                   help="compile-only targets, e.g. sm_90a,sm_100a,gfx942")
+    p.add_argument("--list", action="store_true", help="list the selected cases and exit")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--goldens", metavar="DIR", help=argparse.SUPPRESS)
+    return p
+
+
+def _usage(prog: str, err: Exception) -> int:
+    print(f"{prog}: {err}", file=sys.stderr)
+    return 2
+
+
+def cli_main(argv: Sequence[str] | None = None) -> int:
+    """``portakern conformance [--backend NAME ...] [--device DEV] [--cases GLOB] [--tier cpu|gpu]
+    [--repeat N] [--report PATH.json] [--markdown PATH.md] [--junit PATH.xml]
+    [--compile-only --target T1,T2] [--list]``. Returns the exit status."""
+    from portakern.errors import PortakernError
+
+    from .runner import collect_cases, run
+
+    p = _run_parser()
+    try:
+        args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as e:
+        return int(e.code or 0)
+    if args.target and not args.compile_only:
+        return _usage(p.prog, ValueError("--target is only meaningful with --compile-only"))
+    try:
+        if args.list:
+            cases = collect_cases(args.tier, args.cases or None)
+            for c in cases:
+                print(f"{c.id}\t{c.kind}\t{c.dtype}\t{c.tier}")
+            print(f"{len(cases)} case(s)", file=sys.stderr)
+            return 0
+        _, code = run(backends=args.backend, device=args.device, cases_glob=args.cases or None, tier=args.tier,
+                      repeat=args.repeat, report=args.report, markdown=args.markdown, junit=args.junit,
+                      compile_only=args.compile_only, targets=args.target, progress=not args.no_progress,
+                      golden_dir=args.goldens)
+        return code
+    except PortakernError as e:
+        return _usage(p.prog, e)
+
+
+def support_main(argv: Sequence[str] | None = None) -> int:
+    """``portakern support [--markdown] [--output PATH] [--check PATH] [--all-backends]``."""
+    from .support import generate_markdown
+
+    p = argparse.ArgumentParser(
+        prog="portakern support", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Generate the support matrix from every backend's supports() over the conformance "
+                    "cases, for a fixed set of device descriptions (so the result is the same on any machine).",
+        epilog="examples:\n  portakern support --markdown > docs/support.md\n"
+               "  portakern support --check docs/support.md     exit 1 when the file is stale")
+    p.add_argument("--markdown", action="store_true", help="print Markdown (the only format; accepted for clarity)")
+    p.add_argument("--output", metavar="PATH", help="write to PATH instead of stdout")
+    p.add_argument("--check", metavar="PATH", help="compare with PATH; exit 1 (with a diff) when it is stale")
+    p.add_argument("--all-backends", action="store_true",
+                   help="include third-party plugin backends (default: the built-in backends only)")
+    try:
+        args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as e:
+        return int(e.code or 0)
+    text = generate_markdown(builtin_only=not args.all_backends)
+    if args.check:
+        import difflib
+        from pathlib import Path
+
+        try:
+            old = Path(args.check).read_text()
+        except OSError as e:
+            return _usage(p.prog, e)
+        if old == text:
+            print(f"{args.check} is up to date")
+            return 0
+        sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), text.splitlines(True),
+                                                   args.check, "generated", n=1))
+        print(f"\n{args.check} is stale: regenerate with  portakern support --markdown --output {args.check}")
+        return 1
+    if args.output:
+        from pathlib import Path
+
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def goldens_main(argv: Sequence[str] | None = None) -> int:
+    """``portakern goldens [--force] [--check] [--cases GLOB] [--dir DIR]``."""
+    from . import goldens as G
+    from .cases import all_cases, select
+
+    p = argparse.ArgumentParser(
+        prog="portakern goldens", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Recompute the cpu-tier goldens with the float64 CPU reference and compare them with the "
+                    "stored ones. Prints what changed; overwrites only with --force.",
+        epilog="examples:\n  portakern goldens                 show what would change (exit 1 if anything)\n"
+               "  portakern goldens --force         write the new goldens\n"
+               "  portakern goldens --check         verify the reference reproduces the stored goldens\n"
+               "  python -m portakern.conformance.goldens --force")
+    p.add_argument("--force", action="store_true", help="overwrite the stored goldens")
+    p.add_argument("--check", action="store_true",
+                   help="verify the stored goldens (sha256 manifest, and that the reference reproduces them)")
+    p.add_argument("--cases", action="append", metavar="GLOB", default=[], help="only these cases")
+    p.add_argument("--dir", metavar="DIR", help="golden directory (default: the package's conformance/data)")
+    try:
+        args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as e:
+        return int(e.code or 0)
+    cases = select(all_cases("cpu"), args.cases or None)
+    if not cases:
+        return _usage(p.prog, ValueError(f"--cases {args.cases} matches no cpu-tier case"))
+    if args.check:
+        store = G.Store(args.dir)
+        problems = store.verify_sha() + G.verify(cases, store)
+        for line in problems:
+            print(line)
+        print(f"{len(cases)} case(s) checked: {'OK' if not problems else f'{len(problems)} problem(s)'}")
+        return 1 if problems else 0
+    return G.regenerate(cases, args.dir, force=args.force)
