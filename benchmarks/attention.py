@@ -80,20 +80,19 @@ def table_config(op, dev):
 
 def sweep_candidates(op, dev):
     base = table_config(op, dev)
-    arch, _ = A._device_arch(dev)
-    out = [base]
+    arch, sms = A._device_arch(dev)
+    out = [base, replace(base, fused_combine=False)] if base.num_splits > 1 else [base]
     if base.pack > 1:
-        for bn, w, st in ((64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 4, 4), (128, 8, 3)):
-            for mult in (1, 2):
-                c = tuning.fit(op, replace(base, block_n=bn, num_warps=w, num_stages=st), arch)
-                splits = tuning.num_splits(op, c, A._device_arch(dev)[1])
-                c = replace(c, num_splits=max(1, min(tuning.MAX_SPLITS, int(splits * mult))))
-                if c not in out:
-                    out.append(c)
+        for bn, st in ((64, 3), (64, 4), (128, 3), (128, 4)):
+            c = tuning.fit(op, replace(base, block_n=bn, num_stages=st, num_warps=4), arch)
+            for splits in (16, 32, 64) if base.num_splits > 1 else (1, 2):
+                cand = replace(c, num_splits=splits)
+                if cand not in out:
+                    out.append(cand)
         return out
     big = op.head_dim > 128
-    grid = ((128, 64, 8, 2), (128, 32, 8, 2), (64, 64, 4, 2), (64, 32, 4, 3)) if big else \
-        ((128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 8, 4))
+    grid = ((128, 64, 8, 2), (128, 64, 8, 1), (128, 32, 8, 3), (64, 64, 4, 2)) if big else \
+        ((128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 8, 4), (128, 64, 8, 4), (64, 64, 4, 3))
     for bm, bn, w, st in grid:
         c = tuning.fit(op, replace(base, block_m=bm, block_n=bn, num_warps=w, num_stages=st), arch)
         if c not in out:
@@ -118,6 +117,38 @@ def _warm(job):
         return f"{type(e).__name__}: {str(e)[:300]}", time.time() - t
 
 
+def _warm_case(args):
+    """Worker: run one conformance case on triton once, so its kernel lands in Triton's disk cache."""
+    case_id, tier = args
+    from portakern.conformance.cases import by_id
+    from portakern.conformance.execute import _call, build_op, place
+    from portakern.plugins import registry
+
+    be, dev = registry().get("triton"), torch_device("cuda", 0)
+    try:
+        case = by_id(case_id, tier)
+        arrays = place(case, case.inputs(), be, dev)
+        if be.supports(build_op(case, arrays), dev):
+            _call(case, arrays, None, "triton")
+            torch.cuda.synchronize()
+        return None
+    except Exception as e:
+        return f"{case_id}: {type(e).__name__}: {str(e)[:200]}"
+
+
+def warm_conformance(tier, workers):
+    from portakern.conformance.runner import collect_cases
+
+    ids = [c.id for c in collect_cases(tier) if c.kind == "attention"]
+    t = time.time()
+    ctx = __import__("multiprocessing").get_context("spawn")
+    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
+        errs = [e for e in ex.map(_warm_case, [(i, tier) for i in ids], chunksize=4) if e]
+    print(f"warmed {len(ids)} conformance cases ({tier} tier) in {time.time() - t:.1f}s; {len(errs)} errors", flush=True)
+    for e in errs[:10]:
+        print("  ", e, flush=True)
+
+
 def precompile(jobs, workers):
     uniq = list({json.dumps(j, sort_keys=True): j for j in jobs}.values())
     t = time.time()
@@ -135,6 +166,13 @@ def precompile(jobs, workers):
 
 
 # -- timing -------------------------------------------------------------------------------------------
+
+def copy_bandwidth(nbytes=1 << 30):
+    """Device-to-device copy rate in bytes/s, counting bytes read plus bytes written."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * nbytes / (bench_ms(lambda: dst.copy_(src)) * 1e-3)
+
 
 def n_sets(bytes_per_set, l2):
     return max(1, min(8, math.ceil(4 * l2 / max(1, bytes_per_set))))
@@ -295,10 +333,12 @@ def run_check(device="cuda", workers=1):
 def run_sweep(ops, dev, l2):
     best, rows = {}, []
     for key, op in ops.items():
-        sets = [A.random_inputs(op, torch.device("cuda"), seed=i) for i in range(1)]
+        decode_like = key.startswith("decode")
+        k_sets = n_sets(2 * op.batch * op.seqlen_k * op.heads_kv * op.head_dim * 2, l2) if decode_like else 1
+        sets = [A.random_inputs(op, torch.device("cuda"), seed=i) for i in range(k_sets)]
         res = []
         for cfg in sweep_candidates(op, dev):
-            t = time_impl(ours(op, dev, cfg, sets), graph=False)
+            t = time_impl(ours(op, dev, cfg, sets), graph=decode_like)
             res.append((t, cfg))
             rows.append(dict(shape=key, config=cfg.to_json(), us=t))
         ok = [(t, c) for t, c in res if isinstance(t, float)]
@@ -383,7 +423,11 @@ def main():
     ap.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)))
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--check-on-cpu", action="store_true", help="only --check, under TRITON_INTERPRET=1")
+    ap.add_argument("--warm-conformance", metavar="TIER", help="only compile every conformance case of TIER")
     a = ap.parse_args()
+    if a.warm_conformance:
+        warm_conformance(a.warm_conformance, a.workers)
+        return
     if a.check_on_cpu:
         rows = run_check("cpu", 1)
         sys.exit(0 if all(r["ok"] for r in rows) else 1)
@@ -393,10 +437,7 @@ def main():
     res = {"date": datetime.date.today().isoformat(), "device": dev.to_json(), "l2": l2,
            "versions": {"torch": torch.__version__, "triton": triton.__version__,
                         "cudnn": torch.backends.cudnn.version(), "commit": os.environ.get("PK_COMMIT", "")}}
-    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    bw = 2 * x.numel() / (bench_ms(lambda: y.copy_(x)) * 1e-3)
-    del x, y
+    bw = copy_bandwidth()
     res["copy_TBps"] = bw / 1e12
     print(f"device {dev.label}  copy {bw / 1e12:.3f} TB/s  triton {triton.__version__}  torch {torch.__version__}", flush=True)
 
@@ -433,7 +474,46 @@ def main():
             precompile(extra, a.workers)
         res["bench"] = run_bench(dev, best, a.quick, l2, bw)
     print(f"wrote {dump(res, a.out)}")
+    if res.get("bench"):
+        try:
+            print(f"wrote {plot(res, os.path.join(a.out, 'attention-' + res['date'] + '.png'))}")
+        except Exception as e:  # matplotlib missing: the plot can be redrawn from the JSON
+            print(f"no plot: {type(e).__name__}: {e}")
     summary(res)
+
+
+def plot(res, path):
+    """Two panels: prefill TFLOP/s against SDPA, decode fraction of the bandwidth floor."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pre = [r for r in res["bench"] if r["kind"] == "prefill"]
+    dec = [r for r in res["bench"] if r["kind"] != "prefill"]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(15, 5), gridspec_kw={"width_ratios": [2, 1]})
+    x = range(len(pre))
+    for i, (name, col) in enumerate((("portakern", "C0"), ("cudnn", "C1"), ("flash", "C2"))):
+        a1.bar([j + (i - 1) * 0.27 for j in x], [r[f"{name}_tflops"] or 0 for r in pre], 0.27, label=name, color=col)
+    a1.set_xticks(list(x), [f"D{r['D']} S{r['S'] // 1024}k{' c' if r['causal'] else ''}" for r in pre],
+                  rotation=60, fontsize=8)
+    a1.set_ylabel("TFLOP/s (bf16)")
+    a1.set_title("prefill: portakern triton vs torch SDPA")
+    a1.legend()
+    labels = [f"{r['kind'][0]} B{r['B']} {r['L'] // 1024}k{' p' + str(r['page']) if r['page'] else ''}" for r in dec]
+    frac = lambda r, k: r["floor_us"] / r[k] if isinstance(r.get(k), float) else 0  # noqa: E731
+    xs = range(len(dec))
+    a2.bar([j - 0.2 for j in xs], [frac(r, "portakern_graph_us") for r in dec], 0.4, label="portakern (graph)")
+    a2.bar([j + 0.2 for j in xs], [frac(r, "cudnn_graph_us") for r in dec], 0.4, label="cuDNN SDPA (graph)")
+    a2.axhline(1.0, color="k", lw=0.8)
+    a2.set_xticks(list(xs), labels, rotation=60, fontsize=8)
+    a2.set_ylabel("fraction of copy-bandwidth floor")
+    a2.set_title("decode (32q/8kv heads, D=128)")
+    a2.legend(fontsize=8)
+    fig.suptitle(f"{res['device'].get('name', '')}, triton {res['versions']['triton']}, {res['date']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
 
 
 def dump(res, out_dir):

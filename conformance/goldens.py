@@ -27,6 +27,7 @@ import os
 import sys
 import time
 import zipfile
+from collections import Counter
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -293,6 +294,8 @@ def regenerate(cases: Iterable, directory: Path | None = None, force: bool = Fal
         print(f"goldens of {len(fresh)} cases are up to date in {store.directory}", file=out)
         return 0
     print("\n".join(lines), file=out)
+    kinds = Counter(line.split()[0] for line in lines)
+    print(", ".join(f"{n} {k}" for k, n in sorted(kinds.items())), file=out)
     if not force:
         print(f"{len(lines)} difference(s); refusing to overwrite {store.directory} without --force", file=out)
         return 1

@@ -2,7 +2,7 @@
 
 Registered as the ``pytest11`` entry point ``portakern``, so it loads in every pytest run of an
 environment where portakern is installed. Without ``--portakern-backend`` it only adds its
-options and does nothing else (no portakern import, no collection).
+options and does nothing else (no cases, goldens or backends are loaded, nothing is collected).
 
 Options::
 

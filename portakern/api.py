@@ -6,6 +6,8 @@ from typing import Any
 
 from numpy import ndarray as _ndarray
 
+from portakern.ir.dtypes import DType
+
 from . import dispatch
 from .arrays import convert_for_backend, empty, kind_of, to_caller
 from .backend import Backend
@@ -68,8 +70,10 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, sc
       InvalidInputError / InvalidTypeError for bad arguments; UnsupportedError when no backend
       (or not the one named) can run the problem; BackendError when a forced backend fails.
     """
-    key = ("attention", _sig(q), _sig(k), _sig(v), _sig(block_table), _sig(seqlens_k), _sig(cu_seqlens_q),
-           _sig(cu_seqlens_k), causal, window if window is None or type(window) is tuple else tuple(window),
+    has_aux = not (block_table is None and seqlens_k is None and cu_seqlens_q is None and cu_seqlens_k is None)
+    key = ("attention", _sig(q), _sig(k), _sig(v),
+           (_sig(block_table), _sig(seqlens_k), _sig(cu_seqlens_q), _sig(cu_seqlens_k)) if has_aux else None,
+           causal, window if window is None or type(window) is tuple else tuple(window),
            softcap, scale, score_mod, mask_mod, return_lse, dispatch.override_key(backend))
 
     def options() -> dict:
@@ -80,11 +84,11 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, sc
     plan = dispatch.get_plan(key, lambda: _attention_node(q, k, v, options()), backend)
     aux = {"block_table": block_table, "seqlens_k": seqlens_k, "cu_seqlens_q": cu_seqlens_q,
            "cu_seqlens_k": cu_seqlens_k}
-    if not _no_aux(aux) and plan.decision.device.type == "cpu":
+    if has_aux and plan.decision.device.type == "cpu":
         attention_op(q, k, v, **options())  # index values are re-checked on the host every call
     while True:
         try:
-            return _run_attention(plan, q, k, v, aux)
+            return _run_attention(plan, q, k, v, aux, has_aux)
         except PortakernError:
             raise
         except Exception as e:
@@ -92,30 +96,36 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, sc
             dispatch.compile_next(plan)
 
 
-def _no_aux(aux: dict) -> bool:
-    return (aux["block_table"] is None and aux["seqlens_k"] is None and aux["cu_seqlens_q"] is None
-            and aux["cu_seqlens_k"] is None)
-
-
 def _attention_node(q, k, v, kwargs):
     op, qi = attention_op(q, k, v, **kwargs)
     return op, qi.device
 
 
-def _run_attention(plan: Plan, q, k, v, aux: dict):
+def _same_arrays(caller: str, kind: str, dtype: DType) -> bool:
+    """Whether the caller's arrays are already what the backend receives (no conversion at all).
+
+    The plan's signature fixed the array types and devices, and every input is on the plan's
+    device; only numpy's bfloat16 (ml_dtypes) still needs converting to float32 for numpy backends.
+    """
+    return caller == kind and (kind == "torch" or dtype is not DType.bfloat16)
+
+
+def _run_attention(plan: Plan, q, k, v, aux: dict, has_aux: bool):
     op, device, be = plan.decision.op, plan.decision.device, plan.backend
-    kind = be.array_kind
-    qb, kb, vb = (convert_for_backend(q, be, device), convert_for_backend(k, be, device),
-                  convert_for_backend(v, be, device))
-    auxb = aux if _no_aux(aux) else {n: None if a is None else convert_for_backend(a, be, device)
-                                     for n, a in aux.items()}  # aux is a fresh dict per call
+    kind, caller = be.array_kind, kind_of(q)
+    if _same_arrays(caller, kind, op.dtype):
+        qb, kb, vb, auxb = q, k, v, aux  # aux is a fresh dict per call
+    else:
+        qb, kb, vb = (convert_for_backend(q, be, device), convert_for_backend(k, be, device),
+                      convert_for_backend(v, be, device))
+        auxb = {n: None if a is None else convert_for_backend(a, be, device) for n, a in aux.items()} \
+            if has_aux else aux
     shapes, poison = plan.shapes, dispatch.poisoning()
     if shapes is None:
         shapes = plan.shapes = op.shapes()
-    out = empty(kind, shapes["out"], op.dtype, device, poison)
-    lse = empty(kind, shapes["lse"], _F32, device, poison) if op.return_lse else None
+    out = empty(kind, shapes["out"], op.dtype, device, poison, like=qb)
+    lse = empty(kind, shapes["lse"], _F32, device, poison, like=qb) if op.return_lse else None
     plan.kernel(qb, kb, vb, out, lse, auxb)
-    caller = kind_of(q)
     res = to_caller(out, caller, q, op.dtype)
     if lse is None:
         return res
@@ -165,10 +175,11 @@ def _run_gemv(plan: Plan, x, w):
     prepared = w.prepared.get(pkey)
     if prepared is None:
         prepared = w.prepared[pkey] = be.prepare_weight(w, device)
-    xb = convert_for_backend(x, be, device)
-    out = empty(be.array_kind, (op.M, op.N), op.result_dtype, device, dispatch.poisoning())
+    caller = kind_of(x)
+    xb = x if _same_arrays(caller, be.array_kind, op.dtype) else convert_for_backend(x, be, device)
+    out = empty(be.array_kind, (op.M, op.N), op.result_dtype, device, dispatch.poisoning(), like=xb)
     plan.kernel(xb, prepared, out)
-    return to_caller(out, kind_of(x), x, op.result_dtype)
+    return to_caller(out, caller, x, op.result_dtype)
 
 
 # -- introspection -----------------------------------------------------------------------------
@@ -211,7 +222,5 @@ def devices() -> list[Device]:
     """Every device visible on this machine (CPU first)."""
     return detect_devices()
 
-
-from portakern.ir.dtypes import DType  # noqa: E402
 
 _F32 = DType.float32

@@ -102,14 +102,19 @@ def convert_for_backend(a: Any, backend: Any, device: Device) -> Any:
             t = torch.from_numpy(a)
         else:
             t = torch.from_dlpack(a)
-        if device.type in ("cuda", "rocm") and t.device.type != "cuda":
+        if device.type in ("cuda", "rocm") and not t.is_cuda:  # is_cuda: no torch.device object built
             t = t.to(f"cuda:{device.index}")
         return t
     raise InvalidTypeError(f"backend {backend.name!r} declares unknown array_kind {backend.array_kind!r}")
 
 
-def empty(kind: str, shape: tuple[int, ...], dtype: DType, device: Device, poison: bool = False) -> Any:
-    """Allocate an uninitialised (or NaN-filled when ``poison``) array for a backend."""
+def empty(kind: str, shape: tuple[int, ...], dtype: DType, device: Device, poison: bool = False,
+          like: Any = None) -> Any:
+    """Allocate an uninitialised (or NaN-filled when ``poison``) array for a backend.
+
+    ``like``: an array of kind ``kind`` already on ``device`` (e.g. a converted input); a torch
+    output is then allocated with ``like.new_empty``, which skips parsing the device.
+    """
     if kind == "numpy":
         out = np.empty(shape, dtype=_NP_DTYPES[dtype])
         if poison:
@@ -117,14 +122,17 @@ def empty(kind: str, shape: tuple[int, ...], dtype: DType, device: Device, poiso
         return out
     import torch
 
-    tdev = _TORCH_DEVICES.get((device.type, device.index))
-    if tdev is None:
-        tdev = _TORCH_DEVICES[(device.type, device.index)] = torch.device(
-            "cpu" if device.type == "cpu" else f"cuda:{device.index}")
     tdt = _TORCH_DTYPES.get(dtype)
     if tdt is None:
         tdt = _TORCH_DTYPES[dtype] = getattr(torch, dtype.value)
-    out = torch.empty(shape, dtype=tdt, device=tdev)
+    if like is not None:
+        out = like.new_empty(shape, dtype=tdt)
+    else:
+        tdev = _TORCH_DEVICES.get((device.type, device.index))
+        if tdev is None:
+            tdev = _TORCH_DEVICES[(device.type, device.index)] = torch.device(
+                "cpu" if device.type == "cpu" else f"cuda:{device.index}")
+        out = torch.empty(shape, dtype=tdt, device=tdev)
     if poison:
         out.fill_(float("nan"))
     return out
@@ -147,8 +155,8 @@ def to_caller(out: Any, caller_kind: str, like: Any, dtype: DType) -> Any:
         tdt = _TORCH_DTYPES.get(dtype)
         if tdt is None:
             tdt = _TORCH_DTYPES[dtype] = getattr(torch, dtype.value)
-        if out.device != like.device:
-            out = out.to(like.device)
+        if out.is_cuda != like.is_cuda:  # outputs are allocated on the inputs' device, so only
+            out = out.to(like.device)    # a host result for device inputs (numpy backend) moves
         return out if out.dtype == tdt else out.to(tdt)
     import cupy
 

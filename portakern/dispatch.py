@@ -50,8 +50,8 @@ def override(backend_arg: str | None) -> tuple[str | None, str]:
     return None, ""
 
 
-def _env_reader(*names: str) -> Callable[[], tuple]:
-    """A fast reader of ``names`` in ``os.environ``, for the per-call signature.
+def _env_reader(backend_var: str, strict_var: str) -> Callable[[], tuple]:
+    """A fast reader of two ``os.environ`` variables, for the per-call signature.
 
     ``os.environ.get`` of an unset variable costs about a microsecond (it encodes the key and
     raises KeyError inside); reading CPython's backing dict with pre-encoded keys costs tens of
@@ -59,10 +59,9 @@ def _env_reader(*names: str) -> Callable[[], tuple]:
     """
     data, encode = getattr(os.environ, "_data", None), getattr(os.environ, "encodekey", None)
     if isinstance(data, dict) and encode is not None:
-        keys = tuple(encode(n) for n in names)
-        get = data.get
-        return lambda: tuple(get(k) for k in keys)
-    return lambda: tuple(os.environ.get(n) for n in names)  # pragma: no cover - other Pythons
+        get, kb, ks = data.get, encode(backend_var), encode(strict_var)
+        return lambda: (get(kb), get(ks))
+    return lambda: (os.environ.get(backend_var), os.environ.get(strict_var))  # pragma: no cover
 
 
 _override_env = _env_reader("PORTAKERN_BACKEND", "PORTAKERN_STRICT")

@@ -226,6 +226,25 @@ def test_decode_split_kv(dtype, Sq, Hq, Hkv):
 
 
 @interp
+def test_decode_separate_combine_kernel():
+    """Many splits merge in ``attn_combine`` instead of in the last split's program."""
+    from dataclasses import replace
+
+    from portakern.backends.triton import attention as A
+
+    op = make_op(B=1, Sq=2, Sk=700, Hq=4, Hkv=1, D=64, mask_mod=E.causal_mask())
+    q, k, v = tensors(op)
+    cfg = replace(A._config(op, CPU), num_splits=24, fused_combine=False)
+    s = op.shapes()
+    out = torch.full(s["out"], float("nan"), dtype=torch.float16)
+    lse = torch.full(s["lse"], float("nan"))
+    A.build(op, CPU, cfg)(q, k, v, out, lse, {})
+    ref_out, ref_lse = run_reference(op, q, k, v)
+    assert np.abs(out.double().numpy() - ref_out).max() < ATOL[op.dtype]
+    assert np.abs(lse.double().numpy() - ref_lse).max() < LSE_ATOL
+
+
+@interp
 @pytest.mark.parametrize("page", [16, 64])
 @pytest.mark.parametrize("Sq", [1, 5])
 def test_paged(page, Sq):
@@ -332,4 +351,7 @@ def test_compile_for_target(target, op, needle):
     fwd = art["kernels"]["attn_fwd"]
     assert isinstance(fwd["cubin"], bytes) and len(fwd["cubin"]) > 1000
     assert needle in fwd["ptx"]
-    assert (art["config"]["num_splits"] > 1) == ("attn_combine" in art["kernels"])
+    cfg = art["config"]
+    assert (cfg["num_splits"] > 1 and not cfg["fused_combine"]) == ("attn_combine" in art["kernels"])
+    if cfg["num_splits"] > 1 and cfg["fused_combine"]:
+        assert "atom" in fwd["ptx"]   # the last split's arrival counter

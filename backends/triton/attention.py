@@ -5,10 +5,14 @@ KV; ``kernels/attention_combine.py`` merges KV splits. ``score_mod`` / ``mask_mo
 Triton source by ``expr_triton`` and passed to the kernel as constexpr functions; library
 causal/window terms of the mask are recognised so key tiles outside them are skipped.
 
-Split-KV workspace (decode, when one sequence does not fill the GPU): allocated once per compiled
-signature and device, kept in the kernel's closure, ``4 * num_splits * R * Hq * (Dv + 1)`` bytes
-with ``R = B * Sq`` (``total_q`` for varlen), ``num_splits <= tuning.MAX_SPLITS``. Two concurrent
-calls of one signature on different CUDA streams would share it: serialise them.
+Split-KV (decode, when the query tiles alone do not fill the GPU): the keys of each query tile are
+split ``num_splits`` ways; each split writes a float32 partial output and LSE, and the last split
+to finish merges them in the same launch (``attn_combine`` does it above
+``tuning.MAX_FUSED_SPLITS``). The workspace is allocated once per compiled signature and device
+and kept in the kernel's closure: ``4 * num_splits * R * Hq * (Dv + 1)`` bytes with ``R = B * Sq``
+(``total_q`` for varlen), plus one int32 arrival counter per query tile (``tuning.workspace_bytes``;
+``num_splits <= tuning.MAX_SPLITS``). Two concurrent calls of one signature on different CUDA
+streams would share it: serialise them.
 """
 
 from __future__ import annotations

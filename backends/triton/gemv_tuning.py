@@ -85,9 +85,9 @@ def _table(arch: str, kind: str, M: int, N: int, K: int, bits: int) -> GemvConfi
     if arch == "interp":
         return (GemvConfig("fma", block_n=8, block_kw=8, num_warps=1) if kind == "fma"
                 else GemvConfig("dot", block_n=16, block_kw=16, num_warps=1))
-    if kind == "fma":
-        return GemvConfig("fma", block_n=32, block_kw=64, num_warps=4, num_stages=1)
-    return GemvConfig("dot", block_n=64, block_kw=32, num_warps=4, num_stages=2)
+    if kind == "fma":  # H200 run 1: (32, 64) won every M=1 shape; 8 warps when N fills the chip
+        return GemvConfig("fma", block_n=32, block_kw=64, num_warps=8 if N >= 16384 else 4, num_stages=1)
+    return GemvConfig("dot", block_n=128, block_kw=32, num_warps=4, num_stages=2)  # run 1: M=4 and 16
 
 
 def split_k_for(N: int, KWP: int, cfg: GemvConfig, num_sms: int) -> int:

@@ -211,6 +211,7 @@ class _Launcher:
         else:
             self.ws = self.lock = None
         self.dims = (op.M, op.N, op.K, layout.KWP, layout.stride_qk)
+        self.mask_rt = (1 << layout.bits) - 1
 
     def __call__(self, x, w: PreparedGemvWeight, out) -> None:
         M, N, K, KWP, sqk = self.dims
@@ -221,10 +222,10 @@ class _Launcher:
         if self.with_kg:
             kg = w.qweight if w.kgroup is None else w.kgroup
             self.fn[self.grid](x, w.qweight, w.scales, z, perm, kg, out, ws, lock, M, N, K, KWP, sqk,
-                               x.stride(0), out.stride(0), self.ksw, **self.consts, **self.opts)
+                               x.stride(0), out.stride(0), self.ksw, self.mask_rt, **self.consts, **self.opts)
         else:
             self.fn[self.grid](x, w.qweight, w.scales, z, perm, out, ws, lock, M, N, K, KWP, sqk,
-                               x.stride(0), out.stride(0), self.ksw, **self.consts, **self.opts)
+                               x.stride(0), out.stride(0), self.ksw, self.mask_rt, **self.consts, **self.opts)
 
 
 def _slice_words(kwp: int, cfg: tuning.GemvConfig) -> int:

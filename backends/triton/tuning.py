@@ -6,7 +6,7 @@ of KV splits from the table of the device's architecture family:
 ==========  ===========================================================================
 arch        source of the numbers
 ==========  ===========================================================================
-sm_90       H200 sweeps in ``benchmarks/attention_notes.md`` (``benchmarks/attention.py --sweep``)
+sm_90       H200 sweeps, see ``benchmarks/attention_notes.md`` (``benchmarks/attention.py --sweep``)
 sm_80       the sm_90 shapes cut to sm_80's 163 KiB of shared memory (not measured here)
 sm_120      consumer parts (99 KiB of shared memory): smaller tiles (not measured here)
 interp      Triton's CPU interpreter: small tiles so tests cross tile and split boundaries
@@ -27,13 +27,17 @@ from dataclasses import asdict, dataclass, replace
 SMEM_LIMIT = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90": 227 * 1024,
               "sm_100": 227 * 1024, "sm_120": 99 * 1024, "interp": 1 << 30}
 #: Multiprocessors assumed when lowering for a target without the device.
-DEFAULT_SMS = {"sm_80": 108, "sm_86": 84, "sm_89": 128, "sm_90": 132, "sm_100": 148, "sm_120": 84, "interp": 4}
+DEFAULT_SMS = {"sm_80": 108, "sm_86": 84, "sm_89": 128, "sm_90": 132, "sm_100": 148, "sm_120": 84, "interp": 8}
 
 #: Split-KV bounds: at most MAX_SPLITS splits, each at least MIN_TILES_PER_SPLIT key tiles.
 MAX_SPLITS = 64
+#: Above this many splits the separate ``attn_combine`` kernel merges (H200 run 2: at 32 splits it
+#: beat the fused merge, 21 vs 28 us at 8k; at 16 the fused merge was fastest overall).
+MAX_FUSED_SPLITS = 20
 MIN_TILES_PER_SPLIT = 2
-#: Split until the grid holds this many programs per multiprocessor.
-PROGRAMS_PER_SM = 2
+#: Split until the grid holds this many programs per multiprocessor. H200 sweep (run 2): one
+#: program per SM (16 splits for 8 KV heads) beat two (32) by 2-20% with the fused merge.
+PROGRAMS_PER_SM = 1
 
 
 @dataclass(frozen=True)
@@ -102,11 +106,8 @@ def _base_table(op, arch: str) -> tuple[int, int, int, int]:
     if fp32:
         return 64, 32, 4, 2
     if arch in ("sm_90", "sm_100"):
-        if d <= 64:
-            return 128, 128, 8, 3
-        if d <= 128:
-            return 128, 128, 8, 2
-        return 128, 64, 8, 2
+        # H200 sweep (run 2): BN=64 beat BN=128 by 10-20% at every D; 3-4 stages tie at D <= 128
+        return (128, 64, 8, 3) if d <= 128 else (128, 64, 8, 2)
     if arch == "sm_80":
         return (128, 64, 4, 3) if d <= 64 else (128, 64, 8, 2) if d <= 128 else (64, 64, 4, 2)
     return (64, 64, 4, 2) if d <= 128 else (64, 32, 4, 2)
@@ -120,7 +121,11 @@ def _decode_table(op, arch: str) -> tuple[int, int, int]:
     if op.dtype.value == "float32":
         return 32, 4, 2
     if arch in ("sm_90", "sm_100"):
-        return (128, 4, 3) if d <= 128 else (64, 4, 3)
+        # H200 sweep (run 2, CUDA-graph timing): dense keys BN=64 with 4 stages; paged keys BN=128
+        # with 3 stages (page 16: 50 vs 60 us at 32k)
+        if op.kv_layout.value == "paged":
+            return (128, 4, 3) if d <= 128 else (64, 4, 3)
+        return (64, 4, 4) if d <= 128 else (64, 4, 3)
     return (64, 4, 3) if d <= 128 else (32, 4, 2)
 
 
@@ -142,7 +147,9 @@ def choose(op, arch: str, num_sms: int | None = None) -> AttnConfig:
             warps = 4
     cfg = AttnConfig(block_m, block_n, warps, stages, pack)
     cfg = fit(op, cfg, arch)
-    return replace(cfg, num_splits=num_splits(op, cfg, num_sms))
+    splits = num_splits(op, cfg, num_sms)
+    # the in-kernel merge reads the splits one after another: past ~16 the second kernel wins
+    return replace(cfg, num_splits=splits, fused_combine=splits <= MAX_FUSED_SPLITS)
 
 
 def fit(op, cfg: AttnConfig, arch: str) -> AttnConfig:

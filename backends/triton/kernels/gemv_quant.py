@@ -26,13 +26,15 @@ import triton.language as tl
 
 
 @triton.jit
-def _codes(words, E: tl.constexpr, BITS: tl.constexpr, DQ: tl.constexpr):
-    """The code at position ``E`` of every word, as an exact fp32 integer.
+def _codes(words, mask_rt, E: tl.constexpr, BITS: tl.constexpr, DQ: tl.constexpr):
+    """The code at position ``E`` of every word as an exact fp32 integer, times ``2^_pos(E)``.
 
-    DQ=0: shift, mask, integer-to-float convert (I2F, a quarter-rate unit).
-    DQ=1: shift, mask and OR into the mantissa of 2^23 (one LOP3), subtract 2^23.
-    DQ=2: as 1, but codes that already sit at or below bit 22 are not shifted: the code stays
-          scaled by 2^pos inside the mantissa and one FMA by 2^-pos removes 2^23 and the scale.
+    DQ=0: shift, mask, integer-to-float convert (I2F, a quarter-rate unit); scale 1.
+    DQ=1: shift, mask and OR into the mantissa of 2^23 (one LOP3), subtract 2^23; scale 1.
+    DQ=2: as 1, but codes that already sit at or below bit 22 are not shifted, so the result is
+          the code times 2^pos (exact); the caller folds 2^-pos into x (``_unscale``).
+          ``mask_rt`` is the code mask as a run-time value: LOP3 takes one immediate, and with
+          both the mask and 2^23 constant ptxas re-materialises a register per LOP3.
     """
     MASK: tl.constexpr = (1 << BITS) - 1
     if DQ == 0:
@@ -42,9 +44,21 @@ def _codes(words, E: tl.constexpr, BITS: tl.constexpr, DQ: tl.constexpr):
         return b.to(tl.float32, bitcast=True) - 8388608.0
     else:
         SH: tl.constexpr = 0 if E * BITS + BITS <= 23 else 16
-        POS: tl.constexpr = E * BITS - SH
-        b = ((words >> SH) & (MASK << POS)) | 0x4B000000
-        return tl.fma(b.to(tl.float32, bitcast=True), 1.0 / (1 << POS), -8388608.0 / (1 << POS))
+        b = ((words >> SH) & (mask_rt << (E * BITS - SH))) | 0x4B000000
+        return b.to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
+def _unscale(v, E: tl.constexpr, BITS: tl.constexpr, DQ: tl.constexpr):
+    """``v * 2^-pos`` for the power of two that ``_codes`` leaves on position ``E`` (exact)."""
+    if DQ == 2:
+        SH: tl.constexpr = 0 if E * BITS + BITS <= 23 else 16
+        if E * BITS - SH != 0:
+            return v * (1.0 / (1 << (E * BITS - SH)))
+        else:
+            return v
+    else:
+        return v
 
 
 @triton.jit
@@ -85,6 +99,14 @@ def _scale_zero(s_ptr, z_ptr, off, HAS_Z: tl.constexpr, ZP: tl.constexpr):
 
 
 @triton.jit
+def _group_scale_zero(s_ptr, z_ptr, kw, n, K, stride_qk, EPW: tl.constexpr, GS: tl.constexpr,
+                      HAS_Z: tl.constexpr, ZP: tl.constexpr):
+    """Scales and zeros of word rows ``kw`` (one group per row), ``(BKW, BN)`` fp32."""
+    g = tl.minimum(kw * EPW, K - 1) // GS       # padding rows use the last group
+    return _scale_zero(s_ptr, z_ptr, g[:, None] * stride_qk + n[None, :], HAS_Z, ZP)
+
+
+@triton.jit
 def _x_column(x_ptr, row, stride_xm, perm_ptr, k, K, HAS_PERM: tl.constexpr, EVEN_K: tl.constexpr):
     """``x[row, k]`` (row: scalar or column vector), through ``perm`` for act-order weights; 0 past K."""
     if HAS_PERM:
@@ -100,7 +122,7 @@ def _x_column(x_ptr, row, stride_xm, perm_ptr, k, K, HAS_PERM: tl.constexpr, EVE
 
 @triton.jit
 def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_ptr, lock_ptr,
-                    M, N, K, KWP, stride_qk, stride_xm, stride_om, K_SPLIT_W,
+                    M, N, K, KWP, stride_qk, stride_xm, stride_om, K_SPLIT_W, mask_rt,
                     BITS: tl.constexpr, GS: tl.constexpr, ZP: tl.constexpr,
                     HAS_Z: tl.constexpr, HAS_PERM: tl.constexpr, PER_ELEM_GROUP: tl.constexpr,
                     HAS_KG: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr,
@@ -125,13 +147,19 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
     else:
         acc = tl.zeros((BM, BKW, BN), tl.float32)
         x_rows = tl.minimum(rows, M - 1)  # rows past M read row M-1; never stored
-    for kw0 in range(kw_begin, tl.minimum(kw_begin + K_SPLIT_W, KWP), BKW):
-        # -- a (BKW, BN) tile of words; rows past K are zero padding
-        words = tl.load(w_ptrs + kw0 * stride_qk)
-        kw = kw0 + kwr
+    kw_end = tl.minimum(kw_begin + K_SPLIT_W, KWP)
+    # -- the first (BKW, BN) tile of words, its scales and zeros; rows past K are zero padding
+    kw_first = tl.minimum(kw_begin, KWP - BKW)
+    words = tl.load(w_ptrs + kw_first * stride_qk)
+    if not PER_ELEM_GROUP:
+        s, z = _group_scale_zero(s_ptr, z_ptr, kw_first + kwr, n, K, stride_qk, EPW, GS, HAS_Z, ZP)
+    for kw0 in range(kw_begin, kw_end, BKW):
+        # -- prefetch the next tile while this one is computed (the last re-reads itself: a cache hit)
+        kw_next = tl.where(kw0 + BKW < kw_end, kw0 + BKW, kw0)
+        words_next = tl.load(w_ptrs + kw_next * stride_qk)
         if not PER_ELEM_GROUP:
-            g = tl.minimum(kw * EPW, K - 1) // GS       # padding rows use the last group
-            s, z = _scale_zero(s_ptr, z_ptr, g[:, None] * stride_qk + n[None, :], HAS_Z, ZP)
+            s_next, z_next = _group_scale_zero(s_ptr, z_ptr, kw_next + kwr, n, K, stride_qk, EPW, GS, HAS_Z, ZP)
+        kw = kw0 + kwr
         if BM == 1:
             dot = tl.zeros((BKW, BN), tl.float32)
             xsum = tl.zeros((BKW,), tl.float32)
@@ -141,33 +169,39 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
         for e in tl.static_range(EPW):
             # -- column k = EPW*kw + e of x, and the codes at position e
             k = kw * EPW + e
-            q = _codes(words, e, BITS, DQ)
+            q = _codes(words, mask_rt, e, BITS, DQ)
             if BM == 1:
                 xe = _x_column(x_ptr, pid_m, stride_xm, perm_ptr, k, K, HAS_PERM, EVEN_K)
             else:
                 xe = _x_column(x_ptr, x_rows[:, None], stride_xm, perm_ptr, k[None, :], K, HAS_PERM, EVEN_K)
+            xq = _unscale(xe, e, BITS, DQ)   # x carries the 2^-pos of the codes (one FMUL per x)
             if PER_ELEM_GROUP:
                 if HAS_KG:
                     ge = tl.load(kg_ptr + k, mask=k < K, other=0)
                 else:
                     ge = tl.minimum(k, K - 1) // GS
                 se, ze = _scale_zero(s_ptr, z_ptr, ge[:, None] * stride_qk + n[None, :], HAS_Z, ZP)
-                we = (q - ze) * se
+                we = (_unscale(q, e, BITS, DQ) - ze) * se
+                xq = xe
                 if BM == 1:
-                    acc += xe[:, None] * we
+                    acc += xq[:, None] * we
                 else:
-                    acc += xe[:, :, None] * we[None, :, :]
+                    acc += xq[:, :, None] * we[None, :, :]
             else:
                 if BM == 1:
-                    dot += xe[:, None] * q
+                    dot += xq[:, None] * q
                 else:
-                    dot += xe[:, :, None] * q[None, :, :]
+                    dot += xq[:, :, None] * q[None, :, :]
                 xsum += xe
         if not PER_ELEM_GROUP:
             if BM == 1:
                 acc += s * (dot - z * xsum[:, None])
             else:
                 acc += s[None, :, :] * (dot - z * xsum[:, :, None])
+            s = s_next
+            if HAS_Z:
+                z = z_next
+        words = words_next
     # -- the one cross-thread reduction, over the word rows of the tile
     if BM == 1:
         res = tl.sum(acc, axis=0)[None, :]
@@ -178,7 +212,7 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
 
 @triton.jit
 def gemv_dot_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, out_ptr, ws_ptr, lock_ptr,
-                    M, N, K, KWP, stride_qk, stride_xm, stride_om, K_SPLIT_W,
+                    M, N, K, KWP, stride_qk, stride_xm, stride_om, K_SPLIT_W, mask_rt,
                     BITS: tl.constexpr, GS: tl.constexpr, ZP: tl.constexpr,
                     HAS_Z: tl.constexpr, HAS_PERM: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                     BKW: tl.constexpr, SPLIT_K: tl.constexpr, DQ: tl.constexpr, EVEN_K: tl.constexpr,
@@ -212,7 +246,7 @@ def gemv_dot_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, out_ptr, ws_ptr, lock
             k = kw * EPW + e
             xe = _x_column(x_ptr, tl.minimum(rows, M - 1)[:, None], stride_xm, perm_ptr, k[None, :], K,
                            HAS_PERM, EVEN_K).to(cdt)   # rows past M: any row, never stored
-            we = tl.fma(_codes(words, e, BITS, DQ), s, -zs).to(cdt)   # (q - z) * s, one rounding
+            we = tl.fma(_codes(words, mask_rt, e, BITS, DQ), _unscale(s, e, BITS, DQ), -zs).to(cdt)  # (q - z) * s
             if COMPUTE_F32:
                 acc = tl.dot(xe, we, acc, input_precision="ieee")
             else:

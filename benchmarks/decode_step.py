@@ -1,0 +1,291 @@
+"""One decode step of a Llama-3-8B-shaped model (batch 1), captured in one CUDA graph.
+
+32 layers, hidden 4096, MLP 14336, 32 query / 8 KV heads of 128, vocab 128256, random weights.
+portakern's step: every linear (qkv, o, gate+up, down, lm_head) is int4 group-128 asymmetric through
+the triton quant_gemv kernel (weights straight in its internal layout), attention is
+``portakern.attention`` over a paged KV cache (page 64, shuffled block table; torch SDPA on a dense
+cache when the triton backend cannot serve it, said in the output), the element-wise glue
+(residual add + RMSNorm, RoPE, SiLU-mul) is torch, fused by ``torch.compile`` (``--glue eager``: plain
+torch ops). Peers re-measured in the same run, plain PyTorch as in ``shared/peers``: bf16
+``F.linear`` and tinygemm int4 (``_weight_int4pack_mm``), SDPA on a dense cache, eager glue.
+
+Floor = (weight bytes: codes + fp16 scale + fp16 zero per group; + K/V bytes read) / copy bandwidth.
+
+    python benchmarks/decode_step.py [--ctx 2048 8192] [--glue compile|eager] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(__file__))
+from gemv import copy_bandwidth_TBps, random_prepared  # noqa: E402
+
+from portakern.backends.triton import quant_gemv as Q  # noqa: E402
+from portakern.devices import torch_device  # noqa: E402
+from portakern.ir import DType, QuantFormat  # noqa: E402
+from portakern.ir.ops import QuantGemv  # noqa: E402
+
+LAYERS, HID, MLP, HQ, HKV, D, VOCAB = 32, 4096, 14336, 32, 8, 128, 128256
+PAGE = 64
+BF16 = torch.bfloat16
+
+
+# -- glue (torch) ------------------------------------------------------------------------------------
+
+def add_rmsnorm(resid, delta, w, eps: float = 1e-5):
+    """``resid += delta`` (fp32) and the RMS-normalised bf16 input of the next linear."""
+    r = resid + delta.float()
+    xn = (r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + eps)).to(BF16) * w
+    return r, xn
+
+
+def rope(qkv, cos, sin):
+    """Split qkv (1, 6144), rotate q and k (half-split RoPE); q (1,1,HQ,D), k and v (1,HKV,D)."""
+    q = qkv[:, : HQ * D].view(1, HQ, D).float()
+    k = qkv[:, HQ * D: (HQ + HKV) * D].view(1, HKV, D).float()
+    v = qkv[:, (HQ + HKV) * D:].view(1, HKV, D)
+
+    def rot(t):
+        t1, t2 = t[..., : D // 2], t[..., D // 2:]
+        return torch.cat([t1 * cos - t2 * sin, t2 * cos + t1 * sin], dim=-1)
+
+    return rot(q).to(BF16).view(1, 1, HQ, D), torch.stack([rot(k).to(BF16), v], dim=0)
+
+
+def silu_mul(gu):
+    g, u = gu[:, :MLP], gu[:, MLP:]
+    return (F.silu(g.float()) * u.float()).to(BF16)
+
+
+# -- portakern's step --------------------------------------------------------------------------------
+
+class PortakernStep:
+    def __init__(self, ctx: int, glue: str, attention: str):
+        dev = torch_device("cuda", 0)
+        fmt = QuantFormat(bits=4, group_size=128, symmetric=False)
+        shapes = {"qkv": ((HQ + 2 * HKV) * D, HID), "o": (HID, HQ * D), "gu": (2 * MLP, HID), "down": (HID, MLP)}
+        self.kern = {n: Q.compile(QuantGemv(M=1, N=N, K=K, dtype=DType.bfloat16, fmt=fmt), dev)
+                     for n, (N, K) in {**shapes, "lm": (VOCAB, HID)}.items()}
+        self.layers = [{n: random_prepared(N, K, 4, 128, False) for n, (N, K) in shapes.items()}
+                       for _ in range(LAYERS)]
+        self.lm = random_prepared(VOCAB, HID, 4, 128, False)
+        self.norms = [torch.rand(HID, device="cuda").to(BF16) + 0.5 for _ in range(2 * LAYERS + 1)]
+        self.out = {n: torch.empty(1, N, device="cuda", dtype=BF16) for n, (N, K) in {**shapes, "lm": (VOCAB, HID)}.items()}
+        # -- paged KV: pages of PAGE tokens, a shuffled block table; k and v of a layer share one tensor
+        self.ctx = ctx
+        pages = math.ceil((ctx + 1) / PAGE)
+        self.kv = [torch.randn(2, pages, PAGE, HKV, D, device="cuda", dtype=BF16) for _ in range(LAYERS)]
+        self.block_table = torch.randperm(pages, device="cuda", dtype=torch.int32)[None]
+        self.seqlens = torch.tensor([ctx + 1], device="cuda", dtype=torch.int32)
+        pos = ctx  # the new token's position; its slot in the flattened page pool
+        page = int(self.block_table[0, pos // PAGE])
+        self.slot = torch.tensor([page * PAGE + pos % PAGE], device="cuda")
+        inv = 1.0 / (500000 ** (torch.arange(0, D, 2, device="cuda").float() / D))
+        self.cos, self.sin = torch.cos(pos * inv), torch.sin(pos * inv)
+        self.h = torch.randn(1, HID, device="cuda")
+        self.zero = torch.zeros(1, HID, device="cuda")
+        self.attention = attention
+        if glue == "compile":
+            self.add_rmsnorm = torch.compile(add_rmsnorm, fullgraph=True, dynamic=False)
+            self.rope = torch.compile(rope, fullgraph=True, dynamic=False)
+            self.silu_mul = torch.compile(silu_mul, fullgraph=True, dynamic=False)
+        else:
+            self.add_rmsnorm, self.rope, self.silu_mul = add_rmsnorm, rope, silu_mul
+        if attention == "sdpa":  # dense (B, Hkv, S, D) caches instead of pages
+            self.dense = [torch.randn(2, 1, HKV, ctx + 1, D, device="cuda", dtype=BF16) for _ in range(LAYERS)]
+
+    def gemv(self, name, x, w):
+        out = self.out[name]
+        self.kern[name](x, w, out)
+        return out
+
+    def attend(self, i, q, kv_new):
+        import portakern
+
+        if self.attention == "sdpa":
+            c = self.dense[i]
+            c[:, :, :, self.ctx] = kv_new
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), c[0], c[1], enable_gqa=True)
+            return o.transpose(1, 2).reshape(1, HQ * D)
+        kvf = self.kv[i].view(2, -1, HKV, D)
+        kvf.index_copy_(1, self.slot, kv_new)   # append the new token's k and v in one kernel
+        o = portakern.attention(q, self.kv[i][0], self.kv[i][1], block_table=self.block_table,
+                                seqlens_k=self.seqlens, backend="triton")
+        return o.reshape(1, HQ * D)
+
+    def __call__(self):
+        r, xn = self.add_rmsnorm(self.h, self.zero, self.norms[0])
+        for i, L in enumerate(self.layers):
+            qkv = self.gemv("qkv", xn, L["qkv"])
+            q, kv_new = self.rope(qkv, self.cos, self.sin)
+            a = self.attend(i, q, kv_new)
+            o = self.gemv("o", a, L["o"])
+            r, xn = self.add_rmsnorm(r, o, self.norms[2 * i + 1])
+            act = self.silu_mul(self.gemv("gu", xn, L["gu"]))
+            d = self.gemv("down", act, L["down"])
+            r, xn = self.add_rmsnorm(r, d, self.norms[2 * i + 2])
+        return self.gemv("lm", xn, self.lm)
+
+    def bytes(self):
+        per_group = 4  # fp16 scale + fp16 zero
+        lin = [((HQ + 2 * HKV) * D, HID), (HID, HQ * D), (2 * MLP, HID), (HID, MLP)]
+        w = LAYERS * sum(N * K // 2 + N * K // 128 * per_group for N, K in lin)
+        w += VOCAB * HID // 2 + VOCAB * HID // 128 * per_group
+        return w + LAYERS * 2 * (self.ctx + 1) * HKV * D * 2
+
+
+# -- plain-PyTorch peers -----------------------------------------------------------------------------
+
+class TorchStep:
+    """bf16 F.linear or tinygemm int4 linears, SDPA on a dense cache, eager glue (as in shared/peers)."""
+
+    def __init__(self, ctx: int, kind: str):
+        self.kind, self.ctx = kind, ctx
+        shapes = {"qkv": ((HQ + 2 * HKV) * D, HID), "o": (HID, HQ * D), "gu": (2 * MLP, HID), "down": (HID, MLP)}
+
+        def make(N, K):
+            if kind == "bf16":
+                return torch.randn(N, K, device="cuda", dtype=BF16) * 0.02
+            packed = torch.ops.aten._convert_weight_to_int4pack(
+                torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, device="cuda"), 8)
+            return packed, (torch.rand(K // 128, N, 2, device="cuda") * 0.01).to(BF16)
+
+        self.layers = [{n: make(N, K) for n, (N, K) in shapes.items()} for _ in range(LAYERS)]
+        self.lm = make(VOCAB, HID)
+        self.norms = [torch.rand(HID, device="cuda").to(BF16) + 0.5 for _ in range(2 * LAYERS + 1)]
+        self.cache = [torch.randn(2, 1, HKV, ctx + 1, D, device="cuda", dtype=BF16) for _ in range(LAYERS)]
+        inv = 1.0 / (500000 ** (torch.arange(0, D, 2, device="cuda").float() / D))
+        self.cos, self.sin = torch.cos(ctx * inv), torch.sin(ctx * inv)
+        self.h = torch.randn(1, HID, device="cuda")
+        self.zero = torch.zeros(1, HID, device="cuda")
+
+    def lin(self, x, w):
+        if self.kind == "bf16":
+            return F.linear(x, w)
+        return torch.ops.aten._weight_int4pack_mm(x, w[0], 128, w[1])
+
+    def __call__(self):
+        r, xn = add_rmsnorm(self.h, self.zero, self.norms[0])
+        for i, L in enumerate(self.layers):
+            q, kv_new = rope(self.lin(xn, L["qkv"]), self.cos, self.sin)
+            c = self.cache[i]
+            c[:, :, :, self.ctx] = kv_new
+            a = F.scaled_dot_product_attention(q.transpose(1, 2), c[0], c[1], enable_gqa=True)
+            r, xn = add_rmsnorm(r, self.lin(a.transpose(1, 2).reshape(1, HQ * D), L["o"]), self.norms[2 * i + 1])
+            d = self.lin(silu_mul(self.lin(xn, L["gu"])), L["down"])
+            r, xn = add_rmsnorm(r, d, self.norms[2 * i + 2])
+        return self.lin(xn, self.lm)
+
+    def bytes(self):
+        lin = [((HQ + 2 * HKV) * D, HID), (HID, HQ * D), (2 * MLP, HID), (HID, MLP)]
+        n = LAYERS * sum(N * K for N, K in lin) + VOCAB * HID
+        w = 2 * n if self.kind == "bf16" else n // 2 + n // 128 * 4
+        return w + LAYERS * 2 * (self.ctx + 1) * HKV * D * 2
+
+
+# -- timing ------------------------------------------------------------------------------------------
+
+def time_step(step, graph: bool, reps=20):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    fn = step
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            step()
+        fn = g.replay
+        fn()
+        torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        torch.cuda.synchronize()
+        ts.append(e0.elapsed_time(e1))
+    return statistics.median(ts)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ctx", type=int, nargs="+", default=[2048, 8192])
+    ap.add_argument("--glue", choices=("compile", "eager"), default="compile")
+    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--tag", default="")
+    args = ap.parse_args()
+
+    bw = copy_bandwidth_TBps()
+    res = {"model": "Llama-3-8B shapes, random weights, batch 1", "date": datetime.date.today().isoformat(),
+           "copy_TBps": bw, "glue": args.glue, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+           "results": {}}
+    print(f"copy bandwidth {bw:.3f} TB/s", flush=True)
+    for ctx in args.ctx:
+        runs = {}
+        att = "portakern-paged"
+        try:
+            step = PortakernStep(ctx, args.glue, "portakern")
+            t0 = time.time()
+            step()
+            torch.cuda.synchronize()
+            print(f"ctx {ctx}: first step (compiles) {time.time() - t0:.1f}s", flush=True)
+        except Exception as e:
+            print(f"ctx {ctx}: portakern paged attention unavailable ({type(e).__name__}: {str(e)[:200]}); "
+                  "using torch SDPA on a dense cache", flush=True)
+            att = "sdpa-dense"
+            step = PortakernStep(ctx, args.glue, "sdpa")
+        runs["int4_portakern"] = (step, att)
+        if not args.no_peers:
+            runs["bf16"] = (TorchStep(ctx, "bf16"), "sdpa-dense")
+            runs["int4_tinygemm"] = (TorchStep(ctx, "tinygemm"), "sdpa-dense")
+        out = {}
+        for name, (st, att) in runs.items():
+            try:
+                nbytes = st.bytes()
+                floor_ms = nbytes / (bw * 1e12) * 1e3
+                eager = time_step(st, graph=False, reps=5)
+                graph = time_step(st, graph=True)
+                out[name] = {"attention": att, "bytes_GB": nbytes / 1e9, "floor_ms": floor_ms, "eager_ms": eager,
+                             "graph_ms": graph, "eager_frac_floor": floor_ms / eager,
+                             "graph_frac_floor": floor_ms / graph, "graph_speedup": eager / graph}
+            except Exception as e:
+                out[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            print(f"ctx {ctx} {name}: {json.dumps(out[name])}", flush=True)
+            runs[name] = None
+            del st
+            torch.cuda.empty_cache()
+        res["results"][str(ctx)] = out
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"decode-step-{res['date']}{args.tag}.json")
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"\n{path}")
+    print(f"{'ctx':>5} {'step':16} {'GB':>6} {'floor':>6} {'graph':>7} {'frac':>5} {'eager':>7}")
+    for ctx, out in res["results"].items():
+        for name, r in out.items():
+            if "error" in r:
+                print(f"{ctx:>5} {name:16} ERROR {r['error'][:80]}")
+            else:
+                print(f"{ctx:>5} {name:16} {r['bytes_GB']:6.3f} {r['floor_ms']:6.3f} {r['graph_ms']:7.3f} "
+                      f"{r['graph_frac_floor']:5.2f} {r['eager_ms']:7.3f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,397 @@
+"""Weight-only quantized GEMV on an NVIDIA GPU: portakern's triton backend against its peers.
+
+Same process, same inputs. Peers: tinygemm (``torch.ops.aten._weight_int4pack_mm``, its own
+packing from ``_convert_weight_to_int4pack``, bf16), bf16 ``F.linear``, torch's int8 per-channel
+``_weight_int8pack_mm`` for the int8 rows, and gemlite when it is importable. Every figure is the
+median time per call, eager (a Python loop of launches) and inside a CUDA graph, over input sets
+rotated across more than 4x the L2, so no call reads its weight from cache. The floor of a
+problem is its bytes (packed codes + one fp16 scale, and one fp16 zero for asymmetric formats,
+per group, + x + out) over the device-to-device copy bandwidth measured in the same run.
+
+    python benchmarks/gemv.py [--sweep] [--quick] [--out DIR] [--workers N]
+
+``--sweep`` times the candidate configurations on representative shapes first; the fastest per
+(M, shape) serves the main table in the same run, and is printed for ``gemv_tuning``'s sm_90 table.
+Kernels are compiled up front in a pool of processes (Triton's disk cache serves the main process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, replace
+
+import torch
+
+from portakern.backends.triton import gemv_tuning as tuning
+from portakern.backends.triton import quant_gemv as Q
+from portakern.backends.triton.gemv_tuning import GemvConfig
+from portakern.devices import torch_device
+from portakern.ir import DType, QuantFormat
+from portakern.ir.ops import QuantGemv
+
+SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (28672, 8192), (16384, 16384)]
+MS = (1, 4, 16)
+L2_ROTATE = 4 * 64 * 2**20   # rotate over more than 4x the (60 MB) L2
+
+
+# -- problems ---------------------------------------------------------------------------------------
+
+def gemv_op(M, N, K, bits=4, gs=128, sym=False, dtype=DType.bfloat16) -> QuantGemv:
+    return QuantGemv(M=M, N=N, K=K, dtype=dtype, fmt=QuantFormat(bits=bits, group_size=gs, symmetric=sym))
+
+
+def floor_bytes(op: QuantGemv) -> int:
+    """Codes + fp16 scale (+ fp16 zero) per group + x + out (the peers' convention)."""
+    G = op.K // op.fmt.group_size
+    per_group = 2 + (0 if op.fmt.symmetric else 2)
+    return (op.N * op.K * op.fmt.bits // 8 + op.N * G * per_group
+            + op.M * op.K * op.dtype.itemsize + op.M * op.N * op.result_dtype.itemsize)
+
+
+def random_prepared(N, K, bits, gs, sym, device="cuda", scale_dtype=torch.float16) -> Q.PreparedGemvWeight:
+    """A random weight directly in the internal layout (timing only: random codes, no zeros)."""
+    epw = 32 // bits
+    kw = -(-K // epw)
+    kwp = -(-kw // Q.K_ALIGN_WORDS) * Q.K_ALIGN_WORDS
+    npad = -(-N // Q.N_ALIGN_WORDS) * Q.N_ALIGN_WORDS
+    qw = torch.randint(-2**31, 2**31 - 1, (kwp, npad), dtype=torch.int32, device=device)
+    qw[kw:] = 0
+    G = K // gs
+    s = (torch.rand(G, npad, device=device) * 0.01 + 0.001).to(scale_dtype)
+    z = None if sym else torch.randint(0, 1 << bits, (G, npad), device=device).to(scale_dtype)
+    return Q.PreparedGemvWeight(qw, s, z, None, None, bits, gs, 1 << (bits - 1), N, K)
+
+
+def copies_for(nbytes: int) -> int:
+    return max(2, math.ceil(L2_ROTATE / max(1, nbytes)))
+
+
+# -- timing -----------------------------------------------------------------------------------------
+
+def eager_us(fns, reps=None):
+    reps = reps or max(1, 200 // len(fns))
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(5):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(reps):
+            for f in fns:
+                f()
+        e1.record()
+        torch.cuda.synchronize()
+        ts.append(e0.elapsed_time(e1) * 1e3 / (reps * len(fns)))
+    return statistics.median(ts)
+
+
+def graph_us(fns, calls=240):
+    """Per-call time inside one CUDA graph of ``calls`` launches cycling over ``fns``."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    reps = max(1, calls // len(fns))
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            for f in fns:
+                f()
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(7):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        e1.record()
+        torch.cuda.synchronize()
+        ts.append(e0.elapsed_time(e1) * 1e3 / (reps * len(fns)))
+    del g
+    return statistics.median(ts)
+
+
+def copy_bandwidth_TBps() -> float:
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    a.random_()
+    t = eager_us([lambda: b.copy_(a)], reps=10)
+    return 2 * n / (t * 1e-6) / 1e12
+
+
+# -- portakern and peers ----------------------------------------------------------------------------
+
+def ours(op: QuantGemv, cfg: GemvConfig | None, copies: int):
+    dev = torch_device("cuda", 0)
+    kern = Q.compile(op, dev, cfg)
+    dt = getattr(torch, op.dtype.value)
+    sets = []
+    for _ in range(copies):
+        w = random_prepared(op.N, op.K, op.fmt.bits, op.fmt.group_size, op.fmt.symmetric)
+        x = torch.randn(op.M, op.K, device="cuda").to(dt)
+        out = torch.empty(op.M, op.N, device="cuda", dtype=dt)
+        sets.append((x, w, out))
+    fns = [(lambda s=s: kern(*s)) for s in sets]
+    return fns, kern
+
+
+def tinygemm(M, N, K, gs, copies):
+    sets = []
+    for _ in range(copies):
+        w = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, device="cuda")
+        packed = torch.ops.aten._convert_weight_to_int4pack(w, 8)
+        sz = (torch.rand(K // gs, N, 2, device="cuda") * 0.01).to(torch.bfloat16)
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        sets.append((x, packed, sz))
+    return [(lambda s=s: torch.ops.aten._weight_int4pack_mm(s[0], s[1], gs, s[2])) for s in sets]
+
+
+def bf16_linear(M, N, K, copies):
+    sets = [(torch.randn(M, K, device="cuda", dtype=torch.bfloat16),
+             torch.randn(N, K, device="cuda", dtype=torch.bfloat16)) for _ in range(copies)]
+    return [(lambda s=s: torch.nn.functional.linear(s[0], s[1])) for s in sets]
+
+
+def int8_torch(M, N, K, copies):
+    sets = [(torch.randn(M, K, device="cuda", dtype=torch.bfloat16),
+             torch.randint(-128, 127, (N, K), dtype=torch.int8, device="cuda"),
+             torch.rand(N, device="cuda", dtype=torch.bfloat16)) for _ in range(copies)]
+    return [(lambda s=s: torch.ops.aten._weight_int8pack_mm(s[0], s[1], s[2])) for s in sets]
+
+
+def gemlite_fns(M, N, K, gs, copies):
+    import gemlite  # noqa: F401  (optional peer)
+    from gemlite.helper import A16W4
+
+    sets = []
+    for _ in range(copies):
+        lin = torch.nn.Linear(K, N, bias=False, dtype=torch.float16, device="cuda")
+        layer = A16W4(device="cuda").from_linear(lin)
+        sets.append((torch.randn(M, K, device="cuda", dtype=torch.float16), layer))
+    return [(lambda s=s: s[1](s[0])) for s in sets]
+
+
+# -- compile up front ---------------------------------------------------------------------------------
+
+def _warm(job):
+    try:
+        op = QuantGemv.from_json(job["op"])
+        fns, _ = ours(op, GemvConfig(**job["cfg"]) if job["cfg"] else None, 1)
+        fns[0]()
+        torch.cuda.synchronize()
+        return None
+    except Exception as e:  # reported, and the config is skipped in the sweep
+        return f"{type(e).__name__}: {str(e)[:300]}"
+
+
+def precompile(jobs, workers):
+    uniq = list({json.dumps(j, sort_keys=True): j for j in jobs}.values())
+    t = time.time()
+    ctx = __import__("multiprocessing").get_context("spawn")
+    errors = {}
+    with cf.ProcessPoolExecutor(max_workers=max(1, min(workers, len(uniq))), mp_context=ctx) as ex:
+        for j, err in zip(uniq, ex.map(_warm, uniq)):
+            if err:
+                errors[json.dumps(j, sort_keys=True)] = err
+    print(f"precompiled {len(uniq)} kernels in {time.time() - t:.1f}s ({len(errors)} failed)", flush=True)
+    for k, e in list(errors.items())[:6]:
+        print("   ", k[:160], "->", e, flush=True)
+    return errors
+
+
+# -- sweep -------------------------------------------------------------------------------------------
+
+def sweep_candidates(M: int) -> list[GemvConfig]:
+    """What the sweep times per M (``split_k=0``: the automatic split and no split)."""
+    out = []
+    if M == 1:
+        out += [GemvConfig("fma", bn, bkw, w, 1, 0, 2) for bn in (32, 64) for bkw in (32, 64) for w in (4, 8)]
+    elif M <= 4:
+        out += [GemvConfig("fma", bn, bkw, 4, 1, 0, 2) for bn in (32, 64) for bkw in (32, 64)]
+    if 1 < M <= 4:
+        out += [GemvConfig("dot", bn, bkw, 4, 2, 0, 2) for bn in (64, 128) for bkw in (16, 32)]
+    if M > 4:
+        out += [GemvConfig("dot", bn, bkw, 4, 2, 0, 2) for bn in (32, 64, 128) for bkw in (16, 32)]
+        out += [GemvConfig("dot", bn, 32, 8, 2, 0, 2) for bn in (64, 128)]
+    return out
+
+
+def with_split(cfg: GemvConfig, op: QuantGemv, splits=None) -> list[GemvConfig]:
+    """``split_k=0`` in a candidate means: the automatic choice, and 1."""
+    if cfg.split_k:
+        return [cfg]
+    kwp = -(-(-(-op.K // (32 // op.fmt.bits))) // Q.K_ALIGN_WORDS) * Q.K_ALIGN_WORDS
+    auto = tuning.split_k_for(op.N, kwp, cfg, 132)
+    return [replace(cfg, split_k=s) for s in sorted({auto, 1} | set(splits or ()))]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--ms", type=int, nargs="+", default=list(MS))
+    args = ap.parse_args()
+    ms = tuple(args.ms)
+
+    dev = torch_device("cuda", 0)
+    props = torch.cuda.get_device_properties(0)
+    import triton
+
+    res = {"what": "quantized GEMV, medians per call; floor = bytes / copy bandwidth (see benchmarks/gemv.py)",
+           "date": datetime.date.today().isoformat(),
+           "env": {"gpu": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
+                   "triton": triton.__version__, "cuda": torch.version.cuda,
+                   "l2": getattr(props, "L2_cache_size", None)},
+           "sweep": [], "rows": []}
+    bw = copy_bandwidth_TBps()
+    res["copy_TBps"] = bw
+    print(f"copy bandwidth {bw:.3f} TB/s", flush=True)
+    try:
+        import gemlite  # noqa: F401
+        has_gemlite = True
+    except Exception as e:
+        has_gemlite = False
+        res["gemlite"] = f"not importable: {type(e).__name__}: {e}"
+
+    shapes = SHAPES[:2] if args.quick else SHAPES
+    sweep_shapes = [(4096, 4096), (28672, 8192), (4096, 14336)]
+    best: dict[tuple, GemvConfig] = {}
+
+    # -- compile everything the run will launch, in parallel
+    jobs = []
+    if args.sweep:
+        for M in ms:
+            for (N, K) in sweep_shapes:
+                op = gemv_op(M, N, K)
+                for c in sweep_candidates(M):
+                    for cs in with_split(c, op):
+                        jobs.append({"op": op.to_json(), "cfg": asdict(cs)})
+    for M in ms:
+        for (N, K) in shapes:
+            jobs.append({"op": gemv_op(M, N, K).to_json(), "cfg": None})
+    for (N, K) in shapes[3:]:
+        jobs.append({"op": gemv_op(1, N, K, bits=8).to_json(), "cfg": None})
+    failed = precompile(jobs, args.workers)
+
+    # -- sweep: graph time per candidate
+    if args.sweep:
+        for M in ms:
+            for (N, K) in sweep_shapes:
+                op = gemv_op(M, N, K)
+                copies = copies_for(floor_bytes(op))
+                timed = []
+                for c in sweep_candidates(M):
+                    for cs in with_split(c, op):
+                        if json.dumps({"op": op.to_json(), "cfg": asdict(cs)}, sort_keys=True) in failed:
+                            continue
+                        try:
+                            fns, _ = ours(op, cs, copies)
+                            t = graph_us(fns, calls=60)
+                        except Exception as e:
+                            print(f"  sweep error {cs}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                            continue
+                        del fns
+                        timed.append((t, cs))
+                        res["sweep"].append({"M": M, "N": N, "K": K, "cfg": asdict(cs), "graph_us": t,
+                                             "frac_floor": floor_bytes(op) / (t * 1e-6) / (bw * 1e12)})
+                timed.sort(key=lambda p: p[0])
+                if timed:
+                    best[(M, N, K)] = timed[0][1]
+                    print(f"sweep M={M} N={N} K={K}: " + "; ".join(
+                        f"{t:.1f}us {c.kind} bn{c.block_n} kw{c.block_kw} w{c.num_warps} s{c.num_stages} "
+                        f"sk{c.split_k} dq{c.dq}" for t, c in timed[:4]), flush=True)
+                torch.cuda.empty_cache()
+
+    def pick(M, N, K):
+        """The sweep winner of the nearest swept shape (same M), else the table."""
+        cands = [(abs(math.log(N / n)) + abs(math.log(K / k)), c) for (m, n, k), c in best.items() if m == M]
+        if not cands:
+            return None
+        c = min(cands, key=lambda p: p[0])[1]
+        op = gemv_op(M, N, K)
+        kwp = -(-(-(-K // 8)) // Q.K_ALIGN_WORDS) * Q.K_ALIGN_WORDS
+        return replace(c, split_k=tuning.split_k_for(N, kwp, c, 132)) if c.split_k > 1 else c
+
+    # -- main table
+    rows = []
+    for bits in (4, 8):
+        for M in (ms if bits == 4 else (1,)):
+            for (N, K) in (shapes if bits == 4 else shapes[3:]):
+                op = gemv_op(M, N, K, bits=bits)
+                fb = floor_bytes(op)
+                floor_us = fb / (bw * 1e12) * 1e6
+                row = {"bits": bits, "M": M, "N": N, "K": K, "floor_us": floor_us, "bytes": fb}
+                copies = copies_for(fb)
+                try:
+                    cfg = pick(M, N, K) if bits == 4 else None
+                    fns, kern = ours(op, cfg, copies)
+                    row["pk_graph_us"] = graph_us(fns)
+                    row["pk_eager_us"] = eager_us(fns)
+                    row["pk_config"] = next(iter(kern.launchers.values())).cfg.to_json()
+                    del fns
+                except Exception as e:
+                    row["pk_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                peers = {}
+                if bits == 4:
+                    peers["tinygemm"] = lambda: tinygemm(M, N, K, 128, copies_for(N * K // 2))
+                    if has_gemlite:
+                        peers["gemlite"] = lambda: gemlite_fns(M, N, K, 128, copies_for(N * K // 2))
+                else:
+                    peers["torch_int8"] = lambda: int8_torch(M, N, K, copies_for(N * K))
+                peers["bf16"] = lambda: bf16_linear(M, N, K, copies_for(2 * N * K))
+                for name, mk in peers.items():
+                    try:
+                        fns = mk()
+                        row[f"{name}_graph_us"] = graph_us(fns)
+                        row[f"{name}_eager_us"] = eager_us(fns)
+                        del fns
+                    except Exception as e:
+                        row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                if "pk_graph_us" in row:
+                    row["pk_frac_floor_graph"] = floor_us / row["pk_graph_us"]
+                    row["pk_frac_floor_eager"] = floor_us / row["pk_eager_us"]
+                    for name in peers:
+                        if f"{name}_graph_us" in row:
+                            row[f"speedup_vs_{name}_graph"] = row[f"{name}_graph_us"] / row["pk_graph_us"]
+                            row[f"speedup_vs_{name}_eager"] = row[f"{name}_eager_us"] / row["pk_eager_us"]
+                rows.append(row)
+                torch.cuda.empty_cache()
+                print(json.dumps(row), flush=True)
+    res["rows"] = rows
+    res["best_sweep"] = {f"M{m}-N{n}-K{k}": asdict(c) for (m, n, k), c in best.items()}
+
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"gemv-{res['date']}{args.tag}.json")
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+    # -- short table last
+    print(f"\ncopy {bw:.3f} TB/s; {path}")
+    print(f"{'b':>2} {'M':>2} {'N':>6} {'K':>6} {'floor':>6} {'pk_g':>6} {'frac':>5} {'tiny_g':>6} {'x':>5} "
+          f"{'bf16_g':>6} {'pk_e':>6} {'tiny_e':>6}")
+    for r in rows:
+        peer = "tinygemm" if r["bits"] == 4 else "torch_int8"
+        print(f"{r['bits']:>2} {r['M']:>2} {r['N']:>6} {r['K']:>6} {r['floor_us']:6.1f} "
+              f"{r.get('pk_graph_us', float('nan')):6.1f} {r.get('pk_frac_floor_graph', float('nan')):5.2f} "
+              f"{r.get(peer + '_graph_us', float('nan')):6.1f} {r.get('speedup_vs_' + peer + '_graph', float('nan')):5.2f} "
+              f"{r.get('bf16_graph_us', float('nan')):6.1f} {r.get('pk_eager_us', float('nan')):6.1f} "
+              f"{r.get(peer + '_eager_us', float('nan')):6.1f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

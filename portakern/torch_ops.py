@@ -1,0 +1,189 @@
+"""portakern's ops as torch custom ops, for ``torch.compile`` and CUDA graphs.
+
+Importing this module registers, in the ``portakern`` namespace of ``torch.library``:
+
+``torch.ops.portakern.quant_gemv(x, qweight, scales, zeros, perm, kgroup, bits, group_size, zero_point, n, k)``
+    ``x (M, K) @ dequant(W)^T`` for a weight already in the triton backend's GEMV layout (the
+    tensors of a ``PreparedGemvWeight``; see ``backends/triton/kernels/gemv_quant.py``). CUDA
+    tensors run the triton kernel; CPU tensors run a plain torch dequantize-and-matmul in fp32.
+
+``torch.ops.portakern.attention(q, k, v, block_table, seqlens_k, causal, scale, window_left, window_right, softcap)``
+    ``portakern.attention`` (dense or paged KV), on the backend dispatch picks for the inputs.
+
+Both have fake (meta) implementations, so ``torch.compile`` traces them as opaque nodes, and both
+return a fresh tensor and do no host synchronisation after their first call, so a CUDA graph
+(``torch.cuda.graph`` or ``torch.compile(mode="reduce-overhead")``) can capture them.
+
+``QuantLinear`` wraps a ``QuantizedWeight`` as an ``nn.Module`` whose forward calls the op, and
+``quant_linear(x, w)`` is the functional form (any leading dimensions on x).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+import torch
+
+from portakern.backends.triton.quant_gemv import PreparedGemvWeight
+from portakern.devices import CPU, Device, torch_device
+from portakern.errors import InvalidInputError, InvalidTypeError
+from portakern.ir import DType, QuantFormat
+from portakern.ir.ops import QuantGemv
+
+Tensor = torch.Tensor
+
+_kernels: dict[tuple, object] = {}
+_kernels_lock = threading.Lock()
+
+
+# -- quant_gemv --------------------------------------------------------------------------------------
+
+@torch.library.custom_op("portakern::quant_gemv", mutates_args=())
+def quant_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Optional[Tensor], perm: Optional[Tensor],
+               kgroup: Optional[Tensor], bits: int, group_size: int, zero_point: int, n: int, k: int) -> Tensor:
+    """``x (M, K) @ dequant(W (n, k))^T`` with the weight in the triton GEMV layout; returns (M, n)."""
+    w = PreparedGemvWeight(qweight, scales, zeros, perm, kgroup, bits, group_size, zero_point, n, k)
+    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+    if x.is_cuda:
+        _cuda_kernel(x, w)(x, w, out)
+    else:
+        out.copy_(_dequant_matmul(x, w))
+    return out
+
+
+@quant_gemv.register_fake
+def _quant_gemv_fake(x, qweight, scales, zeros, perm, kgroup, bits, group_size, zero_point, n, k):
+    return x.new_empty((x.shape[0], n))
+
+
+def _cuda_kernel(x: Tensor, w: PreparedGemvWeight):
+    """The compiled triton kernel for this signature (built once, then a dict lookup)."""
+    key = (x.shape[0], w.N, w.K, x.dtype, x.device.index, w.bits, w.group_size)
+    kern = _kernels.get(key)
+    if kern is None:
+        from portakern.backends.triton import quant_gemv as Q
+
+        with _kernels_lock:
+            kern = _kernels.get(key)
+            if kern is None:
+                dt = DType(str(x.dtype).replace("torch.", ""))
+                fmt = QuantFormat(bits=w.bits, group_size=w.group_size, symmetric=w.zeros is None)
+                op = QuantGemv(M=int(x.shape[0]), N=w.N, K=w.K, dtype=dt, fmt=fmt)
+                kern = _kernels[key] = Q.compile(op, torch_device("cuda", x.device.index or 0))
+    return kern
+
+
+def _dequant_matmul(x: Tensor, w: PreparedGemvWeight) -> Tensor:
+    """CPU path: unpack the words with torch ops, ``(q - z) * s``, one fp32 matmul."""
+    epw = 32 // w.bits
+    mask = (1 << w.bits) - 1
+    q = w.qweight
+    codes = torch.stack([(q >> (w.bits * e)) & mask for e in range(epw)], dim=1)   # (KWP, epw, NP)
+    codes = codes.reshape(-1, q.shape[1])[: w.K, : w.N].float()                    # (K, N)
+    g = w.kgroup.long() if w.kgroup is not None else torch.arange(w.K, device=q.device) // w.group_size
+    s = w.scales.float()[g, : w.N]
+    z = w.zeros.float()[g, : w.N] if w.zeros is not None else float(w.zero_point)
+    wt = (codes - z) * s                                                           # (K, N) = W^T
+    xx = x.float() if w.perm is None else x.float()[:, w.perm.long()]
+    return (xx @ wt).to(x.dtype)
+
+
+def prepared(w, device: Device | str | torch.device | None = None) -> PreparedGemvWeight:
+    """The triton GEMV layout of ``w`` on ``device`` (default: where ``w``'s tensors are), cached on
+    ``w.prepared`` under the same key ``portakern.quant_gemv`` uses."""
+    from portakern.arrays import device_of, kind_of
+    from portakern.backends.triton import quant_gemv as Q
+    from portakern.quantized import QuantizedWeight
+
+    if isinstance(w, PreparedGemvWeight):
+        return w
+    if not isinstance(w, QuantizedWeight):
+        raise InvalidTypeError(f"w is a {type(w).__name__}: expected a portakern.QuantizedWeight "
+                               "(portakern.quantize(...)) or a PreparedGemvWeight")
+    if device is None:
+        t = next(iter(w.tensors.values()))
+        dev = device_of(t, kind_of(t))
+    elif isinstance(device, Device):
+        dev = device
+    else:
+        td = torch.device(device)
+        dev = CPU if td.type == "cpu" else torch_device("cuda", td.index or 0)
+    key = ("triton", str(dev))
+    p = w.prepared.get(key)
+    if p is None:
+        p = w.prepared[key] = Q.prepare_weight(None, w, dev)
+    return p
+
+
+def quant_linear(x: Tensor, w) -> Tensor:
+    """``x (..., K) @ dequant(w)^T`` through ``torch.ops.portakern.quant_gemv``; w a QuantizedWeight
+    (prepared for x's device on first use) or a PreparedGemvWeight."""
+    p = prepared(w, x.device)
+    if x.shape[-1] != p.K:
+        raise InvalidInputError(f"x has K={x.shape[-1]} columns but the weight is ({p.N}, {p.K}): "
+                                f"x must be (..., {p.K})")
+    x2 = x.reshape(-1, p.K)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    y = torch.ops.portakern.quant_gemv(x2, p.qweight, p.scales, p.zeros, p.perm, p.kgroup, p.bits,
+                                       p.group_size, p.zero_point, p.N, p.K)
+    return y.reshape(*x.shape[:-1], p.N)
+
+
+class QuantLinear(torch.nn.Module):
+    """``nn.Linear`` without bias over a quantized weight: ``forward(x) = x @ dequant(W)^T``.
+
+    The weight is repacked once (``prepared``) and kept as buffers, so ``.to(device)`` moves it and
+    ``torch.compile`` sees plain tensors.
+    """
+
+    def __init__(self, w, device: Device | str | torch.device | None = None):
+        super().__init__()
+        p = prepared(w, device)
+        self.in_features, self.out_features = p.K, p.N
+        self.bits, self.group_size, self.zero_point = p.bits, p.group_size, p.zero_point
+        for name in ("qweight", "scales", "zeros", "perm", "kgroup"):
+            self.register_buffer(name, getattr(p, name))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x2 = x.reshape(-1, self.in_features)
+        y = torch.ops.portakern.quant_gemv(x2, self.qweight, self.scales, self.zeros, self.perm, self.kgroup,
+                                           self.bits, self.group_size, self.zero_point, self.out_features,
+                                           self.in_features)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, " \
+               f"group_size={self.group_size}"
+
+
+# -- attention ---------------------------------------------------------------------------------------
+
+@torch.library.custom_op("portakern::attention", mutates_args=())
+def attention(q: Tensor, k: Tensor, v: Tensor, block_table: Optional[Tensor], seqlens_k: Optional[Tensor],
+              causal: bool, scale: Optional[float], window_left: int, window_right: int, softcap: float) -> Tensor:
+    """``portakern.attention`` on BSHD tensors (dense, or paged with block_table + seqlens_k)."""
+    import portakern
+
+    window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
+    out = portakern.attention(q, k, v, causal=causal, window=window, softcap=softcap, scale=scale,
+                              block_table=block_table, seqlens_k=seqlens_k)
+    if out.data_ptr() in (q.data_ptr(), k.data_ptr(), v.data_ptr()):  # never alias an input
+        out = out.clone()
+    return out
+
+
+@attention.register_fake
+def _attention_fake(q, k, v, block_table, seqlens_k, causal, scale, window_left, window_right, softcap):
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
+def attention_op(q, k, v, *, causal=False, scale=None, window=None, softcap=0.0, block_table=None,
+                 seqlens_k=None) -> Tensor:
+    """Keyword form of ``torch.ops.portakern.attention`` (window ``(left, right)``, -1 = unbounded)."""
+    wl, wr = window if window is not None else (-1, -1)
+    return torch.ops.portakern.attention(q, k, v, block_table, seqlens_k, causal, scale, wl, wr, softcap)
+
+
+__all__ = ["QuantLinear", "attention", "attention_op", "prepared", "quant_gemv", "quant_linear"]

@@ -1,0 +1,181 @@
+"""Cases for the triton quantized GEMV tests, and a runner for a fresh process.
+
+Triton decides at import whether it interprets, so ``tests/test_triton_gemv.py`` runs the CPU
+cases here in a subprocess (``python tests/gemv_cases.py interp`` with ``TRITON_INTERPRET=1``) and
+the compile-only lowering in another (``... compile`` with it unset); each prints one JSON line per
+case. The case list is plain data so the test module can name its parameters without importing
+Triton. ``weight(case)`` builds a checkpoint in the case's packing with the numpy reference packer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+#: (id, packing, bits, group, symmetric, M, N, K, x dtype, extra)
+CASES = [
+    ("native4-asym-g128-m1-f16", "native", 4, 128, False, 1, 72, 512, "float16", {}),
+    ("native4-asym-g32-m3-f32", "native", 4, 32, False, 3, 40, 256, "float32", {}),
+    ("native4-sym-g64-m1-bf16", "native", 4, 64, True, 1, 48, 384, "bfloat16", {}),
+    ("native4-asym-g128-m16-f16", "native", 4, 128, False, 16, 64, 512, "float16", {}),
+    ("native4-asym-g128-m5-bf16-dot", "native", 4, 128, False, 5, 40, 256, "bfloat16", {}),
+    ("native4-asym-g128-m20-f32", "native", 4, 128, False, 20, 24, 256, "float32", {}),
+    ("native4-asym-gK-m1-f32-oddK", "native", 4, 300, False, 1, 33, 300, "float32", {}),
+    ("native4-asym-g100-m2-f16-perelem", "native", 4, 100, False, 2, 16, 300, "float16", {}),
+    ("native4-asym-g64-m1-f32-scalebf16", "native", 4, 64, False, 1, 32, 256, "float32", {"scale": "bfloat16"}),
+    ("native4-asym-g64-m1-f16-scalef32", "native", 4, 64, False, 1, 32, 256, "float16", {"scale": "float32"}),
+    ("native8-asym-g64-m1-f32", "native", 8, 64, False, 1, 40, 256, "float32", {}),
+    ("native8-sym-gK-m4-f16", "native", 8, 264, True, 4, 33, 264, "float16", {}),
+    ("native8-asym-g32-m16-f32", "native", 8, 32, False, 16, 32, 128, "float32", {}),
+    ("awq-g32-m1-f16", "awq", 4, 32, False, 1, 64, 256, "float16", {}),
+    ("awq-g128-m8-f32", "awq", 4, 128, False, 8, 32, 256, "float32", {}),
+    ("gptq-g32-m1-f32", "gptq", 4, 32, False, 1, 40, 256, "float32", {}),
+    ("gptq-actorder-m2-f32", "gptq", 4, 32, False, 2, 40, 256, "float32", {"g_idx": "actorder"}),
+    ("gptq-actorder-m16-f16", "gptq", 4, 64, False, 16, 32, 256, "float16", {"g_idx": "actorder"}),
+    ("gptq-irregular-m1-f32", "gptq", 4, 32, False, 1, 24, 256, "float32", {"g_idx": "random"}),
+    ("gguf-q4_0-m1-f16", "gguf_q4_0", 4, 32, True, 1, 40, 256, "float16", {}),
+    ("gguf-q4_0-m6-f32", "gguf_q4_0", 4, 32, True, 6, 16, 128, "float32", {}),
+    ("gguf-q8_0-m1-f32", "gguf_q8_0", 8, 32, True, 1, 40, 256, "float32", {}),
+    ("gguf-q8_0-m16-f16", "gguf_q8_0", 8, 32, True, 16, 24, 128, "float16", {}),
+    # launch variants: forced split-K (workspace + arrival counters), and each dequant variant
+    ("native4-splitk4-m1-f32", "native", 4, 64, False, 1, 40, 1024, "float32", {"config": ("fma", 8, 8, 4, 0)}),
+    ("native4-splitk3-m16-f32-dot", "native", 4, 64, False, 16, 32, 1024, "float32", {"config": ("dot", 16, 16, 3, 2)}),
+    ("native4-dq0-m1-f32", "native", 4, 128, False, 1, 24, 256, "float32", {"config": ("fma", 8, 16, 1, 0)}),
+    ("native4-dq1-m2-f32", "native", 4, 128, False, 2, 24, 256, "float32", {"config": ("fma", 8, 16, 1, 1)}),
+    ("native8-dq0-m1-f32", "native", 8, 64, False, 1, 24, 256, "float32", {"config": ("fma", 8, 16, 1, 0)}),
+]
+
+#: (id, M, bits, group, symmetric, packing) lowered for every target by ``compile``
+COMPILE_CASES = [
+    ("fma-int4-g128-m1", 1, 4, 128, False, "native"),
+    ("fma-int8-sym-m2", 2, 8, 64, True, "native"),
+    ("dot-int4-g128-m16", 16, 4, 128, False, "native"),
+    ("fma-gptq-actorder-m1", 1, 4, 128, False, "gptq-actorder"),
+]
+TARGETS = ("sm_80", "sm_90a", "sm_100a")
+
+#: max |out - ref| / max |ref| allowed per activation dtype. fp16/bf16 round the output once
+#: (2^-11, 2^-8 relative); Triton's interpreter converts fp32 -> bf16 by truncation (2^-7).
+TOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+def weight(case, seed=0):
+    """A ``QuantizedWeight`` with random codes, scales and zeros in the case's packing."""
+    import numpy as np
+
+    from portakern.ir import DType, Packing, QuantFormat
+    from portakern.ir.packing import pack
+    from portakern.quantized import QuantizedWeight
+
+    cid, packing, bits, G, sym, M, N, K, dt, extra = case
+    rng = np.random.default_rng(seed)
+    gidx = extra.get("g_idx")
+    fmt = QuantFormat(bits=bits, group_size=G, symmetric=sym, packing=Packing(packing),
+                      scale_dtype=DType(extra.get("scale", "float16")), has_g_idx=gidx is not None)
+    ng = K // G
+    if packing == "gguf_q8_0":
+        codes = rng.integers(-128, 128, (N, K))
+    else:
+        codes = rng.integers(0, 1 << bits, (N, K))
+    scales = rng.uniform(0.002, 0.05, (N, ng)) * rng.choice([-1.0, 1.0], (N, ng))
+    zeros = None
+    if not sym:
+        lo, hi = (1, 16) if packing == "gptq" else (0, (1 << bits) - 1)   # GPTQ v1 stores zero - 1
+        zeros = rng.integers(lo, hi + 1, (N, ng))
+    g_idx = None
+    if gidx == "actorder":
+        g_idx = (np.arange(K) // G)[rng.permutation(K)]
+    elif gidx == "random":
+        g_idx = rng.integers(0, ng, K)
+    tensors = pack(fmt, codes, scales, zeros, N, K, g_idx=g_idx)
+    return QuantizedWeight(fmt, N, K, tensors)
+
+
+def run_case(case):
+    """Run one case on the triton backend (CPU interpreter); return the error figures."""
+    import numpy as np
+    import torch
+
+    import portakern
+    from portakern.ir.packing import dequantize
+
+    cid, packing, bits, G, sym, M, N, K, dt, extra = case
+    w = weight(case)
+    rng = np.random.default_rng(1)
+    x = torch.from_numpy(rng.standard_normal((M, K)).astype(np.float32)).to(getattr(torch, dt))
+    ref = np.asarray(x.double().numpy()) @ dequantize(w.fmt, w.tensors, N, K).T
+    scale = float(np.abs(ref).max()) or 1.0
+    cfg = extra.get("config")
+    if cfg:
+        y = _run_with_config(x, w, cfg)
+    else:
+        with portakern.dispatch.poison_outputs():
+            y = portakern.quant_gemv(x, w, backend="triton")
+    y = y.double().numpy()
+    cpu = portakern.quant_gemv(x, w, backend="cpu").double().numpy()
+    return {"id": cid, "err": float(np.abs(y - ref).max() / scale), "err_cpu": float(np.abs(y - cpu).max() / scale),
+            "nan": int(np.isnan(y).sum()), "tol": TOL[dt]}
+
+
+def _run_with_config(x, w, cfg):
+    import torch
+
+    from portakern.backends.triton import quant_gemv as Q
+    from portakern.backends.triton.gemv_tuning import GemvConfig
+    from portakern.devices import CPU
+    from portakern.validate import quant_gemv_op
+
+    kind, bn, bkw, split, dq = cfg
+    op, _ = quant_gemv_op(x, w)
+    kern = Q.compile(op, CPU, GemvConfig(kind, bn, bkw, 1, 1, split, dq))
+    prepared = Q.prepare_weight(None, w, CPU)
+    out = torch.full((op.M, op.N), float("nan"), dtype=x.dtype)
+    kern(x, prepared, out)
+    kern(x, prepared, out)  # twice: the split-K counters must have reset themselves
+    return out
+
+
+def run_compile(case):
+    """Lower one op for every target; return the target -> (kernel name, cubin bytes) map."""
+    from portakern.backends.triton import quant_gemv as Q
+    from portakern.ir import DType, Packing, QuantFormat
+    from portakern.ir.ops import QuantGemv
+
+    cid, M, bits, G, sym, packing = case
+    fmt = QuantFormat(bits=bits, group_size=G, symmetric=sym, packing=Packing(packing.split("-")[0]),
+                      has_g_idx=packing.endswith("actorder"))
+    op = QuantGemv(M=M, N=4096, K=4096, dtype=DType.bfloat16, fmt=fmt)
+    out = {}
+    for t in TARGETS:
+        r = Q.compile_for_target(op, t)
+        name, k = next(iter(r["kernels"].items()))
+        out[t] = {"kernel": name, "cubin_bytes": len(k["cubin"] or b""), "kind": r["config"]["kind"],
+                  "mma": _has_mma(k["ptx"] or "")}
+    return {"id": cid, "targets": out}
+
+
+def _has_mma(ptx: str) -> bool:
+    return "mma.sync" in ptx or "wgmma" in ptx or "tcgen05" in ptx
+
+
+def main(mode: str) -> None:
+    todo = CASES if mode == "interp" else COMPILE_CASES
+    only = set(sys.argv[2:])
+    for case in todo:
+        if only and case[0] not in only:
+            continue
+        t = time.time()
+        try:
+            r = run_case(case) if mode == "interp" else run_compile(case)
+        except Exception as e:  # reported per case; the test shows the message
+            r = {"id": case[0], "error": f"{type(e).__name__}: {e}"}
+        r["seconds"] = round(time.time() - t, 2)
+        print(json.dumps(r), flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "interp" and os.environ.get("TRITON_INTERPRET") != "1":
+        sys.exit("run with TRITON_INTERPRET=1")
+    main(sys.argv[1])

@@ -1,0 +1,118 @@
+"""portakern's torch custom ops: values, fake implementations, torch.compile, CUDA graphs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gemv_cases import CASES, weight  # noqa: E402
+
+from portakern import torch_ops  # noqa: E402
+from portakern.ir.packing import dequantize  # noqa: E402
+
+PICK = [c for c in CASES if c[0] in ("native4-asym-g32-m3-f32", "awq-g32-m1-f16", "gptq-actorder-m2-f32",
+                                     "gptq-irregular-m1-f32", "gguf-q8_0-m1-f32", "native8-sym-gK-m4-f16",
+                                     "native4-asym-g100-m2-f16-perelem")]
+
+
+def _reference(x: torch.Tensor, w) -> np.ndarray:
+    return x.double().numpy() @ dequantize(w.fmt, w.tensors, w.N, w.K).T
+
+
+@pytest.mark.parametrize("case", PICK, ids=[c[0] for c in PICK])
+def test_quant_linear_matches_float64(case):
+    w = weight(case)
+    x = torch.randn(3, 2, w.K)  # leading dims are flattened and restored
+    y = torch_ops.quant_linear(x, w)
+    assert y.shape == (3, 2, w.N)
+    ref = _reference(x.reshape(-1, w.K), w).reshape(3, 2, w.N)
+    np.testing.assert_allclose(y.double().numpy(), ref, rtol=0, atol=2e-5 * np.abs(ref).max())
+
+
+def test_opcheck_quant_gemv_and_attention():
+    w = weight(PICK[0])
+    p = torch_ops.prepared(w, "cpu")
+    x = torch.randn(2, w.K)
+    torch.library.opcheck(torch.ops.portakern.quant_gemv.default,
+                          (x, p.qweight, p.scales, p.zeros, p.perm, p.kgroup, p.bits, p.group_size, p.zero_point,
+                           p.N, p.K))
+    q, k, v = torch.randn(1, 3, 4, 16), torch.randn(1, 5, 2, 16), torch.randn(1, 5, 2, 16)
+    torch.library.opcheck(torch.ops.portakern.attention.default, (q, k, v, None, None, True, None, -1, -1, 0.0))
+
+
+class _Block(torch.nn.Module):
+    """A tiny attention block: quantized q/k/v/o projections around portakern attention."""
+
+    def __init__(self, wq, wkv, wo, heads=4, kv_heads=2, dim=16):
+        super().__init__()
+        self.q, self.kv, self.o = (torch_ops.QuantLinear(w, "cpu") for w in (wq, wkv, wo))
+        self.h, self.hk, self.d = heads, kv_heads, dim
+
+    def forward(self, x):
+        B, S, _ = x.shape
+        q = self.q(x).view(B, S, self.h, self.d)
+        k, v = self.kv(x).view(B, S, 2, self.hk, self.d).unbind(2)
+        a = torch_ops.attention_op(q, k.contiguous(), v.contiguous(), causal=True)
+        return x + self.o(torch.nn.functional.silu(a.reshape(B, S, -1)))
+
+
+def test_torch_compile_module_with_custom_ops():
+    from portakern.quantize import quantize
+
+    torch.manual_seed(0)
+    wq = quantize(torch.randn(64, 64), bits=4, group_size=32)
+    wkv = quantize(torch.randn(64, 64), bits=8, group_size=64, symmetric=True)
+    wo = quantize(torch.randn(64, 64), bits=4, group_size=64)
+    block = _Block(wq, wkv, wo)
+    x = torch.randn(2, 5, 64)
+    eager = block(x)
+    for backend in ("eager", "aot_eager"):
+        torch._dynamo.reset()
+        compiled = torch.compile(block, backend=backend, fullgraph=True)
+        torch.testing.assert_close(compiled(x), eager, rtol=0, atol=0)
+    # the eager module against an independent float64 computation
+    import portakern
+
+    def lin(w, t):
+        return t.double().numpy() @ dequantize(w.fmt, w.tensors, w.N, w.K).T
+
+    xs = x.reshape(-1, 64)
+    q = torch.from_numpy(lin(wq, xs)).float().view(2, 5, 4, 16)
+    kv = torch.from_numpy(lin(wkv, xs)).float().view(2, 5, 2, 2, 16)
+    a = portakern.attention(q, kv[:, :, 0].contiguous(), kv[:, :, 1].contiguous(), causal=True, backend="cpu")
+    ref = xs.double().numpy() + lin(wo, torch.nn.functional.silu(a.reshape(10, 64)))
+    np.testing.assert_allclose(eager.reshape(10, 64).double().numpy(), ref, rtol=0, atol=1e-3)
+
+
+def test_quant_linear_rejects_wrong_k():
+    w = weight(PICK[0])
+    with pytest.raises(ValueError, match=f"x must be \\(..., {w.K}\\)"):
+        torch_ops.quant_linear(torch.randn(2, w.K + 1), w)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device for the triton kernel")
+def test_cuda_graph_and_compile_on_gpu():
+    from portakern.quantize import quantize
+
+    w = quantize(torch.randn(512, 1024, device="cuda"), bits=4, group_size=128)
+    lin = torch_ops.QuantLinear(w)
+    x = torch.randn(1, 1024, device="cuda", dtype=torch.float16)
+    ref = x.double().cpu().numpy() @ dequantize(w.fmt, {k: v.cpu().numpy() for k, v in w.tensors.items()},
+                                               512, 1024).T
+    compiled = torch.compile(lin, backend="eager", fullgraph=True)
+    np.testing.assert_allclose(compiled(x).double().cpu().numpy(), ref, atol=2e-3 * np.abs(ref).max())
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        lin(x)
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        y = lin(x)
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    ref = x.double().cpu().numpy() @ dequantize(w.fmt, {k: v.cpu().numpy() for k, v in w.tensors.items()},
+                                               512, 1024).T
+    np.testing.assert_allclose(y.double().cpu().numpy(), ref, atol=2e-3 * np.abs(ref).max())

@@ -1,0 +1,237 @@
+"""The triton backend's quantized GEMV: every packing, dtypes, M, split-K, dequant variants.
+
+On a CPU machine the kernels run under Triton's interpreter. Triton picks interpreter or compiler
+at import time, so the interpreter cases run in one subprocess (``tests/gemv_cases.py interp``,
+``TRITON_INTERPRET=1``) and the compile-only lowering for sm_80 / sm_90a / sm_100a in another;
+each test below checks one case's line of that output against an independent float64 numpy
+``x @ dequant(W).T`` and against the cpu reference backend. On a CUDA machine the ``gpu`` tests run
+the same packings on the device and capture quant_gemv (and attention, where the triton backend
+supports it) in a CUDA graph replayed with new inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gemv_cases import CASES, COMPILE_CASES, TARGETS, TOL, weight  # noqa: E402  (tests/ is on sys.path)
+
+pytest.importorskip("triton")
+torch = pytest.importorskip("torch")
+
+HERE = Path(__file__).resolve().parent
+
+
+def _run_helper(mode: str, interpret: bool, timeout: float) -> dict[str, dict]:
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    env["PYTHONWARNINGS"] = "ignore"
+    proc = subprocess.run([sys.executable, str(HERE / "gemv_cases.py"), mode], env=env, capture_output=True,
+                          text=True, timeout=timeout, cwd=str(HERE.parent))
+    results = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            r = json.loads(line)
+            results[r["id"]] = r
+    if not results:
+        pytest.fail(f"gemv_cases.py {mode} produced no results (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return results
+
+
+@pytest.fixture(scope="module")
+def interp_results():
+    return _run_helper("interp", True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def compile_results():
+    return _run_helper("compile", False, timeout=600)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_interpreter_matches_float64_and_cpu(case, interp_results):
+    r = interp_results.get(case[0])
+    assert r is not None, f"no result for {case[0]}"
+    assert "error" not in r, r["error"]
+    assert r["nan"] == 0, f"{r['nan']} outputs unwritten or NaN"
+    assert r["err"] <= r["tol"], f"max|out - float64| / max|ref| = {r['err']:.3g} > {r['tol']}"
+    assert r["err_cpu"] <= 2 * r["tol"], f"max|out - cpu backend| / max|ref| = {r['err_cpu']:.3g}"
+
+
+@pytest.mark.parametrize("case", COMPILE_CASES, ids=[c[0] for c in COMPILE_CASES])
+def test_compile_for_targets(case, compile_results):
+    r = compile_results.get(case[0])
+    assert r is not None and "error" not in r, (r or {}).get("error")
+    for t in TARGETS:
+        art = r["targets"][t]
+        assert art["cubin_bytes"] > 1000, f"{t}: no cubin"
+        assert art["mma"] == (art["kind"] == "dot"), f"{t}: tensor-core instructions present={art['mma']}"
+
+
+def test_compile_for_target_rejects_unknown_target():
+    from portakern.backends.triton import quant_gemv as Q
+    from portakern.errors import UnsupportedError
+    from portakern.ir import DType, QuantFormat
+    from portakern.ir.ops import QuantGemv
+
+    op = QuantGemv(M=1, N=64, K=128, dtype=DType.float16, fmt=QuantFormat(4, 64, False))
+    with pytest.raises(UnsupportedError, match="sm_90a"):
+        Q.compile_for_target(op, "sm_75")
+
+
+def test_supports_every_packing_and_names_the_rule():
+    from portakern.backends.triton import quant_gemv as Q
+    from portakern.devices import CPU
+    from portakern.ir import DType
+
+    for case in CASES:
+        w = weight(case)
+        from portakern.ir.ops import QuantGemv
+
+        op = QuantGemv(M=case[5], N=w.N, K=w.K, dtype=DType(case[8]), fmt=w.fmt)
+        assert Q.supports(op, CPU), case[0]
+
+
+def test_internal_layout_round_trip():
+    """The repacked words, scales and zeros give back the reference dequantization."""
+    from portakern.backends.triton import quant_gemv as Q
+    from portakern.devices import CPU
+    from portakern.ir.packing import dequantize
+
+    for case in CASES:
+        w = weight(case)
+        p = Q.prepare_weight(None, w, CPU)
+        words = p.qweight.numpy().view(np.uint32)
+        epw = 32 // p.bits
+        codes = np.stack([(words >> np.uint32(p.bits * e)) & np.uint32((1 << p.bits) - 1) for e in range(epw)],
+                         axis=1).reshape(-1, words.shape[1])[: p.K, : p.N].T.astype(np.float64)
+        k = np.arange(p.K)
+        g = p.kgroup.numpy() if p.kgroup is not None else k // p.group_size
+        s = p.scales.float().numpy()[g, : p.N].T
+        z = p.zeros.float().numpy()[g, : p.N].T if p.zeros is not None else p.zero_point
+        deq = (codes - z) * s
+        if p.perm is not None:
+            deq_ref = dequantize(w.fmt, w.tensors, w.N, w.K)[:, p.perm.numpy()]
+        else:
+            deq_ref = dequantize(w.fmt, w.tensors, w.N, w.K)
+        np.testing.assert_array_equal(deq, deq_ref, err_msg=case[0])
+
+
+# -- on a CUDA device ------------------------------------------------------------------------------
+
+def _cuda_devices():
+    from portakern.devices import detect_devices
+
+    return [d for d in detect_devices() if d.type == "cuda"]
+
+
+GPU = _cuda_devices()
+gpu_param = pytest.mark.parametrize("dev", GPU or [None], ids=[str(d) for d in GPU] or ["no-cuda-device"])
+
+
+def _need(dev):
+    if dev is None:
+        pytest.skip("no CUDA device on this machine: the GPU path is covered by the interpreter tests above")
+
+
+@gpu_param
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_gpu_every_packing(dev, case, dtype):
+    _need(dev)
+    import portakern
+    from portakern.ir.packing import dequantize
+
+    w = weight(case)
+    wd = w.with_tensors({k: torch.as_tensor(v).to(f"cuda:{dev.index}") for k, v in w.tensors.items()})
+    M, K = case[5], case[7]
+    x = torch.randn(M, K, device=f"cuda:{dev.index}").to(getattr(torch, dtype))
+    ref = x.double().cpu().numpy() @ dequantize(w.fmt, w.tensors, w.N, w.K).T
+    with portakern.dispatch.poison_outputs():
+        y = portakern.quant_gemv(x, wd, backend="triton")
+    err = np.abs(y.double().cpu().numpy() - ref).max() / (np.abs(ref).max() or 1)
+    tol = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1e-2}[dtype]
+    assert err <= tol, f"{case[0]} {dtype}: {err:.3g}"
+
+
+@gpu_param
+@pytest.mark.parametrize("split", [1, 4])
+def test_gpu_cuda_graph_replay_with_new_inputs(dev, split):
+    """Capture the compiled kernel (split-K included) in a graph; replays see new x and write every output."""
+    _need(dev)
+    from portakern.backends.triton import quant_gemv as Q
+    from portakern.backends.triton.gemv_tuning import GemvConfig
+    from portakern.ir.packing import dequantize
+    from portakern.validate import quant_gemv_op
+
+    case = ("g", "native", 4, 128, False, 1, 4096, 4096, "bfloat16", {})
+    w = weight(case)
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    op, _ = quant_gemv_op(x, w.with_tensors({k: torch.as_tensor(v).cuda() for k, v in w.tensors.items()}))
+    kern = Q.compile(op, dev, GemvConfig("fma", 32, 64, 4, 1, split, 2))
+    p = Q.prepare_weight(None, w, dev)
+    out = torch.full((1, 4096), float("nan"), device="cuda", dtype=torch.bfloat16)
+    kern(x, p, out)  # first call builds the launcher (and workspace)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        kern(x, p, out)
+    deq = dequantize(w.fmt, w.tensors, w.N, w.K)
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        out.fill_(float("nan"))
+        g.replay()
+        ref = x.double().cpu().numpy() @ deq.T
+        err = np.abs(out.double().cpu().numpy() - ref).max() / np.abs(ref).max()
+        assert err < 1e-2
+
+
+@gpu_param
+def test_gpu_graph_with_attention_and_gemv_through_the_api(dev):
+    """portakern.quant_gemv (and attention where triton supports it) captured in one graph."""
+    _need(dev)
+    import portakern
+    from portakern.ir.packing import dequantize
+
+    case = ("g", "native", 4, 128, False, 1, 1024, 2048, "bfloat16", {})
+    w = weight(case)
+    wd = w.with_tensors({k: torch.as_tensor(v).cuda() for k, v in w.tensors.items()})
+    x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(1, 1, 8, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, 256, 2, 64, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    try:
+        portakern.attention(q, k, v, backend="triton")
+        with_attention = True
+    except portakern.UnsupportedError:
+        with_attention = False
+    portakern.quant_gemv(x, wd, backend="triton")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up on the capture stream
+        portakern.quant_gemv(x, wd, backend="triton")
+        if with_attention:
+            portakern.attention(q, k, v, backend="triton")
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = portakern.quant_gemv(x, wd, backend="triton")
+        o = portakern.attention(q, k, v, backend="triton") if with_attention else None
+    deq = dequantize(w.fmt, w.tensors, w.N, w.K)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        q.copy_(torch.randn_like(q))
+        g.replay()
+        ref = x.double().cpu().numpy() @ deq.T
+        assert np.abs(y.double().cpu().numpy() - ref).max() / np.abs(ref).max() < 1e-2
+        if with_attention:
+            ref_o = portakern.attention(q.float().cpu(), k.float().cpu(), v.float().cpu(), backend="cpu")
+            assert (o.float().cpu() - ref_o).abs().max().item() < 3e-2
