@@ -249,7 +249,6 @@ def main():
     args = ap.parse_args()
     ms = tuple(args.ms)
 
-    dev = torch_device("cuda", 0)
     props = torch.cuda.get_device_properties(0)
     import triton
 
@@ -324,9 +323,8 @@ def main():
         if not cands:
             return None
         c = min(cands, key=lambda p: p[0])[1]
-        op = gemv_op(M, N, K)
         kwp = -(-(-(-K // 8)) // Q.K_ALIGN_WORDS) * Q.K_ALIGN_WORDS
-        return replace(c, split_k=tuning.split_k_for(N, kwp, c, 132)) if c.split_k > 1 else c
+        return replace(c, split_k=tuning.split_k_for(N, kwp, c, 132))   # the split follows the shape
 
     # -- main table
     rows = []

@@ -17,7 +17,8 @@ def test_wheel_layout_and_import(tmp_path):
     top = {n.split("/")[0] for n in names}
     assert top <= {"portakern", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}, top
     for module in ("portakern/ir/ops.py", "portakern/backends/cpu/attention.py",
-                   "portakern/backends/triton/backend.py", "portakern/conformance/__init__.py"):
+                   "portakern/backends/triton/backend.py", "portakern/backends/triton/kernels/attention_fwd.py",
+                   "portakern/conformance/data/cases-v1/manifest.json", "portakern/conformance/__init__.py"):
         assert module in names
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "[portakern.backends]" in entry_points and "cpu = portakern.backends.cpu" in entry_points

@@ -6,7 +6,7 @@ architecture family:
 ==========  ===========================================================================
 arch        source of the numbers
 ==========  ===========================================================================
-sm_90       H200 sweeps in ``benchmarks/gemv_notes.md`` (``benchmarks/gemv.py --sweep``)
+sm_90       H200 sweeps (runs 1-2) in ``benchmarks/gemv_notes.md`` (``benchmarks/gemv.py --sweep``)
 sm_80       the sm_90 choices (memory-bound kernels with no Hopper-only features; not measured)
 sm_100      the sm_90 choices (not measured here)
 sm_120      the sm_90 choices (not measured here)
@@ -26,8 +26,10 @@ from dataclasses import asdict, dataclass, replace
 
 #: Multiprocessors assumed when lowering for a target without the device.
 DEFAULT_SMS = {"sm_80": 108, "sm_90": 132, "sm_100": 148, "sm_120": 84, "interp": 4}
-#: Largest M served by the CUDA-core kernel; larger M goes to the tensor-core kernel.
-FMA_MAX_M = {"sm_80": 2, "sm_90": 2, "sm_100": 2, "sm_120": 2, "interp": 2}
+#: Largest M served by the CUDA-core kernel; larger M goes to the tensor-core kernel. H200 run 1:
+#: at M=4 the CUDA-core kernel's 3-D (M, K, N) tiles ran 2x slower than the tensor-core kernel.
+#: The interpreter keeps 2 so that tests cover the CUDA-core kernel's multi-row path.
+FMA_MAX_M = {"sm_80": 1, "sm_90": 1, "sm_100": 1, "sm_120": 1, "interp": 2}
 #: Split K until the grid holds this many programs per multiprocessor (bounded by MAX_SPLIT_K).
 PROGRAMS_PER_SM = 4
 MAX_SPLIT_K = 8

@@ -19,7 +19,6 @@ kernel with no allocation, no host synchronisation and no tensor created on the 
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 from dataclasses import dataclass
@@ -182,6 +181,12 @@ def supports(op: QuantGemv, device: Device) -> Support:
     if op.dtype not in (DType.float16, DType.bfloat16, DType.float32):
         return no(f"quant_gemv(dtype={op.dtype.value}) is not supported by triton: use float16, bfloat16 "
                   "or float32 activations")
+    if device.type == "cpu":
+        from . import kernels
+
+        if not kernels.interpreted():
+            return no("triton was imported before TRITON_INTERPRET=1 was set, so its interpreter cannot run "
+                      "quant_gemv here; set TRITON_INTERPRET=1 before the first import of triton")
     return YES
 
 

@@ -10,6 +10,11 @@ argument are documented there.
 Key tiles fall in three ranges: masked head, unmasked middle, masked tail. Only masked tiles
 evaluate ``MASK_MOD`` and the key-length bound; tiles outside the recognised causal/window
 bounds are never visited.
+
+Under split-KV (NUM_SPLITS > 1) each program writes its normalised partial output and LSE to the
+workspace; with FUSED_COMBINE the last split of a query tile to arrive (an int32 counter per tile,
+incremented acq_rel after a CTA barrier) merges them in ``_merge_splits``, otherwise
+``attention_combine.attn_combine`` does it in a second launch.
 """
 
 import triton

@@ -27,7 +27,7 @@ import triton.language as tl
 
 @triton.jit
 def _codes(words, mask_rt, E: tl.constexpr, BITS: tl.constexpr, DQ: tl.constexpr):
-    """The code at position ``E`` of every word as an exact fp32 integer, times ``2^_pos(E)``.
+    """The code at position ``E`` of every word as an exact fp32 integer (DQ=2: times 2^pos).
 
     DQ=0: shift, mask, integer-to-float convert (I2F, a quarter-rate unit); scale 1.
     DQ=1: shift, mask and OR into the mantissa of 2^23 (one LOP3), subtract 2^23; scale 1.
