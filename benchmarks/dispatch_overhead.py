@@ -43,7 +43,6 @@ import portakern
 from portakern import Backend, dispatch, hookimpl, plugins
 from portakern.arrays import convert_for_backend, empty
 from portakern.backend import YES
-from portakern.ir.dtypes import DType
 
 TARGET_US = 15.0
 

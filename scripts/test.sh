@@ -1,12 +1,29 @@
 #!/usr/bin/env bash
-# Set up and run the tests (what CI runs). Exit status is pytest's; "no tests ran" (5) fails.
+# Set up and run the tests (what CI runs):
+#   1. the triton backend over the whole cpu-tier conformance suite in Triton's CPU interpreter;
+#   2. compile-only lowering of every supported case for sm_80, sm_90a and sm_100a (no GPU needed);
+#   3. the pytest suite (unit, reference, dispatch, plugin, conformance and mutation tests).
+# Exit status is non-zero if any step fails; pytest's "no tests ran" (5) is a failure too.
+# Reports of steps 1-2 land in reports/. Set PORTAKERN_SKIP_SLOW_CONFORMANCE=1 to run pytest only.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
+PK=.venv/bin/portakern
+status=0
+mkdir -p reports
+if [ -z "${PORTAKERN_SKIP_SLOW_CONFORMANCE:-}" ]; then
+  echo "== triton backend, cpu-tier conformance under TRITON_INTERPRET=1 =="
+  TRITON_INTERPRET=1 $PK conformance --backend triton --device cpu --no-progress \
+    --report reports/triton-interpreter.json --markdown reports/triton-interpreter.md || status=1
+  echo "== triton backend, compile-only for sm_80, sm_90a, sm_100a =="
+  $PK conformance --backend triton --compile-only --target sm_80,sm_90a,sm_100a --no-progress \
+    --report reports/triton-compile-only.json --markdown reports/triton-compile-only.md || status=1
+fi
 .venv/bin/python -m pytest -q "$@"
 rc=$?
 if [ $rc -eq 5 ]; then
   echo "pytest collected no tests: failing (exit 5)" >&2
-  exit 1
+  rc=1
 fi
-exit $rc
+[ $rc -ne 0 ] && status=$rc
+exit $status

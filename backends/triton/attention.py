@@ -26,6 +26,7 @@ from portakern.errors import InvalidInputError, UnsupportedError
 from portakern.ir.ops import Attention, KVLayout
 
 from . import tuning
+from .backend import interpret_env
 from .tuning import AttnConfig
 
 MAX_HEAD_DIM = 256
@@ -309,9 +310,7 @@ def compile_for_target(op: Attention, target: str) -> dict:
     target_obj = GPUTarget("cuda", cc, 32)
     options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     result = {"target": target, "config": cfg.to_json(), "kernels": {}}
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "0"  # lowering never interprets
-    try:
+    with interpret_env(False):  # lowering never interprets
         ck = triton.compile(ASTSource(fwd, sig, {**absent, **consts}), target=target_obj, options=options)
         result["kernels"]["attn_fwd"] = _artifact(ck, cfg.num_warps)
         if cfg.num_splits > 1 and not cfg.fused_combine:
@@ -327,11 +326,6 @@ def compile_for_target(op: Attention, target: str) -> dict:
                 csig[n] = "constexpr"
             cc_k = triton.compile(ASTSource(combine, csig, cconst), target=target_obj, options={"num_warps": 4})
             result["kernels"]["attn_combine"] = _artifact(cc_k, 4)
-    finally:
-        if old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = old
     return result
 
 

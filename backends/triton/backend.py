@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from portakern.backend import YES, Backend, Support, no
@@ -11,6 +12,21 @@ from portakern.devices import Device
 def interpreting() -> bool:
     """Whether Triton's CPU interpreter is on (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@contextlib.contextmanager
+def interpret_env(on: bool):
+    """Set ``TRITON_INTERPRET`` to ``on`` for the block (``@triton.jit`` and ``triton.compile``
+    read it), restoring the caller's value afterwards."""
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
 
 
 def _triton_version() -> str:
@@ -74,4 +90,4 @@ class TritonBackend(Backend):
         return self._lowering(op).compile_for_target(op, target)
 
 
-__all__ = ["TritonBackend", "YES", "interpreting"]
+__all__ = ["TritonBackend", "YES", "interpret_env", "interpreting"]

@@ -150,28 +150,7 @@ def candidates(layout, M: int, N: int, arch: str, num_sms: int) -> list[GemvConf
 
 def tuned(layout, M: int, N: int, dtype: str, device, arch: str, num_sms: int, timer) -> GemvConfig:
     """The cached best configuration of the bucket, timing ``candidates`` with ``timer(cfg) -> s``."""
-    from portakern import __version__ as pk_version
-    from portakern.cache import TuningCache
+    from .autotune import cached_best
 
-    import triton
-
-    cache = TuningCache("triton-gemv", device, {"portakern": pk_version, "triton": triton.__version__})
-    key = bucket(layout, M, N, dtype)
-    hit = cache.get(key)
-    if isinstance(hit, dict):
-        try:
-            return fit(GemvConfig(**hit), layout, M)
-        except TypeError:
-            pass  # an entry of another shape is a miss
-    best, best_t = None, math.inf
-    for cfg in candidates(layout, M, N, arch, num_sms):
-        try:
-            t = timer(cfg)
-        except Exception:  # a candidate that fails to compile (resources) is skipped
-            continue
-        if t < best_t:
-            best, best_t = cfg, t
-    if best is None:
-        return choose(layout, M, N, arch, num_sms)
-    cache.put(key, best.to_json())
-    return best
+    return cached_best("triton-gemv", device, bucket(layout, M, N, dtype), candidates(layout, M, N, arch, num_sms), timer,
+                       default=lambda: choose(layout, M, N, arch, num_sms), restore=lambda d: fit(GemvConfig(**d), layout, M))

@@ -19,7 +19,6 @@ kernel with no allocation, no host synchronisation and no tensor created on the 
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +33,7 @@ from portakern.ir.ops import QuantGemv
 from portakern.ir.quant import Packing
 
 from . import gemv_tuning as tuning
+from .backend import interpret_env
 
 _TARGETS = {"sm_80": 80, "sm_90a": 90, "sm_100a": 100, "sm_120": 120}
 #: words per row are padded to this multiple (64 bytes) so every row starts 16-byte aligned
@@ -353,18 +353,11 @@ def compile_for_target(op: QuantGemv, target: str) -> dict:
         else:
             sig[name] = "i32"
     options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "0"
-    try:
+    with interpret_env(False):
         # what a launch specializes on: 16-byte aligned tensors, row stride and padded K multiples of 16
         aligned = set(ptrs) | {"KWP", "stride_qk", "K_SPLIT_W"}
         attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a in aligned}
         ck = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", cc, 32), options=options)
-    finally:
-        if old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = old
     md = ck.metadata
     return {"target": target, "config": cfg.to_json(),
             "kernels": {fn.__name__: {"cubin": ck.asm.get("cubin"), "ptx": ck.asm.get("ptx"),

@@ -239,28 +239,7 @@ def candidates(op, arch: str, num_sms: int) -> list[AttnConfig]:
 
 def tuned(op, device, arch: str, num_sms: int, timer) -> AttnConfig:
     """The cached best configuration of ``op``'s bucket, timing ``candidates`` with ``timer(cfg) -> s``."""
-    from portakern import __version__ as pk_version
-    from portakern.cache import TuningCache
+    from .autotune import cached_best
 
-    import triton
-
-    cache = TuningCache("triton-attention", device, {"portakern": pk_version, "triton": triton.__version__})
-    key = bucket(op)
-    hit = cache.get(key)
-    if isinstance(hit, dict):
-        try:
-            return AttnConfig(**hit)
-        except TypeError:
-            pass  # an entry of another shape is a miss
-    best, best_t = None, math.inf
-    for cfg in candidates(op, arch, num_sms):
-        try:
-            t = timer(cfg)
-        except Exception:  # a candidate that fails to compile (resources) is skipped
-            continue
-        if t < best_t:
-            best, best_t = cfg, t
-    if best is None:
-        return choose(op, arch, num_sms)
-    cache.put(key, best.to_json())
-    return best
+    return cached_best("triton-attention", device, bucket(op), candidates(op, arch, num_sms), timer,
+                       default=lambda: choose(op, arch, num_sms), restore=lambda d: AttnConfig(**d))
