@@ -45,6 +45,24 @@ CASES = [
     ("native4-dq0-m1-f32", "native", 4, 128, False, 1, 24, 256, "float32", {"config": ("fma", 8, 16, 1, 0)}),
     ("native4-dq1-m2-f32", "native", 4, 128, False, 2, 24, 256, "float32", {"config": ("fma", 8, 16, 1, 1)}),
     ("native8-dq0-m1-f32", "native", 8, 64, False, 1, 24, 256, "float32", {"config": ("fma", 8, 16, 1, 0)}),
+    # dq=3 (subnormal codes, not in any table yet) forced: dtypes, sym / asym, groups 32 / 128, odd K,
+    # x far from 1, M=2 (the 3-D path), split-K, int8, and the paths that run it as dq=2
+    *[(f"native4-dq3-{'sym' if sym else 'asym'}-g{g}-m1-{dt[:1]}{dt[-2:]}", "native", 4, g, sym, 1, 40, 512, dt,
+       {"config": ("fma", 8, 16, 1, 3)})
+      for dt in ("float16", "bfloat16", "float32") for sym in (False, True) for g in (32, 128)],
+    ("native4-dq3-asym-gK-m1-f32-oddK296", "native", 4, 296, False, 1, 33, 296, "float32", {"config": ("fma", 8, 16, 1, 3)}),
+    ("native4-dq3-asym-gK-m1-f16-oddK302-perelem", "native", 4, 302, False, 1, 17, 302, "float16",
+     {"config": ("fma", 8, 16, 1, 3)}),
+    ("native4-dq3-asym-g32-m1-f32-x1e6", "native", 4, 32, False, 1, 24, 256, "float32",
+     {"config": ("fma", 8, 16, 1, 3), "xscale": 1e6}),
+    ("native4-dq3-sym-g128-m1-f32-x1e-6", "native", 4, 128, True, 1, 24, 256, "float32",
+     {"config": ("fma", 8, 16, 1, 3), "xscale": 1e-6}),
+    ("native4-dq3-asym-g64-m2-bf16", "native", 4, 64, False, 2, 24, 256, "bfloat16", {"config": ("fma", 8, 16, 1, 3)}),
+    ("native4-dq3-splitk4-m1-f16", "native", 4, 64, False, 1, 40, 1024, "float16", {"config": ("fma", 8, 8, 4, 3)}),
+    ("native8-dq3-asym-g64-m1-f32", "native", 8, 64, False, 1, 24, 256, "float32", {"config": ("fma", 8, 16, 1, 3)}),
+    ("gptq-actorder-dq3-m1-f32", "gptq", 4, 32, False, 1, 40, 256, "float32",
+     {"g_idx": "actorder", "config": ("fma", 8, 16, 1, 3)}),
+    ("native4-dq3-m16-f32-dot", "native", 4, 64, False, 16, 32, 256, "float32", {"config": ("dot", 16, 16, 1, 3)}),
 ]
 
 #: (id, M, bits, group, symmetric, packing) lowered for every target by ``compile``
@@ -53,6 +71,7 @@ COMPILE_CASES = [
     ("fma-int8-sym-m2", 2, 8, 64, True, "native"),
     ("dot-int4-g128-m16", 16, 4, 128, False, "native"),
     ("fma-gptq-actorder-m1", 1, 4, 128, False, "gptq-actorder"),
+    ("fma-int4-g128-m1-dq3", 1, 4, 128, False, "native", 3),   # 7th field: forced dq (table config otherwise)
 ]
 TARGETS = ("sm_80", "sm_90a", "sm_100a")
 
@@ -105,6 +124,8 @@ def run_case(case):
     w = weight(case)
     rng = np.random.default_rng(1)
     x = torch.from_numpy(rng.standard_normal((M, K)).astype(np.float32)).to(getattr(torch, dt))
+    if "xscale" in extra:   # x far from 1 (exact power-of-ten scaling is not needed: ref uses this x)
+        x = (x.double() * extra["xscale"]).to(x.dtype)
     ref = np.asarray(x.double().numpy()) @ dequantize(w.fmt, w.tensors, N, K).T
     scale = float(np.abs(ref).max()) or 1.0
     cfg = extra.get("config")
@@ -143,13 +164,23 @@ def run_compile(case):
     from portakern.ir import DType, Packing, QuantFormat
     from portakern.ir.ops import QuantGemv
 
-    cid, M, bits, G, sym, packing = case
+    from dataclasses import replace
+
+    from portakern.backends.triton import gemv_tuning
+
+    cid, M, bits, G, sym, packing = case[:6]
     fmt = QuantFormat(bits=bits, group_size=G, symmetric=sym, packing=Packing(packing.split("-")[0]),
                       has_g_idx=packing.endswith("actorder"))
     op = QuantGemv(M=M, N=4096, K=4096, dtype=DType.bfloat16, fmt=fmt)
     out = {}
     for t in TARGETS:
-        r = Q.compile_for_target(op, t)
+        cfg = None
+        if len(case) > 6:   # the target's table choice with a forced dq
+            arch = gemv_tuning.arch_family(Q._TARGETS[t])
+            cfg = replace(gemv_tuning.choose(Q._LayoutStub(op), M, op.N, arch, gemv_tuning.DEFAULT_SMS[arch]), dq=case[6])
+        r = Q.compile_for_target(op, t, cfg)
+        if cfg is not None:
+            assert r["config"]["dq"] == case[6], r["config"]
         name, k = next(iter(r["kernels"].items()))
         out[t] = {"kernel": name, "cubin_bytes": len(k["cubin"] or b""), "kind": r["config"]["kind"],
                   "mma": _has_mma(k["ptx"] or "")}

@@ -87,6 +87,15 @@ def test_compile_for_target_rejects_unknown_target():
         Q.compile_for_target(op, "sm_75")
 
 
+def test_unknown_dq_variant_is_rejected():
+    from portakern.backends.triton import gemv_tuning as T
+
+    lay = type("L", (), {})()
+    assert T.fit(T.GemvConfig("fma", 32, 64, dq=3), lay, 1).dq == 3
+    with pytest.raises(ValueError, match="dq"):
+        T.fit(T.GemvConfig("fma", 32, 64, dq=7), lay, 1)
+
+
 def test_supports_every_packing_and_names_the_rule():
     from portakern.backends.triton import kernels
     from portakern.backends.triton import quant_gemv as Q
@@ -148,8 +157,13 @@ def _need(dev):
         pytest.skip("no CUDA device on this machine: the GPU path is covered by the interpreter tests above")
 
 
+#: cases that force a launch configuration (the default-path GPU test would only repeat others)
+FORCED = [c for c in CASES if "config" in c[9]]
+
+
 @gpu_param
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case", [c for c in CASES if c not in FORCED or "dq3" not in c[0]],
+                         ids=[c[0] for c in CASES if c not in FORCED or "dq3" not in c[0]])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 def test_gpu_every_packing(dev, case, dtype):
     _need(dev)
@@ -166,6 +180,36 @@ def test_gpu_every_packing(dev, case, dtype):
     err = np.abs(y.double().cpu().numpy() - ref).max() / (np.abs(ref).max() or 1)
     tol = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1e-2}[dtype]
     assert err <= tol, f"{case[0]} {dtype}: {err:.3g}"
+
+
+@gpu_param
+@pytest.mark.parametrize("case", FORCED, ids=[c[0] for c in FORCED])
+def test_gpu_forced_config(dev, case):
+    """The forced configurations (dequant variants, split-K) on the device, in the case's dtype: dq=3
+    relies on the FFMA keeping subnormal operands, which only the hardware can show."""
+    _need(dev)
+    from portakern.backends.triton import quant_gemv as Q
+    from portakern.backends.triton.gemv_tuning import GemvConfig
+    from portakern.ir.packing import dequantize
+    from portakern.validate import quant_gemv_op
+
+    from gemv_cases import TOL
+
+    w = weight(case)
+    M, K, dt, extra = case[5], case[7], case[8], case[9]
+    kind, bn, bkw, split, dq = extra["config"]
+    x = (torch.randn(M, K, device=f"cuda:{dev.index}", dtype=torch.float64) * extra.get("xscale", 1.0)).to(getattr(torch, dt))
+    wd = w.with_tensors({k: torch.as_tensor(v).to(f"cuda:{dev.index}") for k, v in w.tensors.items()})
+    op, _ = quant_gemv_op(x, wd)
+    kern = Q.compile(op, dev, GemvConfig(kind, bn, bkw, 4, 1, split, dq))
+    p = Q.prepare_weight(None, w, dev)
+    out = torch.full((M, w.N), float("nan"), device=x.device, dtype=x.dtype)
+    ref = x.double().cpu().numpy() @ dequantize(w.fmt, w.tensors, w.N, w.K).T
+    for _ in range(2):   # twice: split-K counters reset themselves
+        out.fill_(float("nan"))
+        kern(x, p, out)
+        err = np.abs(out.double().cpu().numpy() - ref).max() / (np.abs(ref).max() or 1)
+        assert err <= TOL[dt], f"{case[0]}: {err:.3g}"
 
 
 @gpu_param

@@ -35,6 +35,10 @@ PROGRAMS_PER_SM = 4
 MAX_SPLIT_K = 8
 
 
+#: Dequantization variants the kernels implement (``GemvConfig.dq``, ``kernels.gemv_quant._codes``).
+DQ_VARIANTS = (0, 1, 2, 3)
+
+
 @dataclass(frozen=True)
 class GemvConfig:
     """One launch configuration.
@@ -44,7 +48,9 @@ class GemvConfig:
     block_kw   32-bit words of K per row and iteration (8 int4 or 4 int8 codes each)
     num_warps, num_stages   Triton launch options
     split_k    slices of K (1: each program covers all of K)
-    dq         dequantization variant of ``kernels.gemv_quant._codes_minus_zero`` (0, 1, 2)
+    dq         dequantization variant of ``kernels.gemv_quant._codes`` (``DQ_VARIANTS``); 3 (subnormal
+               codes, CUDA-core kernel only, the tensor-core kernel runs it as 2) is not in any table
+               yet: unmeasured on a GPU
     """
 
     kind: str
@@ -105,7 +111,10 @@ def split_k_for(N: int, KWP: int, cfg: GemvConfig, num_sms: int) -> int:
 
 
 def fit(cfg: GemvConfig, layout, M: int) -> GemvConfig:
-    """Make ``cfg`` legal: power-of-two tiles, K tile within the padded rows (a multiple of 64)."""
+    """Make ``cfg`` legal: power-of-two tiles, K tile within the padded rows (a multiple of 64).
+    An unknown ``dq`` is an error (it would silently run another variant)."""
+    if cfg.dq not in DQ_VARIANTS:
+        raise ValueError(f"GemvConfig(dq={cfg.dq!r}): the gemv kernels implement dq in {DQ_VARIANTS}")
     bkw = min(next_pow2(cfg.block_kw), 64)
     bn = next_pow2(cfg.block_n)
     if cfg.kind == "dot":  # MMA needs 16 along K and N

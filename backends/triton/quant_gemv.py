@@ -315,8 +315,11 @@ class _LayoutStub:
         self.per_elem_group = self.group_size % self.codes_per_word != 0
 
 
-def compile_for_target(op: QuantGemv, target: str) -> dict:
+def compile_for_target(op: QuantGemv, target: str, config: tuning.GemvConfig | None = None) -> dict:
     """Lower ``op`` for ``target`` ("sm_80", "sm_90a", "sm_100a", "sm_120") with Triton, no GPU needed.
+
+    ``config`` forces a launch configuration (as in ``compile``; static instruction counts of a
+    variant); by default the target's tuning table chooses.
 
     Returns ``{"target", "config", "kernels": {name: {"cubin", "ptx", "shared", "num_warps"}}}``.
     A ``g_idx`` format is lowered for the regular act-order layout (K permuted, x gathered).
@@ -335,7 +338,10 @@ def compile_for_target(op: QuantGemv, target: str) -> dict:
     op.verify()
     arch = tuning.arch_family(cc)
     lay = _LayoutStub(op)
-    cfg = tuning.choose(lay, op.M, op.N, arch, tuning.DEFAULT_SMS.get(arch, 132))
+    if config is not None:
+        cfg = tuning.fit(config, lay, op.M)
+    else:
+        cfg = tuning.choose(lay, op.M, op.N, arch, tuning.DEFAULT_SMS.get(arch, 132))
     mod = kernels.load("gemv_quant")
     consts = _consts_for(op, lay, cfg)   # exactly what a launch passes
     fn = mod.gemv_fma_kernel if cfg.kind == "fma" else mod.gemv_dot_kernel

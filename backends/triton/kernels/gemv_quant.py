@@ -25,9 +25,14 @@ import triton
 import triton.language as tl
 
 
+#: DQ=3: products x * q come out scaled by 2^-DENORM_C (see ``_codes``); the result is scaled back once.
+DENORM_C = tl.constexpr(64)
+
+
 @triton.jit
 def _codes(words, mask_rt, E: tl.constexpr, BITS: tl.constexpr, DQ: tl.constexpr):
-    """The code at position ``E`` of every word as an exact fp32 integer (DQ=2: times 2^pos).
+    """The code at position ``E`` of every word as an exact fp32 value (DQ=2: times 2^pos, DQ=3:
+    times 2^(pos - 149)).
 
     DQ=0: shift, mask, integer-to-float convert (I2F, a quarter-rate unit); scale 1.
     DQ=1: shift, mask and OR into the mantissa of 2^23 (one LOP3), subtract 2^23; scale 1.
@@ -35,6 +40,13 @@ def _codes(words, mask_rt, E: tl.constexpr, BITS: tl.constexpr, DQ: tl.constexpr
           the code times 2^pos (exact); the caller folds 2^-pos into x (``_unscale``).
           ``mask_rt`` is the code mask as a run-time value: LOP3 takes one immediate, and with
           both the mask and 2^23 constant ptxas re-materialises a register per LOP3.
+    DQ=3: as 2 without the OR and the FADD: the masked bits read as fp32 are a subnormal,
+          ``q * 2^(pos - 149)`` exactly, so a code costs one LOP3 and its FFMA. The caller folds
+          ``2^(149 - pos - DENORM_C)`` into x (``_unscale``), so every product is ``x q 2^-DENORM_C``,
+          a normal number for ``|x q| >= 2^-62``; x must stay below ``2^(DENORM_C - 21)`` = 2^43 (the
+          scaled x is finite). Needs subnormals kept by the FFMA (Triton emits no ``.ftz`` for
+          fp32 arithmetic) and a caller that scales the sum back (``_denorm_back``). CUDA-core
+          kernel with per-word-row groups only; elsewhere the kernels use DQ=2 in its place.
     """
     MASK: tl.constexpr = (1 << BITS) - 1
     if DQ == 0:
@@ -42,21 +54,48 @@ def _codes(words, mask_rt, E: tl.constexpr, BITS: tl.constexpr, DQ: tl.constexpr
     elif DQ == 1:
         b = ((words >> (E * BITS)) & MASK) | 0x4B000000   # 0x4B000000 = 2^23 as fp32
         return b.to(tl.float32, bitcast=True) - 8388608.0
-    else:
+    elif DQ == 2:
         SH: tl.constexpr = 0 if E * BITS + BITS <= 23 else 16
         b = ((words >> SH) & (mask_rt << (E * BITS - SH))) | 0x4B000000
         return b.to(tl.float32, bitcast=True) - 8388608.0
+    else:
+        SH: tl.constexpr = 0 if E * BITS + BITS <= 23 else 16
+        b = (words >> SH) & (mask_rt << (E * BITS - SH))   # exponent field 0: a subnormal
+        return b.to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def _unscale(v, E: tl.constexpr, BITS: tl.constexpr, DQ: tl.constexpr):
-    """``v * 2^-pos`` for the power of two that ``_codes`` leaves on position ``E`` (exact)."""
+    """``v`` times the power of two that undoes what ``_codes`` leaves on position ``E`` (exact):
+    ``2^-pos`` (DQ=2), ``2^(149 - pos - DENORM_C)`` (DQ=3), 1 otherwise."""
     if DQ == 2:
         SH: tl.constexpr = 0 if E * BITS + BITS <= 23 else 16
         if E * BITS - SH != 0:
             return v * (1.0 / (1 << (E * BITS - SH)))
         else:
             return v
+    elif DQ == 3:
+        SH: tl.constexpr = 0 if E * BITS + BITS <= 23 else 16
+        P2: tl.constexpr = 149 - (E * BITS - SH) - DENORM_C   # E*BITS - SH in 0..16: 2^69 .. 2^85
+        return v * (2.0 ** P2)
+    else:
+        return v
+
+
+@triton.jit
+def _denorm_back(v, DQ: tl.constexpr):
+    """DQ=3: ``v * 2^DENORM_C`` (sums of ``x q 2^-DENORM_C`` back to scale 1); else ``v``."""
+    if DQ == 3:
+        return v * (2.0 ** DENORM_C)
+    else:
+        return v
+
+
+@triton.jit
+def _denorm_fwd(v, DQ: tl.constexpr):
+    """DQ=3: ``v * 2^-DENORM_C`` (a sum of x to the scale of the products); else ``v``."""
+    if DQ == 3:
+        return v * (2.0 ** -DENORM_C)
     else:
         return v
 
@@ -134,6 +173,7 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
     for group sizes that are not whole words or irregular act-order groups (slow path).
     """
     EPW: tl.constexpr = 32 // BITS
+    DQE: tl.constexpr = 2 if (DQ == 3 and PER_ELEM_GROUP) else DQ   # DQ=3 needs per-row groups
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -169,19 +209,19 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
         for e in tl.static_range(EPW):
             # -- column k = EPW*kw + e of x, and the codes at position e
             k = kw * EPW + e
-            q = _codes(words, mask_rt, e, BITS, DQ)
+            q = _codes(words, mask_rt, e, BITS, DQE)
             if BM == 1:
                 xe = _x_column(x_ptr, pid_m, stride_xm, perm_ptr, k, K, HAS_PERM, EVEN_K)
             else:
                 xe = _x_column(x_ptr, x_rows[:, None], stride_xm, perm_ptr, k[None, :], K, HAS_PERM, EVEN_K)
-            xq = _unscale(xe, e, BITS, DQ)   # x carries the 2^-pos of the codes (one FMUL per x)
+            xq = _unscale(xe, e, BITS, DQE)   # x carries the 2^-pos of the codes (one FMUL per x)
             if PER_ELEM_GROUP:
                 if HAS_KG:
                     ge = tl.load(kg_ptr + k, mask=k < K, other=0)
                 else:
                     ge = tl.minimum(k, K - 1) // GS
                 se, ze = _scale_zero(s_ptr, z_ptr, ge[:, None] * stride_qk + n[None, :], HAS_Z, ZP)
-                we = (_unscale(q, e, BITS, DQ) - ze) * se
+                we = (_unscale(q, e, BITS, DQE) - ze) * se
                 xq = xe
                 if BM == 1:
                     acc += xq[:, None] * we
@@ -194,6 +234,7 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
                     dot += xq[:, :, None] * q[None, :, :]
                 xsum += xe
         if not PER_ELEM_GROUP:
+            xsum = _denorm_fwd(xsum, DQE)   # DQ=3: to the 2^-DENORM_C scale of dot (one FMUL per row)
             if BM == 1:
                 acc += s * (dot - z * xsum[:, None])
             else:
@@ -207,6 +248,7 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
         res = tl.sum(acc, axis=0)[None, :]
     else:
         res = tl.sum(acc, axis=1)
+    res = _denorm_back(res, DQE)
     _finish(res, rows, n, M, N, pid_n, pid_k, pid_m, out_ptr, stride_om, ws_ptr, lock_ptr, BM, BN, SPLIT_K)
 
 
@@ -221,8 +263,10 @@ def gemv_dot_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, out_ptr, ws_ptr, lock
     for each code position e, with ``w_e = (q - z) * s`` dequantized in the compute dtype.
 
     ``COMPUTE_F32``: multiply in fp32 (fp32 activations, or bf16 under the interpreter).
+    DQ=3 (a CUDA-core variant) runs as DQ=2 here.
     """
     EPW: tl.constexpr = 32 // BITS
+    DQE: tl.constexpr = 2 if DQ == 3 else DQ
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -246,7 +290,7 @@ def gemv_dot_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, out_ptr, ws_ptr, lock
             k = kw * EPW + e
             xe = _x_column(x_ptr, tl.minimum(rows, M - 1)[:, None], stride_xm, perm_ptr, k[None, :], K,
                            HAS_PERM, EVEN_K).to(cdt)   # rows past M: any row, never stored
-            we = tl.fma(_codes(words, mask_rt, e, BITS, DQ), _unscale(s, e, BITS, DQ), -zs).to(cdt)  # (q - z) * s
+            we = tl.fma(_codes(words, mask_rt, e, BITS, DQE), _unscale(s, e, BITS, DQE), -zs).to(cdt)  # (q - z) * s
             if COMPUTE_F32:
                 acc = tl.dot(xe, we, acc, input_precision="ieee")
             else:

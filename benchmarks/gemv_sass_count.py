@@ -1,0 +1,198 @@
+"""Static instruction count of the int4 M=1 GEMV kernel's main loop, per dequantization variant.
+
+No GPU needed: each variant is lowered for sm_90a through the backend's ``compile_for_target``
+(the launch configuration of the sm_90 table, with ``dq`` forced), the cubin is disassembled with
+``nvdisasm`` (PATH, else the copy in Triton's wheel; ``cuobjdump -sass`` as a fallback), and the
+instructions between the target of the one backward branch (the ``kw0`` loop; the code-position
+loop is unrolled) and that branch are counted, per opcode and per code a thread handles in
+one iteration (``BKW * BN * (32 / bits) / (32 * num_warps)``). Without a disassembler the PTX of the loop is
+counted instead (marked ``"unit": "ptx"``).
+
+    python benchmarks/gemv_sass_count.py [--out FILE] [--dq 0 1 2 3] [--shape N K] [--dtype bfloat16]
+                                         [--warps 4 8] [--bits 4 8]
+
+Prints one line per (variant, configuration) and writes the JSON (default
+``benchmarks/results/gemv-sass-count-<date>.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from portakern.backends.triton import gemv_tuning as tuning
+from portakern.backends.triton import quant_gemv as Q
+from portakern.ir import DType, QuantFormat
+from portakern.ir.ops import QuantGemv
+
+TARGET = "sm_90a"
+DQ_NAMES = {0: "I2F convert", 1: "OR 2^23, FADD -2^23", 2: "OR 2^23 in place, FADD, 2^-pos in x (table default)",
+            3: "subnormal codes: AND only, 2^(149-pos-64) in x (new, unmeasured)"}
+
+
+def _tool(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    try:
+        import triton
+
+        p = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+        return str(p) if p.exists() else None
+    except Exception:
+        return None
+
+
+def disassemble(cubin: bytes) -> tuple[str, str]:
+    """(SASS text, tool used) of a cubin."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+        path = f.name
+    try:
+        nvd = _tool("nvdisasm")
+        if nvd:
+            return subprocess.run([nvd, "-c", path], capture_output=True, text=True, check=True).stdout, nvd
+        cuo = _tool("cuobjdump")
+        if cuo:
+            return subprocess.run([cuo, "-sass", path], capture_output=True, text=True, check=True).stdout, cuo
+        return "", ""
+    finally:
+        os.unlink(path)
+
+
+def registers(cubin: bytes) -> int | None:
+    cuo = _tool("cuobjdump")
+    if not cuo:
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+        path = f.name
+    try:
+        out = subprocess.run([cuo, "-res-usage", path], capture_output=True, text=True).stdout
+        m = re.search(r"REG:(\d+)", out)
+        return int(m.group(1)) if m else None
+    finally:
+        os.unlink(path)
+
+
+_SASS = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+
+
+def sass_loop(sass: str) -> dict:
+    """Opcode counts of the largest loop (backward branch) in nvdisasm / cuobjdump output."""
+    ins = []   # (address, opcode, operands)
+    labels = {}
+    for line in sass.splitlines():
+        lab = re.match(r"\s*(\.L\w+):", line)
+        if lab:
+            labels[lab.group(1)] = None
+            pending = lab.group(1)
+            labels[pending] = len(ins)
+            continue
+        m = _SASS.search(line)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(3), m.group(4)))
+    addr_index = {a: i for i, (a, _, _) in enumerate(ins)}
+    loops = []
+    for i, (a, op, args) in enumerate(ins):
+        if not op.startswith("BRA"):
+            continue
+        t = re.search(r"(\.L\w+)", args)
+        if t and t.group(1) in labels:
+            j = labels[t.group(1)]
+        else:
+            h = re.search(r"0x([0-9a-f]+)", args)
+            j = addr_index.get(int(h.group(1), 16)) if h else None
+        if j is not None and j <= i:
+            loops.append((i - j + 1, j, i))
+    if not loops:
+        raise RuntimeError("no backward branch found in the SASS")
+    n, j, i = max(loops)
+    body = [op.split(".")[0] for _, op, _ in ins[j:i + 1]]
+    return {"instructions": n, "by_opcode": dict(collections.Counter(body).most_common()),
+            "loops_found": len(loops)}
+
+
+def ptx_loop(ptx: str) -> dict:
+    """Fallback: PTX instructions between the loop's label and its backward ``bra``."""
+    lines = [ln.strip() for ln in ptx.splitlines()]
+    labels = {ln[:-1]: i for i, ln in enumerate(lines) if re.match(r"^\$L__\w+:$", ln)}
+    best = None
+    for i, ln in enumerate(lines):
+        m = re.search(r"bra(\.uni)?\s+(\$L__\w+);", ln)
+        if m and m.group(2) in labels and labels[m.group(2)] < i:
+            j = labels[m.group(2)]
+            body = [x.split()[0].lstrip("@%!p0123456789 ") for x in lines[j + 1:i + 1]
+                    if x and not x.startswith(("//", "$", "{", "}", ".")) and x.endswith(";")]
+            if best is None or len(body) > best["instructions"]:
+                best = {"instructions": len(body),
+                        "by_opcode": dict(collections.Counter(b.split(".")[0] for b in body).most_common())}
+    if best is None:
+        raise RuntimeError("no backward branch found in the PTX")
+    return best
+
+
+def count(op: QuantGemv, cfg: tuning.GemvConfig) -> dict:
+    r = Q.compile_for_target(op, TARGET, cfg)
+    (name, k), = r["kernels"].items()
+    cubin, ptx = k["cubin"], k["ptx"] or ""
+    codes = cfg.block_kw * cfg.block_n * (32 // op.fmt.bits) // (32 * cfg.num_warps)
+    sass, tool = disassemble(cubin) if cubin else ("", "")
+    loop, unit = (sass_loop(sass), "sass") if sass else (ptx_loop(ptx), "ptx")
+    return {"kernel": name, "config": r["config"], "unit": unit, "tool": os.path.basename(tool) if tool else None,
+            "codes_per_thread_per_iteration": codes, "loop_instructions": loop["instructions"],
+            "per_code": round(loop["instructions"] / codes, 3), "by_opcode": loop["by_opcode"],
+            "registers": registers(cubin) if cubin else None,
+            "ptx_ftz_arith": len(re.findall(r"\b(?:fma|mul|add|sub)\.\w*\.?ftz\.f32", ptx)),
+            "cubin_bytes": len(cubin or b"")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=f"benchmarks/results/gemv-sass-count-{datetime.date.today().isoformat()}.json")
+    ap.add_argument("--dq", type=int, nargs="+", default=[0, 1, 2, 3])
+    ap.add_argument("--shape", type=int, nargs=2, default=[28672, 8192], metavar=("N", "K"))
+    ap.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16", "float32"])
+    ap.add_argument("--warps", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--bits", type=int, nargs="+", default=[4], choices=[4, 8])
+    args = ap.parse_args()
+    N, K = args.shape
+    rows = []
+    for bits, sym in [(b, s) for b in args.bits for s in (False, True)]:
+        op = QuantGemv(M=1, N=N, K=K, dtype=DType(args.dtype), fmt=QuantFormat(bits=bits, group_size=128, symmetric=sym))
+        arch = tuning.arch_family(Q._TARGETS[TARGET])
+        table = tuning.choose(Q._LayoutStub(op), 1, N, arch, tuning.DEFAULT_SMS[arch])
+        for w in args.warps:
+            for dq in args.dq:
+                cfg = replace(table, num_warps=w, dq=dq)
+                r = count(op, cfg)
+                r.update({"dq": dq, "variant": DQ_NAMES.get(dq, "?"), "bits": bits, "symmetric": sym, "N": N, "K": K,
+                          "dtype": args.dtype, "table_config": cfg == table})
+                rows.append(r)
+                top = ", ".join(f"{o} {c}" for o, c in list(r["by_opcode"].items())[:8])
+                print(f"int{bits} {'sym ' if sym else 'asym'} w{w} dq{dq}: {r['loop_instructions']:4d} {r['unit']} instr / "
+                      f"{r['codes_per_thread_per_iteration']} codes = {r['per_code']:.2f}/code  regs {r['registers']}"
+                      f"  ftz {r['ptx_ftz_arith']}  [{top}]", flush=True)
+    import triton
+
+    res = {"what": "instructions in the main (kw0) loop of gemv_fma_kernel, g128 M=1, per dq variant and code; "
+                   "static (compiled here, not run)",
+           "date": datetime.date.today().isoformat(), "target": TARGET, "triton": triton.__version__,
+           "command": "python " + " ".join([sys.argv[0]] + sys.argv[1:]), "rows": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+    print("wrote", args.out)
+
+
+if __name__ == "__main__":
+    main()
