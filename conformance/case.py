@@ -9,7 +9,6 @@ case's storage dtype plus integer index arrays. ``input_hash()`` is the sha256 o
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -278,7 +277,3 @@ class GemvCase:
             if f.name != "id":
                 d[f.name] = _plain(getattr(self, f.name))
         return d
-
-
-def case_json(case: Any) -> str:
-    return json.dumps(case.to_json(), sort_keys=True)

@@ -259,7 +259,9 @@ _CACHE: dict[str, list] = {}
 def all_cases(tier: str = "cpu") -> list:
     """Every case of ``tier``: "cpu" is the checked-in tier, "gpu" adds the production shapes."""
     if tier not in TIERS:
-        raise ValueError(f"tier={tier!r} is unknown: expected one of {', '.join(TIERS)}")
+        from portakern.errors import InvalidInputError
+
+        raise InvalidInputError(f"tier={tier!r} is unknown: expected one of {', '.join(TIERS)}")
     if tier not in _CACHE:
         cases = attention_cpu() + gemv_cpu()
         if tier == "gpu":
@@ -286,4 +288,5 @@ def by_id(case_id: str, tier: str = "gpu"):
     for c in all_cases(tier):
         if c.id == case_id:
             return c
-    raise KeyError(f"no case {case_id!r} in {SUITE} (tier {tier})")
+    raise KeyError(f"no case {case_id!r} in {SUITE} (tier {tier}); list the ids with: "
+                   f"portakern conformance --list --tier {tier}")

@@ -13,7 +13,7 @@ JSON (``FORMAT`` 1)::
      "summary": {backend: {op: {status: count}}},
      "exit_status": 0 | 1,
      "results": [{case, op, dtype, backend, device, status, max_abs_err, tolerance, time_ms, reason,
-                  ...optional: nmse, lse_err, lse_tolerance}]}
+                  ...optional: nmse, lse_err, lse_tolerance, first_call_ms}]}
 
 ``status`` is one of pass, fail, unsupported, error, nondeterministic. ``max_abs_err`` and
 ``tolerance`` are null where nothing was compared (unsupported, error, compile-only).

@@ -78,10 +78,7 @@ def validate_tensors(fmt: QuantFormat, tensors: Mapping[str, Any], N: int, K: in
     ``InvalidInputError`` (bad format, missing/extra tensor, wrong shape) or ``InvalidTypeError``
     (wrong dtype) naming the tensor as ``argument['name']`` (just ``name`` when ``argument`` is None).
     """
-    fmt.verify(K=K, N=N)
-    if fmt.packing in GGUF_BLOCK_BYTES and fmt.scale_dtype is not DType.float16:
-        raise InvalidInputError(f"QuantFormat: scale_dtype={fmt.scale_dtype.value} is impossible for "
-                                f"{fmt.packing.value}: GGUF blocks embed float16 scales; use float16")
+    fmt.verify(K=K, N=N)  # also: GGUF formats embed float16 scales
     specs = tensor_specs(fmt, N, K)
     where = f"packing {fmt.packing.value} (bits={fmt.bits}, group_size={fmt.group_size}, N={N}, K={K})"
     label = (lambda n: f"{argument}[{n!r}]") if argument else (lambda n: n)

@@ -96,6 +96,9 @@ class QuantFormat:
                 fail(f"group_size={self.group_size} must be 32 for {self.packing.value}")
             if not self.symmetric:
                 fail(f"symmetric=False is impossible for {self.packing.value} (it has no zero points)")
+            if self.scale_dtype is not DType.float16:
+                fail(f"scale_dtype={self.scale_dtype.value} is impossible for {self.packing.value}: GGUF "
+                     "blocks embed float16 scales; use float16")
         if self.packing in (Packing.AWQ, Packing.GPTQ) and self.symmetric:
             fail(f"symmetric=True is not a {self.packing.value} layout: it always stores zero points")
         if self.has_g_idx and self.packing is not Packing.GPTQ:

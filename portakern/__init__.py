@@ -14,7 +14,7 @@ from . import backends  # noqa: F401  (portakern.backends: callable package, see
 from .api import attention, devices, explain, plugin_errors, quant_gemv
 from .backend import Backend, Support
 from .devices import Device
-from .dispatch import FallbackWarning, use_backend
+from .dispatch import FallbackWarning, use_backend, use_policy
 from .errors import (BackendError, InvalidInputError, InvalidTypeError, PluginError, PortakernError,
                      StrictModeError, UnsupportedError)
 from .plugins import hookimpl
@@ -31,4 +31,4 @@ __version__ = "0.1.0"
 __all__ = ["Backend", "BackendError", "Device", "FallbackWarning", "InvalidInputError", "InvalidTypeError",
            "PluginError", "PortakernError", "QuantizedWeight", "StrictModeError", "Support", "UnsupportedError",
            "attention", "backends", "devices", "explain", "hookimpl", "plugin_errors", "quant_gemv", "quantize",
-           "use_backend"]
+           "use_backend", "use_policy"]

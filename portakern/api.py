@@ -81,7 +81,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, sc
                     mask_mod=mask_mod, block_table=block_table, seqlens_k=seqlens_k, cu_seqlens_q=cu_seqlens_q,
                     cu_seqlens_k=cu_seqlens_k, return_lse=return_lse)
 
-    plan = dispatch.get_plan(key, lambda: _attention_node(q, k, v, options()), backend)
+    plan = dispatch.get_plan(key, lambda: _attention_node(q, k, v, options(), has_aux), backend)
     aux = {"block_table": block_table, "seqlens_k": seqlens_k, "cu_seqlens_q": cu_seqlens_q,
            "cu_seqlens_k": cu_seqlens_k}
     if has_aux and plan.decision.device.type == "cpu":
@@ -96,9 +96,11 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, sc
             dispatch.compile_next(plan)
 
 
-def _attention_node(q, k, v, kwargs):
+def _attention_node(q, k, v, kwargs, has_aux):
+    """On a plan miss: the op, its device, and a runner for measuring (fresh outputs and aux per run)."""
     op, qi = attention_op(q, k, v, **kwargs)
-    return op, qi.device
+    names = ("block_table", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k")
+    return op, qi.device, lambda trial: _run_attention(trial, q, k, v, {n: kwargs[n] for n in names}, has_aux)
 
 
 def _same_arrays(caller: str, kind: str, dtype: DType) -> bool:
@@ -165,8 +167,9 @@ def _weight_place(w) -> tuple:
 
 
 def _gemv_node(x, w):
+    """On a plan miss: the op, its device, and a runner for measuring (fresh output per run)."""
     op, xi = quant_gemv_op(x, w)
-    return op, xi.device
+    return op, xi.device, lambda trial: _run_gemv(trial, x, w)
 
 
 def _run_gemv(plan: Plan, x, w):
@@ -190,6 +193,10 @@ def explain(fn, *args, **kwargs) -> Decision:
     ``fn`` is ``portakern.attention`` or ``portakern.quant_gemv`` (or their names). The
     decision lists every candidate with its priority and, when rejected, the reason; the chosen
     backend; and any fallbacks that happened. ``str(decision)`` is a readable table.
+
+    Under ``use_policy("fastest")`` the ranking stored by an earlier call (this process or a
+    previous one) orders the candidates and ``measured_us`` shows the times; before any call has
+    measured, ``ranked_by`` is "not measured yet" and the order shown is by priority.
     """
     name = fn if isinstance(fn, str) else getattr(fn, "__name__", "")
     backend = kwargs.pop("backend", None)
@@ -200,10 +207,7 @@ def explain(fn, *args, **kwargs) -> Decision:
     else:
         raise InvalidTypeError(f"explain(fn={fn!r}): fn must be portakern.attention or portakern.quant_gemv")
     plan = dispatch.decide(op, info.device, backend)
-    for c in plan.decision.candidates:
-        if c.support.ok:
-            plan.decision.chosen = c.name
-            break
+    plan.decision.chosen = plan.order[0].name  # decide() raised if nothing supports the problem
     return plan.decision
 
 

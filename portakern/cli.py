@@ -122,12 +122,12 @@ def _attention_call(args) -> tuple[tuple, dict]:
         kwargs["softcap"] = args.softcap
     if args.scale is not None:
         kwargs["scale"] = args.scale
-    if args.paged and args.varlen:
+    if args.paged is not None and args.varlen:
         raise _UsageError("--paged and --varlen exclude each other")
-    if args.paged:
+    if args.paged is not None:
         page = args.paged
         if page < 1:
-            raise _UsageError(f"--paged {page}: the page size must be a positive integer")
+            raise _UsageError(f"--paged {page}: the page size must be a positive integer, e.g. --paged 16")
         pages_per_seq = -(-Sk // page)
         q = arr.float((B, Sq, Hq, D))
         k = arr.float((B * pages_per_seq, page, Hkv, D))
@@ -293,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--window", metavar="L,R", help="sliding window (left, right); -1 = unbounded")
     at.add_argument("--softcap", type=float, default=0.0, metavar="C", help="soft-cap scores at C")
     at.add_argument("--scale", type=float, default=None, help="score scale (default 1/sqrt(D))")
-    at.add_argument("--paged", type=int, default=0, metavar="PAGE", help="paged KV with this page size")
+    at.add_argument("--paged", type=int, default=None, metavar="PAGE", help="paged KV with this page size")
     at.add_argument("--varlen", action="store_true", help="varlen (packed) batch with cu_seqlens")
     at.add_argument("--return-lse", action="store_true", help="also return the log-sum-exp")
     _common(at)

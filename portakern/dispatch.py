@@ -4,6 +4,13 @@
 time a signature is seen; after that a call costs a signature tuple and a dictionary lookup.
 Overrides, strongest first: the ``backend=`` argument, ``use_backend(...)``, ``PORTAKERN_BACKEND``.
 ``PORTAKERN_STRICT=1`` turns every fallback into an error.
+
+Ordering policy (``use_policy(...)`` or ``PORTAKERN_POLICY``): ``"priority"`` (default) ranks the
+supporting backends by the priority hook; ``"fastest"`` compiles every supporting backend on a plan
+miss, times each on the call's own inputs and ranks them by median time. The ranking is stored in
+a ``TuningCache`` (namespace ``dispatch-fastest``, keyed by the device identity and the version of
+every registered backend) under the op's ``content_hash()``, so a later process reads it instead of
+measuring.
 """
 
 from __future__ import annotations
@@ -11,7 +18,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import statistics
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -26,7 +35,9 @@ class FallbackWarning(UserWarning):
     """A backend failed to compile or run and the next candidate served the call."""
 
 
-_context_backend: contextvars.ContextVar[str | None] = contextvars.ContextVar("portakern_backend", default=None)
+#: (backend forced by ``use_backend``, policy set by ``use_policy``): one ContextVar, one lookup per call.
+_context: contextvars.ContextVar[tuple[str | None, str | None]] = contextvars.ContextVar(
+    "portakern_dispatch", default=(None, None))
 _poison: contextvars.ContextVar[bool] = contextvars.ContextVar("portakern_poison", default=False)
 _plans: dict[tuple, "Plan"] = {}
 _plan_lock = threading.Lock()
@@ -41,7 +52,7 @@ def override(backend_arg: str | None) -> tuple[str | None, str]:
     """The backend forced for this call and where that came from ("argument", "context", "env")."""
     if backend_arg is not None:
         return backend_arg, "argument"
-    ctx = _context_backend.get()
+    ctx = _context.get()[0]
     if ctx is not None:
         return ctx, "use_backend()"
     env = os.environ.get("PORTAKERN_BACKEND")
@@ -50,8 +61,8 @@ def override(backend_arg: str | None) -> tuple[str | None, str]:
     return None, ""
 
 
-def _env_reader(backend_var: str, strict_var: str) -> Callable[[], tuple]:
-    """A fast reader of two ``os.environ`` variables, for the per-call signature.
+def _env_reader(backend_var: str, strict_var: str, policy_var: str) -> Callable[[], tuple]:
+    """A fast reader of three ``os.environ`` variables, for the per-call signature.
 
     ``os.environ.get`` of an unset variable costs about a microsecond (it encodes the key and
     raises KeyError inside); reading CPython's backing dict with pre-encoded keys costs tens of
@@ -59,17 +70,18 @@ def _env_reader(backend_var: str, strict_var: str) -> Callable[[], tuple]:
     """
     data, encode = getattr(os.environ, "_data", None), getattr(os.environ, "encodekey", None)
     if isinstance(data, dict) and encode is not None:
-        get, kb, ks = data.get, encode(backend_var), encode(strict_var)
-        return lambda: (get(kb), get(ks))
-    return lambda: (os.environ.get(backend_var), os.environ.get(strict_var))  # pragma: no cover
+        get, kb, ks, kp = data.get, encode(backend_var), encode(strict_var), encode(policy_var)
+        return lambda: (get(kb), get(ks), get(kp))
+    env = os.environ  # pragma: no cover
+    return lambda: (env.get(backend_var), env.get(strict_var), env.get(policy_var))  # pragma: no cover
 
 
-_override_env = _env_reader("PORTAKERN_BACKEND", "PORTAKERN_STRICT")
+_override_env = _env_reader("PORTAKERN_BACKEND", "PORTAKERN_STRICT", "PORTAKERN_POLICY")
 
 
 def override_key(backend_arg: str | None) -> tuple:
-    """The part of a signature that depends on overrides and strict mode (cheap: no registry)."""
-    return (backend_arg, _context_backend.get(), _override_env())
+    """The part of a signature that depends on overrides, policy and strict mode (cheap: no registry)."""
+    return (backend_arg, _context.get(), _override_env())
 
 
 @contextlib.contextmanager
@@ -78,11 +90,51 @@ def use_backend(name: str):
     if not isinstance(name, str):
         raise InvalidInputError(f"use_backend({name!r}): the backend name must be a string")
     registry().get(name)  # raises with the list of registered names
-    token = _context_backend.set(name)
+    token = _context.set((name, _context.get()[1]))
     try:
         yield
     finally:
-        _context_backend.reset(token)
+        _context.reset(token)
+
+
+POLICIES = {"priority": "the highest-priority supporting backend first (the default)",
+            "fastest": "measure every supporting backend on the first call of a signature, fastest first"}
+
+
+def _check_policy(name: Any, where: str) -> str:
+    if name not in POLICIES:
+        allowed = "; ".join(f"{p!r}: {what}" for p, what in POLICIES.items())
+        raise InvalidInputError(f"{where}={name!r} is not a dispatch policy: the policies are {allowed}")
+    return name
+
+
+@contextlib.contextmanager
+def use_policy(name: str):
+    """Order the candidates of every plan made inside the ``with`` block by policy ``name``.
+
+    ``"priority"`` (the default) ranks supporting backends by priority; ``"fastest"`` times each
+    supporting backend on the first call of a signature and ranks them by median time (persisted
+    on disk, see ``portakern.cache``). A forced backend (``backend=``, ``use_backend``,
+    ``PORTAKERN_BACKEND``) is never measured. Plans made under one policy are not reused under the
+    other. Overrides ``PORTAKERN_POLICY``.
+    """
+    _check_policy(name, "use_policy(name)")
+    token = _context.set((_context.get()[0], name))
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+def policy() -> tuple[str, str]:
+    """The ordering policy in force and where it came from ("use_policy()", "PORTAKERN_POLICY", "default")."""
+    ctx = _context.get()[1]
+    if ctx is not None:
+        return ctx, "use_policy()"
+    env = os.environ.get("PORTAKERN_POLICY")
+    if env:
+        return _check_policy(env, "PORTAKERN_POLICY"), "PORTAKERN_POLICY"
+    return "priority", "default"
 
 
 @contextlib.contextmanager
@@ -108,7 +160,14 @@ class Candidate:
 
 @dataclass
 class Decision:
-    """What dispatch decided for one signature; ``str()`` is a readable table."""
+    """What dispatch decided for one signature; ``str()`` is a readable table.
+
+    ``policy`` / ``policy_by``: the ordering policy in force and where it came from.
+    ``ranked_by``: what actually ordered the candidates: "priority", "forced", "measured" (timed
+    on this call's inputs), "tuning cache" (a ranking measured earlier, read from disk), "one
+    candidate" (nothing to compare) or "not measured yet" (``explain`` under "fastest" before the
+    first call). ``measured_us``: median microseconds per candidate that ran, or None.
+    """
 
     op: Any
     device: Device
@@ -117,25 +176,36 @@ class Decision:
     candidates: list[Candidate] = field(default_factory=list)
     chosen: str | None = None
     fallbacks: list[tuple[str, str]] = field(default_factory=list)  # (backend, error)
+    policy: str = "priority"
+    policy_by: str = "default"
+    ranked_by: str = "priority"
+    measured_us: dict[str, float] | None = None
 
     def to_json(self) -> dict:
+        times = self.measured_us or {}
         return {"op": self.op.to_json(), "device": self.device.to_json(), "forced": self.forced,
-                "forced_by": self.forced_by, "chosen": self.chosen,
+                "forced_by": self.forced_by, "chosen": self.chosen, "policy": self.policy,
+                "policy_by": self.policy_by, "ranked_by": self.ranked_by, "measured_us": self.measured_us,
                 "candidates": [{"backend": c.name, "priority": c.priority, "supported": c.support.ok,
-                                "reason": c.support.reason} for c in self.candidates],
+                                "reason": c.support.reason, "time_us": times.get(c.name)} for c in self.candidates],
                 "fallbacks": [{"backend": b, "error": e} for b, e in self.fallbacks]}
 
     def __str__(self) -> str:
         lines = [f"op       {self.op.kind} {self.op.content_hash()}", f"device   {self.device.label}"]
         if self.forced:
             lines.append(f"forced   {self.forced} (by {self.forced_by})")
+        by = "" if self.policy_by == "default" else f" (by {self.policy_by})"
+        ranked = "" if self.ranked_by == self.policy else f", ranked by {self.ranked_by}"
+        lines.append(f"policy   {self.policy}{by}{ranked}")
         lines.append(f"chosen   {self.chosen or '-'}")
         w = max([len(c.name) for c in self.candidates] + [7])
-        lines.append(f"  {'backend'.ljust(w)}  prio  status")
+        times = self.measured_us
+        lines.append(f"  {'backend'.ljust(w)}  prio  " + ("" if times is None else f"{'median':>12}  ") + "status")
         for c in self.candidates:
             status = "ok" if c.support.ok else f"no: {c.support.reason}"
             mark = "*" if c.name == self.chosen else " "
-            lines.append(f"{mark} {c.name.ljust(w)}  {c.priority:>4}  {status}")
+            t = "" if times is None else (f"{times[c.name]:>9.1f} us  " if c.name in times else f"{'-':>12}  ")
+            lines.append(f"{mark} {c.name.ljust(w)}  {c.priority:>4}  {t}{status}")
         for b, e in self.fallbacks:
             lines.append(f"fell back from {b}: {e}")
         return "\n".join(lines)
@@ -150,6 +220,8 @@ class Plan:
     backend: Backend | None = None
     kernel: Callable[..., None] | None = None
     shapes: dict | None = None      # op.shapes(), memoised by the hot path
+    compiled: dict[str, Callable[..., None]] = field(default_factory=dict)  # kernels compiled while measuring
+    to_measure: bool = False        # "fastest" with no stored ranking: get_plan times the candidates
 
 
 def _rank(backend: Backend, op: Any, device: Device) -> int:
@@ -181,6 +253,12 @@ def decide(op: Any, device: Device, backend_arg: str | None) -> Plan:
         decision.candidates.append(Candidate(name, _rank(b, op, device), s))
     decision.candidates.sort(key=lambda c: (-c.priority, c.name))
     order = [reg.backends[c.name] for c in decision.candidates if c.support.ok]
+    plan = Plan(decision=decision, order=order)
+    decision.policy, decision.policy_by = policy()
+    if forced:
+        decision.ranked_by = "forced"
+    elif decision.policy == "fastest":
+        _rank_by_measurement(plan)
     if not order:
         reasons = "; ".join(f"{c.name}: {c.support.reason}" for c in decision.candidates)
         if forced:
@@ -189,7 +267,7 @@ def decide(op: Any, device: Device, backend_arg: str | None) -> Plan:
             raise UnsupportedError(f"{op.kind} ({_brief(op)}) is not supported by {forced} on {device.label}: "
                                    f"{decision.candidates[0].support.reason}; {way} (forced by {by})")
         raise UnsupportedError(f"no backend supports {op.kind} ({_brief(op)}) on {device.label}: {reasons or 'no backends registered'}")
-    return Plan(decision=decision, order=order)
+    return plan
 
 
 def _supports(b: Backend, op: Any, device: Device) -> bool:
@@ -212,7 +290,8 @@ def compile_next(plan: Plan) -> Plan:
     while plan.order:
         b = plan.order[0]
         try:
-            plan.kernel = b.compile(d.op, d.device)
+            kernel = plan.compiled.pop(b.name, None)
+            plan.kernel = b.compile(d.op, d.device) if kernel is None else kernel
             plan.backend = b
             d.chosen = b.name
             return plan
@@ -235,21 +314,32 @@ def fail_current(plan: Plan, b: Backend, e: BaseException, stage: str) -> None:
                               f"PORTAKERN_STRICT=1 forbids falling back: {type(e).__name__}: {e}") from e
     _warn_once(b.name, d.op, e, stage)
     d.fallbacks.append((b.name, f"{stage}: {type(e).__name__}: {e}"))
-    plan.order.pop(0)
-    plan.backend = plan.kernel = None
-    d.chosen = None
+    if b in plan.order:
+        plan.order.remove(b)
+    plan.compiled.pop(b.name, None)
+    if plan.backend is b:
+        plan.backend = plan.kernel = None
+        d.chosen = None
 
 
-def get_plan(key: tuple, build: Callable[[], tuple[Any, Device]], backend_arg: str | None) -> Plan:
-    """The cached plan for ``key``; on a miss, ``build()`` returns ``(op, device)`` to plan for."""
+def get_plan(key: tuple, build: Callable[[], tuple[Any, Device, Callable[[Plan], Any]]],
+             backend_arg: str | None) -> Plan:
+    """The cached plan for ``key``; on a miss, ``build()`` returns ``(op, device, run)``.
+
+    ``run(plan)`` runs ``plan.kernel`` once on the call's own inputs with fresh outputs (the
+    "fastest" policy times it; its result is discarded).
+    """
     plan = _plans.get(key)
     if plan is not None:
         return plan
-    op, device = build()
-    with _plan_lock:  # concurrent first calls compile once
+    op, device, run = build()
+    with _plan_lock:  # concurrent first calls compile (and measure) once
         plan = _plans.get(key)
         if plan is None:
-            plan = compile_next(decide(op, device, backend_arg))
+            plan = decide(op, device, backend_arg)
+            if plan.to_measure:
+                measure(plan, run)
+            plan = compile_next(plan)
             _plans[key] = plan
     return plan
 
@@ -259,3 +349,115 @@ def clear_cache() -> None:
     with _plan_lock:
         _plans.clear()
     _warned.clear()
+
+
+# -- policy "fastest": rank the candidates by measured time -------------------------------------------
+
+MEASURE_WARMUP, MEASURE_REPEATS = 1, 5  # untimed runs, then the median of this many timed runs
+FASTEST_NAMESPACE = "dispatch-fastest"
+
+
+def _tuning_cache(device: Device):
+    """The ranking store for ``device``: tagged with portakern's and every registered backend's version."""
+    from . import __version__
+    from .cache import TuningCache
+
+    versions = {"portakern": __version__,
+                **{f"backend:{n}": str(b.version) for n, b in sorted(registry().backends.items())}}
+    return TuningCache(FASTEST_NAMESPACE, device, versions)
+
+
+def _stored_ranking(op: Any, device: Device) -> dict[str, float] | None:
+    """The stored ``{backend: median_us}`` for ``op`` on ``device``; None when absent or malformed."""
+    entry = _tuning_cache(device).get(op.content_hash())
+    if not isinstance(entry, dict) or not entry or not all(
+            isinstance(n, str) and isinstance(t, (int, float)) and t >= 0 for n, t in entry.items()):
+        return None
+    return {n: float(t) for n, t in entry.items()}
+
+
+def _order_by_time(plan: Plan, times: dict[str, float]) -> None:
+    """Fastest first; candidates without a time (they failed when measured) last, by priority."""
+    inf = float("inf")
+    plan.order.sort(key=lambda b: times.get(b.name, inf))  # stable: ties keep the priority order
+
+
+def _rank_by_measurement(plan: Plan) -> None:
+    """Order ``plan`` by a stored ranking, or mark it for measuring (``get_plan`` then calls ``measure``)."""
+    d = plan.decision
+    if len(plan.order) < 2:
+        d.ranked_by = "one candidate"
+        return
+    stored = _stored_ranking(d.op, d.device)
+    if stored is None:
+        d.ranked_by, plan.to_measure = "not measured yet", True
+        return
+    supported = {b.name for b in plan.order}
+    d.measured_us = {n: t for n, t in stored.items() if n in supported}
+    d.ranked_by = "tuning cache"
+    _order_by_time(plan, d.measured_us)
+
+
+def _synchronizer(device: Device) -> Callable[[], None]:
+    """Waits for ``device`` to finish queued work (CUDA / ROCm through torch, else cupy); no-op on CPU."""
+    if device.type not in ("cuda", "rocm"):
+        return lambda: None
+    try:
+        import torch
+
+        return lambda: torch.cuda.synchronize(device.index)
+    except ImportError:  # pragma: no cover - cupy-only installs
+        import cupy
+
+        return cupy.cuda.Device(device.index).synchronize
+
+
+def _median_us(run: Callable[[], Any], sync: Callable[[], None]) -> float:
+    for _ in range(MEASURE_WARMUP):
+        run()
+    sync()
+    times = []
+    for _ in range(MEASURE_REPEATS):
+        sync()
+        t0 = time.perf_counter()
+        run()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def measure(plan: Plan, run: Callable[[Plan], Any]) -> None:
+    """Compile every candidate of ``plan``, time ``run`` on each, order the plan fastest first, store it.
+
+    A candidate that fails to compile or run is dropped as a fallback (an error under strict mode),
+    exactly as on the priority path. Each run allocates fresh outputs, which are discarded; the
+    compiled kernels are kept on the plan so the winner is not compiled twice.
+    """
+    d, sync = plan.decision, _synchronizer(plan.decision.device)
+    times: dict[str, float] = {}
+    for b in list(plan.order):
+        try:
+            kernel = b.compile(d.op, d.device)
+        except PortakernError:
+            raise
+        except Exception as e:
+            fail_current(plan, b, e, "compile")
+            continue
+        trial = Plan(decision=d, order=[b], backend=b, kernel=kernel)
+        try:
+            times[b.name] = _median_us(lambda: run(trial), sync)
+        except PortakernError:
+            raise
+        except Exception as e:
+            fail_current(plan, b, e, "run")
+            continue
+        plan.compiled[b.name] = kernel
+    plan.to_measure = False
+    d.measured_us, d.ranked_by = times, "measured"
+    _order_by_time(plan, times)
+    if times:
+        try:
+            _tuning_cache(d.device).put(d.op.content_hash(), {n: round(t, 3) for n, t in times.items()})
+        except OSError as e:  # a read-only or full cache directory costs a re-measure, not the call
+            warnings.warn(f"portakern: could not store the measured ranking of {d.op.kind}: {e}", RuntimeWarning,
+                          stacklevel=4)

@@ -81,9 +81,12 @@ def _register(reg: Registry, name: str, obj: Any, dist: str) -> None:
     for backends in lists:
         for b in backends or []:
             if not isinstance(b, Backend):
-                reg.errors.append((name, f"plugin {name!r} returned {b!r}, which is not a portakern.Backend"))
+                reg.errors.append((name, f"plugin {name!r} returned {b!r}, which is not a portakern.Backend; "
+                                         "return instances of a portakern.Backend subclass"))
             elif not b.name or b.name in reg.backends:
-                reg.errors.append((name, f"plugin {name!r}: backend name {b.name!r} is empty or already taken"))
+                owner = f" (by plugin {reg.origins[b.name]!r})" if b.name in reg.origins else ""
+                reg.errors.append((name, f"plugin {name!r}: backend name {b.name!r} is empty or already taken"
+                                         f"{owner}; give the backend a unique, non-empty name"))
             else:
                 reg.backends[b.name] = b
                 reg.origins[b.name] = name

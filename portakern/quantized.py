@@ -32,7 +32,8 @@ class QuantizedWeight:
 
     def __init__(self, fmt: QuantFormat, N: int, K: int, tensors: dict[str, Any]):
         if not isinstance(fmt, QuantFormat):
-            raise InvalidTypeError(f"fmt is a {type(fmt).__name__}: expected a portakern.ir.QuantFormat")
+            raise InvalidTypeError(f"fmt is a {type(fmt).__name__}: expected a portakern.ir.QuantFormat; "
+                                   "build one with QuantFormat(bits, group_size, symmetric, packing)")
         packing.validate_tensors(fmt, tensors, N, K)
         self.fmt = fmt
         self.N = int(N)

@@ -9,7 +9,7 @@ import pytest
 
 #: Environment variables that steer plugin loading and dispatch.
 PORTAKERN_ENV = ("PORTAKERN_BACKEND", "PORTAKERN_STRICT", "PORTAKERN_PLUGINS",
-                 "PORTAKERN_DISABLE_PLUGIN_AUTOLOAD")
+                 "PORTAKERN_DISABLE_PLUGIN_AUTOLOAD", "PORTAKERN_POLICY")
 
 
 def _torch_devices() -> list[str]:

@@ -153,6 +153,10 @@ CASES = [
      "use_backend(3): the backend name must be a string"),
     ("explain_unknown_fn", lambda: portakern.explain(len, *qkv()), InvalidTypeError,
      "fn must be portakern.attention or portakern.quant_gemv"),
+    ("mask_mod_not_an_expr", att(mask_mod="causal"), InvalidTypeError,
+     "mask_mod='causal' must be a portakern.ir.Expr (see portakern.ir.expr)"),
+    ("dense_seqlens_k_wrong_length", att(seqlens_k=np.array([8, 8, 8], np.int32)), InvalidInputError,
+     "seqlens_k has shape (3,): expected (batch,) = (2,)"),
     # -- quantized GEMV -----------------------------------------------------------------------------------
     ("weight_not_quantized", gemv(arr(1, 64), arr(16, 64)), InvalidTypeError,
      "w is a ndarray: expected a portakern.QuantizedWeight"),
@@ -219,8 +223,8 @@ def test_nothing_launches_before_validation(register_plugin):
 
     register_plugin(Plugin(), name="spy")
     q, k, v = qkv()
-    with pytest.raises(InvalidInputError):
+    with pytest.raises(InvalidInputError, match=r"window=\(1, 2, 3\) must be a \(left, right\) pair"):
         portakern.attention(q, k, v, window=(1, 2, 3))
-    with pytest.raises(InvalidInputError):
+    with pytest.raises(InvalidInputError, match="the number of query heads must be a multiple"):
         portakern.attention(q, k[:, :, :1].repeat(3, axis=2), v[:, :, :1].repeat(3, axis=2))
     assert launched == []

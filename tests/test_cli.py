@@ -126,6 +126,8 @@ def test_explain_unsupported_forced_backend_exits_1(fresh_registry, capsys, monk
     (["explain", "attention", "--shape", "1,1,8,2,2,64", "--dtype", "fp8"], "'fp8' is not an IR dtype"),
     (["explain", "attention", "--shape", "1,1,8,2,2,64", "--window", "3"], "--window '3': expected 2"),
     (["explain", "attention", "--shape", "1,1,8,2,2,64", "--paged", "4", "--varlen"], "exclude each other"),
+    (["explain", "attention", "--shape", "1,1,8,2,2,64", "--paged", "0"], "--paged 0: the page size must be a positive"),
+    (["explain", "attention", "--shape", "1,1,8,2,2,64", "--paged", "-4"], "--paged -4: the page size must be a positive"),
     (["explain", "attention", "--shape", "1,1,8,2,2,64", "--device", "cuda:3"], "device='cuda:3' is not present"),
     (["explain", "attention", "--shape", "1,1,8,2,2,64", "--backend", "nope"], "backend='nope' is not registered"),
     (["explain", "quant_gemv", "--shape", "1,64,100", "--group-size", "32"], "group_size=32 does not divide K=100"),

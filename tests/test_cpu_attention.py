@@ -350,3 +350,45 @@ def test_seqlens_k_longer_than_capacity():
     op = make_op(B=1, Sq=2, Sk=8, has_seqlens_k=True)
     with pytest.raises(InvalidInputError, match=r"seqlens_k\[0\]=9"):
         run(op, *inputs(op), seqlens_k=np.array([9]))
+
+
+def test_missing_lse_when_the_op_returns_it():
+    op = make_op(return_lse=True)
+    q, k, v = inputs(op)
+    out = np.zeros(op.shapes()["out"], np.float32)
+    with pytest.raises(InvalidInputError, match=r"lse is None but the op has return_lse=True: pass a float32 "
+                                                r"array of shape \(1, 2, 8\)"):
+        attention_kernel(op)(q, k, v, out, None, {})
+
+
+@pytest.mark.parametrize("seqlens_k, fragment", [
+    (np.array([3.0]), r"aux\['seqlens_k'\] has dtype float64: it must hold integers; convert it"),
+    (np.array([3, 3]), r"aux\['seqlens_k'\] has shape \(2,\), expected \(1,\): index arrays are sized"),
+], ids=["float-dtype", "wrong-shape"])
+def test_index_array_dtype_and_shape(seqlens_k, fragment):
+    op = make_op(B=1, has_seqlens_k=True)
+    with pytest.raises(InvalidInputError, match=fragment):
+        run(op, *inputs(op), seqlens_k=seqlens_k)
+
+
+def test_index_array_of_another_layout_is_rejected():
+    op = make_op(B=1)
+    with pytest.raises(InvalidInputError, match=r"aux\['block_table'\] was given but this attention op does not "
+                                                r"read it: pass it only with the KV layout that uses it"):
+        run(op, *inputs(op), block_table=np.zeros((1, 1), np.int32))
+
+
+def _varlen_op():
+    return make_op(B=2, Sq=4, Sk=5, kv_layout=KVLayout.VARLEN, total_q=6, total_k=8)
+
+
+@pytest.mark.parametrize("cu_q, fragment", [
+    ([1, 3, 6], r"cu_seqlens_q\[0\]=1 must be 0: cumulative lengths start at 0"),
+    ([0, 4, 3], r"cu_seqlens_q decreases at index 2: cumulative lengths never decrease"),
+    ([0, 3, 7], r"cu_seqlens_q\[-1\]=7 exceeds the 6 packed rows: the last cumulative length"),
+    ([0, 5, 6], r"cu_seqlens_q: sequence 0 has length 5, more than the op's maximum 4 \(seqlen_q\)"),
+], ids=["nonzero-start", "decreasing", "past-the-end", "longer-than-seqlen_q"])
+def test_bad_cumulative_lengths(cu_q, fragment):
+    op = _varlen_op()
+    with pytest.raises(InvalidInputError, match=fragment):
+        run(op, *inputs(op), cu_seqlens_q=np.array(cu_q), cu_seqlens_k=np.array([0, 3, 8]))

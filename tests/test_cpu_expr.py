@@ -193,17 +193,22 @@ def test_malformed_node_is_named():
         evaluate(Expr(Op.ADD, (E.q_idx,)), {"q_idx": 1})
 
 
+def test_constant_of_another_type_is_named():
+    with pytest.raises(InvalidTypeError, match=r"expression constant 'x' must be an int, float or bool"):
+        evaluate(Expr(Op.CONST, (), "x"), {})
+
+
 # -- truth value ---------------------------------------------------------------------------------
 
 def test_bool_of_expr_raises_type_error():
     with pytest.raises(TypeError, match="truth value"):
         bool(E.q_idx < 3)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="truth value"):
         if E.kv_idx <= E.q_idx:  # noqa: SIM102 - the point is the implicit bool()
             pass
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="truth value"):
         _ = (E.q_idx < 1) and (E.kv_idx < 1)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="truth value"):
         _ = 0 <= E.kv_idx < 4  # a chained comparison needs bool() of the first half
 
 

@@ -183,6 +183,10 @@ BAD_ATTENTION = [
     ({"mask_mod": E.kv_idx + 1}, "must be a boolean Expr (True keeps the key)"),
     ({"mask_mod": E.score > 0}, "mask_mod reads 'score': masks may depend on positions and heads only"),
     ({"mask_mod": Expr(Op.LT, (E.kv_idx,))}, "node lt has 1 arguments; it takes 2"),
+    ({"score_mod": E.score + Expr(Op.VAR, (), "pos")},
+     "Attention.score_mod: variable 'pos' is unknown: expected one of score, b, h, q_idx, kv_idx"),
+    ({"score_mod": E.score + Expr(Op.CONST, (), "x")},
+     "Attention.score_mod: constant 'x' must be an int, float or bool"),
     ({"kv_layout": KVLayout.PAGED}, "page_size=0, num_pages=0 must be positive for paged KV"),
     ({"kv_layout": KVLayout.PAGED, "page_size": 3, "num_pages": 4, "has_seqlens_k": True},
      "seqlen_k=8 must equal max_pages * page_size=3"),
@@ -215,6 +219,8 @@ BAD_GEMV = [
     (dict(fmt=QuantFormat(4, 32, True, has_g_idx=True)), "has_g_idx=True is only meaningful for packing gptq"),
     (dict(fmt=QuantFormat(4, 32, True, scale_dtype=DType.int8)), "scale_dtype=int8 must be float16, bfloat16 or float32"),
     (dict(fmt=QuantFormat(4, 32, False, Packing.GPTQ), K=96, N=12), "N=12 must be a multiple of 8 for gptq"),
+    (dict(fmt=QuantFormat(4, 32, True, Packing.GGUF_Q4_0, scale_dtype=DType.float32)),
+     "QuantFormat: scale_dtype=float32 is impossible for gguf_q4_0: GGUF blocks embed float16 scales; use float16"),
 ]
 
 

@@ -259,3 +259,56 @@ def test_pack_and_quantize_errors():
         P.quantize_native(np.full((1, 32), 1e6), 4, 32, True)
     with pytest.raises(InvalidInputError, match="must be finite"):
         P.quantize_native(np.array([[0.0, np.nan]]), 4, 2, True)
+
+
+def _native(sym=False, N=4, K=64):
+    fmt = FORMATS["native4_sym_g64" if sym else "native4_asym_g32"]
+    codes, scales, zeros, _ = random_unpacked(fmt, N, K, seed=8)
+    return fmt, codes, scales, zeros
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (dict(codes=np.zeros((4, 63), np.int64)), r"codes has shape \(4, 63\) and dtype int64: it must be an integer "
+                                              r"array of shape \(N, K\) = \(4, 64\)"),
+    (dict(codes=np.zeros((4, 64))), r"codes has shape \(4, 64\) and dtype float64: it must be an integer array"),
+    (dict(scales=np.ones((4, 3))), r"scales has shape \(4, 3\): it must be \(N, K // group_size\) = \(4, 2\)"),
+    (dict(zeros=None), r"zeros=None but packing native is asymmetric: pass the integer zero points, "
+                       r"shape \(N, K // group_size\) = \(4, 2\)"),
+    (dict(zeros=np.full((4, 2), 1.5)), r"zeros has shape \(4, 2\): it must hold integers, shape \(N, K // group_size\)"),
+    (dict(g_idx=np.zeros(64, np.int32)), r"g_idx was given but fmt.has_g_idx=False \(native\): drop it, "
+                                          r"or use packing gptq with has_g_idx=True"),
+], ids=["codes-shape", "codes-dtype", "scales-shape", "zeros-missing", "zeros-fractional", "g_idx-unexpected"])
+def test_pack_argument_errors(change, fragment):
+    fmt, codes, scales, zeros = _native()
+    args = {"codes": codes, "scales": scales, "zeros": zeros, "g_idx": None, **change}
+    with pytest.raises(InvalidInputError, match=fragment):
+        P.pack(fmt, args["codes"], args["scales"], args["zeros"], 4, 64, g_idx=args["g_idx"])
+
+
+def test_pack_symmetric_zero_points_and_missing_g_idx():
+    fmt, codes, scales, _ = _native(sym=True)
+    with pytest.raises(InvalidInputError, match=r"zeros must be None \(or all 8\) for a symmetric format: "
+                                                r"native has the fixed zero point 8"):
+        P.pack(fmt, codes, scales, np.full((4, 1), 7), 4, 64)
+    P.pack(fmt, codes, scales, np.full((4, 1), 8), 4, 64)     # all equal to the fixed zero point: accepted
+    gfmt = FORMATS["gptq_g32_gidx"]
+    codes, scales, zeros, _ = random_unpacked(gfmt, 8, 64, seed=9)
+    with pytest.raises(InvalidInputError, match=r"g_idx=None but fmt.has_g_idx=True: pass the \(K,\) group of "
+                                                r"each input channel, or use a format with has_g_idx=False"):
+        P.pack(gfmt, codes, scales, zeros, 8, 64)
+
+
+def test_validate_tensors_rejects_a_non_array():
+    fmt, t = good_awq()
+    t["scales"] = t["scales"].tolist()
+    with pytest.raises(InvalidTypeError, match=r"tensors\['scales'\] is a list: expected a numpy array, torch "
+                                               r"tensor or cupy array"):
+        P.validate_tensors(fmt, t, 16, 64)
+
+
+def test_quantize_native_shape_and_bits():
+    with pytest.raises(InvalidInputError, match=r"w has shape \(64,\): expected a 2-D weight \(N, K\) = "
+                                                r"\(out, in features\)"):
+        P.quantize_native(np.ones(64), 4, 32)
+    with pytest.raises(InvalidInputError, match="bits=3 is not supported by the native packing: choose 4 or 8"):
+        P.quantize_native(np.ones((2, 64)), 3, 32)

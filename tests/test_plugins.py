@@ -202,6 +202,10 @@ def test_non_backend_and_duplicate_names_are_reported(register_plugin):
     texts = [e for n, e in reg.errors if n == "sloppy"]
     assert any("is not a portakern.Backend" in t for t in texts)
     assert any("backend name 'cpu' is empty or already taken" in t for t in texts)
+    assert "plugin 'sloppy': backend name 'cpu' is empty or already taken (by plugin 'cpu'); give the backend " \
+           "a unique, non-empty name" in texts
+    assert "plugin 'sloppy' returned 'not a backend', which is not a portakern.Backend; return instances of a " \
+           "portakern.Backend subclass" in texts
     assert "dup-ok" in reg.backends
     assert reg.origins["cpu"] == "cpu"  # the built-in keeps its name
 

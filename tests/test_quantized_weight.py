@@ -196,6 +196,22 @@ BAD = {
         "qweight": np.zeros((2, 32), np.uint8), "scales": np.ones((2, 2), np.float16)}),
         InvalidInputError, "missing ['zeros']"),
     "bad device": (lambda: quantize(W, group_size=32).to("tpu:0"), InvalidInputError, "device='tpu:0' is not a device"),
+    "fmt not a QuantFormat": (lambda: QuantizedWeight("native", 2, 64, {}), InvalidTypeError,
+                              "fmt is a str: expected a portakern.ir.QuantFormat; build one with QuantFormat("),
+    "gguf shape not 2 ints": (lambda: QuantizedWeight.from_gguf(np.zeros(36, np.uint8), "Q4_0", (2,)),
+                              InvalidInputError, "shape=(2,) must be two positive ints (N, K)"),
+    "gguf shape zero": (lambda: QuantizedWeight.from_gguf(np.zeros(36, np.uint8), "Q4_0", (0, 64)),
+                        InvalidInputError, "shape=(0, 64) must be two positive ints (N, K)"),
+    "awq qweight 1-D": (lambda: QuantizedWeight.from_awq(np.zeros(8, np.int32), np.zeros((2, 1), np.int32),
+                                                         np.ones((2, 8), np.float16), group_size=32),
+                        InvalidInputError, "qweight has shape (8,): it must be 2-D (K, N // 8)"),
+    "awq group_size 1": (lambda: QuantizedWeight.from_awq(np.zeros((64, 1), np.int32), np.zeros((2, 1), np.int32),
+                                                          np.ones((2, 8), np.float16), group_size=1),
+                         InvalidInputError, "group_size=1 must be an int >= 2, or -1 for one group per row; use the "
+                                            "value from the checkpoint's quantization config"),
+    "gptq group_size bool": (lambda: QuantizedWeight.from_gptq(np.zeros((8, 8), np.int32), np.zeros((2, 1), np.int32),
+                                                               np.ones((2, 8), np.float16), group_size=True),
+                             InvalidInputError, "group_size=True must be an int >= 2"),
 }
 
 

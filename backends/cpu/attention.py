@@ -210,9 +210,11 @@ def _int_array(aux: dict, name: str, shape: tuple[int, ...]) -> np.ndarray:
         raise InvalidInputError(f"aux[{name!r}] is missing: this attention op needs it")
     arr = np.asarray(value)
     if arr.dtype.kind not in "iu":
-        raise InvalidInputError(f"aux[{name!r}] has dtype {arr.dtype}: it must hold integers")
+        raise InvalidInputError(f"aux[{name!r}] has dtype {arr.dtype}: it must hold integers; "
+                                "convert it with .astype(numpy.int32)")
     if arr.shape != shape:
-        raise InvalidInputError(f"aux[{name!r}] has shape {arr.shape}, expected {shape}")
+        raise InvalidInputError(f"aux[{name!r}] has shape {arr.shape}, expected {shape}: index arrays "
+                                "are sized by the op's batch (and max_pages for block_table)")
     return arr.astype(np.int64, copy=False)
 
 
@@ -255,12 +257,14 @@ def _cu_seqlens(op: Attention, aux: dict, name: str, total: int, longest: int) -
     cu = _int_array(aux, name, (op.batch + 1,))
     lengths = np.diff(cu)
     if cu[0] != 0:
-        raise InvalidInputError(f"{name}[0]={int(cu[0])} must be 0")
+        raise InvalidInputError(f"{name}[0]={int(cu[0])} must be 0: cumulative lengths start at 0; "
+                                "build them as numpy.cumsum([0, *lengths])")
     if (lengths < 0).any():
         b = int(np.flatnonzero(lengths < 0)[0])
         raise InvalidInputError(f"{name} decreases at index {b + 1}: cumulative lengths never decrease")
     if cu[-1] > total:
-        raise InvalidInputError(f"{name}[-1]={int(cu[-1])} exceeds the {total} packed rows")
+        raise InvalidInputError(f"{name}[-1]={int(cu[-1])} exceeds the {total} packed rows: the last "
+                                "cumulative length may not pass the end of the packed array")
     if (lengths > longest).any():
         b = int(np.flatnonzero(lengths > longest)[0])
         raise InvalidInputError(f"{name}: sequence {b} has length {int(lengths[b])}, more than the "

@@ -53,6 +53,7 @@ def _check(op: QuantGemv, x, weight, out) -> None:
                                     f"QuantGemv(M={op.M}, N={op.N}, K={op.K})")
     if (weight.N, weight.K) != (op.N, op.K):
         raise InvalidInputError(f"weight has shape {(weight.N, weight.K)}, expected (N, K) = "
-                                f"{(op.N, op.K)}")
+                                f"{(op.N, op.K)}: build the op with N=weight.N, K=weight.K")
     if weight.fmt != op.fmt:
-        raise InvalidInputError(f"weight format {weight.fmt} differs from the op's format {op.fmt}")
+        raise InvalidInputError(f"weight format {weight.fmt} differs from the op's format {op.fmt}: "
+                                "build the op with fmt=weight.fmt")
