@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from gemv import copy_bandwidth_TBps, random_prepared  # noqa: E402
 
 from portakern.backends.triton import quant_gemv as Q  # noqa: E402
+from portakern.conformance.report import run_identity  # noqa: E402
 from portakern.devices import torch_device  # noqa: E402
 from portakern.ir import DType, QuantFormat  # noqa: E402
 from portakern.ir.ops import QuantGemv  # noqa: E402
@@ -272,6 +273,7 @@ def main():
             del st
             torch.cuda.empty_cache()
         res["results"][str(ctx)] = out
+    res["identity"] = run_identity(torch_device("cuda", 0))
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"decode-step-{res['date']}{args.tag}.json")
     with open(path, "w") as f:

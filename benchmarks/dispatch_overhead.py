@@ -43,6 +43,8 @@ import portakern
 from portakern import Backend, dispatch, hookimpl, plugins
 from portakern.arrays import convert_for_backend, empty
 from portakern.backend import YES
+from portakern.conformance.report import run_identity
+from portakern.devices import CPU
 
 TARGET_US = 15.0
 
@@ -244,7 +246,7 @@ def main(argv=None) -> int:
               "numpy": np.__version__, "torch": _torch_version(), "machine": platform.machine(),
               "processor": platform.processor(), "calls_per_round": args.calls, "rounds": args.rounds,
               "target_us": TARGET_US, "worst_overhead_us": worst, "meets_target": worst <= TARGET_US,
-              "results": rows}
+              "results": rows, "identity": run_identity(CPU)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"dispatch-overhead-{result['date']}{'-' + args.tag if args.tag else ''}.json"

@@ -33,6 +33,7 @@ import torch
 from portakern.backends.triton import gemv_tuning as tuning
 from portakern.backends.triton import quant_gemv as Q
 from portakern.backends.triton.gemv_tuning import GemvConfig
+from portakern.conformance.report import run_identity
 from portakern.devices import torch_device
 from portakern.ir import DType, QuantFormat
 from portakern.ir.ops import QuantGemv
@@ -258,6 +259,7 @@ def main():
                    "triton": triton.__version__, "cuda": torch.version.cuda,
                    "l2": getattr(props, "L2_cache_size", None)},
            "sweep": [], "rows": []}
+    res["identity"] = run_identity(torch_device("cuda", 0))
     bw = copy_bandwidth_TBps()
     res["copy_TBps"] = bw
     print(f"copy bandwidth {bw:.3f} TB/s", flush=True)

@@ -28,6 +28,7 @@ import subprocess
 import sys
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
+import os
 from pathlib import Path
 from typing import Any, Iterable
 from xml.sax.saxutils import escape, quoteattr
@@ -128,13 +129,22 @@ def git_info() -> dict | None:
     import portakern
 
     root = Path(portakern.__file__).resolve().parent.parent
-    if not (root / ".git").exists():
-        return None
-    commit = _run(["git", "-C", str(root), "rev-parse", "HEAD"])
-    if not commit:
-        return None
+    commit = _run(["git", "-C", str(root), "rev-parse", "HEAD"]) if (root / ".git").exists() else ""
+    if not commit:  # a copy without .git (e.g. on a lent device): the commit the caller names, if any
+        named = os.environ.get("PK_COMMIT", "")
+        return {"commit": named, "dirty": None, "from": "PK_COMMIT"} if named else None
     dirty = bool(_run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"]))
     return {"commit": commit, "dirty": dirty}
+
+
+def run_identity(device: Any = None) -> dict:
+    """Who measured: device identity, package versions and commit, for benchmark result files.
+
+    The commit comes from git when portakern is imported from a checkout, else from the
+    ``PK_COMMIT`` environment variable (set it when running on a copy of the tree).
+    """
+    return {"device": device_identity(device) if device is not None else None,
+            "packages": package_versions(), "git": git_info()}
 
 
 def backend_info(backends: Iterable[Any]) -> dict:
