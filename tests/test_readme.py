@@ -1,0 +1,22 @@
+"""README's quickstart runs as written and computes what it says."""
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_quickstart_runs(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("PORTAKERN_CACHE_DIR", str(tmp_path))  # use_policy("fastest") persists a ranking
+    text = (ROOT / "README.md").read_text()
+    code = re.search(r"## Quickstart\n\n```python\n(.*?)```", text, re.S).group(1)
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    q, k, out, lse, y = scope["q"], scope["k"], scope["out"], scope["lse"], scope["y"]
+    assert out.shape == q.shape and out.dtype == q.dtype and np.isfinite(out).all()
+    assert lse.shape == (1, 8, 128) and y.shape == (2, 256)
+    w4 = scope["w4"]
+    assert w4.shape == (256, 512)
+    assert "chosen" in capsys.readouterr().out  # explain() printed its table
