@@ -21,6 +21,7 @@ examples:
   portakern conformance --backend theirs --cases 'attn-*-paged*' --repeat 3
   portakern conformance --compile-only --target sm_90a,sm_100a,gfx942 --backend triton --report aot.json
   portakern conformance --list --cases 'gemv-awq-*'
+  portakern conformance --backend triton --device cuda:0 --jobs 0        one worker per CPU core
 
 status per record: pass | fail | error | nondeterministic | unsupported (with the backend's reason).
 exit status: 0 every record passed or was unsupported; 1 any fail, error or nondeterministic
@@ -51,6 +52,9 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="do not run: lower every case for each --target (status pass = it lowered)")
     p.add_argument("--target", action="append", metavar="T1,T2", default=[],
                    help="compile-only targets, e.g. sm_90a,sm_100a,gfx942")
+    p.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
+                   help="run the cases in N worker processes (0: one per CPU core; default 1, no workers). "
+                        "Kernel compilation dominates a run, so this is the way to speed one up")
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--goldens", metavar="DIR", help=argparse.SUPPRESS)
@@ -65,7 +69,7 @@ def _usage(prog: str, err: Exception) -> int:
 def cli_main(argv: Sequence[str] | None = None) -> int:
     """``portakern conformance [--backend NAME ...] [--device DEV] [--cases GLOB] [--tier cpu|gpu]
     [--repeat N] [--report PATH.json] [--markdown PATH.md] [--junit PATH.xml]
-    [--compile-only --target T1,T2] [--list]``. Returns the exit status."""
+    [--compile-only --target T1,T2] [--jobs N] [--list]``. Returns the exit status."""
     from portakern.errors import PortakernError
 
     from .runner import collect_cases, run
@@ -87,7 +91,7 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
         _, code = run(backends=args.backend, device=args.device, cases_glob=args.cases or None, tier=args.tier,
                       repeat=args.repeat, report=args.report, markdown=args.markdown, junit=args.junit,
                       compile_only=args.compile_only, targets=args.target, progress=not args.no_progress,
-                      golden_dir=args.goldens)
+                      golden_dir=args.goldens, jobs=args.jobs)
         return code
     except PortakernError as e:
         return _usage(p.prog, e)

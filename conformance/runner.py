@@ -7,9 +7,12 @@ the exit status is 0 when every record passed or was unsupported (with the backe
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
+import traceback
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterable, Sequence, TextIO
 
@@ -35,7 +38,7 @@ class Progress:
         self.failed = 0
         self._next_line = 0.1
 
-    def step(self, label: str, failed: bool = False) -> None:
+    def step(self, label: str, failed: bool = False, record: Record | None = None) -> None:
         self.done += 1
         self.failed += failed
         if not self.enabled:
@@ -99,33 +102,40 @@ def target_device(target: str):
 def compile_records(cases: list, backends: list, targets: list[str], progress: Progress) -> list[Record]:
     records = []
     for case in cases:
-        try:
-            op = static_op(case)
-        except Exception as e:
-            op, why = None, f"building the op failed: {type(e).__name__}: {e}"
-        for b in backends:
-            for t in targets:
-                rec = Record(case.id, case.kind, case.dtype, b.name, t, "error")
-                if op is None:
-                    rec.reason = why
-                elif t not in b.compile_targets:
-                    rec.status = "unsupported"
-                    rec.reason = (f"{b.name} cannot compile for {t} without the device (compile_targets: "
-                                  f"{', '.join(b.compile_targets) or 'none'})")
+        records += _compile_case(case, backends, targets, progress)
+    return records
+
+
+def _compile_case(case, backends: list, targets: list[str], progress) -> list[Record]:
+    """One case lowered by every backend for every target (``progress.step`` after each record)."""
+    records = []
+    try:
+        op = static_op(case)
+    except Exception as e:
+        op, why = None, f"building the op failed: {type(e).__name__}: {e}"
+    for b in backends:
+        for t in targets:
+            rec = Record(case.id, case.kind, case.dtype, b.name, t, "error")
+            if op is None:
+                rec.reason = why
+            elif t not in b.compile_targets:
+                rec.status = "unsupported"
+                rec.reason = (f"{b.name} cannot compile for {t} without the device (compile_targets: "
+                              f"{', '.join(b.compile_targets) or 'none'})")
+            else:
+                s = supports(b, op, target_device(t))
+                if not s.ok:
+                    rec.status, rec.reason = "unsupported", s.reason
                 else:
-                    s = supports(b, op, target_device(t))
-                    if not s.ok:
-                        rec.status, rec.reason = "unsupported", s.reason
-                    else:
-                        t0 = time.perf_counter()
-                        try:
-                            b.compile_for_target(op, t)
-                            rec.status = "pass"
-                        except Exception as e:
-                            rec.status, rec.reason = "fail", f"compile_for_target raised {type(e).__name__}: {e}"
-                        rec.time_ms = (time.perf_counter() - t0) * 1e3
-                records.append(rec)
-                progress.step(f"{b.name} {t} {case.id}", rec.status in R.FAILING)
+                    t0 = time.perf_counter()
+                    try:
+                        b.compile_for_target(op, t)
+                        rec.status = "pass"
+                    except Exception as e:
+                        rec.status, rec.reason = "fail", f"compile_for_target raised {type(e).__name__}: {e}"
+                    rec.time_ms = (time.perf_counter() - t0) * 1e3
+            records.append(rec)
+            progress.step(f"{b.name} {t} {case.id}", rec.status in R.FAILING, rec)
     return records
 
 
@@ -135,7 +145,7 @@ def run(backends: Sequence[str] | None = None, device: str | Any = "cpu", cases_
         tier: str = "cpu", repeat: int = 1, report: str | Path | None = None, markdown: str | Path | None = None,
         junit: str | Path | None = None, compile_only: bool = False, targets: Sequence[str] | None = None,
         progress: bool = True, stream: TextIO | None | object = _STD, out: TextIO | None | object = _STD,
-        golden_dir: str | Path | None = None) -> tuple[dict, int]:
+        golden_dir: str | Path | None = None, jobs: int = 1) -> tuple[dict, int]:
     """Run the conformance suite and write the requested reports.
 
     Args:
@@ -149,6 +159,11 @@ def run(backends: Sequence[str] | None = None, device: str | Any = "cpu", cases_
         of running (status pass = lowered); backends that do not list a target report unsupported.
       progress: draw the progress bar on ``stream`` (default stderr); ``out`` (default stdout)
         receives the final summary table; None silences either.
+      jobs: worker processes (0 = one per CPU core). With more than one, the selected cases are
+        dealt round-robin to that many "spawn" processes, each running its share through the same
+        per-case code; the records come back merged in the serial order. A worker that dies turns
+        the cases it had not finished into ``error`` records. Backends and cases must reach the
+        workers through entry points or ``PORTAKERN_PLUGINS`` (not ``plugins.register``).
 
     Returns:
       ``(report dict, exit status)``. Raises ``InvalidInputError`` for an unknown backend, device,
@@ -161,27 +176,40 @@ def run(backends: Sequence[str] | None = None, device: str | Any = "cpu", cases_
     out = sys.stdout if out is _STD else out
     if repeat < 1:
         raise InvalidInputError(f"repeat={repeat} must be >= 1")
+    if jobs < 0:
+        raise InvalidInputError(f"jobs={jobs} must be >= 0 (0 = one worker per CPU core)")
     bes = resolve_backends(backends)
     cases = collect_cases(tier, cases_glob)
     if not cases:
         raise InvalidInputError(f"cases={cases_glob!r} matches no case of {SUITE} tier {tier}; "
                                 "list the ids with: portakern conformance --list")
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(cases)))
+    if jobs > 1:
+        _check_workers_can_see(bes, cases)
     tlist = [t.strip() for x in (targets or []) for t in x.split(",") if t.strip()]
     if compile_only:
         if not tlist:
             raise InvalidInputError("--compile-only needs --target T1,T2 (e.g. sm_100a,gfx942)")
         prog = Progress(len(cases) * len(bes) * len(tlist), stream, progress)
-        records = compile_records(cases, bes, tlist, prog)
         dev = None
     else:
         dev = device if isinstance(device, Device) else parse_device(device)
-        store = Store(golden_dir) if golden_dir else Store()
         prog = Progress(len(cases) * len(bes), stream, progress)
+    if jobs > 1:
+        spec = dict(backends=[b.name for b in bes], ids=[c.id for c in cases], tier=tier, device=dev,
+                    repeat=repeat, compile_only=compile_only, targets=tlist,
+                    golden_dir=str(golden_dir) if golden_dir else None)
+        records = _run_parallel(spec, cases, bes, jobs, prog)
+    elif compile_only:
+        records = compile_records(cases, bes, tlist, prog)
+    else:
+        store = Store(golden_dir) if golden_dir else Store()
         records = []
         for case in cases:
             records += _run_case_all(case, bes, dev, store, repeat, prog)
     rep = R.build(records, suite=SUITE, tier=tier, mode="compile-only" if compile_only else "run",
                   device=dev, backends=bes, repeat=repeat, targets=tlist)
+    rep = _with_jobs(rep, jobs)
     if report:
         R.write_json(rep, report)
     if markdown:
@@ -219,5 +247,162 @@ def _run_case_all(case, backends: Iterable, device, store: Store, repeat: int, p
         else:
             rec = run_case(case, inputs, golden, b, device, repeat)
         records.append(rec)
-        prog.step(f"{b.name} {case.id}", rec.status in R.FAILING)
+        prog.step(f"{b.name} {case.id}", rec.status in R.FAILING, rec)
     return records
+
+
+# -- parallel runs (--jobs N) ------------------------------------------------------------------------
+#
+# The parent deals the case list round-robin to N "spawn" workers (CUDA cannot fork). Each worker
+# rebuilds the registry (plugins come from entry points and PORTAKERN_PLUGINS: os.environ is
+# inherited), looks the backends and cases up by name, runs its shard in order through
+# _compile_case / _run_case_all and reports over its own pipe, synchronously (no feeder thread, so
+# every message sent before a crash arrives):
+#   ("rec", i, label, failed, record)  after each record of case i (record: dataclasses.asdict)
+#   ("done", i)                        case i is complete
+#   ("crash", text)                    the worker raised: the exception's last line
+# When a pipe closes, the records missing from its shard become error records: the first
+# unfinished case is the one the worker died on.
+
+
+def _with_jobs(rep: dict, jobs: int) -> dict:
+    """``rep`` with ``"jobs"`` placed after ``"repeat"``."""
+    out = {}
+    for k, v in rep.items():
+        out[k] = v
+        if k == "repeat":
+            out["jobs"] = jobs
+    out.setdefault("jobs", jobs)
+    return out
+
+
+def _check_workers_can_see(bes: list, cases: list) -> None:
+    """Refuse (usage error) backends or cases that exist only in this process (``plugins.register``)."""
+    from portakern import plugins
+    from portakern.errors import InvalidInputError
+
+    reg = plugins.registry()
+    manual = {name for name, src in reg.plugins.items() if src == "manual"}
+    local = [b.name for b in bes if reg.origins.get(b.name) in manual]
+    ids = {c.id for c in cases}
+    for name, obj in plugins._manual:
+        hook = getattr(obj, "portakern_conformance_cases", None)
+        if hook is not None and name in manual:
+            try:
+                local += [c.id for c in hook() or [] if getattr(c, "id", None) in ids]
+            except Exception:
+                pass
+    if local:
+        raise InvalidInputError(f"jobs > 1: {', '.join(local)} were registered by hand in this process, which "
+                                "the worker processes cannot see; load the plugin through PORTAKERN_PLUGINS or "
+                                "an entry point, or use one job")
+
+
+class _PipeProgress:
+    """The worker's progress: every record goes to the parent as it is made."""
+
+    def __init__(self, conn):
+        self.conn, self.case = conn, -1
+
+    def step(self, label: str, failed: bool = False, record: Record | None = None) -> None:
+        self.conn.send(("rec", self.case, label, bool(failed), asdict(record)))
+
+
+def _worker(conn, spec: dict, shard: list[int]) -> None:
+    """Entry point of a worker process: run the cases ``shard`` (indices into ``spec["ids"]``)."""
+    try:
+        bes = resolve_backends(spec["backends"])
+        known = {c.id: c for c in collect_cases(spec["tier"], None)}
+        prog = _PipeProgress(conn)
+        store = None
+        if not spec["compile_only"]:
+            store = Store(spec["golden_dir"]) if spec["golden_dir"] else Store()
+        for i in shard:
+            case = known.get(spec["ids"][i])
+            if case is None:
+                raise RuntimeError(f"case {spec['ids'][i]} is unknown in the worker process (a plugin registered "
+                                   "by hand?); load plugins through PORTAKERN_PLUGINS or an entry point")
+            prog.case = i
+            if spec["compile_only"]:
+                _compile_case(case, bes, spec["targets"], prog)
+            else:
+                _run_case_all(case, bes, spec["device"], store, spec["repeat"], prog)
+            conn.send(("done", i))
+    except BaseException as e:
+        try:
+            conn.send(("crash", traceback.format_exception_only(type(e), e)[-1].strip()))
+        except Exception:
+            pass
+        raise
+    finally:
+        conn.close()
+
+
+def _run_parallel(spec: dict, cases: list, bes: list, jobs: int, prog: Progress) -> list[Record]:
+    """Run ``cases`` in ``jobs`` spawned workers; the records in the serial order."""
+    import multiprocessing as mp
+    from multiprocessing.connection import wait
+
+    ctx = mp.get_context("spawn")
+    shards = [list(range(k, len(cases), jobs)) for k in range(jobs)]
+    got: dict[int, list[Record]] = {}
+    done: set[int] = set()
+    crash: dict[int, str] = {}
+    procs, readers = [], {}
+    try:
+        for k, shard in enumerate(shards):
+            r, w = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_worker, args=(w, spec, shard), name=f"portakern-conformance-{k}", daemon=True)
+            p.start()
+            w.close()     # the parent's copy: the pipe reads EOF once the worker has gone
+            procs.append(p)
+            readers[r] = k
+        while readers:
+            for r in wait(list(readers)):
+                try:
+                    msg = r.recv()
+                except (EOFError, OSError):
+                    r.close()
+                    del readers[r]
+                    continue
+                if msg[0] == "rec":
+                    got.setdefault(msg[1], []).append(Record(**msg[4]))
+                    prog.step(msg[2], msg[3])
+                elif msg[0] == "done":
+                    done.add(msg[1])
+                elif msg[0] == "crash":
+                    crash[readers[r]] = msg[1]
+        for p in procs:
+            p.join()
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+    records = []
+    for i, case in enumerate(cases):
+        recs = got.get(i, [])
+        if i not in done:
+            k = i % jobs
+            why = crash.get(k) or f"exit status {procs[k].exitcode}"
+            first = next(j for j in shards[k] if j not in done)
+            reason = (f"worker process {k} of {jobs} died ({why}) while running this case" if i == first else
+                      f"not run: worker process {k} of {jobs} died ({why}) while running {cases[first].id}")
+            recs = _fill(case, bes, spec, recs, reason, prog)
+        records += recs
+    return records
+
+
+def _fill(case, bes: list, spec: dict, recs: list[Record], reason: str, prog: Progress) -> list[Record]:
+    """The records of an unfinished case in the serial order: those received, errors for the rest."""
+    where = spec["targets"] if spec["compile_only"] else [str(spec["device"])]
+    have = {(r.backend, r.device): r for r in recs}
+    out = []
+    for b in bes:
+        for t in where:
+            rec = have.get((b.name, t))
+            if rec is None:
+                rec = Record(case.id, case.kind, case.dtype, b.name, t, "error", reason=reason)
+                prog.step(f"{b.name} {t} {case.id}" if spec["compile_only"] else f"{b.name} {case.id}", True)
+            out.append(rec)
+    return out
