@@ -2,6 +2,7 @@
 # Set up and run the tests (what CI runs):
 #   1. the triton backend over the whole cpu-tier conformance suite in Triton's CPU interpreter;
 #   2. compile-only lowering of every supported case for sm_80, sm_90a and sm_100a (no GPU needed);
+#      (1 and 2 shard their cases over one worker process per core: --jobs 0)
 #   3. the pytest suite (unit, reference, dispatch, plugin, conformance and mutation tests).
 # Exit status is non-zero if any step fails; pytest's "no tests ran" (5) is a failure too.
 # Reports of steps 1-2 land in reports/. Set PORTAKERN_SKIP_SLOW_CONFORMANCE=1 to run pytest only.
@@ -13,10 +14,10 @@ status=0
 mkdir -p reports
 if [ -z "${PORTAKERN_SKIP_SLOW_CONFORMANCE:-}" ]; then
   echo "== triton backend, cpu-tier conformance under TRITON_INTERPRET=1 =="
-  TRITON_INTERPRET=1 $PK conformance --backend triton --device cpu --no-progress \
+  TRITON_INTERPRET=1 $PK conformance --backend triton --device cpu --jobs 0 --no-progress \
     --report reports/triton-interpreter.json --markdown reports/triton-interpreter.md || status=1
   echo "== triton backend, compile-only for sm_80, sm_90a, sm_100a =="
-  $PK conformance --backend triton --compile-only --target sm_80,sm_90a,sm_100a --no-progress \
+  $PK conformance --backend triton --compile-only --target sm_80,sm_90a,sm_100a --jobs 0 --no-progress \
     --report reports/triton-compile-only.json --markdown reports/triton-compile-only.md || status=1
 fi
 .venv/bin/python -m pytest -q "$@"
