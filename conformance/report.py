@@ -249,7 +249,8 @@ def markdown(report: dict) -> str:
     dev = report.get("device") or {}
     backends = sorted({r.backend for r in recs})
     head = [f"# portakern conformance: {report['suite']} ({report['mode']}, tier {report['tier']})", "",
-            f"- device: {dev.get('device', '?')} {dev.get('name', '')} {dev.get('arch', '')}".rstrip(),
+            (f"- device: {dev.get('device', '?')} {dev.get('name', '')} {dev.get('arch', '')}".rstrip() if dev
+             else "- device: none (lowered without one)"),
             f"- created: {report['created']}; portakern {report['portakern']}"
             + (f"; commit {report['git']['commit'][:12]}{' (dirty)' if report['git']['dirty'] else ''}"
                if report.get("git") else ""),
