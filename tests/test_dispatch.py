@@ -11,9 +11,10 @@ import pytest
 import torch
 
 import portakern
-from portakern import Backend, FallbackWarning, hookimpl
+from portakern import Backend, FallbackWarning
 from portakern.backend import YES, no
 from portakern.errors import BackendError, InvalidInputError, StrictModeError, UnsupportedError
+from plugin_helpers import provides  # noqa: E402
 
 
 class Fake(Backend):
@@ -46,12 +47,6 @@ class Fake(Backend):
         return kernel
 
 
-def provides(*backends):
-    class Plugin:
-        @hookimpl
-        def portakern_register_backends(self):
-            return list(backends)
-    return Plugin()
 
 
 @pytest.fixture

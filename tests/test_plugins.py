@@ -13,6 +13,7 @@ import portakern
 from portakern import Backend, hookimpl
 from portakern.backend import YES
 from portakern.errors import InvalidInputError, PluginError
+from plugin_helpers import provides  # noqa: E402
 
 
 class Named(Backend):
@@ -33,15 +34,6 @@ class Named(Backend):
         return kernel
 
 
-def provides(*backends):
-    """A plugin object registering ``backends``."""
-
-    class Plugin:
-        @hookimpl
-        def portakern_register_backends(self):
-            return list(backends)
-
-    return Plugin()
 
 
 def _tiny():
