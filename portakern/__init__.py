@@ -18,13 +18,8 @@ from .dispatch import FallbackWarning, use_backend, use_policy
 from .errors import (BackendError, InvalidInputError, InvalidTypeError, PluginError, PortakernError,
                      StrictModeError, UnsupportedError)
 from .plugins import hookimpl
+from .quantize import quantize
 from .quantized import QuantizedWeight
-
-try:
-    from .quantize import quantize
-except ImportError:  # pragma: no cover - written in parallel; see portakern/quantize.py
-    def quantize(*args, **kwargs):
-        raise NotImplementedError("portakern.quantize is not available in this build")
 
 __version__ = "0.1.0"
 

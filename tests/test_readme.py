@@ -14,7 +14,7 @@ def test_quickstart_runs(monkeypatch, tmp_path, capsys):
     code = re.search(r"## Quickstart\n\n```python\n(.*?)```", text, re.S).group(1)
     scope: dict = {}
     exec(compile(code, "README.md", "exec"), scope)
-    q, k, out, lse, y = scope["q"], scope["k"], scope["out"], scope["lse"], scope["y"]
+    q, out, lse, y = scope["q"], scope["out"], scope["lse"], scope["y"]
     assert out.shape == q.shape and out.dtype == q.dtype and np.isfinite(out).all()
     assert lse.shape == (1, 8, 128) and y.shape == (2, 256)
     w4 = scope["w4"]
