@@ -85,10 +85,11 @@ def sweep_candidates(op, dev):
     if base.pack > 1:
         for bn, st in ((64, 3), (64, 4), (128, 3), (128, 4)):
             c = tuning.fit(op, replace(base, block_n=bn, num_stages=st, num_warps=4), arch)
-            for splits in (16, 32, 64) if base.num_splits > 1 else (1, 2):
-                cand = replace(c, num_splits=splits)
-                if cand not in out:
-                    out.append(cand)
+            for splits in (8, 16, 24, 32, 48, 64) if base.num_splits > 1 else (1, 2):
+                for fused in (True, False) if splits > 1 else (True,):
+                    cand = replace(c, num_splits=splits, fused_combine=fused)
+                    if cand not in out:
+                        out.append(cand)
         return out
     big = op.head_dim > 128
     grid = ((128, 64, 8, 2), (128, 64, 8, 1), (128, 32, 8, 3), (64, 64, 4, 2)) if big else \
@@ -351,9 +352,9 @@ def run_sweep(ops, dev, l2):
     return best, rows
 
 
-def run_bench(dev, best, quick, l2, bw):
+def run_bench(dev, best, quick, l2, bw, decode_only=False):
     rows = []
-    for B, S, H, D, causal in prefill_shapes(quick):
+    for B, S, H, D, causal in prefill_shapes(quick) if not decode_only else ():
         op = prefill(B, S, H, D, causal)
         cfg = best.get(f"prefill-d{D}-s{S}-c{int(causal)}") or best.get(f"prefill-d{D}-c{int(causal)}") \
             or table_config(op, dev)
@@ -401,9 +402,9 @@ def _fmt(r):
             f"floor {f(r['floor_us'])}")
 
 
-def sweep_ops(quick):
+def sweep_ops(quick, decode_only=False):
     ops = {}
-    for D, H in ((64, 32), (128, 32), (256, 16)):
+    for D, H in ((64, 32), (128, 32), (256, 16)) if not decode_only else ():
         for causal in (False, True):
             ops[f"prefill-d{D}-c{int(causal)}"] = prefill(4, 4096, H, D, causal)
     for B, L, *page in DECODE + PAGED:
@@ -424,6 +425,8 @@ def main():
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--check-on-cpu", action="store_true", help="only --check, under TRITON_INTERPRET=1")
     ap.add_argument("--warm-conformance", metavar="TIER", help="only compile every conformance case of TIER")
+    ap.add_argument("--decode-only", action="store_true", help="--sweep and --bench: decode and paged shapes only")
+    ap.add_argument("--tag", default="", help="suffix of the result file name")
     a = ap.parse_args()
     if a.warm_conformance:
         warm_conformance(a.warm_conformance, a.workers)
@@ -434,19 +437,19 @@ def main():
     dev = torch_device("cuda", 0)
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 << 20)
-    res = {"date": datetime.date.today().isoformat(), "device": dev.to_json(), "l2": l2,
+    res = {"date": datetime.date.today().isoformat(), "tag": a.tag, "device": dev.to_json(), "l2": l2,
            "versions": {"torch": torch.__version__, "triton": triton.__version__,
                         "cudnn": torch.backends.cudnn.version(), "commit": os.environ.get("PK_COMMIT", "")}}
     bw = copy_bandwidth()
     res["copy_TBps"] = bw / 1e12
     print(f"device {dev.label}  copy {bw / 1e12:.3f} TB/s  triton {triton.__version__}  torch {torch.__version__}", flush=True)
 
-    sw_ops = sweep_ops(a.quick) if a.sweep else {}
+    sw_ops = sweep_ops(a.quick, a.decode_only) if a.sweep else {}
     jobs = []
     for key, op in sw_ops.items():
         jobs += [(op.to_json(), c.to_json()) for c in sweep_candidates(op, dev)]
     if a.bench:
-        for B, S, H, D, causal in prefill_shapes(a.quick):
+        for B, S, H, D, causal in prefill_shapes(a.quick) if not a.decode_only else ():
             op = prefill(B, S, H, D, causal)
             jobs.append((op.to_json(), table_config(op, dev).to_json()))
         for B, L, *page in DECODE + PAGED:
@@ -472,11 +475,11 @@ def main():
                 if c:
                     extra.append((prefill(B, S, H, D, causal).to_json(), c.to_json()))
             precompile(extra, a.workers)
-        res["bench"] = run_bench(dev, best, a.quick, l2, bw)
+        res["bench"] = run_bench(dev, best, a.quick, l2, bw, a.decode_only)
     print(f"wrote {dump(res, a.out)}")
     if res.get("bench"):
         try:
-            print(f"wrote {plot(res, os.path.join(a.out, 'attention-' + res['date'] + '.png'))}")
+            print(f"wrote {plot(res, os.path.join(a.out, 'attention-' + res['date'] + a.tag + '.png'))}")
         except Exception as e:  # matplotlib missing: the plot can be redrawn from the JSON
             print(f"no plot: {type(e).__name__}: {e}")
     summary(res)
@@ -518,7 +521,7 @@ def plot(res, path):
 
 def dump(res, out_dir):
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, f"attention-{res['date']}.json")
+    path = os.path.join(out_dir, f"attention-{res['date']}{res.get('tag', '')}.json")
     with open(path, "w") as f:
         json.dump(res, f, indent=1, default=str)
     return path

@@ -215,18 +215,21 @@ def precompile(jobs, workers):
 
 # -- sweep -------------------------------------------------------------------------------------------
 
-def sweep_candidates(M: int) -> list[GemvConfig]:
-    """What the sweep times per M (``split_k=0``: the automatic split and no split)."""
+def sweep_candidates(M: int, dqs=(2,), swaps=(False,)) -> list[GemvConfig]:
+    """What the sweep times per M (``split_k=0``: the automatic split and no split), for each
+    dequant variant in ``dqs`` (CUDA-core kernel) and operand order in ``swaps`` (tensor-core kernel)."""
     out = []
-    if M == 1:
-        out += [GemvConfig("fma", bn, bkw, w, 1, 0, 2) for bn in (32, 64) for bkw in (32, 64) for w in (4, 8)]
-    elif M <= 4:
-        out += [GemvConfig("fma", bn, bkw, 4, 1, 0, 2) for bn in (32, 64) for bkw in (32, 64)]
-    if 1 < M <= 4:
-        out += [GemvConfig("dot", bn, bkw, 4, 2, 0, 2) for bn in (64, 128) for bkw in (16, 32)]
-    if M > 4:
-        out += [GemvConfig("dot", bn, bkw, 4, 2, 0, 2) for bn in (32, 64, 128) for bkw in (16, 32)]
-        out += [GemvConfig("dot", bn, 32, 8, 2, 0, 2) for bn in (64, 128)]
+    for dq in dqs:
+        if M == 1:
+            out += [GemvConfig("fma", bn, bkw, w, 1, 0, dq) for bn in (32, 64) for bkw in (32, 64) for w in (4, 8)]
+        elif M <= 4:
+            out += [GemvConfig("fma", bn, bkw, 4, 1, 0, dq) for bn in (32, 64) for bkw in (32, 64)]
+    for sw in swaps:
+        if 1 < M <= 4:
+            out += [GemvConfig("dot", bn, bkw, 4, 2, 0, 2, sw) for bn in (64, 128) for bkw in (16, 32)]
+        if M > 4:
+            out += [GemvConfig("dot", bn, bkw, 4, 2, 0, 2, sw) for bn in (32, 64, 128) for bkw in (16, 32)]
+            out += [GemvConfig("dot", bn, 32, 8, 2, 0, 2, sw) for bn in (64, 128)]
     return out
 
 
@@ -247,7 +250,12 @@ def main():
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--tag", default="")
     ap.add_argument("--ms", type=int, nargs="+", default=list(MS))
+    ap.add_argument("--dq", type=int, nargs="+", default=[2],
+                    help="dequant variants the sweep times for the CUDA-core kernel (M <= 4)")
+    ap.add_argument("--swap", choices=("no", "yes", "both"), default="no",
+                    help="operand order(s) the sweep times for the tensor-core kernel (GemvConfig.swap_ab)")
     args = ap.parse_args()
+    swaps = {"no": (False,), "yes": (True,), "both": (False, True)}[args.swap]
     ms = tuple(args.ms)
 
     props = torch.cuda.get_device_properties(0)
@@ -280,7 +288,7 @@ def main():
         for M in ms:
             for (N, K) in sweep_shapes:
                 op = gemv_op(M, N, K)
-                for c in sweep_candidates(M):
+                for c in sweep_candidates(M, args.dq, swaps):
                     for cs in with_split(c, op):
                         jobs.append({"op": op.to_json(), "cfg": asdict(cs)})
     for M in ms:
@@ -297,7 +305,7 @@ def main():
                 op = gemv_op(M, N, K)
                 copies = copies_for(floor_bytes(op))
                 timed = []
-                for c in sweep_candidates(M):
+                for c in sweep_candidates(M, args.dq, swaps):
                     for cs in with_split(c, op):
                         if json.dumps({"op": op.to_json(), "cfg": asdict(cs)}, sort_keys=True) in failed:
                             continue
@@ -316,7 +324,7 @@ def main():
                     best[(M, N, K)] = timed[0][1]
                     print(f"sweep M={M} N={N} K={K}: " + "; ".join(
                         f"{t:.1f}us {c.kind} bn{c.block_n} kw{c.block_kw} w{c.num_warps} s{c.num_stages} "
-                        f"sk{c.split_k} dq{c.dq}" for t, c in timed[:4]), flush=True)
+                        f"sk{c.split_k} dq{c.dq}{' swap' if c.swap_ab else ''}" for t, c in timed[:4]), flush=True)
                 torch.cuda.empty_cache()
 
     def pick(M, N, K):

@@ -63,6 +63,16 @@ CASES = [
     ("gptq-actorder-dq3-m1-f32", "gptq", 4, 32, False, 1, 40, 256, "float32",
      {"g_idx": "actorder", "config": ("fma", 8, 16, 1, 3)}),
     ("native4-dq3-m16-f32-dot", "native", 4, 64, False, 16, 32, 256, "float32", {"config": ("dot", 16, 16, 1, 3)}),
+    # the tensor-core kernel with swapped operands (6th config field: swap_ab): dtypes, M < 16, split-K,
+    # act-order, int8
+    ("native4-swap-g64-m16-f32", "native", 4, 64, False, 16, 48, 256, "float32", {"config": ("dot", 16, 16, 1, 2, True)}),
+    ("native4-swap-g128-m5-f16", "native", 4, 128, False, 5, 40, 512, "float16", {"config": ("dot", 16, 16, 1, 2, True)}),
+    ("native4-swap-sym-g32-m16-bf16", "native", 4, 32, True, 16, 32, 256, "bfloat16",
+     {"config": ("dot", 32, 16, 1, 2, True)}),
+    ("native4-swap-splitk3-m9-f32", "native", 4, 64, False, 9, 32, 1024, "float32", {"config": ("dot", 16, 16, 3, 2, True)}),
+    ("gptq-actorder-swap-m16-f16", "gptq", 4, 64, False, 16, 32, 256, "float16",
+     {"g_idx": "actorder", "config": ("dot", 16, 16, 1, 2, True)}),
+    ("native8-swap-g32-m16-f32", "native", 8, 32, False, 16, 32, 128, "float32", {"config": ("dot", 16, 16, 1, 2, True)}),
 ]
 
 #: (id, M, bits, group, symmetric, packing) lowered for every target by ``compile``
@@ -71,7 +81,8 @@ COMPILE_CASES = [
     ("fma-int8-sym-m2", 2, 8, 64, True, "native"),
     ("dot-int4-g128-m16", 16, 4, 128, False, "native"),
     ("fma-gptq-actorder-m1", 1, 4, 128, False, "gptq-actorder"),
-    ("fma-int4-g128-m1-dq3", 1, 4, 128, False, "native", 3),   # 7th field: forced dq (table config otherwise)
+    ("fma-int4-g128-m1-dq3", 1, 4, 128, False, "native", {"dq": 3}),   # 7th field: config overrides
+    ("dot-int4-g128-m16-swap", 16, 4, 128, False, "native", {"swap_ab": True}),
 ]
 TARGETS = ("sm_80", "sm_90a", "sm_100a")
 
@@ -144,18 +155,24 @@ def _run_with_config(x, w, cfg):
     import torch
 
     from portakern.backends.triton import quant_gemv as Q
-    from portakern.backends.triton.gemv_tuning import GemvConfig
     from portakern.devices import CPU
     from portakern.validate import quant_gemv_op
 
-    kind, bn, bkw, split, dq = cfg
     op, _ = quant_gemv_op(x, w)
-    kern = Q.compile(op, CPU, GemvConfig(kind, bn, bkw, 1, 1, split, dq))
+    kern = Q.compile(op, CPU, forced_config(cfg, num_warps=1))
     prepared = Q.prepare_weight(None, w, CPU)
     out = torch.full((op.M, op.N), float("nan"), dtype=x.dtype)
     kern(x, prepared, out)
     kern(x, prepared, out)  # twice: the split-K counters must have reset themselves
     return out
+
+
+def forced_config(cfg, num_warps):
+    """The ``GemvConfig`` of a case's ``(kind, bn, bkw, split, dq[, swap_ab])`` tuple."""
+    from portakern.backends.triton.gemv_tuning import GemvConfig
+
+    kind, bn, bkw, split, dq, *swap = cfg
+    return GemvConfig(kind, bn, bkw, num_warps, 1, split, dq, swap_ab=bool(swap and swap[0]))
 
 
 def run_compile(case):
@@ -175,12 +192,12 @@ def run_compile(case):
     out = {}
     for t in TARGETS:
         cfg = None
-        if len(case) > 6:   # the target's table choice with a forced dq
+        if len(case) > 6:   # the target's table choice with some fields forced
             arch = gemv_tuning.arch_family(Q._TARGETS[t])
-            cfg = replace(gemv_tuning.choose(Q._LayoutStub(op), M, op.N, arch, gemv_tuning.DEFAULT_SMS[arch]), dq=case[6])
+            cfg = replace(gemv_tuning.choose(Q._LayoutStub(op), M, op.N, arch, gemv_tuning.DEFAULT_SMS[arch]), **case[6])
         r = Q.compile_for_target(op, t, cfg)
         if cfg is not None:
-            assert r["config"]["dq"] == case[6], r["config"]
+            assert all(r["config"][k] == v for k, v in case[6].items()), r["config"]
         name, k = next(iter(r["kernels"].items()))
         out[t] = {"kernel": name, "cubin_bytes": len(k["cubin"] or b""), "kind": r["config"]["kind"],
                   "mma": _has_mma(k["ptx"] or "")}

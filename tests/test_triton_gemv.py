@@ -96,6 +96,15 @@ def test_unknown_dq_variant_is_rejected():
         T.fit(T.GemvConfig("fma", 32, 64, dq=7), lay, 1)
 
 
+def test_swap_ab_only_on_the_tensor_core_kernel():
+    from portakern.backends.triton import gemv_tuning as T
+
+    lay = type("L", (), {})()
+    assert T.fit(T.GemvConfig("dot", 64, 32, swap_ab=True), lay, 16).swap_ab
+    with pytest.raises(ValueError, match="swap_ab.*kind='dot'"):
+        T.fit(T.GemvConfig("fma", 32, 64, swap_ab=True), lay, 1)
+
+
 def test_supports_every_packing_and_names_the_rule():
     from portakern.backends.triton import kernels
     from portakern.backends.triton import quant_gemv as Q
@@ -189,19 +198,17 @@ def test_gpu_forced_config(dev, case):
     relies on the FFMA keeping subnormal operands, which only the hardware can show."""
     _need(dev)
     from portakern.backends.triton import quant_gemv as Q
-    from portakern.backends.triton.gemv_tuning import GemvConfig
     from portakern.ir.packing import dequantize
     from portakern.validate import quant_gemv_op
 
-    from gemv_cases import TOL
+    from gemv_cases import TOL, forced_config
 
     w = weight(case)
     M, K, dt, extra = case[5], case[7], case[8], case[9]
-    kind, bn, bkw, split, dq = extra["config"]
     x = (torch.randn(M, K, device=f"cuda:{dev.index}", dtype=torch.float64) * extra.get("xscale", 1.0)).to(getattr(torch, dt))
     wd = w.with_tensors({k: torch.as_tensor(v).to(f"cuda:{dev.index}") for k, v in w.tensors.items()})
     op, _ = quant_gemv_op(x, wd)
-    kern = Q.compile(op, dev, GemvConfig(kind, bn, bkw, 4, 1, split, dq))
+    kern = Q.compile(op, dev, forced_config(extra["config"], num_warps=4))
     p = Q.prepare_weight(None, w, dev)
     out = torch.full((M, w.N), float("nan"), device=x.device, dtype=x.dtype)
     ref = x.double().cpu().numpy() @ dequantize(w.fmt, w.tensors, w.N, w.K).T

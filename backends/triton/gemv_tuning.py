@@ -51,6 +51,7 @@ class GemvConfig:
     dq         dequantization variant of ``kernels.gemv_quant._codes`` (``DQ_VARIANTS``); 3 (subnormal
                codes, CUDA-core kernel only, the tensor-core kernel runs it as 2) is not in any table
                yet: unmeasured on a GPU
+    swap_ab    (tensor-core kernel) dequantized weights as the MMA's A operand, x as B
     """
 
     kind: str
@@ -60,6 +61,7 @@ class GemvConfig:
     num_stages: int = 1
     split_k: int = 1
     dq: int = 2
+    swap_ab: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -115,6 +117,9 @@ def fit(cfg: GemvConfig, layout, M: int) -> GemvConfig:
     An unknown ``dq`` is an error (it would silently run another variant)."""
     if cfg.dq not in DQ_VARIANTS:
         raise ValueError(f"GemvConfig(dq={cfg.dq!r}): the gemv kernels implement dq in {DQ_VARIANTS}")
+    if cfg.swap_ab and cfg.kind != "dot":
+        raise ValueError(f"GemvConfig(kind={cfg.kind!r}, swap_ab=True): swap_ab is an option of the tensor-core "
+                         f"kernel; use kind='dot' or swap_ab=False")
     bkw = min(next_pow2(cfg.block_kw), 64)
     bn = next_pow2(cfg.block_n)
     if cfg.kind == "dot":  # MMA needs 16 along K and N

@@ -379,5 +379,5 @@ def _consts_for(op: QuantGemv, layout, cfg: tuning.GemvConfig) -> dict:
     if cfg.kind == "fma":
         c.update(PER_ELEM_GROUP=layout.per_elem_group, HAS_KG=layout.kgroup is not None)
     else:
-        c.update(COMPUTE_F32=op.dtype is DType.float32)
+        c.update(COMPUTE_F32=op.dtype is DType.float32, SWAP_AB=cfg.swap_ab)
     return c

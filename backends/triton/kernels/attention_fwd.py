@@ -300,29 +300,37 @@ def _merge_splits(WS_O, WS_LSE, O, LSE, o_base, l_base, grow0, qrow, h, row_ok, 
                   stride_os, stride_oh, stride_ls, stride_lh,
                   HQ: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
                   NUM_SPLITS: tl.constexpr, RETURN_LSE: tl.constexpr):
-    """out = sum_s exp(lse_s - lse) O_s with lse = log sum_s exp(lse_s), over the split partials."""
+    """out = sum_s exp(lse_s - lse) O_s with lse = log sum_s exp(lse_s), over the split partials.
+
+    Every load is independent of the others (the weights come from one 2-D load of all the LSEs,
+    the partial outputs from an unrolled loop), so they are all in flight at once: the merge costs
+    about one L2 round trip, not NUM_SPLITS of them.
+    """
+    SPLITS_P2: tl.constexpr = triton.next_power_of_2(NUM_SPLITS)
     offs_dv = tl.arange(0, BLOCK_DV)
     mask = row_ok[:, None] & (offs_dv < DV)[None, :]
-    m = tl.zeros([BLOCK_M], dtype=tl.float32) + NEG_INF
-    den = tl.zeros([BLOCK_M], dtype=tl.float32)
+    # -- weights of the splits, all LSEs in one (SPLITS_P2, BLOCK_M) load
+    # (.cg: read the other programs' partials from L2, never a stale L1 line)
+    sp = tl.arange(0, SPLITS_P2)
+    rows_all = (sp[:, None] * total_rows + grow0 + qrow[None, :]).to(tl.int64) * HQ + h[None, :]
+    lse_all = tl.load(WS_LSE + rows_all, mask=(sp < NUM_SPLITS)[:, None] & row_ok[None, :], other=NEG_INF,
+                      cache_modifier=".cg")
+    m = tl.max(lse_all, 0)
+    m_use = tl.where(m == NEG_INF, 0.0, m)
+    w_all = tl.math.exp2((lse_all - m_use[None, :]) * LOG2E)
+    den = tl.sum(w_all, 0)
+    # -- weighted sum of the partial outputs (unrolled: the loads do not wait for each other)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    for s in range(NUM_SPLITS):
+    for s in tl.static_range(NUM_SPLITS):
+        w_s = tl.sum(tl.where(sp[:, None] == s, w_all, 0.0), 0)
         rows = (s * total_rows + grow0 + qrow).to(tl.int64) * HQ + h
-        # .cg: read the other programs' partials from L2, never a stale L1 line
-        lse_s = tl.load(WS_LSE + rows, mask=row_ok, other=NEG_INF, cache_modifier=".cg")
         o_s = tl.load(WS_O + rows[:, None] * DV + offs_dv[None, :], mask=mask, other=0.0, cache_modifier=".cg")
-        m_new = tl.maximum(m, lse_s)
-        m_use = tl.where(m_new == NEG_INF, 0.0, m_new)
-        alpha = tl.exp(m - m_use)
-        w = tl.exp(lse_s - m_use)
-        acc = acc * alpha[:, None] + w[:, None] * o_s
-        den = den * alpha + w
-        m = m_new
+        acc += w_s[:, None] * o_s
     seen = den > 0.0
     den_safe = tl.where(seen, den, 1.0)
     out = acc / den_safe[:, None]
     o_rows = o_base + qrow.to(tl.int64) * stride_os + h.to(tl.int64) * stride_oh
     tl.store(O + o_rows[:, None] + offs_dv[None, :], out.to(O.dtype.element_ty), mask=mask)
     if RETURN_LSE:
-        lse = tl.where(seen, tl.where(m == NEG_INF, 0.0, m) + tl.log(den_safe), NEG_INF)
+        lse = tl.where(seen, m_use + tl.log(den_safe), NEG_INF)
         tl.store(LSE + l_base + h.to(tl.int64) * stride_lh + qrow.to(tl.int64) * stride_ls, lse, mask=row_ok)

@@ -258,10 +258,13 @@ def gemv_dot_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, out_ptr, ws_ptr, lock
                     BITS: tl.constexpr, GS: tl.constexpr, ZP: tl.constexpr,
                     HAS_Z: tl.constexpr, HAS_PERM: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                     BKW: tl.constexpr, SPLIT_K: tl.constexpr, DQ: tl.constexpr, EVEN_K: tl.constexpr,
-                    COMPUTE_F32: tl.constexpr):
+                    COMPUTE_F32: tl.constexpr, SWAP_AB: tl.constexpr):
     """Tensor-core GEMV for M up to 16: ``acc (BM, BN) += x[:, k_e] (BM, BKW) @ w_e (BKW, BN)``
     for each code position e, with ``w_e = (q - z) * s`` dequantized in the compute dtype.
 
+    ``SWAP_AB``: compute ``acc^T (BN, BM) += w_e^T (BN, BKW) @ x[:, k_e]^T (BKW, BM)`` instead, so
+    the dequantized weights are the MMA's A operand, which may stay in registers (only the packed
+    words change layout), and the small x tile is the operand staged in shared memory.
     ``COMPUTE_F32``: multiply in fp32 (fp32 activations, or bf16 under the interpreter).
     DQ=3 (a CUDA-core variant) runs as DQ=2 here.
     """
@@ -272,27 +275,48 @@ def gemv_dot_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, out_ptr, ws_ptr, lock
     pid_m = tl.program_id(2)
     n = pid_n * BN + tl.arange(0, BN)
     rows = pid_m * BM + tl.arange(0, BM)
+    x_rows = tl.minimum(rows, M - 1)   # rows past M: any row, never stored
     kwr = tl.arange(0, BKW)
-    w_ptrs = qw_ptr + kwr[:, None] * stride_qk + n[None, :]
+    if SWAP_AB:
+        w_ptrs = qw_ptr + kwr[None, :] * stride_qk + n[:, None]    # (BN, BKW) tiles
+        acc = tl.zeros((BN, BM), tl.float32)
+    else:
+        w_ptrs = qw_ptr + kwr[:, None] * stride_qk + n[None, :]    # (BKW, BN) tiles
+        acc = tl.zeros((BM, BN), tl.float32)
     kw_begin = pid_k * K_SPLIT_W
     if COMPUTE_F32:
         cdt = tl.float32
     else:
         cdt = x_ptr.dtype.element_ty
-    acc = tl.zeros((BM, BN), tl.float32)
     for kw0 in range(kw_begin, tl.minimum(kw_begin + K_SPLIT_W, KWP), BKW):
+        # -- one tile of words with its scales and zeros (padding rows use the last group)
         words = tl.load(w_ptrs + kw0 * stride_qk)
         kw = kw0 + kwr
-        g = tl.minimum(kw * EPW, K - 1) // GS          # padding rows use the last group
-        s, z = _scale_zero(s_ptr, z_ptr, g[:, None] * stride_qk + n[None, :], HAS_Z, ZP)
+        g = tl.minimum(kw * EPW, K - 1) // GS
+        if SWAP_AB:
+            s, z = _scale_zero(s_ptr, z_ptr, g[None, :] * stride_qk + n[:, None], HAS_Z, ZP)
+        else:
+            s, z = _scale_zero(s_ptr, z_ptr, g[:, None] * stride_qk + n[None, :], HAS_Z, ZP)
         zs = z * s
+        # -- one MMA per code position e: columns k = EPW * kw + e of x
         for e in tl.static_range(EPW):
             k = kw * EPW + e
-            xe = _x_column(x_ptr, tl.minimum(rows, M - 1)[:, None], stride_xm, perm_ptr, k[None, :], K,
-                           HAS_PERM, EVEN_K).to(cdt)   # rows past M: any row, never stored
             we = tl.fma(_codes(words, mask_rt, e, BITS, DQE), _unscale(s, e, BITS, DQE), -zs).to(cdt)  # (q - z) * s
-            if COMPUTE_F32:
-                acc = tl.dot(xe, we, acc, input_precision="ieee")
+            if SWAP_AB:
+                xe = _x_column(x_ptr, x_rows[None, :], stride_xm, perm_ptr, k[:, None], K, HAS_PERM, EVEN_K).to(cdt)
+                if COMPUTE_F32:
+                    acc = tl.dot(we, xe, acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(we, xe, acc)
             else:
-                acc = tl.dot(xe, we, acc)
-    _finish(acc, rows, n, M, N, pid_n, pid_k, pid_m, out_ptr, stride_om, ws_ptr, lock_ptr, BM, BN, SPLIT_K)
+                xe = _x_column(x_ptr, x_rows[:, None], stride_xm, perm_ptr, k[None, :], K, HAS_PERM, EVEN_K).to(cdt)
+                if COMPUTE_F32:
+                    acc = tl.dot(xe, we, acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(xe, we, acc)
+    # -- write (BM, BN)
+    if SWAP_AB:
+        res = tl.trans(acc)
+    else:
+        res = acc
+    _finish(res, rows, n, M, N, pid_n, pid_k, pid_m, out_ptr, stride_om, ws_ptr, lock_ptr, BM, BN, SPLIT_K)

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Run named GPU steps one after another on a CUDA machine, logging each, results under $RES.
+#
+#   RES=/tmp/pk bash benchmarks/run_gpu.sh conformance gemv-tests gemv-sweep decode-sweep
+#
+# Steps (each one's output goes to $RES/<step>.log; a failing step does not stop the others):
+#   install         pip install -e . without dependencies (the machine has torch and Triton)
+#   conformance     triton on cuda:0, gpu tier (which includes every cpu-tier case), all cores
+#   gemv-tests      the GPU tests of the quantized GEMV (every packing, forced configs, graphs)
+#   gemv-sweep      benchmarks/gemv.py --sweep over dq 2/3 and both operand orders, M 1 4 16
+#   gemv-bench      benchmarks/gemv.py with the tables (no sweep)
+#   decode-sweep    benchmarks/attention.py --sweep --bench --decode-only
+#   attention-bench benchmarks/attention.py --bench (prefill and decode, tables)
+#   decode-step     benchmarks/decode_step.py (Llama-3-8B-shaped step in one CUDA graph)
+#   dispatch        benchmarks/dispatch_overhead.py
+# $PK_COMMIT names the commit in the reports (the device copy has no git history); $TAG suffixes
+# result names; $STEP_TIMEOUT bounds each step (seconds, default 540).
+set -u
+RES=${RES:-/tmp/pk}
+TAG=${TAG:-}
+mkdir -p "$RES"
+export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
+cd "$(dirname "$0")/.."
+
+step() {
+    local name=$1; shift
+    local t0=$SECONDS
+    echo "== $name: $*" | tee -a "$RES/steps.txt"
+    timeout "${STEP_TIMEOUT:-540}" "$@" >"$RES/$name.log" 2>&1
+    local rc=$?
+    echo "== $name: rc=$rc in $((SECONDS - t0)) s" | tee -a "$RES/steps.txt"
+    tail -n 25 "$RES/$name.log"
+}
+
+for s in "$@"; do
+    case $s in
+        install) step install python3 -m pip install -q --no-deps --no-build-isolation -e . ;;
+        conformance) step conformance python3 -m portakern conformance --backend triton --device cuda:0 \
+            --tier gpu --jobs 0 --no-progress --report "$RES/conformance-triton-h200-gpu$TAG.json" \
+            --markdown "$RES/conformance-triton-h200-gpu$TAG.md" ;;
+        gemv-tests) step gemv-tests python3 -m pytest -q -p no:cacheprovider tests/test_triton_gemv.py -k gpu ;;
+        gemv-sweep) step gemv-sweep python3 benchmarks/gemv.py --sweep --ms 1 4 16 --dq 2 3 --swap both \
+            --tag "$TAG" --out "$RES" ;;
+        gemv-bench) step gemv-bench python3 benchmarks/gemv.py --tag "$TAG" --out "$RES" ;;
+        decode-sweep) step decode-sweep python3 benchmarks/attention.py --sweep --bench --decode-only \
+            --tag "-decode$TAG" --out "$RES" ;;
+        attention-bench) step attention-bench python3 benchmarks/attention.py --bench --tag "$TAG" --out "$RES" ;;
+        decode-step) step decode-step python3 benchmarks/decode_step.py --tag "$TAG" --out "$RES" ;;
+        dispatch) step dispatch python3 benchmarks/dispatch_overhead.py --tag "h200$TAG" --out "$RES" ;;
+        *) echo "unknown step $s (see the header of $0)"; exit 2 ;;
+    esac
+done
+echo "== done" | tee -a "$RES/steps.txt"
