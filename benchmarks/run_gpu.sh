@@ -13,6 +13,7 @@
 #   attention-bench benchmarks/attention.py --bench (prefill and decode, tables)
 #   decode-step     benchmarks/decode_step.py (Llama-3-8B-shaped step in one CUDA graph)
 #   dispatch        benchmarks/dispatch_overhead.py
+#   ncu             Nsight Compute stall/throughput sections of benchmarks/profile_kernels.py
 # $PK_COMMIT names the commit in the reports (the device copy has no git history); $TAG suffixes
 # result names; $STEP_TIMEOUT bounds each step (seconds, default 540).
 set -u
@@ -47,6 +48,10 @@ for s in "$@"; do
         attention-bench) step attention-bench python3 benchmarks/attention.py --bench --tag "$TAG" --out "$RES" ;;
         decode-step) step decode-step python3 benchmarks/decode_step.py --tag "$TAG" --out "$RES" ;;
         dispatch) step dispatch python3 benchmarks/dispatch_overhead.py --tag "h200$TAG" --out "$RES" ;;
+        ncu) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+            step ncu "${NCU:-ncu}" --profile-from-start off --clock-control none --section SpeedOfLight \
+                --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+                --section LaunchStats --section Occupancy python3 benchmarks/profile_kernels.py ;;
         *) echo "unknown step $s (see the header of $0)"; exit 2 ;;
     esac
 done

@@ -1,0 +1,60 @@
+"""Launch a few kernels once each between cudaProfilerStart/Stop, for Nsight Compute.
+
+    ncu --profile-from-start off --clock-control none --section SpeedOfLight \\
+        --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \\
+        python benchmarks/profile_kernels.py
+
+Kernels (after a warm-up launch each, outside the profiled range):
+
+* quantized GEMV, int4 g128 asymmetric, M=1, (28672, 8192) and (4096, 14336), dq=2 and dq=3 with
+  the sm_90 table's tiles;
+* decode attention, B=1, 32 query / 8 KV heads, D=128, bf16, KV 8k and 32k, the table's config.
+
+What the stall reasons say decides the next kernel change (see benchmarks/*_notes.md): issue-bound
+kernels show "selected" and "math pipe throttle" near the top, latency-bound ones "long scoreboard".
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import attention as AB  # noqa: E402  (benchmarks/attention.py)
+import gemv as GB  # noqa: E402  (benchmarks/gemv.py)
+
+from portakern.backends.triton import attention as A  # noqa: E402
+from portakern.backends.triton import gemv_tuning as T  # noqa: E402
+from portakern.devices import torch_device  # noqa: E402
+
+
+def main() -> None:
+    launches = []
+    for N, K in ((28672, 8192), (4096, 14336)):
+        op = GB.gemv_op(1, N, K)
+        base = T.choose(GB.Q._LayoutStub(op), 1, N, "sm_90", 132)
+        for dq in (2, 3):
+            fns, _ = GB.ours(op, replace(base, dq=dq), 1)
+            launches.append((f"gemv {N}x{K} dq{dq}", fns[0]))
+    dev = torch_device("cuda", 0)
+    for L in (8192, 32768):
+        op = AB.decode(1, L)
+        sets = [A.random_inputs(op, torch.device("cuda"))]
+        launches.append((f"decode L={L}", AB.ours(op, dev, AB.table_config(op, dev), sets)[0]))
+    for _, f in launches:   # compile and warm outside the profiled range
+        f()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for name, f in launches:
+        print(f"profiling {name}", flush=True)
+        f()
+        torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+if __name__ == "__main__":
+    main()
