@@ -125,14 +125,20 @@ def package_versions() -> dict:
 
 
 def git_info() -> dict | None:
-    """Commit and dirty flag of the checkout portakern is imported from, if it is one."""
+    """Commit and dirty flag of the checkout portakern is imported from, if it is one.
+
+    ``PK_COMMIT`` in the environment wins: a copy of a working tree (e.g. on a lent device) may carry
+    a stale ``.git`` that names another commit, so whoever made the copy says which commit it is.
+    """
     import portakern
 
+    named = os.environ.get("PK_COMMIT", "")
+    if named:
+        return {"commit": named, "dirty": None, "from": "PK_COMMIT"}
     root = Path(portakern.__file__).resolve().parent.parent
     commit = _run(["git", "-C", str(root), "rev-parse", "HEAD"]) if (root / ".git").exists() else ""
-    if not commit:  # a copy without .git (e.g. on a lent device): the commit the caller names, if any
-        named = os.environ.get("PK_COMMIT", "")
-        return {"commit": named, "dirty": None, "from": "PK_COMMIT"} if named else None
+    if not commit:
+        return None
     dirty = bool(_run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"]))
     return {"commit": commit, "dirty": dirty}
 

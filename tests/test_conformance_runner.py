@@ -264,3 +264,14 @@ def test_support_matrix_in_docs_is_up_to_date():
     path = REPO / "docs" / "support.md"
     assert path.read_text() == text, ("docs/support.md is stale: regenerate with "
                                       "`portakern support --markdown --output docs/support.md`")
+
+
+def test_git_info_prefers_the_commit_the_caller_names(monkeypatch):
+    """A copied tree may carry a stale .git: PK_COMMIT, when set, is the commit the report names."""
+    from portakern.conformance import report
+
+    monkeypatch.setenv("PK_COMMIT", "0123abc")
+    assert report.git_info() == {"commit": "0123abc", "dirty": None, "from": "PK_COMMIT"}
+    monkeypatch.delenv("PK_COMMIT")
+    info = report.git_info()
+    assert info is None or (len(info["commit"]) == 40 and info["dirty"] in (True, False))

@@ -30,8 +30,10 @@ DEFAULT_SMS = {"sm_80": 108, "sm_90": 132, "sm_100": 148, "sm_120": 84, "interp"
 #: at M=4 the CUDA-core kernel's 3-D (M, K, N) tiles ran 2x slower than the tensor-core kernel.
 #: The interpreter keeps 2 so that tests cover the CUDA-core kernel's multi-row path.
 FMA_MAX_M = {"sm_80": 1, "sm_90": 1, "sm_100": 1, "sm_120": 1, "interp": 2}
-#: Split K until the grid holds this many programs per multiprocessor (bounded by MAX_SPLIT_K).
-PROGRAMS_PER_SM = 4
+#: Split K until the grid holds this many programs per multiprocessor (bounded by MAX_SPLIT_K), per
+#: kernel kind. H200 session 2: the tensor-core kernel at 28672x8192 ran fastest unsplit (224 column
+#: tiles: M=16 155 us vs 169 us with 4 slices), so it splits only to fill each SM once.
+PROGRAMS_PER_SM = {"fma": 4, "dot": 1}
 MAX_SPLIT_K = 8
 
 
@@ -49,8 +51,8 @@ class GemvConfig:
     num_warps, num_stages   Triton launch options
     split_k    slices of K (1: each program covers all of K)
     dq         dequantization variant of ``kernels.gemv_quant._codes`` (``DQ_VARIANTS``); 3 (subnormal
-               codes, CUDA-core kernel only, the tensor-core kernel runs it as 2) is not in any table
-               yet: unmeasured on a GPU
+               codes, the GPU tables' choice for the CUDA-core kernel; the tensor-core kernel and
+               per-element groups run it as 2)
     swap_ab    (tensor-core kernel) dequantized weights as the MMA's A operand, x as B
     """
 
@@ -95,18 +97,21 @@ def _table(arch: str, kind: str, M: int, N: int, K: int, bits: int) -> GemvConfi
     if arch == "interp":
         return (GemvConfig("fma", block_n=8, block_kw=8, num_warps=1) if kind == "fma"
                 else GemvConfig("dot", block_n=16, block_kw=16, num_warps=1))
-    if kind == "fma":  # H200 run 1: (32, 64) won every M=1 shape; 8 warps when N fills the chip
-        return GemvConfig("fma", block_n=32, block_kw=64, num_warps=8 if N >= 16384 else 4, num_stages=1)
-    return GemvConfig("dot", block_n=128, block_kw=32, num_warps=4, num_stages=2)  # run 1: M=4 and 16
+    if kind == "fma":
+        # H200 run 1: (32, 64) won every M=1 shape, 8 warps when N fills the chip; session 2: the
+        # subnormal dequantization (dq=3) beat dq=2 on every swept shape (28672x8192: 40.9 vs 49 us)
+        return GemvConfig("fma", block_n=32, block_kw=64, num_warps=8 if N >= 16384 else 4, num_stages=1, dq=3)
+    # session 2: M=16 with swapped operands 10-16% faster (28672x8192: 155 vs 171 us); M=4 not
+    return GemvConfig("dot", block_n=128, block_kw=32, num_warps=4, num_stages=2, swap_ab=M > 4)
 
 
 def split_k_for(N: int, KWP: int, cfg: GemvConfig, num_sms: int) -> int:
-    """Slices of K so that ``cdiv(N, block_n) * split_k`` reaches PROGRAMS_PER_SM per SM,
+    """Slices of K so that ``cdiv(N, block_n) * split_k`` reaches PROGRAMS_PER_SM[kind] per SM,
     keeping at least two K tiles per slice."""
     tiles_n = math.ceil(N / cfg.block_n)
     iters = math.ceil(KWP / cfg.block_kw)
     split = 1
-    while (tiles_n * split < PROGRAMS_PER_SM * num_sms and split * 2 <= MAX_SPLIT_K
+    while (tiles_n * split < PROGRAMS_PER_SM[cfg.kind] * num_sms and split * 2 <= MAX_SPLIT_K
            and iters >= split * 2 * 2):
         split *= 2
     return split

@@ -31,13 +31,17 @@ DEFAULT_SMS = {"sm_80": 108, "sm_86": 84, "sm_89": 128, "sm_90": 132, "sm_100": 
 
 #: Split-KV bounds: at most MAX_SPLITS splits, each at least MIN_TILES_PER_SPLIT key tiles.
 MAX_SPLITS = 64
-#: Above this many splits the separate ``attn_combine`` kernel merges (H200 run 2: at 32 splits it
-#: beat the fused merge, 21 vs 28 us at 8k; at 16 the fused merge was fastest overall).
-MAX_FUSED_SPLITS = 20
 MIN_TILES_PER_SPLIT = 2
-#: Split until the grid holds this many programs per multiprocessor. H200 sweep (run 2): one
-#: program per SM (16 splits for 8 KV heads) beat two (32) by 2-20% with the fused merge.
-PROGRAMS_PER_SM = 1
+#: Who merges the splits, per architecture family: True = the last split to finish (one launch,
+#: ``_merge_splits``), False = the separate ``attn_combine`` kernel. H200 sweep (session 2, CUDA-graph
+#: timing, B=1 decode 8k / 32k / 128k): the separate kernel won at every split count, 15.7 vs 18.5 us
+#: at 8k (16 splits): the fused merge runs on one program per query tile after the others finish,
+#: leaving the SMs idle. The interpreter keeps the fused merge so tests cover it.
+FUSED_COMBINE = {"interp": True}
+#: Split until the grid holds this many programs per multiprocessor, dense and paged KV. H200 sweep
+#: (session 2): dense 16 splits (1 per SM) beat 24-64 by 4-15%; paged 32 splits (2 per SM, page 16:
+#: 46.3 vs 55.2 us at 32k) hide the block-table lookups.
+PROGRAMS_PER_SM = {"dense": 1, "paged": 2}
 
 
 @dataclass(frozen=True)
@@ -121,10 +125,10 @@ def _decode_table(op, arch: str) -> tuple[int, int, int]:
     if op.dtype.value == "float32":
         return 32, 4, 2
     if arch in ("sm_90", "sm_100"):
-        # H200 sweep (run 2, CUDA-graph timing): dense keys BN=64 with 4 stages; paged keys BN=128
-        # with 3 stages (page 16: 50 vs 60 us at 32k)
+        # H200 sweep (session 2, CUDA-graph timing): dense keys BN=64 with 4 stages; paged keys BN=64
+        # with 3 stages and twice the splits (see PROGRAMS_PER_SM)
         if op.kv_layout.value == "paged":
-            return (128, 4, 3) if d <= 128 else (64, 4, 3)
+            return (64, 4, 3)
         return (64, 4, 4) if d <= 128 else (64, 4, 3)
     return (64, 4, 3) if d <= 128 else (32, 4, 2)
 
@@ -148,8 +152,7 @@ def choose(op, arch: str, num_sms: int | None = None) -> AttnConfig:
     cfg = AttnConfig(block_m, block_n, warps, stages, pack)
     cfg = fit(op, cfg, arch)
     splits = num_splits(op, cfg, num_sms)
-    # the in-kernel merge reads the splits one after another: past ~16 the second kernel wins
-    return replace(cfg, num_splits=splits, fused_combine=splits <= MAX_FUSED_SPLITS)
+    return replace(cfg, num_splits=splits, fused_combine=FUSED_COMBINE.get(arch, False))
 
 
 def fit(op, cfg: AttnConfig, arch: str) -> AttnConfig:
@@ -176,13 +179,14 @@ def query_tiles(op, cfg: AttnConfig) -> int:
 
 
 def num_splits(op, cfg: AttnConfig, num_sms: int) -> int:
-    """KV splits so that the grid fills ``PROGRAMS_PER_SM * num_sms`` programs (1 for prefill).
+    """KV splits so that the grid fills ``PROGRAMS_PER_SM[layout] * num_sms`` programs (1 for prefill).
 
     Bounded by ``MAX_SPLITS`` and by ``MIN_TILES_PER_SPLIT`` key tiles per split.
     """
     base = query_tiles(op, cfg)
     tiles = -(-op.seqlen_k // cfg.block_n)
-    want = -(-PROGRAMS_PER_SM * num_sms // base)
+    per_sm = PROGRAMS_PER_SM["paged" if op.kv_layout.value == "paged" else "dense"]
+    want = -(-per_sm * num_sms // base)
     splits = max(1, min(want, MAX_SPLITS, tiles // MIN_TILES_PER_SPLIT))
     if splits > 1:
         per = -(-tiles // splits)
@@ -196,7 +200,7 @@ def workspace_bytes(op, cfg: AttnConfig) -> int:
     ``4 * num_splits * R * Hq * (Dv + 1)`` bytes of float32 partials (output and LSE per split),
     ``R = B * Sq`` (``total_q`` for varlen), plus one int32 arrival counter per query tile
     (``query_tiles``). ``num_splits <= MAX_SPLITS`` and splitting only happens while the query
-    tiles alone fill less than ``PROGRAMS_PER_SM`` x the multiprocessors, so it stays small:
+    tiles alone fill less than ``PROGRAMS_PER_SM`` (at most 2) x the multiprocessors, so it stays small:
     e.g. B=1, Hq=32, Dv=128, 32 splits: 516 KiB.
     """
     if cfg.num_splits == 1:
