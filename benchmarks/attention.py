@@ -152,6 +152,8 @@ def warm_conformance(tier, workers):
 
 def precompile(jobs, workers):
     uniq = list({json.dumps(j, sort_keys=True): j for j in jobs}.values())
+    if not uniq:
+        return {}
     t = time.time()
     errors = {}
     ctx = __import__("multiprocessing").get_context("spawn")

@@ -5,11 +5,13 @@
 #
 # Steps (each one's output goes to $RES/<step>.log; a failing step does not stop the others):
 #   install         pip install -e . without dependencies (the machine has torch and Triton)
-#   conformance     triton on cuda:0, gpu tier (which includes every cpu-tier case), all cores
+#   conformance     triton on cuda:0, gpu tier (which includes every cpu-tier case), all cores;
+#                   $CASES (comma-separated globs) restricts it to some cases
 #   gemv-tests      the GPU tests of the quantized GEMV (every packing, forced configs, graphs)
 #   gemv-sweep      benchmarks/gemv.py --sweep over dq 2/3 and both operand orders, M 1 4 16
 #   gemv-bench      benchmarks/gemv.py with the tables (no sweep)
 #   decode-sweep    benchmarks/attention.py --sweep --bench --decode-only
+#   decode-bench    benchmarks/attention.py --bench --decode-only (the tables)
 #   attention-bench benchmarks/attention.py --bench (prefill and decode, tables)
 #   decode-step     benchmarks/decode_step.py (Llama-3-8B-shaped step in one CUDA graph)
 #   dispatch        benchmarks/dispatch_overhead.py
@@ -37,17 +39,19 @@ for s in "$@"; do
     case $s in
         install) step install python3 -m pip install -q --no-deps --no-build-isolation -e . ;;
         conformance) step conformance python3 -m portakern conformance --backend triton --device cuda:0 \
-            --tier gpu --jobs 0 --no-progress --report "$RES/conformance-triton-h200-gpu$TAG.json" \
+            --tier gpu --jobs 0 --no-progress ${CASES:+--cases "$CASES"} --report "$RES/conformance-triton-h200-gpu$TAG.json" \
             --markdown "$RES/conformance-triton-h200-gpu$TAG.md" ;;
         gemv-tests) step gemv-tests python3 -m pytest -q -p no:cacheprovider tests/test_triton_gemv.py -k gpu ;;
         gemv-sweep) step gemv-sweep python3 benchmarks/gemv.py --sweep --ms 1 4 16 --dq 2 3 --swap both \
-            --tag "$TAG" --out "$RES" ;;
-        gemv-bench) step gemv-bench python3 benchmarks/gemv.py --tag "$TAG" --out "$RES" ;;
+            --tag="$TAG" --out "$RES" ;;
+        gemv-bench) step gemv-bench python3 benchmarks/gemv.py --tag="$TAG" --out "$RES" ;;
         decode-sweep) step decode-sweep python3 benchmarks/attention.py --sweep --bench --decode-only \
-            --tag "-decode$TAG" --out "$RES" ;;
-        attention-bench) step attention-bench python3 benchmarks/attention.py --bench --tag "$TAG" --out "$RES" ;;
-        decode-step) step decode-step python3 benchmarks/decode_step.py --tag "$TAG" --out "$RES" ;;
-        dispatch) step dispatch python3 benchmarks/dispatch_overhead.py --tag "h200$TAG" --out "$RES" ;;
+            --tag="-decode-sweep$TAG" --out "$RES" ;;
+        decode-bench) step decode-bench python3 benchmarks/attention.py --bench --decode-only \
+            --tag="-decode$TAG" --out "$RES" ;;
+        attention-bench) step attention-bench python3 benchmarks/attention.py --bench --tag="$TAG" --out "$RES" ;;
+        decode-step) step decode-step python3 benchmarks/decode_step.py --tag="$TAG" --out "$RES" ;;
+        dispatch) step dispatch python3 benchmarks/dispatch_overhead.py --tag="h200$TAG" --out "$RES" ;;
         ncu) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
             step ncu "${NCU:-ncu}" --profile-from-start off --clock-control none --section SpeedOfLight \
                 --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
