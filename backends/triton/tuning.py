@@ -39,9 +39,9 @@ MIN_TILES_PER_SPLIT = 2
 #: leaving the SMs idle. The interpreter keeps the fused merge so tests cover it.
 FUSED_COMBINE = {"interp": True}
 #: Split until the grid holds this many programs per multiprocessor, dense and paged KV. H200 sweep
-#: (session 2): dense 16 splits (1 per SM) beat 24-64 by 4-15%; paged 32 splits (2 per SM, page 16:
-#: 46.3 vs 55.2 us at 32k) hide the block-table lookups.
-PROGRAMS_PER_SM = {"dense": 1, "paged": 2}
+#: (session 2): dense 16 splits (1 per SM) beat 24-64 by 4-15%; paged with BN=128 tiles likewise
+#: (16 splits 47.4 us vs 32 splits 53.8 at 32k, page 16).
+PROGRAMS_PER_SM = {"dense": 1, "paged": 1}
 
 
 @dataclass(frozen=True)
@@ -125,10 +125,10 @@ def _decode_table(op, arch: str) -> tuple[int, int, int]:
     if op.dtype.value == "float32":
         return 32, 4, 2
     if arch in ("sm_90", "sm_100"):
-        # H200 sweep (session 2, CUDA-graph timing): dense keys BN=64 with 4 stages; paged keys BN=64
-        # with 3 stages and twice the splits (see PROGRAMS_PER_SM)
+        # H200 sweeps (CUDA-graph timing): dense keys BN=64 with 4 stages; paged keys BN=128 with 3
+        # stages (B=1 32k page 16: 47.4 us, as good as BN=64 with 32 splits; B=64 4k: BN=64 lost 7%)
         if op.kv_layout.value == "paged":
-            return (64, 4, 3)
+            return (128, 4, 3) if d <= 128 else (64, 4, 3)
         return (64, 4, 4) if d <= 128 else (64, 4, 3)
     return (64, 4, 3) if d <= 128 else (32, 4, 2)
 
