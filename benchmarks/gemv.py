@@ -215,13 +215,15 @@ def precompile(jobs, workers):
 
 # -- sweep -------------------------------------------------------------------------------------------
 
-def sweep_candidates(M: int, dqs=(2,), swaps=(False,)) -> list[GemvConfig]:
+def sweep_candidates(M: int, dqs=(2,), swaps=(False,), stages=(1,)) -> list[GemvConfig]:
     """What the sweep times per M (``split_k=0``: the automatic split and no split), for each
-    dequant variant in ``dqs`` (CUDA-core kernel) and operand order in ``swaps`` (tensor-core kernel)."""
+    dequant variant in ``dqs`` and pipeline depth in ``stages`` (CUDA-core kernel) and operand
+    order in ``swaps`` (tensor-core kernel)."""
     out = []
     for dq in dqs:
         if M == 1:
-            out += [GemvConfig("fma", bn, bkw, w, 1, 0, dq) for bn in (32, 64) for bkw in (32, 64) for w in (4, 8)]
+            out += [GemvConfig("fma", bn, bkw, w, st, 0, dq) for bn in (32, 64) for bkw in (32, 64) for w in (4, 8)
+                    for st in stages]
         elif M <= 4:
             out += [GemvConfig("fma", bn, bkw, 4, 1, 0, dq) for bn in (32, 64) for bkw in (32, 64)]
     for sw in swaps:
@@ -252,10 +254,16 @@ def main():
     ap.add_argument("--ms", type=int, nargs="+", default=list(MS))
     ap.add_argument("--dq", type=int, nargs="+", default=[2],
                     help="dequant variants the sweep times for the CUDA-core kernel (M <= 4)")
+    ap.add_argument("--stages", type=int, nargs="+", default=[1],
+                    help="num_stages values the sweep times for the CUDA-core kernel at M=1 (Triton's pipeliner)")
+    ap.add_argument("--sweep-shapes", nargs="+", default=["4096x4096", "28672x8192", "4096x14336"],
+                    help="(N)x(K) shapes the sweep times")
+    ap.add_argument("--no-table", action="store_true", help="only the sweep, not the main table")
     ap.add_argument("--swap", choices=("no", "yes", "both"), default="no",
                     help="operand order(s) the sweep times for the tensor-core kernel (GemvConfig.swap_ab)")
     args = ap.parse_args()
     swaps = {"no": (False,), "yes": (True,), "both": (False, True)}[args.swap]
+    stages = tuple(args.stages)
     ms = tuple(args.ms)
 
     props = torch.cuda.get_device_properties(0)
@@ -279,7 +287,7 @@ def main():
         res["gemlite"] = f"not importable: {type(e).__name__}: {e}"
 
     shapes = SHAPES[:2] if args.quick else SHAPES
-    sweep_shapes = [(4096, 4096), (28672, 8192), (4096, 14336)]
+    sweep_shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.sweep_shapes]
     best: dict[tuple, GemvConfig] = {}
 
     # -- compile everything the run will launch, in parallel
@@ -288,9 +296,11 @@ def main():
         for M in ms:
             for (N, K) in sweep_shapes:
                 op = gemv_op(M, N, K)
-                for c in sweep_candidates(M, args.dq, swaps):
+                for c in sweep_candidates(M, args.dq, swaps, stages):
                     for cs in with_split(c, op):
                         jobs.append({"op": op.to_json(), "cfg": asdict(cs)})
+    if args.no_table:
+        shapes = []
     for M in ms:
         for (N, K) in shapes:
             jobs.append({"op": gemv_op(M, N, K).to_json(), "cfg": None})
@@ -305,7 +315,7 @@ def main():
                 op = gemv_op(M, N, K)
                 copies = copies_for(floor_bytes(op))
                 timed = []
-                for c in sweep_candidates(M, args.dq, swaps):
+                for c in sweep_candidates(M, args.dq, swaps, stages):
                     for cs in with_split(c, op):
                         if json.dumps({"op": op.to_json(), "cfg": asdict(cs)}, sort_keys=True) in failed:
                             continue

@@ -73,6 +73,18 @@ CASES = [
     ("gptq-actorder-swap-m16-f16", "gptq", 4, 64, False, 16, 32, 256, "float16",
      {"g_idx": "actorder", "config": ("dot", 16, 16, 1, 2, True)}),
     ("native8-swap-g32-m16-f32", "native", 8, 32, False, 16, 32, 128, "float32", {"config": ("dot", 16, 16, 1, 2, True)}),
+    # the CUDA-core kernel streamed by Triton's software pipeliner (7th config field: num_stages > 1)
+    ("native4-pipe3-dq3-g128-m1-bf16", "native", 4, 128, False, 1, 40, 1024, "bfloat16",
+     {"config": ("fma", 8, 16, 1, 3, False, 3)}),
+    ("native4-pipe2-dq2-sym-g32-m2-f16", "native", 4, 32, True, 2, 24, 512, "float16",
+     {"config": ("fma", 8, 16, 1, 2, False, 2)}),
+    ("native4-pipe3-splitk3-m1-f32", "native", 4, 64, False, 1, 40, 1024, "float32",
+     {"config": ("fma", 8, 8, 3, 3, False, 3)}),
+    ("native4-pipe3-perelem-g100-m1-f32", "native", 4, 100, False, 1, 16, 300, "float32",
+     {"config": ("fma", 8, 16, 1, 3, False, 3)}),
+    ("gptq-actorder-pipe3-m1-f16", "gptq", 4, 32, False, 1, 40, 256, "float16",
+     {"g_idx": "actorder", "config": ("fma", 8, 16, 1, 3, False, 3)}),
+    ("native8-pipe3-g64-m1-f32", "native", 8, 64, False, 1, 24, 512, "float32", {"config": ("fma", 8, 16, 1, 3, False, 3)}),
 ]
 
 #: (id, M, bits, group, symmetric, packing) lowered for every target by ``compile``
@@ -83,6 +95,7 @@ COMPILE_CASES = [
     ("fma-gptq-actorder-m1", 1, 4, 128, False, "gptq-actorder"),
     ("fma-int4-g128-m1-dq3", 1, 4, 128, False, "native", {"dq": 3}),   # 7th field: config overrides
     ("dot-int4-g128-m16-swap", 16, 4, 128, False, "native", {"swap_ab": True}),
+    ("fma-int4-g128-m1-pipe3", 1, 4, 128, False, "native", {"num_stages": 3}),
 ]
 TARGETS = ("sm_80", "sm_90a", "sm_100a")
 
@@ -168,11 +181,12 @@ def _run_with_config(x, w, cfg):
 
 
 def forced_config(cfg, num_warps):
-    """The ``GemvConfig`` of a case's ``(kind, bn, bkw, split, dq[, swap_ab])`` tuple."""
+    """The ``GemvConfig`` of a case's ``(kind, bn, bkw, split, dq[, swap_ab[, num_stages]])`` tuple."""
     from portakern.backends.triton.gemv_tuning import GemvConfig
 
-    kind, bn, bkw, split, dq, *swap = cfg
-    return GemvConfig(kind, bn, bkw, num_warps, 1, split, dq, swap_ab=bool(swap and swap[0]))
+    kind, bn, bkw, split, dq, *more = cfg
+    swap, stages = (list(more) + [False, 1][len(more):])[:2]
+    return GemvConfig(kind, bn, bkw, num_warps, stages, split, dq, swap_ab=bool(swap))
 
 
 def run_compile(case):

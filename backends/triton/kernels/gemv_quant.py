@@ -160,17 +160,71 @@ def _x_column(x_ptr, row, stride_xm, perm_ptr, k, K, HAS_PERM: tl.constexpr, EVE
 
 
 @triton.jit
+def _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, perm_ptr, kg_ptr, s_ptr, z_ptr,
+              K, stride_qk, mask_rt, BITS: tl.constexpr, GS: tl.constexpr, ZP: tl.constexpr, HAS_Z: tl.constexpr,
+              HAS_PERM: tl.constexpr, PER_ELEM_GROUP: tl.constexpr, HAS_KG: tl.constexpr, BM: tl.constexpr,
+              BKW: tl.constexpr, BN: tl.constexpr, DQE: tl.constexpr, EVEN_K: tl.constexpr):
+    """Add one ``(BKW, BN)`` tile of words (with its scales ``s`` and zeros ``z``) times x to ``acc``."""
+    EPW: tl.constexpr = 32 // BITS
+    kw = kw0 + kwr
+    if BM == 1:
+        dot = tl.zeros((BKW, BN), tl.float32)
+        xsum = tl.zeros((BKW,), tl.float32)
+    else:
+        dot = tl.zeros((BM, BKW, BN), tl.float32)
+        xsum = tl.zeros((BM, BKW), tl.float32)
+    for e in tl.static_range(EPW):
+        # -- column k = EPW*kw + e of x, and the codes at position e
+        k = kw * EPW + e
+        q = _codes(words, mask_rt, e, BITS, DQE)
+        if BM == 1:
+            xe = _x_column(x_ptr, pid_m, stride_xm, perm_ptr, k, K, HAS_PERM, EVEN_K)
+        else:
+            xe = _x_column(x_ptr, x_rows[:, None], stride_xm, perm_ptr, k[None, :], K, HAS_PERM, EVEN_K)
+        xq = _unscale(xe, e, BITS, DQE)   # x carries the 2^-pos of the codes (one FMUL per x)
+        if PER_ELEM_GROUP:
+            if HAS_KG:
+                ge = tl.load(kg_ptr + k, mask=k < K, other=0)
+            else:
+                ge = tl.minimum(k, K - 1) // GS
+            se, ze = _scale_zero(s_ptr, z_ptr, ge[:, None] * stride_qk + n[None, :], HAS_Z, ZP)
+            we = (_unscale(q, e, BITS, DQE) - ze) * se
+            xq = xe
+            if BM == 1:
+                acc += xq[:, None] * we
+            else:
+                acc += xq[:, :, None] * we[None, :, :]
+        else:
+            if BM == 1:
+                dot += xq[:, None] * q
+            else:
+                dot += xq[:, :, None] * q[None, :, :]
+            xsum += xe
+    if not PER_ELEM_GROUP:
+        # -- per word row: s (sum x q - z sum x); DQ=3: sum x to the 2^-DENORM_C scale of dot
+        xsum = _denorm_fwd(xsum, DQE)
+        if BM == 1:
+            acc += s * (dot - z * xsum[:, None])
+        else:
+            acc += s[None, :, :] * (dot - z * xsum[:, :, None])
+    return acc
+
+
+@triton.jit
 def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_ptr, lock_ptr,
                     M, N, K, KWP, stride_qk, stride_xm, stride_om, K_SPLIT_W, mask_rt,
                     BITS: tl.constexpr, GS: tl.constexpr, ZP: tl.constexpr,
                     HAS_Z: tl.constexpr, HAS_PERM: tl.constexpr, PER_ELEM_GROUP: tl.constexpr,
                     HAS_KG: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr,
-                    SPLIT_K: tl.constexpr, DQ: tl.constexpr, EVEN_K: tl.constexpr):
+                    SPLIT_K: tl.constexpr, DQ: tl.constexpr, EVEN_K: tl.constexpr, PIPE: tl.constexpr):
     """CUDA-core GEMV for small M: per code one LOP3 and one exact FMA, then one FMA per row of x.
 
     The zero point is applied per word row: ``sum x (q - z) s = s (sum x q - z sum x)``.
     ``PER_ELEM_GROUP``: the group of each code is looked up per element (``k // GS`` or ``kg``),
     for group sizes that are not whole words or irregular act-order groups (slow path).
+    ``PIPE``: 1 = the next tile of words, scales and zeros is prefetched into registers while this
+    one is computed; > 1 = Triton's software pipeliner keeps ``PIPE - 1`` tiles in flight through
+    shared memory (asynchronous copies), which costs no registers per byte in flight.
     """
     EPW: tl.constexpr = 32 // BITS
     DQE: tl.constexpr = 2 if (DQ == 3 and PER_ELEM_GROUP) else DQ   # DQ=3 needs per-row groups
@@ -179,70 +233,50 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
     pid_m = tl.program_id(2)
     n = pid_n * BN + tl.arange(0, BN)   # columns up to NP (a multiple of BN) exist: no load mask
     rows = pid_m * BM + tl.arange(0, BM)
+    x_rows = tl.minimum(rows, M - 1)    # rows past M read row M-1; never stored
     kwr = tl.arange(0, BKW)
     w_ptrs = qw_ptr + kwr[:, None] * stride_qk + n[None, :]
     kw_begin = pid_k * K_SPLIT_W
+    kw_end = tl.minimum(kw_begin + K_SPLIT_W, KWP)
     if BM == 1:
         acc = tl.zeros((BKW, BN), tl.float32)
     else:
         acc = tl.zeros((BM, BKW, BN), tl.float32)
-        x_rows = tl.minimum(rows, M - 1)  # rows past M read row M-1; never stored
-    kw_end = tl.minimum(kw_begin + K_SPLIT_W, KWP)
-    # -- the first (BKW, BN) tile of words, its scales and zeros; rows past K are zero padding
-    kw_first = tl.minimum(kw_begin, KWP - BKW)
-    words = tl.load(w_ptrs + kw_first * stride_qk)
-    if not PER_ELEM_GROUP:
-        s, z = _group_scale_zero(s_ptr, z_ptr, kw_first + kwr, n, K, stride_qk, EPW, GS, HAS_Z, ZP)
-    for kw0 in range(kw_begin, kw_end, BKW):
-        # -- prefetch the next tile while this one is computed (the last re-reads itself: a cache hit)
-        kw_next = tl.where(kw0 + BKW < kw_end, kw0 + BKW, kw0)
-        words_next = tl.load(w_ptrs + kw_next * stride_qk)
-        if not PER_ELEM_GROUP:
-            s_next, z_next = _group_scale_zero(s_ptr, z_ptr, kw_next + kwr, n, K, stride_qk, EPW, GS, HAS_Z, ZP)
-        kw = kw0 + kwr
-        if BM == 1:
-            dot = tl.zeros((BKW, BN), tl.float32)
-            xsum = tl.zeros((BKW,), tl.float32)
-        else:
-            dot = tl.zeros((BM, BKW, BN), tl.float32)
-            xsum = tl.zeros((BM, BKW), tl.float32)
-        for e in tl.static_range(EPW):
-            # -- column k = EPW*kw + e of x, and the codes at position e
-            k = kw * EPW + e
-            q = _codes(words, mask_rt, e, BITS, DQE)
-            if BM == 1:
-                xe = _x_column(x_ptr, pid_m, stride_xm, perm_ptr, k, K, HAS_PERM, EVEN_K)
-            else:
-                xe = _x_column(x_ptr, x_rows[:, None], stride_xm, perm_ptr, k[None, :], K, HAS_PERM, EVEN_K)
-            xq = _unscale(xe, e, BITS, DQE)   # x carries the 2^-pos of the codes (one FMUL per x)
+    if PIPE > 1:
+        # -- tiles streamed by the software pipeliner
+        for kw0 in tl.range(kw_begin, kw_end, BKW, num_stages=PIPE):
+            words = tl.load(w_ptrs + kw0 * stride_qk)
             if PER_ELEM_GROUP:
-                if HAS_KG:
-                    ge = tl.load(kg_ptr + k, mask=k < K, other=0)
-                else:
-                    ge = tl.minimum(k, K - 1) // GS
-                se, ze = _scale_zero(s_ptr, z_ptr, ge[:, None] * stride_qk + n[None, :], HAS_Z, ZP)
-                we = (_unscale(q, e, BITS, DQE) - ze) * se
-                xq = xe
-                if BM == 1:
-                    acc += xq[:, None] * we
-                else:
-                    acc += xq[:, :, None] * we[None, :, :]
+                s = 0.0
+                z = 0.0
             else:
-                if BM == 1:
-                    dot += xq[:, None] * q
-                else:
-                    dot += xq[:, :, None] * q[None, :, :]
-                xsum += xe
-        if not PER_ELEM_GROUP:
-            xsum = _denorm_fwd(xsum, DQE)   # DQ=3: to the 2^-DENORM_C scale of dot (one FMUL per row)
-            if BM == 1:
-                acc += s * (dot - z * xsum[:, None])
-            else:
-                acc += s[None, :, :] * (dot - z * xsum[:, :, None])
-            s = s_next
-            if HAS_Z:
-                z = z_next
-        words = words_next
+                s, z = _group_scale_zero(s_ptr, z_ptr, kw0 + kwr, n, K, stride_qk, EPW, GS, HAS_Z, ZP)
+            acc = _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, perm_ptr, kg_ptr,
+                            s_ptr, z_ptr, K, stride_qk, mask_rt, BITS, GS, ZP, HAS_Z, HAS_PERM, PER_ELEM_GROUP,
+                            HAS_KG, BM, BKW, BN, DQE, EVEN_K)
+    else:
+        # -- the first tile of words, its scales and zeros; rows past K are zero padding
+        kw_first = tl.minimum(kw_begin, KWP - BKW)
+        words = tl.load(w_ptrs + kw_first * stride_qk)
+        if PER_ELEM_GROUP:
+            s = 0.0
+            z = 0.0
+        else:
+            s, z = _group_scale_zero(s_ptr, z_ptr, kw_first + kwr, n, K, stride_qk, EPW, GS, HAS_Z, ZP)
+        for kw0 in range(kw_begin, kw_end, BKW):
+            # -- prefetch the next tile while this one is computed (the last re-reads itself: a cache hit)
+            kw_next = tl.where(kw0 + BKW < kw_end, kw0 + BKW, kw0)
+            words_next = tl.load(w_ptrs + kw_next * stride_qk)
+            if not PER_ELEM_GROUP:
+                s_next, z_next = _group_scale_zero(s_ptr, z_ptr, kw_next + kwr, n, K, stride_qk, EPW, GS, HAS_Z, ZP)
+            acc = _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, perm_ptr, kg_ptr,
+                            s_ptr, z_ptr, K, stride_qk, mask_rt, BITS, GS, ZP, HAS_Z, HAS_PERM, PER_ELEM_GROUP,
+                            HAS_KG, BM, BKW, BN, DQE, EVEN_K)
+            words = words_next
+            if not PER_ELEM_GROUP:
+                s = s_next
+                if HAS_Z:
+                    z = z_next
     # -- the one cross-thread reduction, over the word rows of the tile
     if BM == 1:
         res = tl.sum(acc, axis=0)[None, :]
