@@ -48,7 +48,10 @@ class GemvConfig:
     kind       "fma" (CUDA cores, small M) or "dot" (tensor cores, M tile of 16)
     block_n    rows of W per program
     block_kw   32-bit words of K per row and iteration (8 int4 or 4 int8 codes each)
-    num_warps, num_stages   Triton launch options
+    num_warps  Triton launch option
+    num_stages Triton launch option; for kind "fma", > 1 streams the word tiles through Triton's
+               software pipeliner (shared memory) instead of the register prefetch (H200: slower,
+               see benchmarks/gemv_notes.md v5; in no table)
     split_k    slices of K (1: each program covers all of K)
     dq         dequantization variant of ``kernels.gemv_quant._codes`` (``DQ_VARIANTS``); 3 (subnormal
                codes, the GPU tables' choice for the CUDA-core kernel; the tensor-core kernel and
