@@ -146,6 +146,20 @@ def _group_scale_zero(s_ptr, z_ptr, kw, n, K, stride_qk, EPW: tl.constexpr, GS: 
 
 
 @triton.jit
+def _word_tile(w_ptrs, s_ptr, z_ptr, kw0, kwr, n, K, stride_qk, EPW: tl.constexpr, GS: tl.constexpr,
+               HAS_Z: tl.constexpr, ZP: tl.constexpr, PER_ELEM_GROUP: tl.constexpr):
+    """The ``(BKW, BN)`` words at word row ``kw0`` with their scales and zeros (per-element groups:
+    none, looked up per code instead)."""
+    words = tl.load(w_ptrs + kw0 * stride_qk)
+    if PER_ELEM_GROUP:
+        s = 0.0
+        z = 0.0
+    else:
+        s, z = _group_scale_zero(s_ptr, z_ptr, kw0 + kwr, n, K, stride_qk, EPW, GS, HAS_Z, ZP)
+    return words, s, z
+
+
+@triton.jit
 def _x_column(x_ptr, row, stride_xm, perm_ptr, k, K, HAS_PERM: tl.constexpr, EVEN_K: tl.constexpr):
     """``x[row, k]`` (row: scalar or column vector), through ``perm`` for act-order weights; 0 past K."""
     if HAS_PERM:
@@ -245,30 +259,21 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
     if PIPE > 1:
         # -- tiles streamed by the software pipeliner
         for kw0 in tl.range(kw_begin, kw_end, BKW, num_stages=PIPE):
-            words = tl.load(w_ptrs + kw0 * stride_qk)
-            if PER_ELEM_GROUP:
-                s = 0.0
-                z = 0.0
-            else:
-                s, z = _group_scale_zero(s_ptr, z_ptr, kw0 + kwr, n, K, stride_qk, EPW, GS, HAS_Z, ZP)
+            words, s, z = _word_tile(w_ptrs, s_ptr, z_ptr, kw0, kwr, n, K, stride_qk, EPW, GS, HAS_Z, ZP,
+                                     PER_ELEM_GROUP)
             acc = _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, perm_ptr, kg_ptr,
                             s_ptr, z_ptr, K, stride_qk, mask_rt, BITS, GS, ZP, HAS_Z, HAS_PERM, PER_ELEM_GROUP,
                             HAS_KG, BM, BKW, BN, DQE, EVEN_K)
     else:
         # -- the first tile of words, its scales and zeros; rows past K are zero padding
         kw_first = tl.minimum(kw_begin, KWP - BKW)
-        words = tl.load(w_ptrs + kw_first * stride_qk)
-        if PER_ELEM_GROUP:
-            s = 0.0
-            z = 0.0
-        else:
-            s, z = _group_scale_zero(s_ptr, z_ptr, kw_first + kwr, n, K, stride_qk, EPW, GS, HAS_Z, ZP)
+        words, s, z = _word_tile(w_ptrs, s_ptr, z_ptr, kw_first, kwr, n, K, stride_qk, EPW, GS, HAS_Z, ZP,
+                                 PER_ELEM_GROUP)
         for kw0 in range(kw_begin, kw_end, BKW):
             # -- prefetch the next tile while this one is computed (the last re-reads itself: a cache hit)
             kw_next = tl.where(kw0 + BKW < kw_end, kw0 + BKW, kw0)
-            words_next = tl.load(w_ptrs + kw_next * stride_qk)
-            if not PER_ELEM_GROUP:
-                s_next, z_next = _group_scale_zero(s_ptr, z_ptr, kw_next + kwr, n, K, stride_qk, EPW, GS, HAS_Z, ZP)
+            words_next, s_next, z_next = _word_tile(w_ptrs, s_ptr, z_ptr, kw_next, kwr, n, K, stride_qk, EPW, GS,
+                                                    HAS_Z, ZP, PER_ELEM_GROUP)
             acc = _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, perm_ptr, kg_ptr,
                             s_ptr, z_ptr, K, stride_qk, mask_rt, BITS, GS, ZP, HAS_Z, HAS_PERM, PER_ELEM_GROUP,
                             HAS_KG, BM, BKW, BN, DQE, EVEN_K)
