@@ -86,8 +86,10 @@ def sweep_candidates(op, dev):
         for bn, st in ((64, 3), (64, 4), (128, 3), (128, 4)):
             c = tuning.fit(op, replace(base, block_n=bn, num_stages=st, num_warps=4), arch)
             for splits in (8, 16, 24, 32, 48, 64) if base.num_splits > 1 else (1, 2):
-                for fused in (True, False) if splits > 1 else (True,):
-                    cand = replace(c, num_splits=splits, fused_combine=fused)
+                for fused, pdl in ((True, False), (False, False), (False, True)) if splits > 1 else ((True, False),):
+                    if pdl and arch not in tuning.PDL_ARCHS:
+                        continue
+                    cand = replace(c, num_splits=splits, fused_combine=fused, pdl=pdl)
                     if cand not in out:
                         out.append(cand)
         return out

@@ -355,3 +355,40 @@ def test_compile_for_target(target, op, needle):
     assert (cfg["num_splits"] > 1 and not cfg["fused_combine"]) == ("attn_combine" in art["kernels"])
     if cfg["num_splits"] > 1 and cfg["fused_combine"]:
         assert "atom" in fwd["ptx"]   # the last split's arrival counter
+
+
+@parent_only
+def test_compile_for_target_with_programmatic_dependent_launch():
+    """pdl=True lowers attn_fwd with griddepcontrol.launch_dependents and attn_combine with
+    griddepcontrol.wait first; without it neither appears."""
+    from dataclasses import replace
+
+    from portakern.backends.triton import attention as A
+    from portakern.backends.triton import tuning
+
+    op = make_op(B=1, Sq=1, Sk=8192, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16)
+    base = replace(tuning.choose(op, "sm_90", 132), fused_combine=False)
+    assert base.num_splits > 1
+    for pdl in (True, False):
+        art = A.compile_for_target(op, "sm_90a", replace(base, pdl=pdl))
+        assert art["config"]["pdl"] is pdl
+        fwd, comb = art["kernels"]["attn_fwd"]["ptx"], art["kernels"]["attn_combine"]["ptx"]
+        assert ("griddepcontrol.launch_dependents" in fwd) is pdl
+        assert ("griddepcontrol.wait" in comb) is pdl
+        if pdl:
+            body = comb[comb.index(".entry"):]
+            assert body.index("griddepcontrol.wait") < body.index("ld.global")   # waits before any read
+
+
+def test_pdl_is_refused_where_it_cannot_run():
+    from dataclasses import replace
+
+    from portakern.backends.triton import attention as A
+    from portakern.backends.triton import tuning
+
+    op = make_op(B=1, Sq=1, Sk=8192, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16)
+    cfg = replace(tuning.choose(op, "sm_80", 108), pdl=True)
+    with pytest.raises(ValueError, match=r"pdl=True\) on sm_80.*sm_90.*use pdl=False"):
+        A.compile_for_target(op, "sm_80", cfg)
+    with pytest.raises(ValueError, match=r"pdl=True\) on interp"):
+        A.build(op, CPU, replace(A._config(op, CPU), pdl=True))

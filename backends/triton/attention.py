@@ -112,7 +112,20 @@ def _constexprs(op: Attention, cfg: AttnConfig, interpret: bool, mods) -> dict[s
         HAS_SCORE_MOD=op.score_mod is not None, RETURN_LSE=op.return_lse,
         UPCAST=interpret and op.dtype.value == "bfloat16",
         DOT_PREC="ieee" if op.dtype.value == "float32" else "tf32",
+        PDL=_pdl(cfg),
     )
+
+
+def _pdl(cfg: AttnConfig) -> bool:
+    """Whether the merge runs as a programmatic dependent launch (only with a separate merge kernel)."""
+    return cfg.pdl and cfg.num_splits > 1 and not cfg.fused_combine
+
+
+def _combine_constexprs(op: Attention, cfg: AttnConfig, block_dv: int) -> dict[str, Any]:
+    """The compile-time arguments of ``attn_combine`` (shared by launches and AOT lowering)."""
+    return dict(HQ=op.heads_q, DV=op.head_dim_v, BLOCK_DV=block_dv, NUM_SPLITS=cfg.num_splits,
+                SPLITS_P2=tuning.next_pow2(cfg.num_splits), VARLEN=op.kv_layout is KVLayout.VARLEN,
+                RETURN_LSE=op.return_lse, PDL=_pdl(cfg))
 
 
 # -- compile ------------------------------------------------------------------------------------------
@@ -133,6 +146,7 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
     from .expr_triton import load_mods
 
     interpret = kernels.interpreted()
+    tuning.check_pdl(cfg, _device_arch(device)[0])
     fwd = kernels.load("attention_fwd").attn_fwd
     combine = kernels.load("attention_combine").attn_combine
     consts = _constexprs(op, cfg, interpret, load_mods(op.score_mod, op.mask_mod, interpret))
@@ -146,8 +160,8 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
         grid = (-(-op.seqlen_q // rows) * cfg.num_splits, op.batch * op.heads_q // cfg.pack)
     launch_opts = {} if interpret else dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     workspace: dict[Any, tuple[Any, Any]] = {}
-    bdv = consts["BLOCK_DV"]
-    splits_p2 = tuning.next_pow2(cfg.num_splits)
+    cconsts = _combine_constexprs(op, cfg, consts["BLOCK_DV"])
+    combine_opts = {} if interpret else dict(num_warps=4, launch_pdl=cconsts["PDL"])
 
     def kernel(q, k, v, out, lse, aux=None) -> None:
         aux = aux or {}
@@ -174,10 +188,7 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
                   op.batch, op.total_q if varlen else op.seqlen_q, op.seqlen_k, R,
                   op.scale, **consts, **launch_opts)
         if cfg.num_splits > 1 and not cfg.fused_combine:
-            combine[(R * op.heads_q,)](ws_o, ws_lse, out, lse, *so_, *sl_, op.seqlen_q, R,
-                                       HQ=op.heads_q, DV=op.head_dim_v, BLOCK_DV=bdv,
-                                       NUM_SPLITS=cfg.num_splits, SPLITS_P2=splits_p2, VARLEN=varlen,
-                                       RETURN_LSE=op.return_lse, **({} if interpret else {"num_warps": 4}))
+            combine[(R * op.heads_q,)](ws_o, ws_lse, out, lse, *so_, *sl_, op.seqlen_q, R, **cconsts, **combine_opts)
 
     kernel.__name__ = f"triton_attention_{op.content_hash()}"
     kernel.config = cfg
@@ -261,8 +272,9 @@ def random_inputs(op: Attention, device, seed: int = 0):
 
 # -- compile for a target without the device ------------------------------------------------------
 
-def compile_for_target(op: Attention, target: str) -> dict:
-    """Lower ``op`` for ``target`` ("sm_80", "sm_90a", "sm_100a", "sm_120") with Triton, no GPU needed.
+def compile_for_target(op: Attention, target: str, config: AttnConfig | None = None) -> dict:
+    """Lower ``op`` for ``target`` ("sm_80", "sm_90a", "sm_100a", "sm_120") with Triton, no GPU needed,
+    under ``config`` (default: the target's table configuration).
 
     Returns ``{"target", "config", "kernels": {name: {"cubin": bytes, "ptx": str, "shared": int,
     "num_warps": int}}}``; ``attn_combine`` is included when the configuration splits the keys
@@ -275,16 +287,18 @@ def compile_for_target(op: Attention, target: str) -> dict:
                                f"{', '.join(sorted(_TARGETS))}") from None
     from . import kernels
 
+    arch = tuning.arch_family(cc)
+    if config is not None:
+        tuning.check_pdl(config, arch)
     if kernels.interpreted():  # this process's triton library is the interpreter's: lower elsewhere
-        return _compile_in_subprocess(op, target)
+        return _compile_in_subprocess(op, target, config)
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from .expr_triton import load_mods
 
-    arch = tuning.arch_family(cc)
-    cfg = tuning.choose(op, arch, tuning.DEFAULT_SMS.get(arch, 132))
+    cfg = config or tuning.choose(op, arch, tuning.DEFAULT_SMS.get(arch, 132))
     consts = _constexprs(op, cfg, False, load_mods(op.score_mod, op.mask_mod, False))
     fwd = kernels.load("attention_fwd").attn_fwd
     combine = kernels.load("attention_combine").attn_combine
@@ -317,14 +331,13 @@ def compile_for_target(op: Attention, target: str) -> dict:
             csig = {n: ("*fp32" if n in ("WS_O", "WS_LSE") else ptr if n == "O" else
                         ("*fp32" if op.return_lse else "constexpr") if n == "LSE" else "i32")
                     for n in combine.arg_names}
-            cconst = dict(HQ=op.heads_q, DV=op.head_dim_v, BLOCK_DV=consts["BLOCK_DV"],
-                          NUM_SPLITS=cfg.num_splits, SPLITS_P2=tuning.next_pow2(cfg.num_splits),
-                          VARLEN=lay is KVLayout.VARLEN, RETURN_LSE=op.return_lse)
+            cconst = _combine_constexprs(op, cfg, consts["BLOCK_DV"])
             if not op.return_lse:
                 cconst["LSE"] = None
             for n in cconst:
                 csig[n] = "constexpr"
-            cc_k = triton.compile(ASTSource(combine, csig, cconst), target=target_obj, options={"num_warps": 4})
+            cc_k = triton.compile(ASTSource(combine, csig, cconst), target=target_obj,
+                                  options={"num_warps": 4, "launch_pdl": cconst["PDL"]})
             result["kernels"]["attn_combine"] = _artifact(cc_k, 4)
     return result
 
@@ -335,7 +348,7 @@ def _artifact(ck, num_warps: int) -> dict:
             "shared": getattr(md, "shared", None), "num_warps": num_warps}
 
 
-def _compile_in_subprocess(op: Attention, target: str) -> dict:
+def _compile_in_subprocess(op: Attention, target: str, config: AttnConfig | None) -> dict:
     """Run ``compile_for_target`` in a fresh interpreter with ``TRITON_INTERPRET=0``."""
     import json
     import pickle
@@ -349,7 +362,8 @@ def _compile_in_subprocess(op: Attention, target: str) -> dict:
         path = os.path.join(tmp, "artifact.pickle")
         env = dict(os.environ, TRITON_INTERPRET="0")
         code = "from portakern.backends.triton.attention import _aot_child; _aot_child()"
-        proc = subprocess.run([sys.executable, "-c", code, path], input=json.dumps(op.to_json()) + "\n" + target,
+        request = json.dumps({"op": op.to_json(), "target": target, "config": config and config.to_json()})
+        proc = subprocess.run([sys.executable, "-c", code, path], input=request,
                               capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             raise BackendError(f"lowering attention for {target} in a subprocess failed: "
@@ -359,14 +373,15 @@ def _compile_in_subprocess(op: Attention, target: str) -> dict:
 
 
 def _aot_child() -> None:
-    """Entry point of ``_compile_in_subprocess``: op JSON and target on stdin, pickle to argv[1]."""
+    """Entry point of ``_compile_in_subprocess``: op, target and config as JSON on stdin, pickle to argv[1]."""
     import json
     import pickle
     import sys
 
     from portakern.ir.ops import op_from_json
 
-    text, target = sys.stdin.read().rsplit("\n", 1)
-    art = compile_for_target(op_from_json(json.loads(text)), target.strip())
+    req = json.loads(sys.stdin.read())
+    cfg = AttnConfig(**req["config"]) if req["config"] else None
+    art = compile_for_target(op_from_json(req["op"]), req["target"], cfg)
     with open(sys.argv[1], "wb") as f:
         pickle.dump(art, f)

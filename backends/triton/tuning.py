@@ -55,9 +55,24 @@ class AttnConfig:
     pack: int = 1          # query heads per tile row group: 1 or the GQA group size
     num_splits: int = 1    # KV splits (1 = no workspace, no combine)
     fused_combine: bool = True  # the last split merges (one launch) instead of attn_combine
+    #: programmatic dependent launch of ``attn_combine`` (sm_90+): the merge kernel is launched while
+    #: ``attn_fwd`` runs and waits in ``griddepcontrol.wait``, hiding the second launch. In no table
+    #: yet: unmeasured (see benchmarks/attention_notes.md, v3)
+    pdl: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+#: Architecture families with grid dependency control (``griddepcontrol``, needed by ``pdl``).
+PDL_ARCHS = ("sm_90", "sm_100", "sm_120")
+
+
+def check_pdl(cfg: AttnConfig, arch: str) -> None:
+    """Raise when ``cfg`` asks for programmatic dependent launch where it cannot run."""
+    if cfg.pdl and arch not in PDL_ARCHS:
+        raise ValueError(f"AttnConfig(pdl=True) on {arch}: programmatic dependent launch needs one of "
+                         f"{', '.join(PDL_ARCHS)} (and a compiled kernel, not the interpreter); use pdl=False")
 
 
 def arch_family(cc: int | None) -> str:

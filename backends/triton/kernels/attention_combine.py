@@ -7,6 +7,9 @@ log-sum-exp ``lse_s`` of the keys it saw (-inf when none) in the workspace::
 
 The merge is ``lse = log sum_s exp(lse_s)``, ``out = sum_s exp(lse_s - lse) O_s``; a row no split
 saw gets zeros and ``lse = -inf``.
+
+``PDL``: the kernel is launched with programmatic dependent launch while ``attn_fwd`` still runs
+(sm_90+) and starts by waiting for it (``griddepcontrol.wait``).
 """
 
 import triton
@@ -22,7 +25,12 @@ def attn_combine(
     seqlen_q, total_rows,
     HQ: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
     NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, VARLEN: tl.constexpr, RETURN_LSE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        # launched as a programmatic dependent of attn_fwd: wait until its partials are complete
+        # and visible (a no-op when launched normally)
+        tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     row = pid // HQ
     h = pid % HQ

@@ -146,9 +146,12 @@ def attn_fwd(
     NUM_SPLITS: tl.constexpr, FUSED_COMBINE: tl.constexpr,
     HAS_LEFT: tl.constexpr, WIN_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, WIN_RIGHT: tl.constexpr,
     HAS_MASK: tl.constexpr, MASK_ALL: tl.constexpr, NEVER: tl.constexpr, HAS_SCORE_MOD: tl.constexpr,
-    RETURN_LSE: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
+    RETURN_LSE: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr,
 ):
     ROWS: tl.constexpr = BLOCK_M // PACK          # query rows per tile
+    if PDL:
+        # let the dependent attn_combine launch now: it waits for this grid's completion itself
+        tl.extra.cuda.gdc_launch_dependents()
     HB: tl.constexpr = HQ // PACK                 # head blocks per batch entry
     pid_m = tl.program_id(0)
     pid_h = tl.program_id(1)
