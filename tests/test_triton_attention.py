@@ -392,3 +392,45 @@ def test_pdl_is_refused_where_it_cannot_run():
         A.compile_for_target(op, "sm_80", cfg)
     with pytest.raises(ValueError, match=r"pdl=True\) on interp"):
         A.build(op, CPU, replace(A._config(op, CPU), pdl=True))
+
+
+@parent_only
+@pytest.mark.parametrize("pdl", [False, True], ids=["plain-merge", "pdl-merge"])
+def test_gpu_split_decode_replayed_in_a_cuda_graph(pdl):
+    """On a CUDA device: decode with the separate merge kernel (optionally as a programmatic
+    dependent launch), captured in a graph and replayed with new inputs, against float64."""
+    from dataclasses import replace
+
+    from portakern.backends.triton import attention as A
+    from portakern.devices import detect_devices
+
+    devs = [d for d in detect_devices() if d.type == "cuda"]
+    if not devs:
+        pytest.skip("no CUDA device on this machine: the interpreter tests cover the kernels' logic")
+    dev = devs[0]
+    if pdl and tuple(dev.capability) < (9, 0):
+        pytest.skip(f"programmatic dependent launch needs sm_90+, this device is {dev.arch}")
+    op = make_op(B=1, Sq=1, Sk=4096, Hq=8, Hkv=2, D=128, dtype=DType.bfloat16, mask_mod=E.causal_mask(),
+                 return_lse=True)
+    cfg = replace(A._config(op, dev), num_splits=16, fused_combine=False, pdl=pdl)
+    kern = A.build(op, dev, cfg)
+    cuda = torch.device(str(dev))
+    q, k, v = (t.to(cuda) for t in tensors(op, seed=1))
+    s = op.shapes()
+    out = torch.full(s["out"], float("nan"), dtype=torch.bfloat16, device=cuda)
+    lse = torch.full(s["lse"], float("nan"), device=cuda)
+    kern(q, k, v, out, lse, {})                     # compile and warm outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kern(q, k, v, out, lse, {})
+    for seed in (2, 3):
+        q2, k2, v2 = tensors(op, seed=seed)
+        for dst, src in ((q, q2), (k, k2), (v, v2)):
+            dst.copy_(src.to(cuda))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_out, ref_lse = run_reference(op, q2, k2, v2)
+        assert np.abs(out.double().cpu().numpy() - ref_out).max() <= ATOL[op.dtype]
+        assert np.abs(lse.double().cpu().numpy() - ref_lse).max() <= LSE_ATOL
