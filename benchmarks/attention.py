@@ -100,6 +100,8 @@ def sweep_candidates(op, dev):
         c = tuning.fit(op, replace(base, block_m=bm, block_n=bn, num_warps=w, num_stages=st), arch)
         if c not in out:
             out.append(c)
+    # the conditional rescale (AttnConfig.lazy_rescale) on the table's tile and the next one
+    out += [replace(c, lazy_rescale=True) for c in out[:2]]
     return out
 
 

@@ -112,7 +112,7 @@ def _constexprs(op: Attention, cfg: AttnConfig, interpret: bool, mods) -> dict[s
         HAS_SCORE_MOD=op.score_mod is not None, RETURN_LSE=op.return_lse,
         UPCAST=interpret and op.dtype.value == "bfloat16",
         DOT_PREC="ieee" if op.dtype.value == "float32" else "tf32",
-        PDL=_pdl(cfg),
+        PDL=_pdl(cfg), LAZY_RESCALE=cfg.lazy_rescale,
     )
 
 

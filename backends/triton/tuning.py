@@ -59,6 +59,9 @@ class AttnConfig:
     #: ``attn_fwd`` runs and waits in ``griddepcontrol.wait``, hiding the second launch. In no table
     #: yet: unmeasured (see benchmarks/attention_notes.md, v3)
     pdl: bool = False
+    #: rescale the accumulator only when a row maximum grows by > 2^8 (FA4's conditional rescale).
+    #: In no table yet: unmeasured (see benchmarks/attention_notes.md)
+    lazy_rescale: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)

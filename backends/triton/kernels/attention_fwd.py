@@ -7,6 +7,9 @@ packs the G query heads that share a KV head (decode), so each K/V tile is loade
 of them. Launched by ``backends/triton/attention.py``; the layouts and the meaning of every
 argument are documented there.
 
+``LAZY_RESCALE``: the online softmax keeps a stale row maximum until a tile raises it by more than
+2^8 (FlashAttention-4's conditional rescaling), so the accumulator is multiplied only on those tiles.
+
 Key tiles fall in three ranges: masked head, unmasked middle, masked tail. Only masked tiles
 evaluate ``MASK_MOD`` and the key-length bound; tiles outside the recognised causal/window
 bounds are never visited.
@@ -23,6 +26,9 @@ import triton.language as tl
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # 1 / ln 2
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)    # ln 2
 NEG_INF: tl.constexpr = tl.constexpr(float("-inf"))
+#: LAZY_RESCALE: the running maximum is only moved when a row's new maximum exceeds it by more than
+#: this (log2 units), so probabilities stay below 2^8 and most tiles skip rescaling the accumulator
+RESCALE_LOG2: tl.constexpr = tl.constexpr(8.0)
 
 DENSE: tl.constexpr = tl.constexpr(0)
 PAGED: tl.constexpr = tl.constexpr(1)
@@ -69,7 +75,7 @@ def _attend_tiles(acc, l_i, m_i, q, t_begin, t_end,
                   D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                   BLOCK_N: tl.constexpr, LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr,
                   HAS_MASK: tl.constexpr, HAS_SCORE_MOD: tl.constexpr, UPCAST: tl.constexpr,
-                  DOT_PREC: tl.constexpr):
+                  DOT_PREC: tl.constexpr, LAZY_RESCALE: tl.constexpr):
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     if LAYOUT == PAGED:
@@ -107,11 +113,25 @@ def _attend_tiles(acc, l_i, m_i, q, t_begin, t_end,
                 keep = keep & MASK_MOD(b, h[:, None], qrow[:, None], n[None, :], sq, sk)
             s = tl.where(keep, s, NEG_INF)
         # -- update m_i and l_i (base-2 online softmax; rows with nothing visible yet stay at 0)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == NEG_INF, 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_use)
-        p = tl.math.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        if LAZY_RESCALE:
+            # rescale acc and l only when some row's maximum grew by more than 2^RESCALE_LOG2;
+            # otherwise keep the stale maximum (p <= 2^RESCALE_LOG2, exact in fp32/bf16/fp16 range)
+            m_blk = tl.max(s, 1)
+            grow = tl.where(m_blk > m_i, m_blk - m_i, 0.0)   # +inf for a row's first visible key
+            if tl.max(grow, 0) > RESCALE_LOG2:
+                m_new = tl.maximum(m_i, m_blk)
+                alpha = tl.math.exp2(m_i - tl.where(m_new == NEG_INF, 0.0, m_new))
+                acc = acc * alpha[:, None]
+                l_i = l_i * alpha
+                m_i = m_new
+            p = tl.math.exp2(s - tl.where(m_i == NEG_INF, 0.0, m_i)[:, None])
+            l_i = l_i + tl.sum(p, 1)
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = tl.where(m_new == NEG_INF, 0.0, m_new)
+            alpha = tl.math.exp2(m_i - m_use)
+            p = tl.math.exp2(s - m_use[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
         # -- accumulate P V
         if MASKED:
             v = tl.load(V + v_rows[:, None] + offs_dv[None, :], mask=(n < sk)[:, None] & (offs_dv < DV)[None, :],
@@ -122,9 +142,10 @@ def _attend_tiles(acc, l_i, m_i, q, t_begin, t_end,
             v = tl.load(V + v_rows[:, None] + offs_dv[None, :], mask=(offs_dv < DV)[None, :], other=0.0)
         if UPCAST:
             v = v.to(tl.float32)
-        acc = acc * alpha[:, None]
+        if not LAZY_RESCALE:
+            acc = acc * alpha[:, None]
+            m_i = m_new
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PREC)
-        m_i = m_new
     return acc, l_i, m_i
 
 
@@ -147,6 +168,7 @@ def attn_fwd(
     HAS_LEFT: tl.constexpr, WIN_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, WIN_RIGHT: tl.constexpr,
     HAS_MASK: tl.constexpr, MASK_ALL: tl.constexpr, NEVER: tl.constexpr, HAS_SCORE_MOD: tl.constexpr,
     RETURN_LSE: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr,
+    LAZY_RESCALE: tl.constexpr,
 ):
     ROWS: tl.constexpr = BLOCK_M // PACK          # query rows per tile
     if PDL:
@@ -249,7 +271,7 @@ def attn_fwd(
                                       kv_row0, stride_kb, stride_ks, stride_vb, stride_vs, stride_btp,
                                       scale, b, h, qrow, sq, sk, SCORE_MOD, MASK_MOD, True,
                                       D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, LAYOUT, PAGE_SIZE,
-                                      HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC)
+                                      HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC, LAZY_RESCALE)
     else:
         if HAS_LEFT:
             # stage 1: masked tiles before the fully visible band (sliding window's left edge)
@@ -257,19 +279,19 @@ def attn_fwd(
                                           bt_base, kv_row0, stride_kb, stride_ks, stride_vb, stride_vs, stride_btp,
                                           scale, b, h, qrow, sq, sk, SCORE_MOD, MASK_MOD, True,
                                           D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, LAYOUT, PAGE_SIZE,
-                                          HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC)
+                                          HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC, LAZY_RESCALE)
         # stage 2: the fully visible band, no mask
         acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, t_flo, t_fhi, K, V, BLOCK_TABLE, k_base, v_base, bt_base,
                                       kv_row0, stride_kb, stride_ks, stride_vb, stride_vs, stride_btp,
                                       scale, b, h, qrow, sq, sk, SCORE_MOD, MASK_MOD, False,
                                       D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, LAYOUT, PAGE_SIZE,
-                                      HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC)
+                                      HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC, LAZY_RESCALE)
         # stage 3: masked tiles after it (causal diagonal, window's right edge, key-length tail)
         acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, t_fhi, t_hi, K, V, BLOCK_TABLE, k_base, v_base, bt_base,
                                       kv_row0, stride_kb, stride_ks, stride_vb, stride_vs, stride_btp,
                                       scale, b, h, qrow, sq, sk, SCORE_MOD, MASK_MOD, True,
                                       D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, LAYOUT, PAGE_SIZE,
-                                      HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC)
+                                      HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC, LAZY_RESCALE)
 
     # -- epilogue: normalise; rows that saw no key get 0 and lse = -inf
     seen = l_i > 0.0
