@@ -215,15 +215,15 @@ def precompile(jobs, workers):
 
 # -- sweep -------------------------------------------------------------------------------------------
 
-def sweep_candidates(M: int, dqs=(2,), swaps=(False,), stages=(1,)) -> list[GemvConfig]:
+def sweep_candidates(M: int, dqs=(2,), swaps=(False,), stages=(1,), prefetch=(1,)) -> list[GemvConfig]:
     """What the sweep times per M (``split_k=0``: the automatic split and no split), for each
-    dequant variant in ``dqs`` and pipeline depth in ``stages`` (CUDA-core kernel) and operand
-    order in ``swaps`` (tensor-core kernel)."""
+    dequant variant in ``dqs``, pipeline depth in ``stages`` and register prefetch depth in
+    ``prefetch`` (CUDA-core kernel) and operand order in ``swaps`` (tensor-core kernel)."""
     out = []
     for dq in dqs:
         if M == 1:
-            out += [GemvConfig("fma", bn, bkw, w, st, 0, dq) for bn in (32, 64) for bkw in (32, 64) for w in (4, 8)
-                    for st in stages]
+            out += [GemvConfig("fma", bn, bkw, w, st, 0, dq, prefetch=pf) for bn in (32, 64) for bkw in (32, 64)
+                    for w in (4, 8) for st in stages for pf in prefetch if st == 1 or pf == 1]
         elif M <= 4:
             out += [GemvConfig("fma", bn, bkw, 4, 1, 0, dq) for bn in (32, 64) for bkw in (32, 64)]
     for sw in swaps:
@@ -256,6 +256,8 @@ def main():
                     help="dequant variants the sweep times for the CUDA-core kernel (M <= 4)")
     ap.add_argument("--stages", type=int, nargs="+", default=[1],
                     help="num_stages values the sweep times for the CUDA-core kernel at M=1 (Triton's pipeliner)")
+    ap.add_argument("--prefetch", type=int, nargs="+", default=[1],
+                    help="register prefetch depths (tiles of words ahead) the sweep times at M=1")
     ap.add_argument("--sweep-shapes", nargs="+", default=["4096x4096", "28672x8192", "4096x14336"],
                     help="(N)x(K) shapes the sweep times")
     ap.add_argument("--no-table", action="store_true", help="only the sweep, not the main table")
@@ -296,7 +298,7 @@ def main():
         for M in ms:
             for (N, K) in sweep_shapes:
                 op = gemv_op(M, N, K)
-                for c in sweep_candidates(M, args.dq, swaps, stages):
+                for c in sweep_candidates(M, args.dq, swaps, stages, tuple(args.prefetch)):
                     for cs in with_split(c, op):
                         jobs.append({"op": op.to_json(), "cfg": asdict(cs)})
     if args.no_table:
@@ -315,7 +317,7 @@ def main():
                 op = gemv_op(M, N, K)
                 copies = copies_for(floor_bytes(op))
                 timed = []
-                for c in sweep_candidates(M, args.dq, swaps, stages):
+                for c in sweep_candidates(M, args.dq, swaps, stages, tuple(args.prefetch)):
                     for cs in with_split(c, op):
                         if json.dumps({"op": op.to_json(), "cfg": asdict(cs)}, sort_keys=True) in failed:
                             continue
@@ -334,7 +336,8 @@ def main():
                     best[(M, N, K)] = timed[0][1]
                     print(f"sweep M={M} N={N} K={K}: " + "; ".join(
                         f"{t:.1f}us {c.kind} bn{c.block_n} kw{c.block_kw} w{c.num_warps} s{c.num_stages} "
-                        f"sk{c.split_k} dq{c.dq}{' swap' if c.swap_ab else ''}" for t, c in timed[:4]), flush=True)
+                        f"sk{c.split_k} dq{c.dq}{' swap' if c.swap_ab else ''}{' ahead2' if c.prefetch == 2 else ''}"
+                        for t, c in timed[:4]), flush=True)
                 torch.cuda.empty_cache()
 
     def pick(M, N, K):

@@ -85,6 +85,19 @@ CASES = [
     ("gptq-actorder-pipe3-m1-f16", "gptq", 4, 32, False, 1, 40, 256, "float16",
      {"g_idx": "actorder", "config": ("fma", 8, 16, 1, 3, False, 3)}),
     ("native8-pipe3-g64-m1-f32", "native", 8, 64, False, 1, 24, 512, "float32", {"config": ("fma", 8, 16, 1, 3, False, 3)}),
+    # words prefetched two tiles ahead (8th config field: prefetch): many tiles, split-K with short and
+    # empty slices, one tile, M=2, per-element groups, int8
+    ("native4-ahead2-dq3-g128-m1-bf16", "native", 4, 128, False, 1, 40, 1024, "bfloat16",
+     {"config": ("fma", 8, 16, 1, 3, False, 1, 2)}),
+    ("native4-ahead2-splitk3-m1-f32", "native", 4, 64, False, 1, 40, 1280, "float32",
+     {"config": ("fma", 8, 8, 3, 3, False, 1, 2)}),
+    ("native4-ahead2-onetile-m1-f16", "native", 4, 128, True, 1, 24, 512, "float16",
+     {"config": ("fma", 8, 64, 1, 3, False, 1, 2)}),
+    ("native4-ahead2-dq2-m2-f32", "native", 4, 32, False, 2, 24, 512, "float32",
+     {"config": ("fma", 8, 16, 1, 2, False, 1, 2)}),
+    ("native4-ahead2-perelem-g100-m1-f32", "native", 4, 100, False, 1, 16, 300, "float32",
+     {"config": ("fma", 8, 8, 1, 3, False, 1, 2)}),
+    ("native8-ahead2-g64-m1-f32", "native", 8, 64, False, 1, 24, 512, "float32", {"config": ("fma", 8, 16, 1, 3, False, 1, 2)}),
 ]
 
 #: (id, M, bits, group, symmetric, packing) lowered for every target by ``compile``
@@ -96,6 +109,7 @@ COMPILE_CASES = [
     ("fma-int4-g128-m1-dq3", 1, 4, 128, False, "native", {"dq": 3}),   # 7th field: config overrides
     ("dot-int4-g128-m16-swap", 16, 4, 128, False, "native", {"swap_ab": True}),
     ("fma-int4-g128-m1-pipe3", 1, 4, 128, False, "native", {"num_stages": 3}),
+    ("fma-int4-g128-m1-ahead2", 1, 4, 128, False, "native", {"prefetch": 2}),
 ]
 TARGETS = ("sm_80", "sm_90a", "sm_100a")
 
@@ -181,12 +195,12 @@ def _run_with_config(x, w, cfg):
 
 
 def forced_config(cfg, num_warps):
-    """The ``GemvConfig`` of a case's ``(kind, bn, bkw, split, dq[, swap_ab[, num_stages]])`` tuple."""
+    """The ``GemvConfig`` of a case's ``(kind, bn, bkw, split, dq[, swap_ab[, num_stages[, prefetch]]])``."""
     from portakern.backends.triton.gemv_tuning import GemvConfig
 
     kind, bn, bkw, split, dq, *more = cfg
-    swap, stages = (list(more) + [False, 1][len(more):])[:2]
-    return GemvConfig(kind, bn, bkw, num_warps, stages, split, dq, swap_ab=bool(swap))
+    swap, stages, prefetch = (list(more) + [False, 1, 1][len(more):])[:3]
+    return GemvConfig(kind, bn, bkw, num_warps, stages, split, dq, swap_ab=bool(swap), prefetch=prefetch)
 
 
 def run_compile(case):

@@ -105,6 +105,16 @@ def test_swap_ab_only_on_the_tensor_core_kernel():
         T.fit(T.GemvConfig("fma", 32, 64, swap_ab=True), lay, 1)
 
 
+def test_prefetch_depth_is_checked():
+    from portakern.backends.triton import gemv_tuning as T
+
+    lay = type("L", (), {})()
+    assert T.fit(T.GemvConfig("fma", 32, 64, prefetch=2), lay, 1).prefetch == 2
+    for bad in (T.GemvConfig("fma", 32, 64, prefetch=3), T.GemvConfig("dot", 64, 32, prefetch=2)):
+        with pytest.raises(ValueError, match=r"prefetch=.*prefetch is 1, or 2 for the CUDA-core kernel"):
+            T.fit(bad, lay, 1)
+
+
 def test_supports_every_packing_and_names_the_rule():
     from portakern.backends.triton import kernels
     from portakern.backends.triton import quant_gemv as Q
@@ -292,3 +302,18 @@ def test_gpu_graph_with_attention_and_gemv_through_the_api(dev):
         if with_attention:
             ref_o = portakern.attention(q.float().cpu(), k.float().cpu(), v.float().cpu(), backend="cpu")
             assert (o.float().cpu() - ref_o).abs().max().item() < 3e-2
+
+
+def test_autotune_candidates_include_the_two_deep_prefetch():
+    """Autotuning times prefetch=2 next to the table's CUDA-core configuration (chosen only if faster)."""
+    from portakern.backends.triton import gemv_tuning as T
+    from portakern.backends.triton import quant_gemv as Q
+    from portakern.ir import DType, Packing, QuantFormat
+    from portakern.ir.ops import QuantGemv
+
+    fmt = QuantFormat(bits=4, group_size=128, symmetric=False, packing=Packing("native"))
+    for M, want in ((1, 1), (16, 0)):
+        lay = Q._LayoutStub(QuantGemv(M=M, N=4096, K=4096, dtype=DType.bfloat16, fmt=fmt))
+        cands = T.candidates(lay, M, 4096, "sm_90", 132)
+        assert cands[0] == T.choose(lay, M, 4096, "sm_90", 132) and cands[0].prefetch == 1
+        assert sum(c.prefetch == 2 for c in cands) == want

@@ -57,6 +57,8 @@ class GemvConfig:
                codes, the GPU tables' choice for the CUDA-core kernel; the tensor-core kernel and
                per-element groups run it as 2)
     swap_ab    (tensor-core kernel) dequantized weights as the MMA's A operand, x as B
+    prefetch   (CUDA-core kernel, num_stages 1) tiles of words loaded ahead into registers: 1 or 2
+               (2: more bytes in flight per SM for 8 more registers; in no table yet: unmeasured)
     """
 
     kind: str
@@ -67,6 +69,7 @@ class GemvConfig:
     split_k: int = 1
     dq: int = 2
     swap_ab: bool = False
+    prefetch: int = 1
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -125,6 +128,9 @@ def fit(cfg: GemvConfig, layout, M: int) -> GemvConfig:
     An unknown ``dq`` is an error (it would silently run another variant)."""
     if cfg.dq not in DQ_VARIANTS:
         raise ValueError(f"GemvConfig(dq={cfg.dq!r}): the gemv kernels implement dq in {DQ_VARIANTS}")
+    if cfg.prefetch not in (1, 2) or (cfg.prefetch == 2 and cfg.kind != "fma"):
+        raise ValueError(f"GemvConfig(kind={cfg.kind!r}, prefetch={cfg.prefetch!r}): prefetch is 1, or 2 for the "
+                         f"CUDA-core kernel (kind='fma'); use prefetch=1")
     if cfg.swap_ab and cfg.kind != "dot":
         raise ValueError(f"GemvConfig(kind={cfg.kind!r}, swap_ab=True): swap_ab is an option of the tensor-core "
                          f"kernel; use kind='dot' or swap_ab=False")
@@ -167,6 +173,8 @@ def candidates(layout, M: int, N: int, arch: str, num_sms: int) -> list[GemvConf
             cand = replace(c, split_k=split)
             if cand not in out:
                 out.append(cand)
+    if base.kind == "fma":
+        out.append(replace(base, prefetch=2))   # words two tiles ahead (unmeasured: see gemv_notes.md)
     return out
 
 

@@ -377,7 +377,8 @@ def _consts_for(op: QuantGemv, layout, cfg: tuning.GemvConfig) -> dict:
              HAS_PERM=layout.has_perm, BM=tuning.block_m(cfg.kind, op.M), BN=cfg.block_n,
              BKW=cfg.block_kw, SPLIT_K=cfg.split_k, DQ=cfg.dq, EVEN_K=even_k)
     if cfg.kind == "fma":
-        c.update(PER_ELEM_GROUP=layout.per_elem_group, HAS_KG=layout.kgroup is not None, PIPE=cfg.num_stages)
+        c.update(PER_ELEM_GROUP=layout.per_elem_group, HAS_KG=layout.kgroup is not None, PIPE=cfg.num_stages,
+                 PREFETCH=cfg.prefetch)
     else:
         c.update(COMPUTE_F32=op.dtype is DType.float32, SWAP_AB=cfg.swap_ab)
     return c

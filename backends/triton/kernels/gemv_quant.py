@@ -147,10 +147,13 @@ def _group_scale_zero(s_ptr, z_ptr, kw, n, K, stride_qk, EPW: tl.constexpr, GS: 
 
 @triton.jit
 def _word_tile(w_ptrs, s_ptr, z_ptr, kw0, kwr, n, K, stride_qk, EPW: tl.constexpr, GS: tl.constexpr,
-               HAS_Z: tl.constexpr, ZP: tl.constexpr, PER_ELEM_GROUP: tl.constexpr):
+               HAS_Z: tl.constexpr, ZP: tl.constexpr, PER_ELEM_GROUP: tl.constexpr, WORDS: tl.constexpr = True):
     """The ``(BKW, BN)`` words at word row ``kw0`` with their scales and zeros (per-element groups:
-    none, looked up per code instead)."""
-    words = tl.load(w_ptrs + kw0 * stride_qk)
+    none, looked up per code instead). ``WORDS=False``: only the scales and zeros (words: 0)."""
+    if WORDS:
+        words = tl.load(w_ptrs + kw0 * stride_qk)
+    else:
+        words = 0
     if PER_ELEM_GROUP:
         s = 0.0
         z = 0.0
@@ -230,7 +233,8 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
                     BITS: tl.constexpr, GS: tl.constexpr, ZP: tl.constexpr,
                     HAS_Z: tl.constexpr, HAS_PERM: tl.constexpr, PER_ELEM_GROUP: tl.constexpr,
                     HAS_KG: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr,
-                    SPLIT_K: tl.constexpr, DQ: tl.constexpr, EVEN_K: tl.constexpr, PIPE: tl.constexpr):
+                    SPLIT_K: tl.constexpr, DQ: tl.constexpr, EVEN_K: tl.constexpr, PIPE: tl.constexpr,
+                    PREFETCH: tl.constexpr):
     """CUDA-core GEMV for small M: per code one LOP3 and one exact FMA, then one FMA per row of x.
 
     The zero point is applied per word row: ``sum x (q - z) s = s (sum x q - z sum x)``.
@@ -239,6 +243,8 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
     ``PIPE``: 1 = the next tile of words, scales and zeros is prefetched into registers while this
     one is computed; > 1 = Triton's software pipeliner keeps ``PIPE - 1`` tiles in flight through
     shared memory (asynchronous copies), which costs no registers per byte in flight.
+    ``PREFETCH`` (with PIPE = 1): how many tiles of words ahead the register prefetch loads (1 or 2;
+    scales and zeros are always one tile ahead).
     """
     EPW: tl.constexpr = 32 // BITS
     DQE: tl.constexpr = 2 if (DQ == 3 and PER_ELEM_GROUP) else DQ   # DQ=3 needs per-row groups
@@ -269,15 +275,23 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
         kw_first = tl.minimum(kw_begin, KWP - BKW)
         words, s, z = _word_tile(w_ptrs, s_ptr, z_ptr, kw_first, kwr, n, K, stride_qk, EPW, GS, HAS_Z, ZP,
                                  PER_ELEM_GROUP)
+        if PREFETCH == 2:   # words two tiles ahead (scales and zeros stay one ahead: fewer registers)
+            words_ahead = tl.load(w_ptrs + tl.where(kw_first + BKW < kw_end, kw_first + BKW, kw_first) * stride_qk)
         for kw0 in range(kw_begin, kw_end, BKW):
             # -- prefetch the next tile while this one is computed (the last re-reads itself: a cache hit)
             kw_next = tl.where(kw0 + BKW < kw_end, kw0 + BKW, kw0)
             words_next, s_next, z_next = _word_tile(w_ptrs, s_ptr, z_ptr, kw_next, kwr, n, K, stride_qk, EPW, GS,
-                                                    HAS_Z, ZP, PER_ELEM_GROUP)
+                                                    HAS_Z, ZP, PER_ELEM_GROUP, PREFETCH == 1)
+            if PREFETCH == 2:
+                words_far = tl.load(w_ptrs + tl.where(kw0 + 2 * BKW < kw_end, kw0 + 2 * BKW, kw0) * stride_qk)
             acc = _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, perm_ptr, kg_ptr,
                             s_ptr, z_ptr, K, stride_qk, mask_rt, BITS, GS, ZP, HAS_Z, HAS_PERM, PER_ELEM_GROUP,
                             HAS_KG, BM, BKW, BN, DQE, EVEN_K)
-            words = words_next
+            if PREFETCH == 2:
+                words = words_ahead
+                words_ahead = words_far
+            else:
+                words = words_next
             if not PER_ELEM_GROUP:
                 s = s_next
                 if HAS_Z:
