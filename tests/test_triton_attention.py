@@ -479,9 +479,9 @@ def test_lazy_rescale_matches_the_reference(case):
     assert np.abs(got[fin] - ref_lse[fin]).max() <= LSE_ATOL
 
 
-def test_autotune_candidates_include_the_unmeasured_variants_only_where_they_run():
-    """Autotuning (PORTAKERN_TRITON_AUTOTUNE=1) times lazy_rescale for prefill and pdl for split
-    decode, so a device picks them only when they are faster there; pdl never below sm_90."""
+def test_autotune_candidates_include_lazy_rescale_but_not_the_unchecked_pdl():
+    """Autotuning (PORTAKERN_TRITON_AUTOTUNE=1) times lazy_rescale for prefill, so a device picks it
+    only when faster there; pdl stays out until a GPU run has checked its results."""
     from portakern.backends.triton import tuning
 
     pre = make_op(B=2, Sq=2048, Sk=2048, Hq=16, Hkv=16, D=128, dtype=DType.bfloat16, mask_mod=E.causal_mask())
@@ -489,7 +489,6 @@ def test_autotune_candidates_include_the_unmeasured_variants_only_where_they_run
     assert cands[0] == tuning.choose(pre, "sm_90", 132) and not cands[0].lazy_rescale
     assert sum(c.lazy_rescale for c in cands) == 2 and not any(c.pdl for c in cands)
     dec = make_op(B=1, Sq=1, Sk=32768, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16)
-    for arch, sms, want in (("sm_90", 132, 1), ("sm_80", 108, 0)):
+    for arch, sms in (("sm_90", 132), ("sm_80", 108)):
         cands = tuning.candidates(dec, arch, sms)
-        assert sum(c.pdl for c in cands) == want, arch
-        assert all(c.num_splits > 1 and not c.fused_combine for c in cands if c.pdl)
+        assert len(cands) > 1 and not any(c.pdl or c.lazy_rescale for c in cands), arch

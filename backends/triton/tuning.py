@@ -253,8 +253,7 @@ def candidates(op, arch: str, num_sms: int) -> list[AttnConfig]:
                 cand = replace(c, num_splits=min(MAX_SPLITS, max(1, splits)))
                 if cand not in out:
                     out.append(cand)
-        if base.num_splits > 1 and not base.fused_combine and arch in PDL_ARCHS:
-            out.append(replace(base, pdl=True))   # the merge as a programmatic dependent launch
+        # (pdl joins the candidates once a GPU run has checked it: autotuning compares speed, not results)
         return out
     for bm, bn, w, st in ((128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3)):
         c = fit(op, replace(base, block_m=bm, block_n=bn, num_warps=w, num_stages=st), arch)
