@@ -38,10 +38,10 @@ MIN_TILES_PER_SPLIT = 2
 #: at 8k (16 splits): the fused merge runs on one program per query tile after the others finish,
 #: leaving the SMs idle. The interpreter keeps the fused merge so tests cover it.
 FUSED_COMBINE = {"interp": True}
-#: Split until the grid holds this many programs per multiprocessor, dense and paged KV. H200 sweep
-#: (session 2): dense 16 splits (1 per SM) beat 24-64 by 4-15%; paged with BN=128 tiles likewise
-#: (16 splits 47.4 us vs 32 splits 53.8 at 32k, page 16).
-PROGRAMS_PER_SM = {"dense": 1, "paged": 1}
+#: Split until the grid holds this many programs per multiprocessor. H200 sweep (session 2): dense
+#: 16 splits (1 per SM) beat 24-64 by 4-15%; paged with BN=128 tiles likewise (16 splits 47.4 us vs
+#: 32 splits 53.8 at 32k, page 16).
+PROGRAMS_PER_SM = 1
 
 
 @dataclass(frozen=True)
@@ -197,16 +197,15 @@ def query_tiles(op, cfg: AttnConfig) -> int:
 
 
 def num_splits(op, cfg: AttnConfig, num_sms: int) -> int:
-    """KV splits so that the grid fills ``PROGRAMS_PER_SM[layout] * num_sms`` programs (1 for prefill).
+    """KV splits so that the grid fills ``PROGRAMS_PER_SM * num_sms`` programs (1 for prefill).
 
     Bounded by ``MAX_SPLITS`` and by ``MIN_TILES_PER_SPLIT`` key tiles per split.
     """
     base = query_tiles(op, cfg)
     tiles = -(-op.seqlen_k // cfg.block_n)
-    per_sm = PROGRAMS_PER_SM["paged" if op.kv_layout.value == "paged" else "dense"]
     # rounded down: one program past a full wave costs a whole tile walk (H200, B=1 32k with 8 KV
     # heads: 17 splits = 136 programs on 132 SMs ran 49.7 us, 16 splits 42.9 us)
-    want = max(1, per_sm * num_sms // base)
+    want = max(1, PROGRAMS_PER_SM * num_sms // base)
     splits = max(1, min(want, MAX_SPLITS, tiles // MIN_TILES_PER_SPLIT))
     if splits > 1:
         per = -(-tiles // splits)
@@ -220,7 +219,7 @@ def workspace_bytes(op, cfg: AttnConfig) -> int:
     ``4 * num_splits * R * Hq * (Dv + 1)`` bytes of float32 partials (output and LSE per split),
     ``R = B * Sq`` (``total_q`` for varlen), plus one int32 arrival counter per query tile
     (``query_tiles``). ``num_splits <= MAX_SPLITS`` and splitting only happens while the query
-    tiles alone fill less than ``PROGRAMS_PER_SM`` (at most 2) x the multiprocessors, so it stays small:
+    tiles alone fill less than ``PROGRAMS_PER_SM`` x the multiprocessors, so it stays small:
     e.g. B=1, Hq=32, Dv=128, 32 splits: 516 KiB.
     """
     if cfg.num_splits == 1:
