@@ -32,6 +32,7 @@ import triton
 from triton.testing import do_bench
 
 from portakern.devices import torch_device
+from cuda_graphs import warm_on_side_stream  # benchmarks/ is the script's folder
 from portakern.backends.triton import attention as A
 from portakern.backends.triton import tuning
 from portakern.backends.triton.tuning import AttnConfig
@@ -190,12 +191,7 @@ def bench_ms(fn):
 
 
 def graph_ms(fns):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(s)
+    warm_on_side_stream(fns)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for f in fns:

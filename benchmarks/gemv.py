@@ -30,6 +30,7 @@ from dataclasses import asdict, replace
 
 import torch
 
+from cuda_graphs import warm_on_side_stream  # benchmarks/ is the script's folder
 from portakern.backends.triton import gemv_tuning as tuning
 from portakern.backends.triton import quant_gemv as Q
 from portakern.backends.triton.gemv_tuning import GemvConfig
@@ -97,12 +98,7 @@ def eager_us(fns, reps=None):
 
 def graph_us(fns, calls=240):
     """Per-call time inside one CUDA graph of ``calls`` launches cycling over ``fns``."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(s)
+    warm_on_side_stream(fns)
     torch.cuda.synchronize()
     reps = max(1, calls // len(fns))
     g = torch.cuda.CUDAGraph()
