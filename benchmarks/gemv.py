@@ -211,10 +211,11 @@ def precompile(jobs, workers):
 
 # -- sweep -------------------------------------------------------------------------------------------
 
-def sweep_candidates(M: int, dqs=(2,), swaps=(False,), stages=(1,), prefetch=(1,)) -> list[GemvConfig]:
+def sweep_candidates(M: int, dqs=(2,), swaps=(False,), stages=(1,), prefetch=(1,), pdls=(False,)) -> list[GemvConfig]:
     """What the sweep times per M (``split_k=0``: the automatic split and no split), for each
     dequant variant in ``dqs``, pipeline depth in ``stages`` and register prefetch depth in
-    ``prefetch`` (CUDA-core kernel) and operand order in ``swaps`` (tensor-core kernel)."""
+    ``prefetch`` (CUDA-core kernel), operand order in ``swaps`` (tensor-core kernel), and each
+    programmatic-dependent-launch setting in ``pdls``."""
     out = []
     for dq in dqs:
         if M == 1:
@@ -228,7 +229,7 @@ def sweep_candidates(M: int, dqs=(2,), swaps=(False,), stages=(1,), prefetch=(1,
         if M > 4:
             out += [GemvConfig("dot", bn, bkw, 4, 2, 0, 2, sw) for bn in (32, 64, 128) for bkw in (16, 32)]
             out += [GemvConfig("dot", bn, 32, 8, 2, 0, 2, sw) for bn in (64, 128)]
-    return out
+    return [replace(c, pdl=bool(p)) for p in pdls for c in out]
 
 
 def with_split(cfg: GemvConfig, op: QuantGemv, splits=None) -> list[GemvConfig]:
@@ -254,6 +255,9 @@ def main():
                     help="num_stages values the sweep times for the CUDA-core kernel at M=1 (Triton's pipeliner)")
     ap.add_argument("--prefetch", type=int, nargs="+", default=[1],
                     help="register prefetch depths (tiles of words ahead) the sweep times at M=1")
+    ap.add_argument("--pdl", type=int, nargs="+", default=[0], choices=(0, 1),
+                    help="programmatic dependent launch settings the sweep times (1: GemvConfig.pdl, sm_90+; "
+                         "in a graph of back-to-back calls each kernel's start overlaps the previous one's tail)")
     ap.add_argument("--sweep-shapes", nargs="+", default=["4096x4096", "28672x8192", "4096x14336"],
                     help="(N)x(K) shapes the sweep times")
     ap.add_argument("--no-table", action="store_true", help="only the sweep, not the main table")
@@ -294,7 +298,7 @@ def main():
         for M in ms:
             for (N, K) in sweep_shapes:
                 op = gemv_op(M, N, K)
-                for c in sweep_candidates(M, args.dq, swaps, stages, tuple(args.prefetch)):
+                for c in sweep_candidates(M, args.dq, swaps, stages, tuple(args.prefetch), tuple(args.pdl)):
                     for cs in with_split(c, op):
                         jobs.append({"op": op.to_json(), "cfg": asdict(cs)})
     if args.no_table:
@@ -313,7 +317,7 @@ def main():
                 op = gemv_op(M, N, K)
                 copies = copies_for(floor_bytes(op))
                 timed = []
-                for c in sweep_candidates(M, args.dq, swaps, stages, tuple(args.prefetch)):
+                for c in sweep_candidates(M, args.dq, swaps, stages, tuple(args.prefetch), tuple(args.pdl)):
                     for cs in with_split(c, op):
                         if json.dumps({"op": op.to_json(), "cfg": asdict(cs)}, sort_keys=True) in failed:
                             continue
@@ -332,7 +336,7 @@ def main():
                     best[(M, N, K)] = timed[0][1]
                     print(f"sweep M={M} N={N} K={K}: " + "; ".join(
                         f"{t:.1f}us {c.kind} bn{c.block_n} kw{c.block_kw} w{c.num_warps} s{c.num_stages} "
-                        f"sk{c.split_k} dq{c.dq}{' swap' if c.swap_ab else ''}{' ahead2' if c.prefetch == 2 else ''}"
+                        f"sk{c.split_k} dq{c.dq}{' swap' if c.swap_ab else ''}{' ahead2' if c.prefetch == 2 else ''}{' pdl' if c.pdl else ''}"
                         for t, c in timed[:4]), flush=True)
                 torch.cuda.empty_cache()
 

@@ -110,6 +110,10 @@ COMPILE_CASES = [
     ("dot-int4-g128-m16-swap", 16, 4, 128, False, "native", {"swap_ab": True}),
     ("fma-int4-g128-m1-pipe3", 1, 4, 128, False, "native", {"num_stages": 3}),
     ("fma-int4-g128-m1-ahead2", 1, 4, 128, False, "native", {"prefetch": 2}),
+    # programmatic dependent launch: sm_90+ only (8th field: the targets)
+    ("fma-int4-g128-m1-pdl", 1, 4, 128, False, "native", {"pdl": True}, ("sm_90a", "sm_100a")),
+    ("fma-int4-g128-m1-ahead2-pdl", 1, 4, 128, False, "native", {"pdl": True, "prefetch": 2}, ("sm_90a",)),
+    ("dot-int4-g128-m16-swap-pdl", 16, 4, 128, False, "native", {"pdl": True, "swap_ab": True}, ("sm_90a",)),
 ]
 TARGETS = ("sm_80", "sm_90a", "sm_100a")
 
@@ -195,12 +199,12 @@ def _run_with_config(x, w, cfg):
 
 
 def forced_config(cfg, num_warps):
-    """The ``GemvConfig`` of a case's ``(kind, bn, bkw, split, dq[, swap_ab[, num_stages[, prefetch]]])``."""
+    """The ``GemvConfig`` of a case's ``(kind, bn, bkw, split, dq[, swap_ab[, num_stages[, prefetch[, pdl]]]])``."""
     from portakern.backends.triton.gemv_tuning import GemvConfig
 
     kind, bn, bkw, split, dq, *more = cfg
-    swap, stages, prefetch = (list(more) + [False, 1, 1][len(more):])[:3]
-    return GemvConfig(kind, bn, bkw, num_warps, stages, split, dq, swap_ab=bool(swap), prefetch=prefetch)
+    swap, stages, prefetch, pdl = (list(more) + [False, 1, 1, False][len(more):])[:4]
+    return GemvConfig(kind, bn, bkw, num_warps, stages, split, dq, swap_ab=bool(swap), prefetch=prefetch, pdl=bool(pdl))
 
 
 def run_compile(case):
@@ -218,7 +222,7 @@ def run_compile(case):
                       has_g_idx=packing.endswith("actorder"))
     op = QuantGemv(M=M, N=4096, K=4096, dtype=DType.bfloat16, fmt=fmt)
     out = {}
-    for t in TARGETS:
+    for t in (case[7] if len(case) > 7 else TARGETS):
         cfg = None
         if len(case) > 6:   # the target's table choice with some fields forced
             arch = gemv_tuning.arch_family(Q._TARGETS[t])
@@ -228,8 +232,19 @@ def run_compile(case):
             assert all(r["config"][k] == v for k, v in case[6].items()), r["config"]
         name, k = next(iter(r["kernels"].items()))
         out[t] = {"kernel": name, "cubin_bytes": len(k["cubin"] or b""), "kind": r["config"]["kind"],
-                  "mma": _has_mma(k["ptx"] or "")}
+                  "mma": _has_mma(k["ptx"] or ""), **_before_wait(k["ptx"] or "")}
     return {"id": cid, "targets": out}
+
+
+def _before_wait(ptx: str) -> dict:
+    """What the PTX does before ``griddepcontrol.wait`` (absent: waits=0): the global loads issued
+    (and how many are 16-byte vectors: weight tiles) and any global store or atomic."""
+    lines = [ln.strip() for ln in ptx.splitlines()]
+    waits = [i for i, ln in enumerate(lines) if ln.startswith("griddepcontrol.wait")]
+    head = lines[:waits[0]] if waits else []
+    return {"waits": len(waits), "loads_before_wait": sum(ln.startswith("ld.global") for ln in head),
+            "wide_loads_before_wait": sum(ln.startswith("ld.global.v4.b32") for ln in head),
+            "writes_before_wait": sum(ln.startswith(("st.global", "atom.global", "red.global")) for ln in head)}
 
 
 def _has_mma(ptx: str) -> bool:

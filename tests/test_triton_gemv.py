@@ -70,10 +70,21 @@ def test_interpreter_matches_float64_and_cpu(case, interp_results):
 def test_compile_for_targets(case, compile_results):
     r = compile_results.get(case[0])
     assert r is not None and "error" not in r, (r or {}).get("error")
-    for t in TARGETS:
+    targets = case[7] if len(case) > 7 else TARGETS
+    assert sorted(r["targets"]) == sorted(targets)
+    for t in targets:
         art = r["targets"][t]
         assert art["cubin_bytes"] > 1000, f"{t}: no cubin"
         assert art["mma"] == (art["kind"] == "dot"), f"{t}: tensor-core instructions present={art['mma']}"
+        pdl = len(case) > 6 and case[6].get("pdl", False)
+        assert art["waits"] == int(pdl), f"{t}: {art['waits']} griddepcontrol.wait"
+        assert art["writes_before_wait"] == 0, f"{t}: stores before griddepcontrol.wait"
+        if pdl and art["kind"] == "fma":
+            # the first weight tiles (16-byte word / scale vectors) are requested before the wait, x after it
+            assert art["wide_loads_before_wait"] > 0
+            assert art["loads_before_wait"] == art["wide_loads_before_wait"], art
+        elif pdl:
+            assert art["loads_before_wait"] == 0, art
 
 
 def test_compile_for_target_rejects_unknown_target():
@@ -113,6 +124,23 @@ def test_prefetch_depth_is_checked():
     for bad in (T.GemvConfig("fma", 32, 64, prefetch=3), T.GemvConfig("dot", 64, 32, prefetch=2)):
         with pytest.raises(ValueError, match=r"prefetch=.*prefetch is 1, or 2 for the CUDA-core kernel"):
             T.fit(bad, lay, 1)
+
+
+def test_pdl_is_refused_where_it_cannot_run():
+    """Programmatic dependent launch needs sm_90+ and a compiled kernel: sm_80 lowering and the
+    interpreter (cpu device) are refused with the rule and the way out."""
+    from portakern.backends.triton import quant_gemv as Q
+    from portakern.backends.triton.gemv_tuning import GemvConfig
+    from portakern.devices import Device
+    from portakern.ir import DType, QuantFormat
+    from portakern.ir.ops import QuantGemv
+
+    op = QuantGemv(M=1, N=64, K=128, dtype=DType.float16, fmt=QuantFormat(4, 64, False))
+    cfg = GemvConfig("fma", 32, 64, pdl=True)
+    with pytest.raises(ValueError, match=r"GemvConfig\(pdl=True\) on sm_80: .*sm_90.*use pdl=False"):
+        Q.compile_for_target(op, "sm_80", cfg)
+    with pytest.raises(ValueError, match=r"GemvConfig\(pdl=True\) on interp: .*not the interpreter.*use pdl=False"):
+        Q.compile(op, Device("cpu"), cfg)
 
 
 def test_supports_every_packing_and_names_the_rule():
@@ -259,6 +287,66 @@ def test_gpu_cuda_graph_replay_with_new_inputs(dev, split):
         ref = x.double().cpu().numpy() @ deq.T
         err = np.abs(out.double().cpu().numpy() - ref).max() / np.abs(ref).max()
         assert err < 1e-2
+
+
+@gpu_param
+@pytest.mark.parametrize("kind", ["fma-split1", "fma-split4", "fma-ahead2-split4", "dot-swap"])
+def test_gpu_pdl_chain_in_a_graph(dev, kind):
+    """pdl=True launches read the previous kernel's output: a chain y1 = W1 x, y2 = W2 y1, y3 = W1 y2
+    (split-K reusing one workspace back to back) captured in a CUDA graph, replayed with new x, every
+    output poisoned before each replay, against float64; then eagerly without the graph."""
+    _need(dev)
+    if dev.capability < (9, 0):
+        pytest.skip("programmatic dependent launch needs sm_90+ (the refusal is tested above)")
+    from portakern.backends.triton import quant_gemv as Q
+    from portakern.backends.triton.gemv_tuning import GemvConfig
+    from portakern.ir.packing import dequantize
+    from portakern.validate import quant_gemv_op
+
+    M = 16 if kind == "dot-swap" else 1
+    cfg = {"fma-split1": GemvConfig("fma", 32, 64, 4, 1, 1, 3, pdl=True),
+           "fma-split4": GemvConfig("fma", 32, 64, 4, 1, 4, 3, pdl=True),
+           "fma-ahead2-split4": GemvConfig("fma", 32, 64, 8, 1, 4, 3, prefetch=2, pdl=True),
+           "dot-swap": GemvConfig("dot", 128, 32, 4, 2, 2, 2, swap_ab=True, pdl=True)}[kind]
+    n = 2048
+    ws = [weight(("c", "native", 4, 128, False, M, n, n, "bfloat16", {}), seed=s) for s in (1, 2)]
+    x = torch.randn(M, n, device="cuda", dtype=torch.bfloat16)
+    op, _ = quant_gemv_op(x, ws[0].with_tensors({k: torch.as_tensor(v).cuda() for k, v in ws[0].tensors.items()}))
+    kern = Q.compile(op, dev, cfg)
+    ps = [Q.prepare_weight(None, w, dev) for w in ws]
+    ys = [torch.full((M, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+
+    def chain():
+        kern(x, ps[0], ys[0])
+        kern(ys[0], ps[1], ys[1])
+        kern(ys[1], ps[0], ys[2])
+
+    chain()   # builds the launcher
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        chain()
+    deq = [torch.from_numpy(dequantize(w.fmt, w.tensors, w.N, w.K)).double() for w in ws]
+
+    def check(tag):
+        # each stage's reference starts from the previous stage's device output (rounded to bf16 there)
+        for i, (inp, w) in enumerate(((x, 0), (ys[0], 1), (ys[1], 0))):
+            ref = inp.double().cpu() @ deq[w].T
+            err = ((ys[i].double().cpu() - ref).abs().max() / ref.abs().max()).item()
+            assert err < 1e-2, f"{tag}: stage {i} err {err:.3g}"
+
+    for r in range(3):
+        x.copy_(torch.randn_like(x))
+        for y in ys:
+            y.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        check(f"replay {r}")
+    for y in ys:
+        y.fill_(float("nan"))
+    chain()
+    torch.cuda.synchronize()
+    check("eager")
 
 
 @gpu_param

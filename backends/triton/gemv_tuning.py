@@ -59,6 +59,9 @@ class GemvConfig:
     swap_ab    (tensor-core kernel) dequantized weights as the MMA's A operand, x as B
     prefetch   (CUDA-core kernel, num_stages 1) tiles of words loaded ahead into registers: 1 or 2
                (2: more bytes in flight per SM for 8 more registers; in no table yet: unmeasured)
+    pdl        programmatic dependent launch (sm_90+, compiled kernels only): the kernel may start
+               while the previous kernel in the stream drains; it requests its first weight tiles,
+               then waits for that kernel (``griddepcontrol.wait``) before touching x or the output
     """
 
     kind: str
@@ -70,6 +73,7 @@ class GemvConfig:
     dq: int = 2
     swap_ab: bool = False
     prefetch: int = 1
+    pdl: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -109,6 +113,15 @@ def _table(arch: str, kind: str, M: int, N: int, K: int, bits: int) -> GemvConfi
         return GemvConfig("fma", block_n=32, block_kw=64, num_warps=8 if N >= 16384 else 4, num_stages=1, dq=3)
     # session 2: M=16 with swapped operands 10-16% faster (28672x8192: 155 vs 171 us); M=4 not
     return GemvConfig("dot", block_n=128, block_kw=32, num_warps=4, num_stages=2, swap_ab=M > 4)
+
+
+def check_pdl(cfg: GemvConfig, arch: str) -> None:
+    """Raise when ``cfg`` asks for programmatic dependent launch where it cannot run."""
+    from .tuning import PDL_ARCHS
+
+    if cfg.pdl and arch not in PDL_ARCHS:
+        raise ValueError(f"GemvConfig(pdl=True) on {arch}: programmatic dependent launch needs one of "
+                         f"{', '.join(PDL_ARCHS)} (and a compiled kernel, not the interpreter); use pdl=False")
 
 
 def split_k_for(N: int, KWP: int, cfg: GemvConfig, num_sms: int) -> int:

@@ -163,13 +163,18 @@ def prepare_weight(backend, weight, device: Device) -> PreparedGemvWeight:
         t[:, N:] = a.T[:, :1]
         return t
 
-    return PreparedGemvWeight(
+    prepared = PreparedGemvWeight(
         qweight=dev(pack_internal(codes, fmt.bits)),
         scales=dev(by_group(scales), sdt),
         zeros=None if fmt.symmetric else dev(by_group(zeros + offset), sdt),
         perm=None if perm is None else dev(perm),
         kgroup=None if kgroup is None else dev(kgroup),
         bits=fmt.bits, group_size=GS, zero_point=int(fmt.zero_point + offset), N=N, K=K)
+    if device.type == "cuda":
+        # once per weight: a kernel launched with pdl reads its first weight tiles before waiting
+        # for the previous work in the stream, so the uploads must be complete before any launch
+        torch.cuda.synchronize(tdev)
+    return prepared
 
 
 # -- supports ----------------------------------------------------------------------------------------
@@ -210,6 +215,8 @@ class _Launcher:
         self.grid = (tiles_n, cfg.split_k, tiles_m)
         self.ksw = _slice_words(layout.KWP, cfg)
         self.opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        if cfg.pdl:
+            self.opts["launch_pdl"] = True
         if cfg.split_k > 1:  # allocated once; the kernel's last slice resets its counter after each use
             self.ws = torch.empty((cfg.split_k, tiles_m * bm, op.N), dtype=torch.float32, device=tdev)
             self.lock = torch.zeros((tiles_m * tiles_n,), dtype=torch.int32, device=tdev)
@@ -263,6 +270,9 @@ def compile(op: QuantGemv, device: Device, config: tuning.GemvConfig | None = No
     tdev = "cpu" if interpret else f"cuda:{device.index}"
     launchers: dict[tuple, _Launcher] = {}
     lock = threading.Lock()
+
+    if config is not None:
+        tuning.check_pdl(config, arch)
 
     def build(x, w: PreparedGemvWeight, out) -> _Launcher:
         if (w.N, w.K) != (op.N, op.K):
@@ -339,6 +349,7 @@ def compile_for_target(op: QuantGemv, target: str, config: tuning.GemvConfig | N
     arch = tuning.arch_family(cc)
     lay = _LayoutStub(op)
     if config is not None:
+        tuning.check_pdl(config, arch)
         cfg = tuning.fit(config, lay, op.M)
     else:
         cfg = tuning.choose(lay, op.M, op.N, arch, tuning.DEFAULT_SMS.get(arch, 132))
@@ -358,7 +369,7 @@ def compile_for_target(op: QuantGemv, target: str, config: tuning.GemvConfig | N
             sig[name] = ptrs[name]
         else:
             sig[name] = "i32"
-    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=cfg.pdl)
     with interpret_env(False):
         # what a launch specializes on: 16-byte aligned tensors, row stride and padded K multiples of 16
         aligned = set(ptrs) | {"KWP", "stride_qk", "K_SPLIT_W"}
@@ -375,7 +386,7 @@ def _consts_for(op: QuantGemv, layout, cfg: tuning.GemvConfig) -> dict:
     even_k = layout.KWP * layout.codes_per_word == op.K
     c = dict(BITS=layout.bits, GS=layout.group_size, ZP=layout.zero_point, HAS_Z=layout.has_z,
              HAS_PERM=layout.has_perm, BM=tuning.block_m(cfg.kind, op.M), BN=cfg.block_n,
-             BKW=cfg.block_kw, SPLIT_K=cfg.split_k, DQ=cfg.dq, EVEN_K=even_k)
+             BKW=cfg.block_kw, SPLIT_K=cfg.split_k, DQ=cfg.dq, EVEN_K=even_k, PDL=cfg.pdl)
     if cfg.kind == "fma":
         c.update(PER_ELEM_GROUP=layout.per_elem_group, HAS_KG=layout.kgroup is not None, PIPE=cfg.num_stages,
                  PREFETCH=cfg.prefetch)

@@ -101,6 +101,21 @@ def _denorm_fwd(v, DQ: tl.constexpr):
 
 
 @triton.jit
+def _wait_for_producer(PDL: tl.constexpr):
+    """PDL: wait until the previous kernel in the stream has completed and its writes are visible
+    (``griddepcontrol.wait``), then let the next one launch (``griddepcontrol.launch_dependents``).
+
+    Everything a kernel reads before this must be constant across launches (the prepared weight);
+    x, the output and the split-K workspace and counters are touched only after it. The early
+    trigger is safe: a dependent kernel waits for this one's completion before reading its output,
+    and it only gets SM resources as this grid's programs exit.
+    """
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
 def _finish(res, rows, n, M, N, pid_n, pid_k, pid_m, out_ptr, stride_om, ws_ptr, lock_ptr,
             BM: tl.constexpr, BN: tl.constexpr, SPLIT_K: tl.constexpr):
     """Write the ``(BM, BN)`` fp32 tile ``res``: directly, or through the split-K workspace."""
@@ -234,7 +249,7 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
                     HAS_Z: tl.constexpr, HAS_PERM: tl.constexpr, PER_ELEM_GROUP: tl.constexpr,
                     HAS_KG: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr,
                     SPLIT_K: tl.constexpr, DQ: tl.constexpr, EVEN_K: tl.constexpr, PIPE: tl.constexpr,
-                    PREFETCH: tl.constexpr):
+                    PREFETCH: tl.constexpr, PDL: tl.constexpr):
     """CUDA-core GEMV for small M: per code one LOP3 and one exact FMA, then one FMA per row of x.
 
     The zero point is applied per word row: ``sum x (q - z) s = s (sum x q - z sum x)``.
@@ -245,6 +260,9 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
     shared memory (asynchronous copies), which costs no registers per byte in flight.
     ``PREFETCH`` (with PIPE = 1): how many tiles of words ahead the register prefetch loads (1 or 2;
     scales and zeros are always one tile ahead).
+    ``PDL``: launched as a programmatic dependent of the previous kernel in the stream (sm_90+); see
+    ``_wait_for_producer``. With PIPE = 1 the first tiles of words, scales and zeros (constant
+    weights) are requested before the wait, so they are in flight while the previous kernel drains.
     """
     EPW: tl.constexpr = 32 // BITS
     DQE: tl.constexpr = 2 if (DQ == 3 and PER_ELEM_GROUP) else DQ   # DQ=3 needs per-row groups
@@ -264,6 +282,7 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
         acc = tl.zeros((BM, BKW, BN), tl.float32)
     if PIPE > 1:
         # -- tiles streamed by the software pipeliner
+        _wait_for_producer(PDL)
         for kw0 in tl.range(kw_begin, kw_end, BKW, num_stages=PIPE):
             words, s, z = _word_tile(w_ptrs, s_ptr, z_ptr, kw0, kwr, n, K, stride_qk, EPW, GS, HAS_Z, ZP,
                                      PER_ELEM_GROUP)
@@ -277,6 +296,8 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
                                  PER_ELEM_GROUP)
         if PREFETCH == 2:   # words two tiles ahead (scales and zeros stay one ahead: fewer registers)
             words_ahead = tl.load(w_ptrs + tl.where(kw_first + BKW < kw_end, kw_first + BKW, kw_first) * stride_qk)
+        # -- only now x, the output and the workspace: they may belong to the previous kernel
+        _wait_for_producer(PDL)
         for kw0 in range(kw_begin, kw_end, BKW):
             # -- prefetch the next tile while this one is computed (the last re-reads itself: a cache hit)
             kw_next = tl.where(kw0 + BKW < kw_end, kw0 + BKW, kw0)
@@ -311,7 +332,7 @@ def gemv_dot_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, out_ptr, ws_ptr, lock
                     BITS: tl.constexpr, GS: tl.constexpr, ZP: tl.constexpr,
                     HAS_Z: tl.constexpr, HAS_PERM: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                     BKW: tl.constexpr, SPLIT_K: tl.constexpr, DQ: tl.constexpr, EVEN_K: tl.constexpr,
-                    COMPUTE_F32: tl.constexpr, SWAP_AB: tl.constexpr):
+                    COMPUTE_F32: tl.constexpr, SWAP_AB: tl.constexpr, PDL: tl.constexpr):
     """Tensor-core GEMV for M up to 16: ``acc (BM, BN) += x[:, k_e] (BM, BKW) @ w_e (BKW, BN)``
     for each code position e, with ``w_e = (q - z) * s`` dequantized in the compute dtype.
 
@@ -320,6 +341,7 @@ def gemv_dot_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, out_ptr, ws_ptr, lock
     words change layout), and the small x tile is the operand staged in shared memory.
     ``COMPUTE_F32``: multiply in fp32 (fp32 activations, or bf16 under the interpreter).
     DQ=3 (a CUDA-core variant) runs as DQ=2 here.
+    ``PDL``: launched as a programmatic dependent (``_wait_for_producer`` before the first load).
     """
     EPW: tl.constexpr = 32 // BITS
     DQE: tl.constexpr = 2 if DQ == 3 else DQ
@@ -341,6 +363,7 @@ def gemv_dot_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, out_ptr, ws_ptr, lock
         cdt = tl.float32
     else:
         cdt = x_ptr.dtype.element_ty
+    _wait_for_producer(PDL)
     for kw0 in range(kw_begin, tl.minimum(kw_begin + K_SPLIT_W, KWP), BKW):
         # -- one tile of words with its scales and zeros (padding rows use the last group)
         words = tl.load(w_ptrs + kw0 * stride_qk)
