@@ -231,7 +231,8 @@ def run_compile(case):
         if cfg is not None:
             assert all(r["config"][k] == v for k, v in case[6].items()), r["config"]
         name, k = next(iter(r["kernels"].items()))
-        out[t] = {"kernel": name, "cubin_bytes": len(k["cubin"] or b""), "kind": r["config"]["kind"],
+        out[t] = {"kernel": name, "cubin_bytes": len(k["cubin"] or b""), "kind": r["config"]["kind"], "pdl": r["config"]["pdl"],
+                  "num_stages": r["config"]["num_stages"],
                   "mma": _has_mma(k["ptx"] or ""), **_before_wait(k["ptx"] or "")}
     return {"id": cid, "targets": out}
 

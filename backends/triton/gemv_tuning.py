@@ -6,8 +6,8 @@ architecture family:
 ==========  ===========================================================================
 arch        source of the numbers
 ==========  ===========================================================================
-sm_90       H200 sweeps (runs 1-2) in ``benchmarks/gemv_notes.md`` (``benchmarks/gemv.py --sweep``)
-sm_80       the sm_90 choices (memory-bound kernels with no Hopper-only features; not measured)
+sm_90       H200 sweeps (sessions 1-3) in ``benchmarks/gemv_notes.md`` (``benchmarks/gemv.py --sweep``)
+sm_80       the sm_90 choices without ``pdl`` (sm_90+); not measured
 sm_100      the sm_90 choices (not measured here)
 sm_120      the sm_90 choices (not measured here)
 interp      Triton's CPU interpreter: small tiles so tests cross tile, group and split edges
@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass, replace
+
+from .tuning import PDL_ARCHS
 
 #: Multiprocessors assumed when lowering for a target without the device.
 DEFAULT_SMS = {"sm_80": 108, "sm_90": 132, "sm_100": 148, "sm_120": 84, "interp": 4}
@@ -58,10 +60,12 @@ class GemvConfig:
                per-element groups run it as 2)
     swap_ab    (tensor-core kernel) dequantized weights as the MMA's A operand, x as B
     prefetch   (CUDA-core kernel, num_stages 1) tiles of words loaded ahead into registers: 1 or 2
-               (2: more bytes in flight per SM for 8 more registers; in no table yet: unmeasured)
+               (2: more bytes in flight per SM for 8 more registers; H200 session 3: slower on every
+               swept shape, in no table)
     pdl        programmatic dependent launch (sm_90+, compiled kernels only): the kernel may start
                while the previous kernel in the stream drains; it requests its first weight tiles,
-               then waits for that kernel (``griddepcontrol.wait``) before touching x or the output
+               then waits for that kernel (``griddepcontrol.wait``) before touching x or the output.
+               The GPU tables' choice for the CUDA-core kernel
     """
 
     kind: str
@@ -109,16 +113,18 @@ def _table(arch: str, kind: str, M: int, N: int, K: int, bits: int) -> GemvConfi
                 else GemvConfig("dot", block_n=16, block_kw=16, num_warps=1))
     if kind == "fma":
         # H200 run 1: (32, 64) won every M=1 shape, 8 warps when N fills the chip; session 2: the
-        # subnormal dequantization (dq=3) beat dq=2 on every swept shape (28672x8192: 40.9 vs 49 us)
-        return GemvConfig("fma", block_n=32, block_kw=64, num_warps=8 if N >= 16384 else 4, num_stages=1, dq=3)
+        # subnormal dequantization (dq=3) beat dq=2 on every swept shape (28672x8192: 40.9 vs 49 us);
+        # session 3: programmatic dependent launch won every M=1 shape in a graph of back-to-back
+        # calls (4096^2 6.4 vs 7.5 us, 4096x14336 13.8 vs 15.0, 28672x8192 39.9 vs 40.7)
+        return GemvConfig("fma", block_n=32, block_kw=64, num_warps=8 if N >= 16384 else 4, num_stages=1, dq=3,
+                          pdl=arch in PDL_ARCHS)
+    # session 3: pdl did not help the tensor-core kernel (M=16 28672x8192: 175 vs 155 us), so it stays off
     # session 2: M=16 with swapped operands 10-16% faster (28672x8192: 155 vs 171 us); M=4 not
     return GemvConfig("dot", block_n=128, block_kw=32, num_warps=4, num_stages=2, swap_ab=M > 4)
 
 
 def check_pdl(cfg: GemvConfig, arch: str) -> None:
     """Raise when ``cfg`` asks for programmatic dependent launch where it cannot run."""
-    from .tuning import PDL_ARCHS
-
     if cfg.pdl and arch not in PDL_ARCHS:
         raise ValueError(f"GemvConfig(pdl=True) on {arch}: programmatic dependent launch needs one of "
                          f"{', '.join(PDL_ARCHS)} (and a compiled kernel, not the interpreter); use pdl=False")
@@ -186,8 +192,6 @@ def candidates(layout, M: int, N: int, arch: str, num_sms: int) -> list[GemvConf
             cand = replace(c, split_k=split)
             if cand not in out:
                 out.append(cand)
-    if base.kind == "fma":
-        out.append(replace(base, prefetch=2))   # words two tiles ahead (unmeasured: see gemv_notes.md)
     return out
 
 
