@@ -103,7 +103,8 @@ def sweep_candidates(op, dev):
             out.append(c)
     # the conditional rescale (AttnConfig.lazy_rescale) on the table's tile and the next one
     out += [replace(c, lazy_rescale=True) for c in out[:2]]
-    return out
+    # v4: TMA K/V loads, and the warp-specialised walk (results checked against the table's in run_sweep)
+    return out + [c for c in tuning.tma_candidates(op, base, arch) if c not in out]
 
 
 def _warm(job):
@@ -339,9 +340,16 @@ def run_sweep(ops, dev, l2):
         decode_like = key.startswith("decode")
         k_sets = n_sets(2 * op.batch * op.seqlen_k * op.heads_kv * op.head_dim * 2, l2) if decode_like else 1
         sets = [A.random_inputs(op, torch.device("cuda"), seed=i) for i in range(k_sets)]
-        res = []
+        res, ref = [], None
         for cfg in sweep_candidates(op, dev):
             t = time_impl(ours(op, dev, cfg, sets), graph=decode_like)
+            if ref is None and isinstance(t, float):
+                ref = sets[0][3].clone()     # the table configuration's output
+            elif cfg.tma and isinstance(t, float):
+                # the unmeasured TMA / warp-specialised variants must reproduce the table's output
+                err = (sets[0][3].float() - ref.float()).abs().max().item()
+                if not err <= 5e-2:
+                    t = f"ERR output differs from the table configuration's by {err:.3g}"
             res.append((t, cfg))
             rows.append(dict(shape=key, config=cfg.to_json(), us=t))
         ok = [(t, c) for t, c in res if isinstance(t, float)]

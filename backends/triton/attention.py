@@ -13,11 +13,22 @@ and kept in the kernel's closure: ``4 * num_splits * R * Hq * (Dv + 1)`` bytes w
 (``total_q`` for varlen), plus one int32 arrival counter per query tile (``tuning.workspace_bytes``;
 ``num_splits <= tuning.MAX_SPLITS``). Two concurrent calls of one signature on different CUDA
 streams would share it: serialise them.
+
+TMA (``AttnConfig.tma``, dense prefill on sm_90+): K and V go to the kernel as host-side
+``TensorDescriptor``s, 4-D over the (B, Sk, Hkv, D) tensors with their own strides, built per call
+(small host objects; no device allocation). With ``warp_specialize`` q, K and V go as 2-D
+descriptors over their (B * S, H * D) views instead, which needs those views to exist (heads
+adjacent, batches adjacent; any contiguous tensor). TMA needs each base 16-byte aligned, every
+stride but the last a multiple of 16 bytes and the last stride 1. A call whose tensors break
+those rules (e.g. fp16 K with an odd ``Hkv * D``, or a view at an unaligned offset) runs the
+pointer kernel instead, compiled on its first such call, with a RuntimeWarning naming the reason
+(``tma_blocker``); the results are the same, only the speed differs.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Callable
 
 from portakern.backend import YES, Support, no
@@ -112,13 +123,59 @@ def _constexprs(op: Attention, cfg: AttnConfig, interpret: bool, mods) -> dict[s
         HAS_SCORE_MOD=op.score_mod is not None, RETURN_LSE=op.return_lse,
         UPCAST=interpret and op.dtype.value == "bfloat16",
         DOT_PREC="ieee" if op.dtype.value == "float32" else "tf32",
-        PDL=_pdl(cfg), LAZY_RESCALE=cfg.lazy_rescale,
+        PDL=_pdl(cfg), LAZY_RESCALE=cfg.lazy_rescale, TMA=cfg.tma, WS=cfg.warp_specialize,
     )
 
 
 def _pdl(cfg: AttnConfig) -> bool:
     """Whether the merge runs as a programmatic dependent launch (only with a separate merge kernel)."""
     return cfg.pdl and cfg.num_splits > 1 and not cfg.fused_combine
+
+
+def tma_blocker(cfg: AttnConfig, q, k, v) -> str | None:
+    """Why this call's tensors cannot go through TMA under ``cfg`` (None when they can; see the module
+    docstring for the rules)."""
+    named = (("k", k), ("v", v)) if not cfg.warp_specialize else (("q", q), ("k", k), ("v", v))
+    for name, a in named:
+        if cfg.warp_specialize:
+            B, S, H, D = a.shape
+            if H > 1 and a.stride(2) != D or B > 1 and a.stride(0) != S * a.stride(1):
+                return (f"{name} with strides {tuple(a.stride())} has no (B * S, H * D) view, which the "
+                        f"warp-specialised kernel's 2-D descriptors need")
+        why = _tma_rules(name, a, a.stride()[1:2] if cfg.warp_specialize else a.stride()[:-1])
+        if why:
+            return why
+    return None
+
+
+def _tma_rules(name: str, a, strides) -> str | None:
+    """TMA's alignment rules for a descriptor over ``a`` with outer ``strides`` (elements)."""
+    elt = a.element_size()
+    if a.data_ptr() % 16:
+        return f"{name} starts at address {a.data_ptr():#x}, not 16-byte aligned"
+    if a.stride(-1) != 1:
+        return f"{name}.stride(-1) = {a.stride(-1)}, TMA needs 1"
+    for st in strides:
+        if st <= 0 or (st * elt) % 16:
+            return (f"{name} has a stride of {st} elements ({st * elt} bytes), TMA needs positive "
+                    f"multiples of 16 bytes")
+    return None
+
+
+def _descriptors(cfg: AttnConfig, q, k, v, block_d: int, block_dv: int):
+    """Host TMA descriptors ``(q, k, v)``: 4-D K and V (q None), or 2-D q, K, V under warp_specialize."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if not cfg.warp_specialize:
+        return (None,
+                TensorDescriptor(k, list(k.shape), list(k.stride()), [1, cfg.block_n, 1, block_d]),
+                TensorDescriptor(v, list(v.shape), list(v.stride()), [1, cfg.block_n, 1, block_dv]))
+
+    def flat(a, rows: int, cols: int):
+        B, S, H, D = a.shape
+        return TensorDescriptor(a, [B * S, H * D], [a.stride(1), 1], [rows, cols])
+
+    return flat(q, cfg.block_m, block_d), flat(k, cfg.block_n, block_d), flat(v, cfg.block_n, block_dv)
 
 
 def _combine_constexprs(op: Attention, cfg: AttnConfig, block_dv: int) -> dict[str, Any]:
@@ -146,10 +203,14 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
     from .expr_triton import load_mods
 
     interpret = kernels.interpreted()
-    tuning.check_pdl(cfg, _device_arch(device)[0])
+    arch = _device_arch(device)[0]
+    tuning.check_pdl(cfg, arch)
+    tuning.check_tma(op, cfg, arch)
     fwd = kernels.load("attention_fwd").attn_fwd
     combine = kernels.load("attention_combine").attn_combine
     consts = _constexprs(op, cfg, interpret, load_mods(op.score_mod, op.mask_mod, interpret))
+    # calls whose tensors break TMA's rules (tma_blocker) run this pointer kernel, compiled on first use
+    ptr_consts = dict(consts, TMA=False, WS=False)
     shapes = op.shapes()
     varlen = op.kv_layout is KVLayout.VARLEN
     rows = cfg.block_m // cfg.pack
@@ -183,10 +244,20 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
             ws_o, ws_lse, locks = ws
         else:
             ws_o = ws_lse = locks = None
-        fwd[grid](q, k, v, out, lse, ws_o, ws_lse, locks, bt, sk, cu_q, cu_k,
+        qd = kd = vd = None
+        cx = consts
+        if cfg.tma:
+            why = tma_blocker(cfg, q, k, v)
+            if why is None:
+                qd, kd, vd = _descriptors(cfg, q, k, v, consts["BLOCK_D"], consts["BLOCK_DV"])
+            else:
+                cx = ptr_consts
+                warnings.warn(f"portakern: triton attention with tma=True runs pointer loads for this call: "
+                              f"{why} (same results, TMA's speed-up lost)", RuntimeWarning, stacklevel=2)
+        fwd[grid](q, k, v, out, lse, ws_o, ws_lse, locks, bt, sk, cu_q, cu_k, qd, kd, vd,
                   *sq_, *sk_, *sv_, *so_, *sl_, *sbt,
                   op.batch, op.total_q if varlen else op.seqlen_q, op.seqlen_k, R,
-                  op.scale, **consts, **launch_opts)
+                  op.scale, **cx, **launch_opts)
         if cfg.num_splits > 1 and not cfg.fused_combine:
             combine[(R * op.heads_q,)](ws_o, ws_lse, out, lse, *so_, *sl_, op.seqlen_q, R, **cconsts, **combine_opts)
 
@@ -278,7 +349,9 @@ def compile_for_target(op: Attention, target: str, config: AttnConfig | None = N
 
     Returns ``{"target", "config", "kernels": {name: {"cubin": bytes, "ptx": str, "shared": int,
     "num_warps": int}}}``; ``attn_combine`` is included when the configuration splits the keys
-    without fusing the merge.
+    without fusing the merge. ``num_warps`` is the launch's warp count (``3 * config.num_warps``
+    when Triton warp-specialised the key loop). With ``config.tma`` the TMA kernel is lowered (the
+    pointer fallback of calls with misaligned K/V is ``tma=False``).
     """
     try:
         cc = _TARGETS[target]
@@ -290,6 +363,7 @@ def compile_for_target(op: Attention, target: str, config: AttnConfig | None = N
     arch = tuning.arch_family(cc)
     if config is not None:
         tuning.check_pdl(config, arch)
+        tuning.check_tma(op, config, arch)
     if kernels.interpreted():  # this process's triton library is the interpreter's: lower elsewhere
         return _compile_in_subprocess(op, target, config)
     import triton
@@ -302,7 +376,8 @@ def compile_for_target(op: Attention, target: str, config: AttnConfig | None = N
     consts = _constexprs(op, cfg, False, load_mods(op.score_mod, op.mask_mod, False))
     fwd = kernels.load("attention_fwd").attn_fwd
     combine = kernels.load("attention_combine").attn_combine
-    ptr = "*" + {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}[op.dtype.value]
+    elt = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}[op.dtype.value]
+    ptr = "*" + elt
     lay = op.kv_layout
     sig = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr,
            "LSE": "*fp32" if op.return_lse else "constexpr",
@@ -312,7 +387,8 @@ def compile_for_target(op: Attention, target: str, config: AttnConfig | None = N
            "BLOCK_TABLE": "*i32" if lay is KVLayout.PAGED else "constexpr",
            "SEQLENS_K": "*i32" if op.has_seqlens_k else "constexpr",
            "CU_Q": "*i32" if lay is KVLayout.VARLEN else "constexpr",
-           "CU_K": "*i32" if lay is KVLayout.VARLEN else "constexpr"}
+           "CU_K": "*i32" if lay is KVLayout.VARLEN else "constexpr",
+           **_desc_signature(cfg, elt, consts["BLOCK_D"], consts["BLOCK_DV"])}
     absent = {n: None for n, t in sig.items() if t == "constexpr"}
     for name in fwd.arg_names[len(sig):]:
         if name in consts:
@@ -326,7 +402,7 @@ def compile_for_target(op: Attention, target: str, config: AttnConfig | None = N
     result = {"target": target, "config": cfg.to_json(), "kernels": {}}
     with interpret_env(False):  # lowering never interprets
         ck = triton.compile(ASTSource(fwd, sig, {**absent, **consts}), target=target_obj, options=options)
-        result["kernels"]["attn_fwd"] = _artifact(ck, cfg.num_warps)
+        result["kernels"]["attn_fwd"] = _artifact(ck, getattr(ck.metadata, "num_warps", cfg.num_warps))
         if cfg.num_splits > 1 and not cfg.fused_combine:
             csig = {n: ("*fp32" if n in ("WS_O", "WS_LSE") else ptr if n == "O" else
                         ("*fp32" if op.return_lse else "constexpr") if n == "LSE" else "i32")
@@ -340,6 +416,17 @@ def compile_for_target(op: Attention, target: str, config: AttnConfig | None = N
                                   options={"num_warps": 4, "launch_pdl": cconst["PDL"]})
             result["kernels"]["attn_combine"] = _artifact(cc_k, 4)
     return result
+
+
+def _desc_signature(cfg: AttnConfig, elt: str, bd: int, bdv: int) -> dict[str, str]:
+    """ASTSource types of ``Q_DESC``/``K_DESC``/``V_DESC`` (the blocks of ``_descriptors``)."""
+    if cfg.warp_specialize:
+        return {"Q_DESC": f"tensordesc<{elt}[{cfg.block_m},{bd}]>", "K_DESC": f"tensordesc<{elt}[{cfg.block_n},{bd}]>",
+                "V_DESC": f"tensordesc<{elt}[{cfg.block_n},{bdv}]>"}
+    if cfg.tma:
+        return {"Q_DESC": "constexpr", "K_DESC": f"tensordesc<{elt}[1,{cfg.block_n},1,{bd}]>",
+                "V_DESC": f"tensordesc<{elt}[1,{cfg.block_n},1,{bdv}]>"}
+    return {"Q_DESC": "constexpr", "K_DESC": "constexpr", "V_DESC": "constexpr"}
 
 
 def _artifact(ck, num_warps: int) -> dict:

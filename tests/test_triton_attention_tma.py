@@ -1,0 +1,260 @@
+"""TMA loads (``AttnConfig.tma``) and the warp-specialised walk (``AttnConfig.warp_specialize``).
+
+Interpreter tests (Triton's interpreter runs tensor-descriptor loads, zero fill included) check
+the numbers against the float64 cpu kernel, in a child process with ``TRITON_INTERPRET=1`` as in
+``test_triton_attention.py``; compile-only tests check the sm_90a lowering (``cp.async.bulk.tensor``
+for TMA, ``setmaxnreg`` and 12 warps when Triton warp-specialised); the rest checks the refusals.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from portakern.devices import CPU  # noqa: E402
+from portakern.ir import DType, KVLayout  # noqa: E402
+from portakern.ir import expr as E  # noqa: E402
+from test_triton_attention import (ATOL, IN_PROCESS, LSE_ATOL, TORCH_DTYPE, interp, make_op,  # noqa: E402
+                                   parent_only, run_reference, tensors)
+
+
+@pytest.mark.skipif(IN_PROCESS, reason="already running under the interpreter")
+def test_interpreter_suite():
+    """Run this file's interpreter tests in a child with TRITON_INTERPRET=1 set before any import."""
+    env = dict(os.environ, TRITON_INTERPRET="1", PORTAKERN_TRITON_TEST_CHILD="1")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                          cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, (proc.stdout[-8000:] + proc.stderr[-3000:])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache_dir(tmp_path_factory):
+    """Generated expression modules go to a temporary cache for this module's tests."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PORTAKERN_CACHE_DIR", str(tmp_path_factory.mktemp("portakern-cache")))
+        yield
+
+
+def run_config(op, q, k, v, aux=None, **cfg_kw):
+    """Launch ``op`` on the interpreter under its table config with ``cfg_kw`` replaced, check it
+    against float64; returns the pointer-fallback warnings."""
+    from portakern.backends.triton import attention as A
+
+    cfg = replace(A._config(op, CPU), **cfg_kw)
+    s = op.shapes()
+    out = torch.full(s["out"], float("nan"), dtype=TORCH_DTYPE[op.dtype])
+    lse = torch.full(s["lse"], float("nan")) if op.return_lse else None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        A.build(op, CPU, cfg)(q, k, v, out, lse, dict(aux or {}))
+    ref_out, ref_lse = run_reference(op, q, k, v, aux)
+    err = np.abs(out.double().numpy() - ref_out).max()
+    assert err <= ATOL[op.dtype], f"max |out - ref| = {err:.3g}"
+    if lse is not None:
+        got = lse.double().numpy()
+        fin = np.isfinite(ref_lse)
+        assert np.array_equal(np.isfinite(got), fin)
+        assert np.abs(got[fin] - ref_lse[fin]).max() <= LSE_ATOL
+    return [str(w.message) for w in caught if "runs pointer loads" in str(w.message)]
+
+
+# -- interpreter: TMA loads -------------------------------------------------------------------------
+
+TMA_CASES = {
+    # name: (make_op kwargs, expect the pointer fallback)
+    "tail-gqa-causal-d40": (dict(B=2, Sq=45, Sk=61, Hq=4, Hkv=2, D=40, mask_mod=E.causal_mask()), False),
+    "window-bf16": (dict(B=1, Sq=40, Sk=53, Hq=2, Hkv=1, D=64, dtype=DType.bfloat16,
+                         mask_mod=E.window_mask(9, 4)), False),
+    "custom-mask-fp32": (dict(B=2, Sq=20, Sk=35, Hq=2, Hkv=2, D=32, dtype=DType.float32,
+                              score_mod=E.softcap_score(2.0), mask_mod=E.prefix_lm_mask(7)), False),
+    "d59-fallback": (dict(B=1, Sq=20, Sk=35, Hq=2, Hkv=1, D=59, mask_mod=E.causal_mask()), True),
+}
+
+
+@interp
+@pytest.mark.parametrize("case", list(TMA_CASES), ids=str)
+def test_tma_matches_the_reference(case):
+    """TMA K/V tiles: tail tiles past Sk and columns past D come back zero-filled; D=59 fp16 rows
+    (118 bytes) break TMA's 16-byte stride rule, so that call runs the pointer kernel and says so."""
+    kw, fallback = TMA_CASES[case]
+    op = make_op(**kw)
+    warned = run_config(op, *tensors(op, seed=2), tma=True)
+    assert bool(warned) is fallback, warned
+    if fallback:
+        assert "stride" in warned[0] and "16 bytes" in warned[0]
+
+
+@interp
+def test_tma_strided_inputs_and_unaligned_views():
+    """Strided K/V views (packed K|V, offset columns) go through TMA when 16-byte aligned; a view that
+    starts 2 bytes in falls back to the pointer kernel with the same results."""
+    op = make_op(B=2, Sq=17, Sk=29, Hq=4, Hkv=2, D=32, mask_mod=E.causal_mask())
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 4, 17, 32, generator=g).half().transpose(1, 2)
+    kv = torch.randn(2, 29, 2, 2, 48, generator=g).half()
+    k, v = kv[:, :, :, 0, :32], kv[:, :, :, 1, 8:40]
+    assert run_config(op, q, k, v, tma=True) == []
+    k_odd = kv[:, :, :, 0, 1:33]
+    warned = run_config(op, q, k_odd, v, tma=True)
+    assert len(warned) == 1 and "not 16-byte aligned" in warned[0]
+
+
+@interp
+def test_tma_seqlens_k_ignores_values_past_each_length():
+    """Rows past a sequence's seqlens_k lie inside the tensor, so TMA reads them: NaN there must not
+    reach the output (scores masked, V rows zeroed)."""
+    op = make_op(B=3, Sq=40, Sk=50, Hq=2, Hkv=1, D=32, has_seqlens_k=True, mask_mod=E.causal_mask())
+    q, k, v = tensors(op, seed=7)
+    lens = torch.tensor([50, 0, 23], dtype=torch.int32)
+    k[2, 23:], v[2, 23:] = float("nan"), float("nan")
+    k[1], v[1] = float("nan"), float("nan")
+    assert run_config(op, q, k, v, {"seqlens_k": lens}, tma=True) == []
+
+
+# -- interpreter: the warp-specialised walk ------------------------------------------------------------
+
+WS_VARIANTS = {
+    "plain": {},
+    "causal": {"mask_mod": E.causal_mask()},
+    "window": {"mask_mod": E.window_mask(9, 4)},
+    "custom": {"score_mod": E.softcap_score(2.0), "mask_mod": E.prefix_lm_mask(13)},
+}
+
+
+@interp
+@pytest.mark.parametrize("variant", list(WS_VARIANTS), ids=str)
+def test_warp_specialized_walk_matches_the_reference(variant):
+    """One loop over every visible tile with the mask on each, q/K/V from 2-D descriptors; Sq=45 is
+    not a multiple of the query tile, so the last tile's rows past Sq read the next batch's q."""
+    op = make_op(B=2, Sq=45, Sk=64, Hq=4, Hkv=2, D=64, dtype=DType.bfloat16, **WS_VARIANTS[variant])
+    assert run_config(op, *tensors(op, seed=4), tma=True, warp_specialize=True) == []
+
+
+@interp
+def test_warp_specialized_walk_with_key_splits():
+    op = make_op(B=1, Sq=20, Sk=128, Hq=2, Hkv=1, D=32, mask_mod=E.causal_mask())
+    assert run_config(op, *tensors(op), tma=True, warp_specialize=True, num_splits=3) == []
+
+
+@interp
+def test_warp_specialized_walk_falls_back_without_a_flat_view():
+    """q stored BHSD has no (B * S, H * D) view: the call runs the pointer kernel, same results."""
+    op = make_op(B=2, Sq=16, Sk=32, Hq=2, Hkv=2, D=32, mask_mod=E.causal_mask())
+    _, k, v = tensors(op)
+    q = torch.randn(2, 2, 16, 32, generator=torch.Generator().manual_seed(1)).half().transpose(1, 2)
+    warned = run_config(op, q, k, v, tma=True, warp_specialize=True)
+    assert len(warned) == 1 and "q with strides" in warned[0] and "(B * S, H * D) view" in warned[0]
+
+
+# -- lowering for sm_90a (no GPU) ------------------------------------------------------------------------
+
+def _lower(op, **cfg_kw):
+    from portakern.backends.triton import attention as A
+    from portakern.backends.triton import tuning
+
+    cfg = replace(tuning.choose(op, "sm_90", 132), **cfg_kw)
+    art = A.compile_for_target(op, "sm_90a", cfg)
+    assert art["config"] == cfg.to_json()
+    return art["kernels"]["attn_fwd"]
+
+
+@parent_only
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_lowering_tma_and_warp_specialization_sm90a(causal):
+    """tma=True lowers K/V loads to cp.async.bulk.tensor; warp_specialize=True (4 warps) gives a
+    producer + 2 consumer warpgroups: setmaxnreg and 12 warps; the default kernel has neither."""
+    import triton
+
+    op = make_op(B=2, Sq=1024, Sk=1024, Hq=8, Hkv=2, D=128, dtype=DType.bfloat16, return_lse=False,
+                 mask_mod=E.causal_mask() if causal else None)
+    plain = _lower(op)
+    assert "cp.async.bulk.tensor" not in plain["ptx"] and "setmaxnreg" not in plain["ptx"]
+    tma = _lower(op, tma=True)
+    assert "cp.async.bulk.tensor" in tma["ptx"] and "setmaxnreg" not in tma["ptx"]
+    block_ms = (64, 128) if triton.__version__.startswith("3.6.") else (64,)
+    for bm in block_ms:
+        ws = _lower(op, tma=True, warp_specialize=True, num_warps=4, num_stages=2, block_m=bm, block_n=128)
+        ptx = ws["ptx"]
+        assert ptx.count("setmaxnreg") >= 4 and "cp.async.bulk.tensor" in ptx and "wgmma" in ptx
+        assert ws["num_warps"] == 12 and ".reqntid 384" in ptx
+
+
+# -- refusals, fit, candidates ---------------------------------------------------------------------------
+
+PREFILL = dict(B=2, Sq=1024, Sk=1024, Hq=8, Hkv=2, D=128, dtype=DType.bfloat16)
+
+
+@pytest.mark.parametrize("arch,kw,match", [
+    ("sm_80", dict(tma=True), r"AttnConfig\(tma=True\) on sm_80: .*sm_90.*use tma=False"),
+    ("sm_90", dict(warp_specialize=True), r"warp_specialize=True, tma=False\).*set tma=True"),
+    ("sm_120", dict(tma=True, warp_specialize=True, num_warps=4), r"on sm_120: .*setmaxnreg"),
+    ("sm_90", dict(tma=True, warp_specialize=True, num_warps=8), r"num_warps=8.*num_warps=4"),
+    ("sm_90", dict(tma=True, warp_specialize=True, num_warps=4, lazy_rescale=True), r"lazy_rescale=True.*branch"),
+], ids=["tma-sm80", "ws-without-tma", "ws-sm120", "ws-8-warps", "ws-lazy"])
+def test_tma_and_warp_specialize_are_refused_where_they_cannot_run(arch, kw, match):
+    from portakern.backends.triton import tuning
+
+    op = make_op(**PREFILL)
+    cfg = replace(tuning.choose(op, arch, 132), block_m=64, **kw)
+    with pytest.raises(ValueError, match=match):
+        tuning.check_tma(op, cfg, arch)
+
+
+@pytest.mark.parametrize("op_kw,match", [
+    (dict(PREFILL, dtype=DType.float32), r"float32: .*not wgmma"),
+    (dict(PREFILL, D=96), r"head_dim=96: .*power-of-two"),
+    (dict(PREFILL, Sk=1000), r"seqlen_k=1000, block_n=64: .*whole key tiles"),
+    (dict(PREFILL, has_seqlens_k=True), r"seqlens_k.*no seqlens_k"),
+], ids=["fp32", "d96", "tail-tile", "seqlens-k"])
+def test_warp_specialize_names_the_shape_it_cannot_walk(op_kw, match):
+    from portakern.backends.triton import tuning
+
+    op = make_op(**op_kw)
+    cfg = tuning.AttnConfig(64, 64, 4, 2, tma=True, warp_specialize=True)
+    with pytest.raises(ValueError, match=r"AttnConfig\(warp_specialize=True\) .*" + match):
+        tuning.check_tma(op, cfg, "sm_90")
+    assert tuning.fit(op, cfg, "sm_90") == replace(cfg, warp_specialize=False)   # tma stays
+
+
+def test_tma_is_refused_for_paged_and_packed_ops_and_fit_clears_it():
+    from portakern.backends.triton import attention as A
+    from portakern.backends.triton import tuning
+
+    paged = make_op(B=1, Sq=1, Sk=256, Hq=8, Hkv=2, D=64, kv_layout=KVLayout.PAGED, page_size=16, num_pages=20,
+                    has_seqlens_k=True)
+    cfg = replace(A._config(paged, CPU), tma=True)
+    with pytest.raises(ValueError, match=r"tma=True\) for paged attention with pack=4: .*dense keys"):
+        A.build(paged, CPU, cfg)
+    with pytest.raises(ValueError, match=r"tma=True\) on sm_80"):
+        A.compile_for_target(make_op(**PREFILL), "sm_80", tuning.AttnConfig(128, 64, 8, 2, tma=True))
+    assert tuning.fit(paged, replace(cfg, warp_specialize=True), "sm_90") == replace(cfg, tma=False)
+    assert not tuning.fit(make_op(**PREFILL), tuning.AttnConfig(128, 64, 8, 2, tma=True), "sm_80").tma
+
+
+def test_config_round_trips_and_candidates_time_the_tma_variants_outside_the_table():
+    from portakern.backends.triton import tuning
+
+    cfg = tuning.AttnConfig(64, 128, 4, 2, tma=True, warp_specialize=True)
+    assert tuning.AttnConfig(**cfg.to_json()) == cfg
+    op = make_op(**PREFILL, mask_mod=E.causal_mask())
+    assert not tuning.choose(op, "sm_90", 132).tma
+    cands = tuning.candidates(op, "sm_90", 132)
+    assert any(c.tma and not c.warp_specialize for c in cands)
+    ws = [c for c in cands if c.warp_specialize]
+    assert ws and all(c.tma and c.num_warps == 4 and c.num_stages == 2 for c in ws)
+    for c in cands:
+        tuning.check_tma(op, c, "sm_90")
+    assert not any(c.tma for c in tuning.candidates(op, "sm_80", 108))
+    dec = make_op(B=1, Sq=1, Sk=32768, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16)
+    assert not any(c.tma for c in tuning.candidates(dec, "sm_90", 132))
