@@ -359,8 +359,8 @@ def test_compile_for_target(target, op, needle):
 
 @parent_only
 def test_compile_for_target_with_programmatic_dependent_launch():
-    """pdl=True lowers attn_fwd with griddepcontrol.launch_dependents and attn_combine with
-    griddepcontrol.wait first; without it neither appears."""
+    """pdl=True lowers attn_fwd and attn_combine with griddepcontrol.wait before any global read
+    (attn_fwd also with griddepcontrol.launch_dependents); without it neither appears."""
     from dataclasses import replace
 
     from portakern.backends.triton import attention as A
@@ -375,9 +375,11 @@ def test_compile_for_target_with_programmatic_dependent_launch():
         fwd, comb = art["kernels"]["attn_fwd"]["ptx"], art["kernels"]["attn_combine"]["ptx"]
         assert ("griddepcontrol.launch_dependents" in fwd) is pdl
         assert ("griddepcontrol.wait" in comb) is pdl
+        assert ("griddepcontrol.wait" in fwd) is pdl
         if pdl:
-            body = comb[comb.index(".entry"):]
-            assert body.index("griddepcontrol.wait") < body.index("ld.global")   # waits before any read
+            for ptx in (fwd, comb):
+                body = ptx[ptx.index(".entry"):]
+                assert body.index("griddepcontrol.wait") < body.index("ld.global")   # waits before any read
 
 
 def test_pdl_is_refused_where_it_cannot_run():
@@ -397,8 +399,10 @@ def test_pdl_is_refused_where_it_cannot_run():
 @parent_only
 @pytest.mark.parametrize("pdl", [False, True], ids=["plain-merge", "pdl-merge"])
 def test_gpu_split_decode_replayed_in_a_cuda_graph(pdl):
-    """On a CUDA device: decode with the separate merge kernel (optionally as a programmatic
-    dependent launch), captured in a graph and replayed with new inputs, against float64."""
+    """On a CUDA device: decode with the separate merge kernel (optionally both kernels as
+    programmatic dependent launches), captured in a graph behind the copies that write its q, k and
+    v (so a dependent launch that read before waiting would see stale inputs), replayed with new
+    inputs, against float64."""
     from dataclasses import replace
 
     from portakern.backends.triton import attention as A
@@ -419,14 +423,17 @@ def test_gpu_split_decode_replayed_in_a_cuda_graph(pdl):
     s = op.shapes()
     out = torch.full(s["out"], float("nan"), dtype=torch.bfloat16, device=cuda)
     lse = torch.full(s["lse"], float("nan"), device=cuda)
+    staged = [torch.empty_like(t) for t in (q, k, v)]
     kern(q, k, v, out, lse, {})                     # compile and warm outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
+        for dst, src in zip((q, k, v), staged):   # the kernels right before attention write its inputs
+            dst.copy_(src)
         kern(q, k, v, out, lse, {})
     for seed in (2, 3):
         q2, k2, v2 = tensors(op, seed=seed)
-        for dst, src in ((q, q2), (k, k2), (v, v2)):
+        for dst, src in zip(staged, (q2, k2, v2)):
             dst.copy_(src.to(cuda))
         out.fill_(float("nan"))
         graph.replay()

@@ -123,12 +123,13 @@ def _constexprs(op: Attention, cfg: AttnConfig, interpret: bool, mods) -> dict[s
         HAS_SCORE_MOD=op.score_mod is not None, RETURN_LSE=op.return_lse,
         UPCAST=interpret and op.dtype.value == "bfloat16",
         DOT_PREC="ieee" if op.dtype.value == "float32" else "tf32",
-        PDL=_pdl(cfg), LAZY_RESCALE=cfg.lazy_rescale, TMA=cfg.tma, WS=cfg.warp_specialize,
+        PDL=cfg.pdl, LAZY_RESCALE=cfg.lazy_rescale, TMA=cfg.tma, WS=cfg.warp_specialize,
     )
 
 
 def _pdl(cfg: AttnConfig) -> bool:
-    """Whether the merge runs as a programmatic dependent launch (only with a separate merge kernel)."""
+    """Whether the merge runs as a programmatic dependent launch (only with a separate merge kernel;
+    ``attn_fwd`` itself is launched so whenever ``cfg.pdl``)."""
     return cfg.pdl and cfg.num_splits > 1 and not cfg.fused_combine
 
 
@@ -219,7 +220,7 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
         grid = ((-(-op.total_q // rows) + op.batch + 1) * cfg.num_splits, op.heads_q // cfg.pack)
     else:
         grid = (-(-op.seqlen_q // rows) * cfg.num_splits, op.batch * op.heads_q // cfg.pack)
-    launch_opts = {} if interpret else dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    launch_opts = {} if interpret else dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=cfg.pdl)
     workspace: dict[Any, tuple[Any, Any]] = {}
     cconsts = _combine_constexprs(op, cfg, consts["BLOCK_DV"])
     combine_opts = {} if interpret else dict(num_warps=4, launch_pdl=cconsts["PDL"])
@@ -398,7 +399,7 @@ def compile_for_target(op: Attention, target: str, config: AttnConfig | None = N
         else:
             sig[name] = "i32"
     target_obj = GPUTarget("cuda", cc, 32)
-    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=cfg.pdl)
     result = {"target": target, "config": cfg.to_json(), "kernels": {}}
     with interpret_env(False):  # lowering never interprets
         ck = triton.compile(ASTSource(fwd, sig, {**absent, **consts}), target=target_obj, options=options)

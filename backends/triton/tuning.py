@@ -55,9 +55,10 @@ class AttnConfig:
     pack: int = 1          # query heads per tile row group: 1 or the GQA group size
     num_splits: int = 1    # KV splits (1 = no workspace, no combine)
     fused_combine: bool = True  # the last split merges (one launch) instead of attn_combine
-    #: programmatic dependent launch of ``attn_combine`` (sm_90+): the merge kernel is launched while
-    #: ``attn_fwd`` runs and waits in ``griddepcontrol.wait``, hiding the second launch. In no table
-    #: yet: unmeasured (see benchmarks/attention_notes.md, v3)
+    #: programmatic dependent launch (sm_90+): ``attn_fwd`` is launched while the previous kernel in
+    #: the stream drains and waits for it (``griddepcontrol.wait``) before its first read; with a
+    #: separate merge, ``attn_combine`` is launched the same way behind ``attn_fwd``. Session 3 (H200):
+    #: the merge alone as a dependent gained < 0.1 us (benchmarks/attention_notes.md, v3)
     pdl: bool = False
     #: rescale the accumulator only when a row maximum grows by > 2^8 (FA4's conditional rescale).
     #: In no table yet: unmeasured (see benchmarks/attention_notes.md)

@@ -202,7 +202,10 @@ def attn_fwd(
 ):
     ROWS: tl.constexpr = BLOCK_M // PACK          # query rows per tile
     if PDL:
-        # let the dependent attn_combine launch now: it waits for this grid's completion itself
+        # launched as a programmatic dependent of the previous kernel: wait for it (its writes, e.g. a
+        # KV-cache append, are visible after this) before the first read, then let the next kernel
+        # (attn_combine, or whatever follows) launch; it waits for this grid's completion itself
+        tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     HB: tl.constexpr = HQ // PACK                 # head blocks per batch entry
     pid_m = tl.program_id(0)
