@@ -103,8 +103,9 @@ def sweep_candidates(op, dev):
             out.append(c)
     # the conditional rescale (AttnConfig.lazy_rescale) on the table's tile and the next one
     out += [replace(c, lazy_rescale=True) for c in out[:2]]
-    # v4: TMA K/V loads, and the warp-specialised walk (results checked against the table's in run_sweep)
-    return out + [c for c in tuning.tma_candidates(op, base, arch) if c not in out]
+    # v4's TMA K/V loads and warp-specialised walk (tuning.tma_candidates) crashed on the H200 (illegal
+    # address, session 3) and are refused on GPUs until fixed; run_sweep still checks any tma result
+    return out
 
 
 def _warm(job):

@@ -242,56 +242,43 @@ def test_tma_is_refused_for_paged_and_packed_ops_and_fit_clears_it():
     assert not tuning.fit(make_op(**PREFILL), tuning.AttnConfig(128, 64, 8, 2, tma=True), "sm_80").tma
 
 
-def test_config_round_trips_and_candidates_time_the_tma_variants_outside_the_table():
+def test_config_round_trips_and_tma_variants_stay_outside_table_and_autotuning():
+    """tma / warp_specialize round-trip through JSON; tma_candidates lists lowering-legal variants;
+    neither the table nor autotuning offers them while GPUs refuse them (see the GPU test below)."""
     from portakern.backends.triton import tuning
 
     cfg = tuning.AttnConfig(64, 128, 4, 2, tma=True, warp_specialize=True)
     assert tuning.AttnConfig(**cfg.to_json()) == cfg
     op = make_op(**PREFILL, mask_mod=E.causal_mask())
     assert not tuning.choose(op, "sm_90", 132).tma
-    cands = tuning.candidates(op, "sm_90", 132)
-    assert any(c.tma and not c.warp_specialize for c in cands)
-    ws = [c for c in cands if c.warp_specialize]
+    tc = tuning.tma_candidates(op, tuning.choose(op, "sm_90", 132), "sm_90")
+    assert any(c.tma and not c.warp_specialize for c in tc)
+    ws = [c for c in tc if c.warp_specialize]
     assert ws and all(c.tma and c.num_warps == 4 and c.num_stages == 2 for c in ws)
-    for c in cands:
+    for c in tc:
         tuning.check_tma(op, c, "sm_90")
-    assert not any(c.tma for c in tuning.candidates(op, "sm_80", 108))
+    for arch, sms in (("sm_90", 132), ("sm_80", 108)):
+        assert not any(c.tma for c in tuning.candidates(op, arch, sms))
     dec = make_op(B=1, Sq=1, Sk=32768, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16)
-    assert not any(c.tma for c in tuning.candidates(dec, "sm_90", 132))
+    assert not tuning.tma_candidates(dec, tuning.choose(dec, "sm_90", 132), "sm_90")
 
 
 # -- on a CUDA device (sm_90+) --------------------------------------------------------------------------
 
 @parent_only
-@pytest.mark.parametrize("shape", ["d128-full", "d128-causal-gqa", "d64-causal", "d256-full"], ids=str)
-def test_gpu_tma_variants_match_the_reference(shape):
-    """Every TMA / warp-specialised candidate the sweep and autotuning time, on the device (real TMA
-    zero fill, producer/consumer barriers), outputs poisoned first, against float64."""
+def test_gpu_refuses_tma_until_the_h200_crash_is_fixed():
+    """On a CUDA device, tma=True raises NotImplementedError naming the reason and the way out (the
+    first H200 run of these kernels stopped with an illegal memory access, session 3)."""
     from portakern.backends.triton import attention as A
     from portakern.backends.triton import tuning
     from portakern.devices import detect_devices
 
     devs = [d for d in detect_devices() if d.type == "cuda"]
     if not devs:
-        pytest.skip("no CUDA device on this machine: the interpreter tests above cover the kernels' logic")
+        pytest.skip("no CUDA device on this machine: the interpreter tests above run the TMA kernels")
     dev = devs[0]
-    if tuple(dev.capability) < (9, 0):
-        pytest.skip(f"TMA and warp specialisation need sm_90+, this device is {dev.arch}")
-    kw = {"d128-full": dict(D=128), "d128-causal-gqa": dict(D=128, Hkv=2, mask_mod=E.causal_mask()),
-          "d64-causal": dict(D=64, mask_mod=E.causal_mask()), "d256-full": dict(D=256)}[shape]
-    op = make_op(**{**dict(B=2, Sq=384, Sk=512, Hq=4, Hkv=4, dtype=DType.bfloat16, return_lse=False), **kw})
+    op = make_op(B=2, Sq=384, Sk=512, Hq=4, Hkv=4, D=128, dtype=DType.bfloat16, return_lse=False)
     arch, sms = A._device_arch(dev)
-    cands = tuning.tma_candidates(op, tuning.choose(op, arch, sms), arch)
-    assert cands and (any(c.warp_specialize for c in cands) or op.head_dim > 128)
-    cuda = torch.device(str(dev))
-    q, k, v = tensors(op, seed=3)
-    ref_out, ref_lse = run_reference(op, q, k, v)
-    q, k, v = (t.to(cuda) for t in (q, k, v))
-    for cfg in cands:
-        out = torch.full(op.shapes()["out"], float("nan"), dtype=torch.bfloat16, device=cuda)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")   # a pointer fallback here would not test TMA
-            A.build(op, dev, cfg)(q, k, v, out, None, {})
-        torch.cuda.synchronize()
-        err = np.abs(out.double().cpu().numpy() - ref_out).max()
-        assert err <= ATOL[op.dtype], f"{cfg}: max |out - ref| = {err:.3g}"
+    cfg = replace(tuning.choose(op, arch, sms), tma=True)
+    with pytest.raises((NotImplementedError, ValueError), match=r"tma=True.*use tma=False"):
+        A.build(op, dev, cfg)
