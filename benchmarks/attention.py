@@ -57,9 +57,15 @@ def decode(B, L, page=0, Hq=32, Hkv=8, D=128):
                      dtype=DType.bfloat16, scale=1 / math.sqrt(D), **kw)
 
 
+#: head dims the prefill rows and sweeps cover (``--head-dims`` narrows it)
+HEAD_DIMS = [64, 128, 256]
+#: ``--prefill-only``: no decode or paged rows
+PREFILL_ONLY = False
+
+
 def prefill_shapes(quick):
     rows = []
-    for D, H in ((64, 32), (128, 32), (256, 16)):
+    for D, H in ((d, h) for d, h in ((64, 32), (128, 32), (256, 16)) if d in HEAD_DIMS):
         for S, B in ((1024, 16), (4096, 4), (16384, 1)):
             if quick and S == 1024 and D != 128:
                 continue
@@ -103,9 +109,10 @@ def sweep_candidates(op, dev):
             out.append(c)
     # the conditional rescale (AttnConfig.lazy_rescale) on the table's tile and the next one
     out += [replace(c, lazy_rescale=True) for c in out[:2]]
-    # v4's TMA K/V loads and warp-specialised walk (tuning.tma_candidates) crashed on the H200 (illegal
-    # address, session 3) and are refused on GPUs until fixed; run_sweep still checks any tma result
-    return out
+    # v4: TMA K/V loads on the table tile, both ways (checked against the table's output in run_sweep);
+    # the warp-specialised walk crashed on the H200 (session 3) and is refused on GPUs
+    flip = tuning.fit(op, replace(base, tma=not base.tma), arch)
+    return out + [flip] if flip != base and flip not in out else out
 
 
 def _warm(job):
@@ -380,7 +387,7 @@ def run_bench(dev, best, quick, l2, bw, decode_only=False):
         rows.append(r)
         print(_fmt(r), flush=True)
         del sets
-    for B, L, *page in DECODE + PAGED:
+    for B, L, *page in DECODE + PAGED if not PREFILL_ONLY else ():
         page = page[0] if page else 0
         op = decode(B, L, page)
         key = f"decode-b{B}-l{L}-p{page}"
@@ -415,10 +422,10 @@ def _fmt(r):
 
 def sweep_ops(quick, decode_only=False):
     ops = {}
-    for D, H in ((64, 32), (128, 32), (256, 16)) if not decode_only else ():
+    for D, H in ((d, h) for d, h in ((64, 32), (128, 32), (256, 16)) if d in HEAD_DIMS) if not decode_only else ():
         for causal in (False, True):
             ops[f"prefill-d{D}-c{int(causal)}"] = prefill(4, 4096, H, D, causal)
-    for B, L, *page in DECODE + PAGED:
+    for B, L, *page in DECODE + PAGED if not PREFILL_ONLY else ():
         page = page[0] if page else 0
         if B == 16 or (page and B == 64):  # covered by the neighbouring shapes
             continue
@@ -438,7 +445,13 @@ def main():
     ap.add_argument("--warm-conformance", metavar="TIER", help="only compile every conformance case of TIER")
     ap.add_argument("--decode-only", action="store_true", help="--sweep and --bench: decode and paged shapes only")
     ap.add_argument("--tag", default="", help="suffix of the result file name")
+    ap.add_argument("--head-dims", type=int, nargs="+", choices=(64, 128, 256), default=HEAD_DIMS,
+                    help="--sweep and --bench: the prefill head dims to cover")
+    ap.add_argument("--prefill-only", action="store_true", help="--sweep and --bench: no decode or paged shapes")
     a = ap.parse_args()
+    HEAD_DIMS[:] = a.head_dims
+    global PREFILL_ONLY
+    PREFILL_ONLY = a.prefill_only
     if a.warm_conformance:
         warm_conformance(a.warm_conformance, a.workers)
         return
@@ -463,7 +476,7 @@ def main():
         for B, S, H, D, causal in prefill_shapes(a.quick) if not a.decode_only else ():
             op = prefill(B, S, H, D, causal)
             jobs.append((op.to_json(), table_config(op, dev).to_json()))
-        for B, L, *page in DECODE + PAGED:
+        for B, L, *page in DECODE + PAGED if not PREFILL_ONLY else ():
             op = decode(B, L, page[0] if page else 0)
             jobs.append((op.to_json(), table_config(op, dev).to_json()))
     if jobs:

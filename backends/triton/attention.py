@@ -207,11 +207,12 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
     arch = _device_arch(device)[0]
     tuning.check_pdl(cfg, arch)
     tuning.check_tma(op, cfg, arch)
-    if cfg.tma and not interpret:
+    if cfg.warp_specialize and not interpret:
         raise NotImplementedError(
-            "AttnConfig(tma=True) on a GPU: the TMA kernels lower for sm_90a and pass the interpreter tests, "
-            "but the first H200 run (session 3) stopped with an illegal memory access, not yet diagnosed "
-            "(benchmarks/attention_notes.md, v4); use tma=False")
+            "AttnConfig(warp_specialize=True) on a GPU: the warp-specialised walk lowers for sm_90a and "
+            "passes the interpreter tests, but on the H200 (session 3) it stopped with an illegal memory "
+            "access, not yet diagnosed (benchmarks/attention_notes.md, v4); use warp_specialize=False "
+            "(tma=True alone runs)")
     fwd = kernels.load("attention_fwd").attn_fwd
     combine = kernels.load("attention_combine").attn_combine
     consts = _constexprs(op, cfg, interpret, load_mods(op.score_mod, op.mask_mod, interpret))

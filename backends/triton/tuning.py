@@ -263,10 +263,23 @@ def choose(op, arch: str, num_sms: int | None = None) -> AttnConfig:
             block_m = min(block_m, max(16, next_pow2(op.seqlen_q)))
         if block_m < 128 and warps == 8:
             warps = 4
-    cfg = AttnConfig(block_m, block_n, warps, stages, pack)
+    cfg = AttnConfig(block_m, block_n, warps, stages, pack, tma=rows is None and _tma_in_table(op, arch))
     cfg = fit(op, cfg, arch)
     splits = num_splits(op, cfg, num_sms)
     return replace(cfg, num_splits=splits, fused_combine=FUSED_COMBINE.get(arch, False))
+
+
+#: Architectures whose table loads prefill K/V through TMA for head dims above 128. H200 session 3
+#: (B=4, S=4k, bf16, table tile): D=256 513 vs 463 TFLOP/s (causal 454 vs 433), D=128 458 vs 454
+#: and 400 vs 407 (a tie), D=64 396 vs 423 (slower); outputs bitwise equal to the pointer kernel's.
+TMA_TABLE = ("sm_90",)
+
+
+def _tma_in_table(op, arch: str) -> bool:
+    """Whether the table asks for TMA loads: dense fp16/bf16 prefill with D > 128 on ``TMA_TABLE``
+    archs, head dims whose contiguous rows are whole 16-byte units (else every call would fall back)."""
+    return (arch in TMA_TABLE and op.head_dim > 128 and op.head_dim % 8 == 0 and op.head_dim_v % 8 == 0
+            and op.dtype.value in ("float16", "bfloat16"))
 
 
 def fit(op, cfg: AttnConfig, arch: str) -> AttnConfig:
@@ -370,13 +383,18 @@ def candidates(op, arch: str, num_sms: int) -> list[AttnConfig]:
         if c not in out:
             out.append(c)
     out += [replace(c, lazy_rescale=True) for c in out[:2]]   # the conditional rescale
-    # (the TMA variants, tma_candidates, join once they run on a GPU: H200 session 3, illegal address)
+    # TMA loads on the table tile (both ways); the warp-specialised walk stays out: it crashed on the
+    # H200 (session 3, illegal address) and attention.build refuses it on GPUs
+    for c in tma_candidates(op, base, arch) + [replace(base, tma=not base.tma)]:
+        c = fit(op, c, arch)
+        if not c.warp_specialize and c not in out:
+            out.append(c)
     return out
 
 
 def tma_candidates(op, base: AttnConfig, arch: str) -> list[AttnConfig]:
-    """The TMA variants worth timing for a prefill ``op`` (v4; on the H200 the first one crashed with an
-    illegal memory access, so ``attention.build`` refuses them on GPUs for now): TMA loads on ``base``'s
+    """The TMA variants worth timing for a prefill ``op`` (v4; on the H200 the warp-specialised ones
+    crashed with an illegal memory access, so ``attention.build`` refuses those on GPUs): TMA loads on ``base``'s
     tile, and the warp-specialised walk at 4 warps, 2 stages, BM 128 / 64 x BN 128 / 64. ``fit``
     drops what ``op``, ``arch`` or this Triton cannot run (none for decode, paged or varlen)."""
     tries = [replace(base, tma=True)]
