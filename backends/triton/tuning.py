@@ -269,10 +269,13 @@ def choose(op, arch: str, num_sms: int | None = None) -> AttnConfig:
     return replace(cfg, num_splits=splits, fused_combine=FUSED_COMBINE.get(arch, False))
 
 
-#: Architectures whose table loads prefill K/V through TMA for head dims above 128. H200 session 3
-#: (B=4, S=4k, bf16, table tile): D=256 513 vs 463 TFLOP/s (causal 454 vs 433), D=128 458 vs 454
-#: and 400 vs 407 (a tie), D=64 396 vs 423 (slower); outputs bitwise equal to the pointer kernel's.
-TMA_TABLE = ("sm_90",)
+#: Architectures whose table loads prefill K/V through TMA for head dims above 128: none for now.
+#: H200 session 3 (B=4, S=4k, bf16, table tile): D=256 513 vs 463 TFLOP/s (causal 454 vs 433), D=128
+#: 458 vs 454 and 400 vs 407 (a tie), D=64 396 vs 423 (slower); outputs bitwise equal to the pointer
+#: kernel's. But with "sm_90" here, the gpu-tier conformance of the D=192/256 cases (c160da4) passed
+#: 19 of 20: ptxas crashed (exit -11) on attn-d256-sq239-sk1-h4g4-b1-window-bf16, which compile-only
+#: lowering does not reproduce (run-time specialisation, e.g. Sk=1). Autotuning still offers TMA.
+TMA_TABLE: tuple[str, ...] = ()
 
 
 def _tma_in_table(op, arch: str) -> bool:
