@@ -273,8 +273,8 @@ def choose(op, arch: str, num_sms: int | None = None) -> AttnConfig:
 #: H200 session 3 (B=4, S=4k, bf16, table tile): D=256 513 vs 463 TFLOP/s (causal 454 vs 433), D=128
 #: 458 vs 454 and 400 vs 407 (a tie), D=64 396 vs 423 (slower); outputs bitwise equal to the pointer
 #: kernel's. But with "sm_90" here, the gpu-tier conformance of the D=192/256 cases (c160da4) passed
-#: 19 of 20: ptxas crashed (exit -11) on attn-d256-sq239-sk1-h4g4-b1-window-bf16, which compile-only
-#: lowering does not reproduce (run-time specialisation, e.g. Sk=1). Autotuning still offers TMA.
+#: 19 of 20: ptxas crashed (exit -11) on attn-d256-sq239-sk1-h4g4-b1-window-bf16, which a compile
+#: here with the launch's specialisation does not reproduce. Autotuning still offers TMA.
 TMA_TABLE: tuple[str, ...] = ()
 
 
