@@ -15,6 +15,12 @@ internal layout (``PreparedGemvWeight``; the byte layout is documented in
 contract: the first call of a signature builds the launcher (and, for split-K, its fp32
 workspace and arrival counters, which the kernel resets itself); every later call launches one
 kernel with no allocation, no host synchronisation and no tensor created on the host.
+
+Programmatic dependent launch (``GemvConfig.pdl``, the sm_90+ tables' choice for the CUDA-core
+kernel): a launch may start while the previous kernel in the stream drains and reads its first tiles
+of the prepared weight before waiting for that kernel; x, the output and the workspace are touched
+only after the wait. So a prepared weight must not be written by the kernel launched just before a
+GEMV that reads it; ``prepare_weight`` synchronises once after its own upload.
 """
 
 from __future__ import annotations
