@@ -51,14 +51,19 @@ ATOL = {DType.float32: 2e-5, DType.float16: 3e-3, DType.bfloat16: 2.5e-2}
 LSE_ATOL = 2e-4
 
 
-@pytest.mark.skipif(IN_PROCESS, reason="already running under the interpreter")
-def test_interpreter_suite():
-    """Run this file's interpreter tests in a child with TRITON_INTERPRET=1 set before any import."""
+def run_interpreter_child(test_file: str) -> None:
+    """Run ``test_file``'s interpreter tests in a child with TRITON_INTERPRET=1 set before any import."""
     env = dict(os.environ, TRITON_INTERPRET="1", PORTAKERN_TRITON_TEST_CHILD="1")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file],
                           cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, (proc.stdout[-8000:] + proc.stderr[-3000:])
+
+
+@pytest.mark.skipif(IN_PROCESS, reason="already running under the interpreter")
+def test_interpreter_suite():
+    """Run this file's interpreter tests in a child process (``run_interpreter_child``)."""
+    run_interpreter_child(__file__)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -8,12 +8,8 @@ for TMA, ``setmaxnreg`` and 12 warps when Triton warp-specialised); the rest che
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import warnings
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,26 +20,14 @@ pytest.importorskip("triton")
 from portakern.devices import CPU  # noqa: E402
 from portakern.ir import DType, KVLayout  # noqa: E402
 from portakern.ir import expr as E  # noqa: E402
-from test_triton_attention import (ATOL, IN_PROCESS, LSE_ATOL, TORCH_DTYPE, interp, make_op,  # noqa: E402
-                                   parent_only, run_reference, tensors)
+from test_triton_attention import (ATOL, IN_PROCESS, LSE_ATOL, TORCH_DTYPE, _cache_dir, interp,  # noqa: E402,F401
+                                   make_op, parent_only, run_interpreter_child, run_reference, tensors)
 
 
 @pytest.mark.skipif(IN_PROCESS, reason="already running under the interpreter")
 def test_interpreter_suite():
-    """Run this file's interpreter tests in a child with TRITON_INTERPRET=1 set before any import."""
-    env = dict(os.environ, TRITON_INTERPRET="1", PORTAKERN_TRITON_TEST_CHILD="1")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                          cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, (proc.stdout[-8000:] + proc.stderr[-3000:])
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cache_dir(tmp_path_factory):
-    """Generated expression modules go to a temporary cache for this module's tests."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PORTAKERN_CACHE_DIR", str(tmp_path_factory.mktemp("portakern-cache")))
-        yield
+    """Run this file's interpreter tests in a child process (``run_interpreter_child``)."""
+    run_interpreter_child(__file__)
 
 
 def run_config(op, q, k, v, aux=None, **cfg_kw):

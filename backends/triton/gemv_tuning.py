@@ -24,7 +24,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, replace
 
-from .tuning import PDL_ARCHS
+from .tuning import PDL_ARCHS, check_pdl  # noqa: F401  (check_pdl: shared with attention)
 
 #: Multiprocessors assumed when lowering for a target without the device.
 DEFAULT_SMS = {"sm_80": 108, "sm_90": 132, "sm_100": 148, "sm_120": 84, "interp": 4}
@@ -121,13 +121,6 @@ def _table(arch: str, kind: str, M: int, N: int, K: int, bits: int) -> GemvConfi
     # session 3: pdl did not help the tensor-core kernel (M=16 28672x8192: 175 vs 155 us), so it stays off
     # session 2: M=16 with swapped operands 10-16% faster (28672x8192: 155 vs 171 us); M=4 not
     return GemvConfig("dot", block_n=128, block_kw=32, num_warps=4, num_stages=2, swap_ab=M > 4)
-
-
-def check_pdl(cfg: GemvConfig, arch: str) -> None:
-    """Raise when ``cfg`` asks for programmatic dependent launch where it cannot run."""
-    if cfg.pdl and arch not in PDL_ARCHS:
-        raise ValueError(f"GemvConfig(pdl=True) on {arch}: programmatic dependent launch needs one of "
-                         f"{', '.join(PDL_ARCHS)} (and a compiled kernel, not the interpreter); use pdl=False")
 
 
 def split_k_for(N: int, KWP: int, cfg: GemvConfig, num_sms: int) -> int:

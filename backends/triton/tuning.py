@@ -86,10 +86,11 @@ class AttnConfig:
 PDL_ARCHS = ("sm_90", "sm_100", "sm_120")
 
 
-def check_pdl(cfg: AttnConfig, arch: str) -> None:
-    """Raise when ``cfg`` asks for programmatic dependent launch where it cannot run."""
+def check_pdl(cfg, arch: str) -> None:
+    """Raise when ``cfg`` (an ``AttnConfig`` or ``gemv_tuning.GemvConfig``) asks for programmatic
+    dependent launch where it cannot run."""
     if cfg.pdl and arch not in PDL_ARCHS:
-        raise ValueError(f"AttnConfig(pdl=True) on {arch}: programmatic dependent launch needs one of "
+        raise ValueError(f"{type(cfg).__name__}(pdl=True) on {arch}: programmatic dependent launch needs one of "
                          f"{', '.join(PDL_ARCHS)} (and a compiled kernel, not the interpreter); use pdl=False")
 
 
