@@ -218,31 +218,41 @@ def test_tma_is_refused_for_paged_and_packed_ops_and_fit_clears_it():
     paged = make_op(B=1, Sq=1, Sk=256, Hq=8, Hkv=2, D=64, kv_layout=KVLayout.PAGED, page_size=16, num_pages=20,
                     has_seqlens_k=True)
     cfg = replace(A._config(paged, CPU), tma=True)
-    with pytest.raises(ValueError, match=r"tma=True\) for paged attention with pack=4: .*dense keys"):
+    with pytest.raises(ValueError, match=r"tma=True\) for paged attention with pack=4 and seqlen_k=256: .*dense keys"):
         A.build(paged, CPU, cfg)
     with pytest.raises(ValueError, match=r"tma=True\) on sm_80"):
         A.compile_for_target(make_op(**PREFILL), "sm_80", tuning.AttnConfig(128, 64, 8, 2, tma=True))
     assert tuning.fit(paged, replace(cfg, warp_specialize=True), "sm_90") == replace(cfg, tma=False)
     assert not tuning.fit(make_op(**PREFILL), tuning.AttnConfig(128, 64, 8, 2, tma=True), "sm_80").tma
+    # one key: Triton specialises seqlen_k == 1 to a constant, and that TMA kernel crashes ptxas 3.6
+    one_key = make_op(B=1, Sq=239, Sk=1, Hq=4, Hkv=1, D=256, dtype=DType.bfloat16)
+    dense = tuning.AttnConfig(128, 64, 8, 2, tma=True)
+    with pytest.raises(ValueError, match=r"tma=True\) for dense attention with pack=1 and seqlen_k=1: .*more than "
+                                         r"one key; use tma=False"):
+        tuning.check_tma(one_key, dense, "sm_90")
+    assert not tuning.fit(one_key, dense, "sm_90").tma
+    assert not tuning.choose(one_key, "sm_90", 132).tma
+    assert tuning.choose(make_op(B=1, Sq=239, Sk=2, Hq=4, Hkv=1, D=256, dtype=DType.bfloat16), "sm_90", 132).tma
 
 
 def test_config_round_trips_table_and_autotuning_offer_tma_but_not_the_warp_specialized_walk(monkeypatch):
-    """tma / warp_specialize round-trip through JSON; no table uses TMA yet (``TMA_TABLE`` is empty:
-    one gpu-tier case crashed ptxas), and with an arch in ``TMA_TABLE`` only dense fp16/bf16 prefill
-    with D > 128 in whole 16-byte rows would; autotuning times TMA both ways but never the
-    warp-specialised walk (refused on GPUs, see the GPU test below)."""
+    """tma / warp_specialize round-trip through JSON; the sm_90 table (``TMA_TABLE``) uses TMA for
+    dense fp16/bf16 prefill with D > 128 in whole 16-byte rows and more than one key, no other table
+    does; autotuning times TMA both ways but never the warp-specialised walk (refused on GPUs, see
+    the GPU test below)."""
     from portakern.backends.triton import tuning
 
     cfg = tuning.AttnConfig(64, 128, 4, 2, tma=True, warp_specialize=True)
     assert tuning.AttnConfig(**cfg.to_json()) == cfg
     for D, want in ((64, False), (128, False), (256, True), (200, True), (130, False)):
         op = make_op(B=2, Sq=512, Sk=512, Hq=4, Hkv=2, D=D, dtype=DType.bfloat16, mask_mod=E.causal_mask())
-        assert not tuning.choose(op, "sm_90", 132).tma
+        assert tuning.TMA_TABLE == ("sm_90",)
+        assert tuning.choose(op, "sm_90", 132).tma is want, D
+        assert not tuning.choose(make_op(B=2, Sq=512, Sk=512, Hq=4, Hkv=2, D=D, dtype=DType.float32),
+                                 "sm_90", 132).tma
         with monkeypatch.context() as mp:
-            mp.setattr(tuning, "TMA_TABLE", ("sm_90",))
-            assert tuning.choose(op, "sm_90", 132).tma is want, D
-            assert not tuning.choose(make_op(B=2, Sq=512, Sk=512, Hq=4, Hkv=2, D=D, dtype=DType.float32),
-                                     "sm_90", 132).tma
+            mp.setattr(tuning, "TMA_TABLE", ())
+            assert not tuning.choose(op, "sm_90", 132).tma
         for arch, sms in (("sm_80", 108), ("sm_100", 148), ("interp", 4)):
             assert not tuning.choose(op, arch, sms).tma
         cands = tuning.candidates(op, "sm_90", 132)

@@ -115,8 +115,11 @@ def _triton_minor() -> str:
 
 
 def tma_applies(op, cfg: AttnConfig) -> bool:
-    """Whether ``op`` under ``cfg`` is a tile walk the TMA path serves: dense keys, one head per tile."""
-    return op.kv_layout.value == "dense" and cfg.pack == 1
+    """Whether ``op`` under ``cfg`` is a tile walk the TMA path serves: dense keys, one head per tile,
+    more than one key. With ``seqlen_k == 1`` Triton specialises the argument to the constant 1 and
+    the TMA kernel then crashes Triton 3.6's ptxas (exit -11, sm_90a; reproduced off the GPU by
+    compiling with that specialisation); one key gains nothing from TMA anyway."""
+    return op.kv_layout.value == "dense" and cfg.pack == 1 and op.seqlen_k > 1
 
 
 def ws_blocker(op, cfg: AttnConfig, arch: str) -> str | None:
@@ -160,8 +163,9 @@ def check_tma(op, cfg: AttnConfig, arch: str) -> None:
         raise ValueError(f"AttnConfig(tma=True) on {arch}: tensor-descriptor (TMA) loads need one of "
                          f"{', '.join(TMA_ARCHS)}; use tma=False")
     if not tma_applies(op, cfg):
-        raise ValueError(f"AttnConfig(tma=True) for {op.kv_layout.value} attention with pack={cfg.pack}: "
-                         f"the TMA path serves dense keys with one head per tile (prefill); use tma=False "
+        raise ValueError(f"AttnConfig(tma=True) for {op.kv_layout.value} attention with pack={cfg.pack} "
+                         f"and seqlen_k={op.seqlen_k}: the TMA path serves dense keys with one head per tile "
+                         f"(prefill) and more than one key; use tma=False "
                          f"or pass the config through tuning.fit")
     why = ws_blocker(op, cfg, arch) if cfg.warp_specialize else None
     if why:
@@ -270,13 +274,12 @@ def choose(op, arch: str, num_sms: int | None = None) -> AttnConfig:
     return replace(cfg, num_splits=splits, fused_combine=FUSED_COMBINE.get(arch, False))
 
 
-#: Architectures whose table loads prefill K/V through TMA for head dims above 128: none for now.
+#: Architectures whose table loads prefill K/V through TMA for head dims above 128.
 #: H200 session 3 (B=4, S=4k, bf16, table tile): D=256 513 vs 463 TFLOP/s (causal 454 vs 433), D=128
 #: 458 vs 454 and 400 vs 407 (a tie), D=64 396 vs 423 (slower); outputs bitwise equal to the pointer
-#: kernel's. But with "sm_90" here, the gpu-tier conformance of the D=192/256 cases (c160da4) passed
-#: 19 of 20: ptxas crashed (exit -11) on attn-d256-sq239-sk1-h4g4-b1-window-bf16, which a compile
-#: here with the launch's specialisation does not reproduce. Autotuning still offers TMA.
-TMA_TABLE: tuple[str, ...] = ()
+#: kernel's. The one gpu-tier failure seen with it (ptxas exit -11 on a case with seqlen_k=1, c160da4)
+#: is Triton's specialisation of seqlen_k to the constant 1; ``tma_applies`` now excludes one key.
+TMA_TABLE: tuple[str, ...] = ("sm_90",)
 
 
 def _tma_in_table(op, arch: str) -> bool:
