@@ -211,16 +211,22 @@ def precompile(jobs, workers):
 
 # -- sweep -------------------------------------------------------------------------------------------
 
-def sweep_candidates(M: int, dqs=(2,), swaps=(False,), stages=(1,), prefetch=(1,), pdls=(False,)) -> list[GemvConfig]:
-    """What the sweep times per M (``split_k=0``: the automatic split and no split), for each
-    dequant variant in ``dqs``, pipeline depth in ``stages`` and register prefetch depth in
-    ``prefetch`` (CUDA-core kernel), operand order in ``swaps`` (tensor-core kernel), and each
-    programmatic-dependent-launch setting in ``pdls``."""
+def sweep_candidates(M: int, dqs=(2,), swaps=(False,), stages=(1,), prefetch=(1,), pdls=(False,),
+                     group_rows=(False,)) -> list[GemvConfig]:
+    """What the sweep times per M (``split_k=0``: the automatic split and no split; for group-resident
+    tiles half, once and twice the automatic split), for each dequant variant in ``dqs``, pipeline
+    depth in ``stages`` and register prefetch depth in ``prefetch`` (CUDA-core kernel), operand order
+    in ``swaps`` (tensor-core kernel), each programmatic-dependent-launch setting in ``pdls``, and
+    (M=1) with ``True`` in ``group_rows`` the group-resident tiles: 4 or 8 columns per thread, 8 or 16
+    word rows, 1, 2 or 4 warps."""
     out = []
     for dq in dqs:
         if M == 1:
             out += [GemvConfig("fma", bn, bkw, w, st, 0, dq, prefetch=pf) for bn in (32, 64) for bkw in (32, 64)
                     for w in (4, 8) for st in stages for pf in prefetch if st == 1 or pf == 1]
+            if True in group_rows:
+                out += [GemvConfig("fma", 32 * cols * w, bkw, w, 1, 0, dq, group_rows=True)
+                        for w in (1, 2, 4) for cols in (4, 8) for bkw in (8, 16)]
         elif M <= 4:
             out += [GemvConfig("fma", bn, bkw, 4, 1, 0, dq) for bn in (32, 64) for bkw in (32, 64)]
     for sw in swaps:
@@ -238,7 +244,8 @@ def with_split(cfg: GemvConfig, op: QuantGemv, splits=None) -> list[GemvConfig]:
         return [cfg]
     kwp = -(-(-(-op.K // (32 // op.fmt.bits))) // Q.K_ALIGN_WORDS) * Q.K_ALIGN_WORDS
     auto = tuning.split_k_for(op.N, kwp, cfg, 132)
-    return [replace(cfg, split_k=s) for s in sorted({auto, 1} | set(splits or ()))]
+    more = {max(1, auto // 2), 2 * auto} if cfg.group_rows else {1}
+    return [replace(cfg, split_k=s) for s in sorted({auto} | more | set(splits or ()))]
 
 
 def main():
@@ -260,6 +267,8 @@ def main():
                          "in a graph of back-to-back calls each kernel's start overlaps the previous one's tail)")
     ap.add_argument("--sweep-shapes", nargs="+", default=["4096x4096", "28672x8192", "4096x14336"],
                     help="(N)x(K) shapes the sweep times")
+    ap.add_argument("--group-rows", type=int, nargs="+", default=[0], choices=(0, 1),
+                    help="1: the sweep also times group-resident tiles at M=1 (GemvConfig.group_rows)")
     ap.add_argument("--no-table", action="store_true", help="only the sweep, not the main table")
     ap.add_argument("--swap", choices=("no", "yes", "both"), default="no",
                     help="operand order(s) the sweep times for the tensor-core kernel (GemvConfig.swap_ab)")
@@ -298,7 +307,8 @@ def main():
         for M in ms:
             for (N, K) in sweep_shapes:
                 op = gemv_op(M, N, K)
-                for c in sweep_candidates(M, args.dq, swaps, stages, tuple(args.prefetch), tuple(args.pdl)):
+                for c in sweep_candidates(M, args.dq, swaps, stages, tuple(args.prefetch), tuple(args.pdl),
+                                           tuple(bool(g) for g in args.group_rows)):
                     for cs in with_split(c, op):
                         jobs.append({"op": op.to_json(), "cfg": asdict(cs)})
     if args.no_table:
@@ -317,7 +327,8 @@ def main():
                 op = gemv_op(M, N, K)
                 copies = copies_for(floor_bytes(op))
                 timed = []
-                for c in sweep_candidates(M, args.dq, swaps, stages, tuple(args.prefetch), tuple(args.pdl)):
+                for c in sweep_candidates(M, args.dq, swaps, stages, tuple(args.prefetch), tuple(args.pdl),
+                                           tuple(bool(g) for g in args.group_rows)):
                     for cs in with_split(c, op):
                         if json.dumps({"op": op.to_json(), "cfg": asdict(cs)}, sort_keys=True) in failed:
                             continue
@@ -337,6 +348,7 @@ def main():
                     print(f"sweep M={M} N={N} K={K}: " + "; ".join(
                         f"{t:.1f}us {c.kind} bn{c.block_n} kw{c.block_kw} w{c.num_warps} s{c.num_stages} "
                         f"sk{c.split_k} dq{c.dq}{' swap' if c.swap_ab else ''}{' ahead2' if c.prefetch == 2 else ''}{' pdl' if c.pdl else ''}"
+                        f"{' rows' if c.group_rows else ''}"
                         for t, c in timed[:4]), flush=True)
                 torch.cuda.empty_cache()
 

@@ -79,7 +79,10 @@ def _dequant_matmul(x: Tensor, w: PreparedGemvWeight) -> Tensor:
     epw = 32 // w.bits
     mask = (1 << w.bits) - 1
     q = w.qweight
+    iw = w.interleave
     codes = torch.stack([(q >> (w.bits * e)) & mask for e in range(epw)], dim=1)   # (KWP, epw, NP)
+    # interleaved rows: (block, j, e, NP) -> (block, e, j, NP) is column k's order
+    codes = codes.reshape(-1, iw, epw, q.shape[1]).transpose(1, 2)
     codes = codes.reshape(-1, q.shape[1])[: w.K, : w.N].float()                    # (K, N)
     g = w.kgroup.long() if w.kgroup is not None else torch.arange(w.K, device=q.device) // w.group_size
     s = w.scales.float()[g, : w.N]

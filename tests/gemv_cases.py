@@ -98,6 +98,34 @@ CASES = [
     ("native4-ahead2-perelem-g100-m1-f32", "native", 4, 100, False, 1, 16, 300, "float32",
      {"config": ("fma", 8, 8, 1, 3, False, 1, 2)}),
     ("native8-ahead2-g64-m1-f32", "native", 8, 64, False, 1, 24, 512, "float32", {"config": ("fma", 8, 16, 1, 3, False, 1, 2)}),
+    # group-resident tiles (a trailing dict of GemvConfig overrides: group_rows): the x-span sum (g128,
+    # several tiles, split-K), tiles capped at a group (g64: 16 -> 8 rows), tiles smaller than the
+    # interleave (g32, 2 rows), act-order (x through perm), M=2, int8, symmetric, dq=2, odd K with
+    # one 37-word group (no interleave), a column tile wider than the padded rows (N=100, 256 columns)
+    *[(f"native4-rows-{'sym' if sym else 'asym'}-g128-m1-{dt[:1]}{dt[-2:]}", "native", 4, 128, sym, 1, 40, 1024, dt,
+       {"config": ("fma", 32, 16, 3, 3, {"group_rows": True})})
+      for dt in ("float16", "bfloat16", "float32") for sym in (False, True)],
+    ("native4-rows-g64-capped-m1-f32", "native", 4, 64, False, 1, 24, 512, "float32",
+     {"config": ("fma", 16, 16, 1, 3, {"group_rows": True})}),
+    ("native4-rows-g32-bkw2-m1-f32", "native", 4, 32, False, 1, 24, 256, "float32",
+     {"config": ("fma", 16, 2, 2, 3, {"group_rows": True})}),
+    ("gptq4-rows-actorder-m1-f32", "gptq", 4, 32, False, 1, 24, 256, "float32",
+     {"g_idx": "actorder", "config": ("fma", 16, 8, 1, 3, {"group_rows": True})}),
+    ("native4-rows-g64-m2-f16", "native", 4, 64, False, 2, 24, 512, "float16",
+     {"config": ("fma", 16, 8, 2, 3, {"group_rows": True})}),
+    ("native8-rows-g64-m1-bf16", "native", 8, 64, False, 1, 40, 512, "bfloat16",
+     {"config": ("fma", 32, 16, 2, 3, {"group_rows": True})}),
+    ("native4-rows-dq2-g128-m1-f32", "native", 4, 128, False, 1, 24, 512, "float32",
+     {"config": ("fma", 16, 8, 1, 2, {"group_rows": True})}),
+    ("native4-rows-gK-m1-f32-oddK296", "native", 4, 296, False, 1, 33, 296, "float32",
+     {"config": ("fma", 16, 8, 1, 3, {"group_rows": True})}),
+    ("native4-rows-n100-bn256-m1-f32", "native", 4, 128, False, 1, 100, 256, "float32",
+     {"config": ("fma", 256, 16, 1, 3, {"group_rows": True})}),
+    # the layouts the H200 sweep times: one warp, 8 columns per thread; two warps, 4 columns, masked tile
+    ("native4-rows-w1c8-g128-m1-bf16", "native", 4, 128, False, 1, 500, 1024, "bfloat16",
+     {"config": ("fma", 256, 8, 4, 3, {"group_rows": True, "num_warps": 1})}),
+    ("native4-rows-w2c4-g128-m1-f16-nmask", "native", 4, 128, False, 1, 300, 1024, "float16",
+     {"config": ("fma", 256, 16, 2, 3, {"group_rows": True, "num_warps": 2})}),
 ]
 
 #: (id, M, bits, group, symmetric, packing) lowered for every target by ``compile``
@@ -110,6 +138,10 @@ COMPILE_CASES = [
     ("dot-int4-g128-m16-swap", 16, 4, 128, False, "native", {"swap_ab": True}),
     ("fma-int4-g128-m1-pipe3", 1, 4, 128, False, "native", {"num_stages": 3}),
     ("fma-int4-g128-m1-ahead2", 1, 4, 128, False, "native", {"prefetch": 2}),
+    ("fma-int4-g128-m1-rows", 1, 4, 128, False, "native", {"group_rows": True, "block_n": 256, "block_kw": 8,
+                                                           "num_warps": 1, "split_k": 8}),
+    ("fma-int8-g128-m1-rows", 1, 8, 128, False, "native", {"group_rows": True, "block_n": 512, "block_kw": 16,
+                                                           "num_warps": 2, "split_k": 8}),
     # programmatic dependent launch: sm_90+ only (8th field: the targets)
     ("fma-int4-g128-m1-pdl", 1, 4, 128, False, "native", {"pdl": True}, ("sm_90a", "sm_100a")),
     ("fma-int4-g128-m1-ahead2-pdl", 1, 4, 128, False, "native", {"pdl": True, "prefetch": 2}, ("sm_90a",)),
@@ -199,12 +231,17 @@ def _run_with_config(x, w, cfg):
 
 
 def forced_config(cfg, num_warps):
-    """The ``GemvConfig`` of a case's ``(kind, bn, bkw, split, dq[, swap_ab[, num_stages[, prefetch[, pdl]]]])``."""
+    """The ``GemvConfig`` of a case's ``(kind, bn, bkw, split, dq[, swap_ab[, num_stages[, prefetch[, pdl]]]]
+    [, {field: value}])`` (a trailing dict sets other fields by name)."""
+    from dataclasses import replace
+
     from portakern.backends.triton.gemv_tuning import GemvConfig
 
-    kind, bn, bkw, split, dq, *more = cfg
+    kw = cfg[-1] if isinstance(cfg[-1], dict) else {}
+    kind, bn, bkw, split, dq, *more = cfg[:-1] if kw else cfg
     swap, stages, prefetch, pdl = (list(more) + [False, 1, 1, False][len(more):])[:4]
-    return GemvConfig(kind, bn, bkw, num_warps, stages, split, dq, swap_ab=bool(swap), prefetch=prefetch, pdl=bool(pdl))
+    return replace(GemvConfig(kind, bn, bkw, num_warps, stages, split, dq, swap_ab=bool(swap), prefetch=prefetch,
+                              pdl=bool(pdl)), **kw)
 
 
 def run_compile(case):

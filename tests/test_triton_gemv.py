@@ -173,10 +173,7 @@ def test_internal_layout_round_trip():
     for case in CASES:
         w = weight(case)
         p = Q.prepare_weight(None, w, CPU)
-        words = p.qweight.numpy().view(np.uint32)
-        epw = 32 // p.bits
-        codes = np.stack([(words >> np.uint32(p.bits * e)) & np.uint32((1 << p.bits) - 1) for e in range(epw)],
-                         axis=1).reshape(-1, words.shape[1])[: p.K, : p.N].T.astype(np.float64)
+        codes = Q.unpack_internal(p.qweight.numpy(), p.bits, p.interleave, p.N, p.K).astype(np.float64)
         k = np.arange(p.K)
         g = p.kgroup.numpy() if p.kgroup is not None else k // p.group_size
         s = p.scales.float().numpy()[g, : p.N].T
@@ -187,6 +184,30 @@ def test_internal_layout_round_trip():
         else:
             deq_ref = dequantize(w.fmt, w.tensors, w.N, w.K)
         np.testing.assert_array_equal(deq, deq_ref, err_msg=case[0])
+
+
+def test_internal_layout_interleaves_word_rows_within_groups():
+    """Code e of word row j is column (j // iw) * iw * epw + e * iw + j % iw of K (checked bit by bit
+    against that formula, not through ``unpack_internal``); iw is the largest power of two up to 8
+    dividing the words per group, 1 for groups that are not whole words or irregular."""
+    from portakern.backends.triton import quant_gemv as Q
+
+    assert [Q.interleave_words(4, g, False) for g in (128, 64, 32, 16, 8, 296, 12)] == [8, 8, 4, 2, 1, 1, 1]
+    assert [Q.interleave_words(8, g, False) for g in (128, 32, 8, 6)] == [8, 8, 2, 1]
+    assert Q.interleave_words(4, 128, True) == 1
+    rng = np.random.default_rng(0)
+    for bits, iw in ((4, 8), (4, 4), (8, 8), (4, 1)):
+        N, K = 3, 200
+        codes = rng.integers(0, 1 << bits, (N, K))
+        words = Q.pack_internal(codes, bits, iw).view(np.uint32)
+        epw = 32 // bits
+        assert words.shape == (-(-(-(-K // epw)) // Q.K_ALIGN_WORDS) * Q.K_ALIGN_WORDS, Q.N_ALIGN_WORDS)
+        for j in range(words.shape[0]):
+            for e in range(epw):
+                k = (j // iw) * iw * epw + e * iw + j % iw
+                got = (words[j, :N] >> np.uint32(bits * e)) & np.uint32((1 << bits) - 1)
+                np.testing.assert_array_equal(got, codes[:, k] if k < K else 0, err_msg=f"bits={bits} iw={iw} j={j} e={e}")
+        np.testing.assert_array_equal(Q.unpack_internal(words.view(np.int32), bits, iw, N, K), codes)
 
 
 # -- on a CUDA device ------------------------------------------------------------------------------
@@ -392,6 +413,55 @@ def test_gpu_graph_with_attention_and_gemv_through_the_api(dev):
         if with_attention:
             ref_o = portakern.attention(q.float().cpu(), k.float().cpu(), v.float().cpu(), backend="cpu")
             assert (o.float().cpu() - ref_o).abs().max().item() < 3e-2
+
+
+def test_tables_use_group_resident_tiles_for_large_regular_int4_m1_and_fit_guards_them():
+    """The GPU tables use group-resident tiles (``group_rows``) for int4 M=1 with regular whole-word
+    groups and N*K >= ROWS_MIN_NK, split so the grid holds WARPS_PER_SM_ROWS warps per SM with
+    slices of >= 32 word rows (the H200 sweep's winners); never for act-order, per-element groups,
+    int8, M > 1 or the interpreter. ``fit`` caps the tile at one group, clears the option for
+    per-element groups and refuses it for the tensor-core kernel and two-deep prefetch."""
+    from dataclasses import replace
+
+    from portakern.backends.triton import gemv_tuning as T
+    from portakern.backends.triton import quant_gemv as Q
+    from portakern.ir import DType, Packing, QuantFormat
+    from portakern.ir.ops import QuantGemv
+
+    def lay(N, K, M=1, bits=4, G=128, packing="native", act=False):
+        fmt = QuantFormat(bits=bits, group_size=G, symmetric=False, packing=Packing(packing), has_g_idx=act)
+        return Q._LayoutStub(QuantGemv(M=M, N=N, K=K, dtype=DType.bfloat16, fmt=fmt))
+
+    want = {(14336, 4096): (8, 16), (4096, 14336): (16, 32), (8192, 8192): (8, 32), (28672, 8192): (8, 16),
+            (16384, 16384): (8, 16)}
+    for (N, K), (bkw, split) in want.items():
+        cfg = T.choose(lay(N, K), 1, N, "sm_90", 132)
+        assert (cfg.group_rows, cfg.block_n, cfg.block_kw, cfg.num_warps, cfg.split_k, cfg.pdl) == \
+            (True, 256, bkw, 2, split, True), (N, K, cfg)
+        assert T.choose(lay(N, K), 1, N, "sm_80", 108).group_rows
+    assert not T.choose(lay(4096, 4096), 1, 4096, "sm_90", 132).group_rows     # below ROWS_MIN_NK
+    assert not T.choose(lay(8192, 8192, bits=8), 1, 8192, "sm_90", 132).group_rows
+    assert not T.choose(lay(8192, 8192, packing="gptq", act=True), 1, 8192, "sm_90", 132).group_rows
+    assert not T.choose(lay(8192, 8192, G=100), 1, 8192, "sm_90", 132).group_rows   # per-element groups
+    assert not T.choose(lay(8192, 8192, M=2), 2, 8192, "sm_90", 132).group_rows
+    assert not T.choose(lay(8192, 8192), 1, 8192, "interp", 4).group_rows
+    # fit: one group per tile (g32 int4 = 4 words), cleared for per-element groups, refused elsewhere
+    rows = T.GemvConfig("fma", 256, 16, 2, group_rows=True)
+    assert T.fit(rows, lay(4096, 4096, G=32), 1).block_kw == 4
+    assert T.fit(rows, lay(4096, 4096, G=64), 1).block_kw == 8
+    assert T.fit(replace(rows, block_n=100), lay(4096, 4096), 1).block_n == 128
+    assert T.fit(rows, lay(4096, 4096, G=100), 1) == replace(rows, block_n=128, group_rows=False)
+    assert T.fit(replace(rows, group_rows=False, block_n=512), lay(4096, 4096), 1).block_n == 128
+    with pytest.raises(ValueError, match=r"GemvConfig\(kind='dot', prefetch=1, group_rows=True\): group_rows is an option "
+                                         r"of the CUDA-core kernel \(kind='fma'\) with prefetch=1; use group_rows=False"):
+        T.fit(replace(rows, kind="dot"), lay(4096, 4096), 16)
+    with pytest.raises(ValueError, match=r"prefetch=2, group_rows=True"):
+        T.fit(replace(rows, prefetch=2), lay(4096, 4096), 1)
+    # autotuning offers both tile families at M=1 (the table's choice first), only plain ones otherwise
+    cands = T.candidates(lay(8192, 8192), 1, 8192, "sm_90", 132)
+    assert cands[0].group_rows and {c.group_rows for c in cands} == {False, True}
+    assert not any(c.group_rows for c in T.candidates(lay(8192, 8192, M=16), 16, 8192, "sm_90", 132))
+    assert not any(c.group_rows for c in T.candidates(lay(8192, 8192, packing="gptq", act=True), 1, 8192, "sm_90", 132))
 
 
 def test_tables_use_pdl_for_the_cuda_core_kernel_on_sm90_and_later_only():

@@ -37,6 +37,16 @@ FMA_MAX_M = {"sm_80": 1, "sm_90": 1, "sm_100": 1, "sm_120": 1, "interp": 2}
 #: tiles: M=16 155 us vs 169 us with 4 slices), so it splits only to fill each SM once.
 PROGRAMS_PER_SM = {"fma": 4, "dot": 1}
 MAX_SPLIT_K = 8
+#: Group-resident tiles (``GemvConfig.group_rows``) run few warps per program over wide column
+#: tiles: split K until the grid holds this many warps per multiprocessor, up to MAX_SPLIT_K_ROWS.
+WARPS_PER_SM_ROWS = 14
+MAX_SPLIT_K_ROWS = 32
+#: Smallest N * K (codes) for which the sm_80+ tables use group-resident tiles at M=1 (H200 session
+#: 4: at 4096 x 4096 the per-word-row tile was faster, 6.5 vs 6.8 us).
+ROWS_MIN_NK = 1 << 25
+#: Shortest K slice (word rows) of a split with group-resident tiles (H200 session 4: 14336x4096
+#: 13.5 us with 32-row slices vs 14.0 with 16; 4096x14336 14.3 us with 56 vs 18.8 with 112)
+ROWS_MIN_SLICE_WORDS = 32
 
 
 #: Dequantization variants the kernels implement (``GemvConfig.dq``, ``kernels.gemv_quant._codes``).
@@ -66,6 +76,11 @@ class GemvConfig:
                while the previous kernel in the stream drains; it requests its first weight tiles,
                then waits for that kernel (``griddepcontrol.wait``) before touching x or the output.
                The GPU tables' choice for the CUDA-core kernel
+    group_rows (CUDA-core kernel) every K tile lies in one quantization group (``fit`` caps block_kw
+               at the words per group) and each thread holds all of its rows: the products are
+               summed over the rows in registers and scaled once per tile and column instead of
+               once per word. block_n is then a multiple of 128 per warp (one 16-byte vector of
+               each row per thread). Ignored (cleared by ``fit``) for per-element groups
     """
 
     kind: str
@@ -78,6 +93,7 @@ class GemvConfig:
     swap_ab: bool = False
     prefetch: int = 1
     pdl: bool = False
+    group_rows: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -106,11 +122,20 @@ def block_m(kind: str, M: int) -> int:
     return min(next_pow2(M), 4) if kind == "fma" else 16
 
 
-def _table(arch: str, kind: str, M: int, N: int, K: int, bits: int) -> GemvConfig:
-    """The hand table: a (block_kw, block_n) word tile gives each thread 4 16-byte loads."""
+def _table(arch: str, kind: str, M: int, N: int, K: int, bits: int, rows_ok: bool = False) -> GemvConfig:
+    """The hand table: a (block_kw, block_n) word tile gives each thread 4 16-byte loads (group-
+    resident tiles: 8 rows of 4 columns). ``rows_ok``: the layout has whole-word regular groups and
+    no act-order permutation (what the group-resident sweep measured)."""
     if arch == "interp":
         return (GemvConfig("fma", block_n=8, block_kw=8, num_warps=1) if kind == "fma"
                 else GemvConfig("dot", block_n=16, block_kw=16, num_warps=1))
+    if kind == "fma" and rows_ok and M == 1 and bits == 4 and N * K >= ROWS_MIN_NK:
+        # H200 session 4 (benchmarks/gemv_notes.md, v6): group-resident tiles of 8 rows x 256 columns,
+        # 2 warps, won every int4 M=1 shape but the smallest (28672x8192 38.9 vs 43.2 us for the best
+        # per-word-row tile, 16384^2 43.5 vs 47.8, 8192^2 14.5 vs 17.0; 4096^2 6.8 vs 6.5); 16 rows
+        # when N is small (4096x14336: 14.3 vs 15.9 us with 8)
+        return GemvConfig("fma", block_n=256, block_kw=16 if N <= 4096 else 8, num_warps=2, num_stages=1, dq=3,
+                          pdl=arch in PDL_ARCHS, group_rows=True)
     if kind == "fma":
         # H200 run 1: (32, 64) won every M=1 shape, 8 warps when N fills the chip; session 2: the
         # subnormal dequantization (dq=3) beat dq=2 on every swept shape (28672x8192: 40.9 vs 49 us);
@@ -124,13 +149,18 @@ def _table(arch: str, kind: str, M: int, N: int, K: int, bits: int) -> GemvConfi
 
 
 def split_k_for(N: int, KWP: int, cfg: GemvConfig, num_sms: int) -> int:
-    """Slices of K so that ``cdiv(N, block_n) * split_k`` reaches PROGRAMS_PER_SM[kind] per SM,
-    keeping at least two K tiles per slice."""
+    """Slices of K so that ``cdiv(N, block_n) * split_k`` reaches PROGRAMS_PER_SM[kind] per SM (group-
+    resident tiles: WARPS_PER_SM_ROWS warps), keeping at least two K tiles per slice."""
     tiles_n = math.ceil(N / cfg.block_n)
     iters = math.ceil(KWP / cfg.block_kw)
+    if cfg.group_rows:   # count warps (these programs are small); slices of at least ROWS_MIN_SLICE_WORDS
+        per_split, want, most = tiles_n * cfg.num_warps, WARPS_PER_SM_ROWS * num_sms, MAX_SPLIT_K_ROWS
+        room = KWP // ROWS_MIN_SLICE_WORDS
+    else:
+        per_split, want, most = tiles_n, PROGRAMS_PER_SM[cfg.kind] * num_sms, MAX_SPLIT_K
+        room = iters // 2
     split = 1
-    while (tiles_n * split < PROGRAMS_PER_SM[cfg.kind] * num_sms and split * 2 <= MAX_SPLIT_K
-           and iters >= split * 2 * 2):
+    while per_split * split < want and split * 2 <= most and room >= split * 2:
         split *= 2
     return split
 
@@ -146,18 +176,28 @@ def fit(cfg: GemvConfig, layout, M: int) -> GemvConfig:
     if cfg.swap_ab and cfg.kind != "dot":
         raise ValueError(f"GemvConfig(kind={cfg.kind!r}, swap_ab=True): swap_ab is an option of the tensor-core "
                          f"kernel; use kind='dot' or swap_ab=False")
+    if cfg.group_rows and (cfg.kind != "fma" or cfg.prefetch != 1):
+        raise ValueError(f"GemvConfig(kind={cfg.kind!r}, prefetch={cfg.prefetch}, group_rows=True): group_rows is an "
+                         f"option of the CUDA-core kernel (kind='fma') with prefetch=1; use group_rows=False")
     bkw = min(next_pow2(cfg.block_kw), 64)
     bn = next_pow2(cfg.block_n)
     if cfg.kind == "dot":  # MMA needs 16 along K and N
         bkw, bn = max(16, bkw), max(16, bn)
-    return replace(cfg, block_kw=bkw, block_n=bn)
+    group_rows = cfg.group_rows and not layout.per_elem_group
+    if group_rows:   # tiles within one group: the largest power of two dividing the words per group
+        wpg = layout.group_size // layout.codes_per_word
+        bkw = min(bkw, wpg & -wpg)
+    else:            # tiles of at most 128 columns divide the padded row length (no column mask)
+        bn = min(bn, 128)
+    return replace(cfg, block_kw=bkw, block_n=bn, group_rows=group_rows)
 
 
 def choose(layout, M: int, N: int, arch: str, num_sms: int | None = None) -> GemvConfig:
     """The table's configuration for ``layout`` (a ``PreparedGemvWeight``), M rows of x, on ``arch``."""
     num_sms = num_sms or DEFAULT_SMS.get(arch, 132)
     kind = "fma" if (M <= FMA_MAX_M.get(arch, 2) or layout.per_elem_group) else "dot"
-    cfg = fit(_table(arch, kind, M, N, layout.K, layout.bits), layout, M)
+    rows_ok = not layout.per_elem_group and not layout.has_perm
+    cfg = fit(_table(arch, kind, M, N, layout.K, layout.bits, rows_ok), layout, M)
     return replace(cfg, split_k=split_k_for(N, layout.KWP, cfg, num_sms))
 
 
@@ -175,13 +215,14 @@ def candidates(layout, M: int, N: int, arch: str, num_sms: int) -> list[GemvConf
     """Configurations worth timing (the table's choice first)."""
     base = choose(layout, M, N, arch, num_sms)
     out = [base]
-    if base.kind == "fma":
-        grid = [(bn, bkw, w) for bn in (32, 64, 128) for bkw in (16, 32, 64) for w in (4, 8)]
-    else:
-        grid = [(bn, bkw, w) for bn in (32, 64, 128) for bkw in (16, 32, 64) for w in (4, 8)]
-    for bn, bkw, w in grid:
-        c = fit(replace(base, block_n=bn, block_kw=bkw, num_warps=w), layout, M)
-        for split in sorted({split_k_for(N, layout.KWP, c, num_sms), 1}):
+    grid = [(bn, bkw, w, False) for bn in (32, 64, 128) for bkw in (16, 32, 64) for w in (4, 8)]
+    if base.kind == "fma" and M == 1 and not layout.per_elem_group and not layout.has_perm:
+        # group-resident tiles (4 columns per thread; 8 with one warp of 256): H200 session-4 sweep winners
+        grid += [(bn, bkw, w, True) for bn, w in ((128, 1), (256, 1), (256, 2), (512, 4)) for bkw in (8, 16)]
+    for bn, bkw, w, rows in grid:
+        c = fit(replace(base, block_n=bn, block_kw=bkw, num_warps=w, group_rows=rows), layout, M)
+        auto = split_k_for(N, layout.KWP, c, num_sms)
+        for split in sorted({auto, max(1, auto // 2)} if rows else {auto, 1}):
             cand = replace(c, split_k=split)
             if cand not in out:
                 out.append(cand)

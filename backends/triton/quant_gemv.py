@@ -90,6 +90,11 @@ class PreparedGemvWeight:
         return self.perm is not None
 
     @property
+    def interleave(self) -> int:
+        """Word rows per interleaved block of ``qweight`` (``interleave_words``)."""
+        return interleave_words(self.bits, self.group_size, self.kgroup is not None)
+
+    @property
     def per_elem_group(self) -> bool:
         """Whether the kernel must look the group up per code (irregular g_idx, or a group size
         that is not a whole number of words)."""
@@ -107,13 +112,27 @@ class PreparedGemvWeight:
 
 #: word rows are padded to a multiple of this (the largest K tile), so tiles need no K mask
 K_ALIGN_WORDS = 64
-#: the row stride is N rounded up to this (the largest column tile), so tiles need no N mask
+#: the row stride is N rounded up to this (the largest unmasked column tile)
 N_ALIGN_WORDS = 128
+#: largest interleave of word rows (8 rows: the x values of one code position are 16 bytes of bf16)
+MAX_INTERLEAVE = 8
 
 
-def pack_internal(codes: np.ndarray, bits: int) -> np.ndarray:
-    """Unsigned codes ``(N, K)`` -> int32 words ``(KWP, NP)``: code ``(n, k)`` in bits
-    ``bits * (k % epw)`` of word ``(k // epw, n)``; zero-padded to whole tiles and aligned rows."""
+def interleave_words(bits: int, group_size: int, irregular_groups: bool) -> int:
+    """Word rows per interleaved block of the internal layout: the largest power of two, at most
+    ``MAX_INTERLEAVE``, dividing the words per group (so a block lies in one group); 1 (plain
+    order) when groups are not whole words or irregular (per-element group lookup)."""
+    epw = 32 // bits
+    if irregular_groups or group_size % epw:
+        return 1
+    wpg = group_size // epw
+    return min(MAX_INTERLEAVE, wpg & -wpg)
+
+
+def pack_internal(codes: np.ndarray, bits: int, interleave: int = 1) -> np.ndarray:
+    """Unsigned codes ``(N, K)`` -> int32 words ``(KWP, NP)``, zero-padded to whole tiles and aligned
+    rows: code ``e`` (bits ``bits * e``) of word ``(j, n)`` is column
+    ``k = (j // iw) * iw * epw + e * iw + j % iw`` of row n (``iw = interleave``; 1: ``k = epw j + e``)."""
     N, K = codes.shape
     epw = 32 // bits
     kw = -(-K // epw)
@@ -121,11 +140,23 @@ def pack_internal(codes: np.ndarray, bits: int) -> np.ndarray:
     np_ = -(-N // N_ALIGN_WORDS) * N_ALIGN_WORDS
     padded = np.zeros((np_, kwp * epw), dtype=np.uint32)
     padded[:N, :K] = codes
-    v = padded.reshape(np_, kwp, epw)
+    # (n, block, e, j) -> (n, block, j, e): word row block * iw + j, code position e
+    v = padded.reshape(np_, kwp // interleave, epw, interleave).transpose(0, 1, 3, 2).reshape(np_, kwp, epw)
     words = np.zeros((np_, kwp), dtype=np.uint32)
     for e in range(epw):
         words |= v[:, :, e] << np.uint32(bits * e)
     return np.ascontiguousarray(words.T).view(np.int32)
+
+
+def unpack_internal(words: np.ndarray, bits: int, interleave: int, N: int, K: int) -> np.ndarray:
+    """Inverse of ``pack_internal``: the codes ``(N, K)`` of int32 words ``(KWP, NP)``."""
+    epw = 32 // bits
+    u = words.view(np.uint32)
+    codes = np.stack([(u >> np.uint32(bits * e)) & np.uint32((1 << bits) - 1) for e in range(epw)], axis=1)
+    kwp = u.shape[0]
+    # (block, j, e, n) -> (block, e, j, n): column k of the block in order
+    codes = codes.reshape(kwp // interleave, interleave, epw, -1).transpose(0, 2, 1, 3).reshape(kwp * epw, -1)
+    return codes[:K, :N].T
 
 
 def prepare_weight(backend, weight, device: Device) -> PreparedGemvWeight:
@@ -170,7 +201,7 @@ def prepare_weight(backend, weight, device: Device) -> PreparedGemvWeight:
         return t
 
     prepared = PreparedGemvWeight(
-        qweight=dev(pack_internal(codes, fmt.bits)),
+        qweight=dev(pack_internal(codes, fmt.bits, interleave_words(fmt.bits, GS, kgroup is not None))),
         scales=dev(by_group(scales), sdt),
         zeros=None if fmt.symmetric else dev(by_group(zeros + offset), sdt),
         perm=None if perm is None else dev(perm),
@@ -329,6 +360,7 @@ class _LayoutStub:
         self.kgroup = None
         self.zero_point = f.zero_point + ((1 << (f.bits - 1)) if f.packing is Packing.GGUF_Q8_0 else 0)
         self.per_elem_group = self.group_size % self.codes_per_word != 0
+        self.interleave = interleave_words(self.bits, self.group_size, False)
 
 
 def compile_for_target(op: QuantGemv, target: str, config: tuning.GemvConfig | None = None) -> dict:
@@ -377,8 +409,11 @@ def compile_for_target(op: QuantGemv, target: str, config: tuning.GemvConfig | N
             sig[name] = "i32"
     options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=cfg.pdl)
     with interpret_env(False):
-        # what a launch specializes on: 16-byte aligned tensors, row stride and padded K multiples of 16
+        # what a launch specializes on: 16-byte aligned tensors, row stride and padded K multiples of 16,
+        # and the row strides of contiguous x and out when K and N are
         aligned = set(ptrs) | {"KWP", "stride_qk", "K_SPLIT_W"}
+        aligned |= {"stride_xm"} if op.K % 16 == 0 else set()
+        aligned |= {"stride_om"} if op.N % 16 == 0 else set()
         attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a in aligned}
         ck = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", cc, 32), options=options)
     md = ck.metadata
@@ -392,10 +427,10 @@ def _consts_for(op: QuantGemv, layout, cfg: tuning.GemvConfig) -> dict:
     even_k = layout.KWP * layout.codes_per_word == op.K
     c = dict(BITS=layout.bits, GS=layout.group_size, ZP=layout.zero_point, HAS_Z=layout.has_z,
              HAS_PERM=layout.has_perm, BM=tuning.block_m(cfg.kind, op.M), BN=cfg.block_n,
-             BKW=cfg.block_kw, SPLIT_K=cfg.split_k, DQ=cfg.dq, EVEN_K=even_k, PDL=cfg.pdl)
+             BKW=cfg.block_kw, SPLIT_K=cfg.split_k, DQ=cfg.dq, EVEN_K=even_k, PDL=cfg.pdl, IW=layout.interleave)
     if cfg.kind == "fma":
         c.update(PER_ELEM_GROUP=layout.per_elem_group, HAS_KG=layout.kgroup is not None, PIPE=cfg.num_stages,
-                 PREFETCH=cfg.prefetch)
+                 PREFETCH=cfg.prefetch, GROUP_ROWS=cfg.group_rows, NMASK=layout.stride_qk % cfg.block_n != 0)
     else:
         c.update(COMPUTE_F32=op.dtype is DType.float32, SWAP_AB=cfg.swap_ab)
     return c

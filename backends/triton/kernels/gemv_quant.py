@@ -2,10 +2,14 @@
 
 The host side (``backends/triton/quant_gemv.py``) repacks every packing into one internal layout:
 
-* ``qw``  int32 ``(KWP, NP)``, K-major: word ``(j, n)`` holds the codes of ``W[n, EPW*j + e]``
-  in bits ``BITS*e .. BITS*e + BITS-1`` (``EPW = 32 // BITS`` unsigned codes per word). Rows past
+* ``qw``  int32 ``(KWP, NP)``, K-major: word ``(j, n)`` holds ``EPW = 32 // BITS`` unsigned codes of
+  column n, code ``e`` in bits ``BITS*e .. BITS*e + BITS-1``. Word rows are interleaved in blocks of
+  ``IW`` rows (``IW`` a power of two, at most 8, dividing the words per group; 1 for per-element
+  groups): code ``e`` of row ``j`` is ``W[n, k]`` with ``k = (j // IW) * IW * EPW + e * IW + j % IW``
+  (``_k_index``), so the x values that meet code position ``e`` of ``IW`` consecutive rows are
+  contiguous (one vector load). A block of ``IW * EPW`` columns of K lies in one group. Rows past
   ``K / EPW`` are zero (KWP is a multiple of 64); ``NP`` (the row stride) is N rounded up to 128,
-  the largest column tile, so tiles load without masks.
+  so tiles of up to 128 columns load without masks (wider tiles mask, ``NMASK``).
 * ``s``, ``z``  ``(G, NP)``: scale and integer zero point of group ``g`` for column ``n`` (the
   format's scale dtype). Symmetric formats have no ``z`` and use the constant ``ZP``.
 * ``perm`` int32 ``(K,)`` (act-order GPTQ): internal column ``k`` multiplies ``x[:, perm[k]]``.
@@ -162,19 +166,42 @@ def _group_scale_zero(s_ptr, z_ptr, kw, n, K, stride_qk, EPW: tl.constexpr, GS: 
 
 @triton.jit
 def _word_tile(w_ptrs, s_ptr, z_ptr, kw0, kwr, n, K, stride_qk, EPW: tl.constexpr, GS: tl.constexpr,
-               HAS_Z: tl.constexpr, ZP: tl.constexpr, PER_ELEM_GROUP: tl.constexpr, WORDS: tl.constexpr = True):
-    """The ``(BKW, BN)`` words at word row ``kw0`` with their scales and zeros (per-element groups:
-    none, looked up per code instead). ``WORDS=False``: only the scales and zeros (words: 0)."""
+               HAS_Z: tl.constexpr, ZP: tl.constexpr, PER_ELEM_GROUP: tl.constexpr, WORDS: tl.constexpr = True,
+               GROUP_ROWS: tl.constexpr = False, NMASK: tl.constexpr = False, NP=0):
+    """The ``(BKW, BN)`` words at word row ``kw0`` with their scales and zeros: ``(BKW, BN)`` per word
+    row, ``(BN,)`` when the tile lies in one group (``GROUP_ROWS``), none for per-element groups (looked
+    up per code instead). ``WORDS=False``: only the scales and zeros (words: 0). ``NMASK``: columns
+    at or past ``NP`` (the padded row length) are not read (words 0)."""
     if WORDS:
-        words = tl.load(w_ptrs + kw0 * stride_qk)
+        if NMASK:
+            words = tl.load(w_ptrs + kw0 * stride_qk, mask=(n < NP)[None, :], other=0)
+        else:
+            words = tl.load(w_ptrs + kw0 * stride_qk)
     else:
         words = 0
     if PER_ELEM_GROUP:
         s = 0.0
         z = 0.0
+    elif GROUP_ROWS:
+        g = tl.minimum(kw0 * EPW, K - 1) // GS   # padding rows use the last group (their codes are 0)
+        nn = tl.minimum(n, NP - 1) if NMASK else n
+        s, z = _scale_zero(s_ptr, z_ptr, g * stride_qk + nn, HAS_Z, ZP)
     else:
         s, z = _group_scale_zero(s_ptr, z_ptr, kw0 + kwr, n, K, stride_qk, EPW, GS, HAS_Z, ZP)
     return words, s, z
+
+
+@triton.jit
+def _k_index(kw0, kwr, e: tl.constexpr, EPW: tl.constexpr, IW: tl.constexpr, BKW: tl.constexpr):
+    """Column of K of code position ``e`` in word rows ``kw0 + kwr`` (``kw0`` a multiple of ``BKW``)
+    under the ``IW``-row interleave. With ``BKW >= IW`` it is written as ``kw0 * EPW`` plus a
+    pattern of ``kwr`` alone, so the compiler sees runs of ``IW`` contiguous columns."""
+    if IW == 1:
+        return (kw0 + kwr) * EPW + e
+    elif BKW >= IW:
+        return kw0 * EPW + (kwr // IW) * (IW * EPW) + e * IW + kwr % IW
+    else:   # the tile is part of one block (BKW divides IW)
+        return (kw0 // IW) * (IW * EPW) + kw0 % IW + e * IW + kwr
 
 
 @triton.jit
@@ -195,10 +222,18 @@ def _x_column(x_ptr, row, stride_xm, perm_ptr, k, K, HAS_PERM: tl.constexpr, EVE
 def _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, perm_ptr, kg_ptr, s_ptr, z_ptr,
               K, stride_qk, mask_rt, BITS: tl.constexpr, GS: tl.constexpr, ZP: tl.constexpr, HAS_Z: tl.constexpr,
               HAS_PERM: tl.constexpr, PER_ELEM_GROUP: tl.constexpr, HAS_KG: tl.constexpr, BM: tl.constexpr,
-              BKW: tl.constexpr, BN: tl.constexpr, DQE: tl.constexpr, EVEN_K: tl.constexpr):
-    """Add one ``(BKW, BN)`` tile of words (with its scales ``s`` and zeros ``z``) times x to ``acc``."""
+              BKW: tl.constexpr, BN: tl.constexpr, DQE: tl.constexpr, EVEN_K: tl.constexpr,
+              GROUP_ROWS: tl.constexpr, IW: tl.constexpr):
+    """Add one ``(BKW, BN)`` tile of words (with its scales ``s`` and zeros ``z``) times x to ``acc``.
+
+    ``GROUP_ROWS``: the tile's rows lie in one group; ``s``, ``z`` are ``(BN,)`` and ``acc`` is ``(BN,)``
+    (``(BM, BN)``): the products are summed over the rows first (within each thread, whose layout
+    holds every row of its columns), then scaled once per column.
+    """
     EPW: tl.constexpr = 32 // BITS
-    kw = kw0 + kwr
+    # the tile's columns of K are one contiguous span: sum x there with a vector spread over the threads
+    XSPAN: tl.constexpr = GROUP_ROWS and BM == 1 and not HAS_PERM and BKW >= IW
+    kw0 = tl.multiple_of(kw0, BKW)
     if BM == 1:
         dot = tl.zeros((BKW, BN), tl.float32)
         xsum = tl.zeros((BKW,), tl.float32)
@@ -206,8 +241,8 @@ def _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, pe
         dot = tl.zeros((BM, BKW, BN), tl.float32)
         xsum = tl.zeros((BM, BKW), tl.float32)
     for e in tl.static_range(EPW):
-        # -- column k = EPW*kw + e of x, and the codes at position e
-        k = kw * EPW + e
+        # -- the columns k of x that meet code position e (``_k_index``), and the codes
+        k = _k_index(kw0, kwr, e, EPW, IW, BKW)
         q = _codes(words, mask_rt, e, BITS, DQE)
         if BM == 1:
             xe = _x_column(x_ptr, pid_m, stride_xm, perm_ptr, k, K, HAS_PERM, EVEN_K)
@@ -231,8 +266,21 @@ def _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, pe
                 dot += xq[:, None] * q
             else:
                 dot += xq[:, :, None] * q[None, :, :]
-            xsum += xe
-    if not PER_ELEM_GROUP:
+            if not XSPAN:
+                xsum += xe
+    if GROUP_ROWS:
+        # -- one group: s (sum over rows of x q - z sum x), per column
+        if XSPAN:
+            ks = kw0 * EPW + tl.arange(0, BKW * EPW)
+            xs = _denorm_fwd(tl.sum(_x_column(x_ptr, pid_m, stride_xm, perm_ptr, ks, K, HAS_PERM, EVEN_K), axis=0), DQE)
+            acc += s * (tl.sum(dot, axis=0) - z * xs)
+        elif BM == 1:
+            xs = _denorm_fwd(tl.sum(xsum, axis=0), DQE)
+            acc += s * (tl.sum(dot, axis=0) - z * xs)
+        else:
+            xs = _denorm_fwd(tl.sum(xsum, axis=1), DQE)
+            acc += s[None, :] * (tl.sum(dot, axis=1) - z * xs[:, None])
+    elif not PER_ELEM_GROUP:
         # -- per word row: s (sum x q - z sum x); DQ=3: sum x to the 2^-DENORM_C scale of dot
         xsum = _denorm_fwd(xsum, DQE)
         if BM == 1:
@@ -249,7 +297,8 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
                     HAS_Z: tl.constexpr, HAS_PERM: tl.constexpr, PER_ELEM_GROUP: tl.constexpr,
                     HAS_KG: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr,
                     SPLIT_K: tl.constexpr, DQ: tl.constexpr, EVEN_K: tl.constexpr, PIPE: tl.constexpr,
-                    PREFETCH: tl.constexpr, PDL: tl.constexpr):
+                    PREFETCH: tl.constexpr, PDL: tl.constexpr, GROUP_ROWS: tl.constexpr, NMASK: tl.constexpr,
+                    IW: tl.constexpr):
     """CUDA-core GEMV for small M: per code one LOP3 and one exact FMA, then one FMA per row of x.
 
     The zero point is applied per word row: ``sum x (q - z) s = s (sum x q - z sum x)``.
@@ -263,6 +312,11 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
     ``PDL``: launched as a programmatic dependent of the previous kernel in the stream (sm_90+); see
     ``_wait_for_producer``. With PIPE = 1 the first tiles of words, scales and zeros (constant
     weights) are requested before the wait, so they are in flight while the previous kernel drains.
+    ``GROUP_ROWS``: every tile's ``BKW`` word rows lie in one group (``BKW`` divides ``GS / EPW``) and
+    ``BN`` is a multiple of 128 per warp, so Triton's load layout gives each thread all rows of its
+    columns: the products are summed over the rows in registers and scaled once per tile and column
+    (not once per word), with one ``(BN,)`` vector of scales and zeros per tile.
+    ``NMASK``: ``BN`` does not divide the padded row length (``stride_qk``): mask the columns past it.
     """
     EPW: tl.constexpr = 32 // BITS
     DQE: tl.constexpr = 2 if (DQ == 3 and PER_ELEM_GROUP) else DQ   # DQ=3 needs per-row groups
@@ -276,7 +330,12 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
     w_ptrs = qw_ptr + kwr[:, None] * stride_qk + n[None, :]
     kw_begin = pid_k * K_SPLIT_W
     kw_end = tl.minimum(kw_begin + K_SPLIT_W, KWP)
-    if BM == 1:
+    if GROUP_ROWS:
+        if BM == 1:
+            acc = tl.zeros((BN,), tl.float32)
+        else:
+            acc = tl.zeros((BM, BN), tl.float32)
+    elif BM == 1:
         acc = tl.zeros((BKW, BN), tl.float32)
     else:
         acc = tl.zeros((BM, BKW, BN), tl.float32)
@@ -285,15 +344,15 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
         _wait_for_producer(PDL)
         for kw0 in tl.range(kw_begin, kw_end, BKW, num_stages=PIPE):
             words, s, z = _word_tile(w_ptrs, s_ptr, z_ptr, kw0, kwr, n, K, stride_qk, EPW, GS, HAS_Z, ZP,
-                                     PER_ELEM_GROUP)
+                                     PER_ELEM_GROUP, True, GROUP_ROWS, NMASK, stride_qk)
             acc = _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, perm_ptr, kg_ptr,
                             s_ptr, z_ptr, K, stride_qk, mask_rt, BITS, GS, ZP, HAS_Z, HAS_PERM, PER_ELEM_GROUP,
-                            HAS_KG, BM, BKW, BN, DQE, EVEN_K)
+                            HAS_KG, BM, BKW, BN, DQE, EVEN_K, GROUP_ROWS, IW)
     else:
         # -- the first tile of words, its scales and zeros; rows past K are zero padding
         kw_first = tl.minimum(kw_begin, KWP - BKW)
         words, s, z = _word_tile(w_ptrs, s_ptr, z_ptr, kw_first, kwr, n, K, stride_qk, EPW, GS, HAS_Z, ZP,
-                                 PER_ELEM_GROUP)
+                                 PER_ELEM_GROUP, True, GROUP_ROWS, NMASK, stride_qk)
         if PREFETCH == 2:   # words two tiles ahead (scales and zeros stay one ahead: fewer registers)
             words_ahead = tl.load(w_ptrs + tl.where(kw_first + BKW < kw_end, kw_first + BKW, kw_first) * stride_qk)
         # -- only now x, the output and the workspace: they may belong to the previous kernel
@@ -302,12 +361,13 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
             # -- prefetch the next tile while this one is computed (the last re-reads itself: a cache hit)
             kw_next = tl.where(kw0 + BKW < kw_end, kw0 + BKW, kw0)
             words_next, s_next, z_next = _word_tile(w_ptrs, s_ptr, z_ptr, kw_next, kwr, n, K, stride_qk, EPW, GS,
-                                                    HAS_Z, ZP, PER_ELEM_GROUP, PREFETCH == 1)
+                                                    HAS_Z, ZP, PER_ELEM_GROUP, PREFETCH == 1, GROUP_ROWS, NMASK,
+                                                    stride_qk)
             if PREFETCH == 2:
                 words_far = tl.load(w_ptrs + tl.where(kw0 + 2 * BKW < kw_end, kw0 + 2 * BKW, kw0) * stride_qk)
             acc = _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, perm_ptr, kg_ptr,
                             s_ptr, z_ptr, K, stride_qk, mask_rt, BITS, GS, ZP, HAS_Z, HAS_PERM, PER_ELEM_GROUP,
-                            HAS_KG, BM, BKW, BN, DQE, EVEN_K)
+                            HAS_KG, BM, BKW, BN, DQE, EVEN_K, GROUP_ROWS, IW)
             if PREFETCH == 2:
                 words = words_ahead
                 words_ahead = words_far
@@ -317,8 +377,13 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
                 s = s_next
                 if HAS_Z:
                     z = z_next
-    # -- the one cross-thread reduction, over the word rows of the tile
-    if BM == 1:
+    # -- the one cross-thread reduction, over the word rows of the tile (GROUP_ROWS: done per tile)
+    if GROUP_ROWS:
+        if BM == 1:
+            res = acc[None, :]
+        else:
+            res = acc
+    elif BM == 1:
         res = tl.sum(acc, axis=0)[None, :]
     else:
         res = tl.sum(acc, axis=1)
@@ -332,7 +397,7 @@ def gemv_dot_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, out_ptr, ws_ptr, lock
                     BITS: tl.constexpr, GS: tl.constexpr, ZP: tl.constexpr,
                     HAS_Z: tl.constexpr, HAS_PERM: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                     BKW: tl.constexpr, SPLIT_K: tl.constexpr, DQ: tl.constexpr, EVEN_K: tl.constexpr,
-                    COMPUTE_F32: tl.constexpr, SWAP_AB: tl.constexpr, PDL: tl.constexpr):
+                    COMPUTE_F32: tl.constexpr, SWAP_AB: tl.constexpr, PDL: tl.constexpr, IW: tl.constexpr):
     """Tensor-core GEMV for M up to 16: ``acc (BM, BN) += x[:, k_e] (BM, BKW) @ w_e (BKW, BN)``
     for each code position e, with ``w_e = (q - z) * s`` dequantized in the compute dtype.
 
@@ -374,9 +439,9 @@ def gemv_dot_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, out_ptr, ws_ptr, lock
         else:
             s, z = _scale_zero(s_ptr, z_ptr, g[:, None] * stride_qk + n[None, :], HAS_Z, ZP)
         zs = z * s
-        # -- one MMA per code position e: columns k = EPW * kw + e of x
+        # -- one MMA per code position e: the columns k of x that meet it (``_k_index``)
         for e in tl.static_range(EPW):
-            k = kw * EPW + e
+            k = _k_index(kw0, kwr, e, EPW, IW, BKW)
             we = tl.fma(_codes(words, mask_rt, e, BITS, DQE), _unscale(s, e, BITS, DQE), -zs).to(cdt)  # (q - z) * s
             if SWAP_AB:
                 xe = _x_column(x_ptr, x_rows[None, :], stride_xm, perm_ptr, k[:, None], K, HAS_PERM, EVEN_K).to(cdt)
