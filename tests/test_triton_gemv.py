@@ -188,12 +188,13 @@ def test_internal_layout_round_trip():
 
 def test_internal_layout_interleaves_word_rows_within_groups():
     """Code e of word row j is column (j // iw) * iw * epw + e * iw + j % iw of K (checked bit by bit
-    against that formula, not through ``unpack_internal``); iw is the largest power of two up to 8
-    dividing the words per group, 1 for groups that are not whole words or irregular."""
+    against that formula, not through ``unpack_internal``); iw is, for int4, the largest power of two
+    up to 8 dividing the words per group, 1 for int8 and for groups that are not whole words or
+    irregular."""
     from portakern.backends.triton import quant_gemv as Q
 
     assert [Q.interleave_words(4, g, False) for g in (128, 64, 32, 16, 8, 296, 12)] == [8, 8, 4, 2, 1, 1, 1]
-    assert [Q.interleave_words(8, g, False) for g in (128, 32, 8, 6)] == [8, 8, 2, 1]
+    assert [Q.interleave_words(8, g, False) for g in (128, 32, 8, 6)] == [1, 1, 1, 1]   # int8: plain order
     assert Q.interleave_words(4, 128, True) == 1
     rng = np.random.default_rng(0)
     for bits, iw in ((4, 8), (4, 4), (8, 8), (4, 1)):
