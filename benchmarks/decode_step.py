@@ -11,7 +11,7 @@ torch ops). Peers re-measured in the same run, plain PyTorch as in ``shared/peer
 
 Floor = (weight bytes: codes + fp16 scale + fp16 zero per group; + K/V bytes read) / copy bandwidth.
 
-    python benchmarks/decode_step.py [--ctx 2048 8192] [--glue compile|eager] [--out DIR]
+    python benchmarks/decode_step.py [--ctx 2048 8192] [--glue compile|eager] [--compare-tiles] [--out DIR]
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(__file__))
 from gemv import copy_bandwidth_TBps, random_prepared  # noqa: E402
 
+from portakern.backends.triton import gemv_tuning as T  # noqa: E402
 from portakern.backends.triton import quant_gemv as Q  # noqa: E402
 from portakern.conformance.report import run_identity  # noqa: E402
 from portakern.devices import torch_device  # noqa: E402
@@ -72,12 +73,20 @@ def silu_mul(gu):
 # -- portakern's step --------------------------------------------------------------------------------
 
 class PortakernStep:
-    def __init__(self, ctx: int, glue: str, attention: str):
+    def __init__(self, ctx: int, glue: str, attention: str, group_rows: bool = True):
         dev = torch_device("cuda", 0)
         fmt = QuantFormat(bits=4, group_size=128, symmetric=False)
         shapes = {"qkv": ((HQ + 2 * HKV) * D, HID), "o": (HID, HQ * D), "gu": (2 * MLP, HID), "down": (HID, MLP)}
-        self.kern = {n: Q.compile(QuantGemv(M=1, N=N, K=K, dtype=DType.bfloat16, fmt=fmt), dev)
-                     for n, (N, K) in {**shapes, "lm": (VOCAB, HID)}.items()}
+
+        def compiled(N, K):
+            op = QuantGemv(M=1, N=N, K=K, dtype=DType.bfloat16, fmt=fmt)
+            if group_rows:   # the table
+                return Q.compile(op, dev)
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            return Q.compile(op, dev, T.choose(Q._LayoutStub(op), 1, N, T.arch_family(dev.capability), sms,
+                                               group_rows=False))
+
+        self.kern = {n: compiled(N, K) for n, (N, K) in {**shapes, "lm": (VOCAB, HID)}.items()}
         self.layers = [{n: random_prepared(N, K, 4, 128, False) for n, (N, K) in shapes.items()}
                        for _ in range(LAYERS)]
         self.lm = random_prepared(VOCAB, HID, 4, 128, False)
@@ -231,6 +240,9 @@ def main():
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--tag", default="")
+    ap.add_argument("--compare-tiles", action="store_true",
+                    help="also time portakern's step with the per-word-row GEMV tile everywhere (the table "
+                         "without GemvConfig.group_rows), as int4_portakern_word_rows")
     args = ap.parse_args()
 
     bw = copy_bandwidth_TBps()
@@ -253,6 +265,9 @@ def main():
             att = "sdpa-dense"
             step = PortakernStep(ctx, args.glue, "sdpa")
         runs["int4_portakern"] = (step, att)
+        if args.compare_tiles:
+            runs["int4_portakern_word_rows"] = (PortakernStep(ctx, args.glue, att.split("-")[0],
+                                                              group_rows=False), att)
         if not args.no_peers:
             runs["bf16"] = (TorchStep(ctx, "bf16"), "sdpa-dense")
             runs["int4_tinygemm"] = (TorchStep(ctx, "tinygemm"), "sdpa-dense")

@@ -192,11 +192,12 @@ def fit(cfg: GemvConfig, layout, M: int) -> GemvConfig:
     return replace(cfg, block_kw=bkw, block_n=bn, group_rows=group_rows)
 
 
-def choose(layout, M: int, N: int, arch: str, num_sms: int | None = None) -> GemvConfig:
-    """The table's configuration for ``layout`` (a ``PreparedGemvWeight``), M rows of x, on ``arch``."""
+def choose(layout, M: int, N: int, arch: str, num_sms: int | None = None, group_rows: bool = True) -> GemvConfig:
+    """The table's configuration for ``layout`` (a ``PreparedGemvWeight``), M rows of x, on ``arch``.
+    ``group_rows=False``: the table as it is without group-resident tiles (comparisons)."""
     num_sms = num_sms or DEFAULT_SMS.get(arch, 132)
     kind = "fma" if (M <= FMA_MAX_M.get(arch, 2) or layout.per_elem_group) else "dot"
-    rows_ok = not layout.per_elem_group and not layout.has_perm
+    rows_ok = group_rows and not layout.per_elem_group and not layout.has_perm
     cfg = fit(_table(arch, kind, M, N, layout.K, layout.bits, rows_ok), layout, M)
     return replace(cfg, split_k=split_k_for(N, layout.KWP, cfg, num_sms))
 
