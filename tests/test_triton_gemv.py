@@ -418,7 +418,7 @@ def test_gpu_graph_with_attention_and_gemv_through_the_api(dev):
 
 def test_tables_use_group_resident_tiles_for_large_regular_int4_m1_and_fit_guards_them():
     """The GPU tables use group-resident tiles (``group_rows``) for int4 M=1 with regular whole-word
-    groups and N*K >= ROWS_MIN_NK, split so the grid holds WARPS_PER_SM_ROWS warps per SM with
+    groups and N*K > ROWS_MIN_NK, split so the grid holds WARPS_PER_SM_ROWS warps per SM with
     slices of >= 32 word rows (the H200 sweep's winners); never for act-order, per-element groups,
     int8, M > 1 or the interpreter. ``fit`` caps the tile at one group, clears the option for
     per-element groups and refuses it for the tensor-core kernel and two-deep prefetch."""
@@ -434,7 +434,7 @@ def test_tables_use_group_resident_tiles_for_large_regular_int4_m1_and_fit_guard
         return Q._LayoutStub(QuantGemv(M=M, N=N, K=K, dtype=DType.bfloat16, fmt=fmt))
 
     want = {(14336, 4096): (8, 16), (4096, 14336): (16, 32), (8192, 8192): (8, 32), (28672, 8192): (8, 16),
-            (16384, 16384): (8, 16)}
+            (16384, 16384): (8, 16), (6144, 4096): (16, 16)}
     for (N, K), (bkw, split) in want.items():
         cfg = T.choose(lay(N, K), 1, N, "sm_90", 132)
         assert (cfg.group_rows, cfg.block_n, cfg.block_kw, cfg.num_warps, cfg.split_k, cfg.pdl) == \

@@ -41,9 +41,9 @@ MAX_SPLIT_K = 8
 #: tiles: split K until the grid holds this many warps per multiprocessor, up to MAX_SPLIT_K_ROWS.
 WARPS_PER_SM_ROWS = 14
 MAX_SPLIT_K_ROWS = 32
-#: Smallest N * K (codes) for which the sm_80+ tables use group-resident tiles at M=1 (H200 session
-#: 4: at 4096 x 4096 the per-word-row tile was faster, 6.5 vs 6.8 us).
-ROWS_MIN_NK = 1 << 25
+#: The sm_80+ tables use group-resident tiles at M=1 above this N * K (codes) (H200 session 4: at
+#: 4096 x 4096 the per-word-row tile was faster, 6.5 vs 6.8 us; at 6144 x 4096 slower, 9.8 vs 8.4).
+ROWS_MIN_NK = 1 << 24
 #: Shortest K slice (word rows) of a split with group-resident tiles (H200 session 4: 14336x4096
 #: 13.5 us with 32-row slices vs 14.0 with 16; 4096x14336 14.3 us with 56 vs 18.8 with 112)
 ROWS_MIN_SLICE_WORDS = 32
@@ -129,12 +129,13 @@ def _table(arch: str, kind: str, M: int, N: int, K: int, bits: int, rows_ok: boo
     if arch == "interp":
         return (GemvConfig("fma", block_n=8, block_kw=8, num_warps=1) if kind == "fma"
                 else GemvConfig("dot", block_n=16, block_kw=16, num_warps=1))
-    if kind == "fma" and rows_ok and M == 1 and bits == 4 and N * K >= ROWS_MIN_NK:
+    if kind == "fma" and rows_ok and M == 1 and bits == 4 and N * K > ROWS_MIN_NK:
         # H200 session 4 (benchmarks/gemv_notes.md, v6): group-resident tiles of 8 rows x 256 columns,
         # 2 warps, won every int4 M=1 shape but the smallest (28672x8192 38.9 vs 43.2 us for the best
-        # per-word-row tile, 16384^2 43.5 vs 47.8, 8192^2 14.5 vs 17.0; 4096^2 6.8 vs 6.5); 16 rows
-        # when N is small (4096x14336: 14.3 vs 15.9 us with 8)
-        return GemvConfig("fma", block_n=256, block_kw=16 if N <= 4096 else 8, num_warps=2, num_stages=1, dq=3,
+        # per-word-row tile, 16384^2 43.5 vs 47.8, 8192^2 14.5 vs 17.0, 6144x4096 8.4 vs 9.8, 128256x4096
+        # 82.8 vs 91.1; 4096^2 6.8 vs 6.5); 16 rows when N < 8192 (4096x14336: 14.3 vs 15.9 us with 8,
+        # 6144x4096 8.4 vs 9.4; 8192^2 a tie)
+        return GemvConfig("fma", block_n=256, block_kw=16 if N < 8192 else 8, num_warps=2, num_stages=1, dq=3,
                           pdl=arch in PDL_ARCHS, group_rows=True)
     if kind == "fma":
         # H200 run 1: (32, 64) won every M=1 shape, 8 warps when N fills the chip; session 2: the
