@@ -89,6 +89,32 @@ def test_compile_for_targets(case, compile_results):
             assert art["loads_before_wait"] == 0, art
 
 
+_FMA_COUNT = """
+import re
+from portakern.backends.triton import quant_gemv as Q
+from portakern.ir import DType, QuantFormat
+from portakern.ir.ops import QuantGemv
+op = QuantGemv(M=1, N=4096, K=4096, dtype=DType.bfloat16, fmt=QuantFormat(bits=4, group_size=128, symmetric=False))
+ptx = Q.compile_for_target(op, "sm_90a")["kernels"]["gemv_fma_kernel"]["ptx"]
+print(len(re.findall(r"\\bfma\\.rn\\.f32", ptx)), len(re.findall(r"\\bmul\\.rn\\.f32", ptx)))
+"""
+
+
+@pytest.mark.parametrize("default_fusion", ["0", "1"])
+def test_kernels_are_compiled_with_fused_multiply_adds_whatever_tritons_default(default_fusion):
+    """The backend states ``enable_fp_fusion`` (``backend.KERNEL_OPTIONS``): with Triton's default
+    turned off (``TRITON_DEFAULT_FP_FUSION=0``, the default from Triton 3.10) the GEMV still gets one
+    fused multiply-add per code (a separate multiply and add would double its instructions)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_DEFAULT_FP_FUSION=default_fusion, PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, "-c", _FMA_COUNT], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=str(HERE.parent))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    fma, mul = map(int, proc.stdout.split()[-2:])
+    assert fma >= 64 * 8 // 4, (fma, mul)        # the table tile: >= 128 codes per thread, one fma each
+    assert mul < fma // 4, (fma, mul)
+
+
 def test_compile_for_target_rejects_unknown_target():
     from portakern.backends.triton import quant_gemv as Q
     from portakern.errors import UnsupportedError

@@ -37,7 +37,7 @@ from portakern.errors import InvalidInputError, UnsupportedError
 from portakern.ir.ops import Attention, KVLayout
 
 from . import tuning
-from .backend import interpret_env
+from .backend import KERNEL_OPTIONS, interpret_env
 from .tuning import AttnConfig
 
 MAX_HEAD_DIM = 256
@@ -226,10 +226,11 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
         grid = ((-(-op.total_q // rows) + op.batch + 1) * cfg.num_splits, op.heads_q // cfg.pack)
     else:
         grid = (-(-op.seqlen_q // rows) * cfg.num_splits, op.batch * op.heads_q // cfg.pack)
-    launch_opts = {} if interpret else dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=cfg.pdl)
+    launch_opts = {} if interpret else dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=cfg.pdl,
+                                            **KERNEL_OPTIONS)
     workspace: dict[Any, tuple[Any, Any]] = {}
     cconsts = _combine_constexprs(op, cfg, consts["BLOCK_DV"])
-    combine_opts = {} if interpret else dict(num_warps=4, launch_pdl=cconsts["PDL"])
+    combine_opts = {} if interpret else dict(num_warps=4, launch_pdl=cconsts["PDL"], **KERNEL_OPTIONS)
 
     def kernel(q, k, v, out, lse, aux=None) -> None:
         aux = aux or {}
@@ -405,7 +406,7 @@ def compile_for_target(op: Attention, target: str, config: AttnConfig | None = N
         else:
             sig[name] = "i32"
     target_obj = GPUTarget("cuda", cc, 32)
-    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=cfg.pdl)
+    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=cfg.pdl, **KERNEL_OPTIONS)
     result = {"target": target, "config": cfg.to_json(), "kernels": {}}
     with interpret_env(False):  # lowering never interprets
         ck = triton.compile(ASTSource(fwd, sig, {**absent, **consts}), target=target_obj, options=options)
@@ -420,7 +421,7 @@ def compile_for_target(op: Attention, target: str, config: AttnConfig | None = N
             for n in cconst:
                 csig[n] = "constexpr"
             cc_k = triton.compile(ASTSource(combine, csig, cconst), target=target_obj,
-                                  options={"num_warps": 4, "launch_pdl": cconst["PDL"]})
+                                  options={"num_warps": 4, "launch_pdl": cconst["PDL"], **KERNEL_OPTIONS})
             result["kernels"]["attn_combine"] = _artifact(cc_k, 4)
     return result
 

@@ -9,6 +9,13 @@ from portakern.backend import YES, Backend, Support, no
 from portakern.devices import Device
 
 
+#: Compile options every kernel of this backend is launched and lowered with. ``enable_fp_fusion``:
+#: the kernels are written for fused multiply-adds (the GEMV's one FFMA per code, the attention's
+#: ``acc += p @ v`` rescaling), which Triton 3.6-3.9 emit by default and Triton 3.10 will not
+#: (``TRITON_DEFAULT_FP_FUSION``); stating it keeps the compiled code the same across versions.
+KERNEL_OPTIONS = {"enable_fp_fusion": True}
+
+
 def interpreting() -> bool:
     """Whether Triton's CPU interpreter is on (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

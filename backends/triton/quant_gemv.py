@@ -39,7 +39,7 @@ from portakern.ir.ops import QuantGemv
 from portakern.ir.quant import Packing
 
 from . import gemv_tuning as tuning
-from .backend import interpret_env
+from .backend import KERNEL_OPTIONS, interpret_env
 
 _TARGETS = {"sm_80": 80, "sm_90a": 90, "sm_100a": 100, "sm_120": 120}
 #: words per row are padded to this multiple (64 bytes) so every row starts 16-byte aligned
@@ -253,7 +253,7 @@ class _Launcher:
         tiles_n = -(-op.N // cfg.block_n)
         self.grid = (tiles_n, cfg.split_k, tiles_m)
         self.ksw = _slice_words(layout.KWP, cfg)
-        self.opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        self.opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, **KERNEL_OPTIONS)
         if cfg.pdl:
             self.opts["launch_pdl"] = True
         if cfg.split_k > 1:  # allocated once; the kernel's last slice resets its counter after each use
@@ -409,7 +409,7 @@ def compile_for_target(op: QuantGemv, target: str, config: tuning.GemvConfig | N
             sig[name] = ptrs[name]
         else:
             sig[name] = "i32"
-    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=cfg.pdl)
+    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=cfg.pdl, **KERNEL_OPTIONS)
     with interpret_env(False):
         # what a launch specializes on: 16-byte aligned tensors, row stride and padded K multiples of 16,
         # and the row strides of contiguous x and out when K and N are
