@@ -9,7 +9,12 @@ one iteration (``BKW * BN * (32 / bits) / (32 * num_warps)``). Without a disasse
 counted instead (marked ``"unit": "ptx"``).
 
     python benchmarks/gemv_sass_count.py [--out FILE] [--dq 0 1 2 3] [--shape N K] [--dtype bfloat16]
-                                         [--warps 4 8] [--bits 4 8]
+                                         [--warps 4 8] [--bits 4 8] [--tiles word-rows group-rows]
+                                         [--cols 4 8] [--rows 8 16]
+
+``--tiles``: the per-word-row tile of the table (``word-rows``, the default) and/or the group-resident
+tile (``group-rows``: ``--cols`` columns per thread, so ``block_n = 32 * cols * warps``, and ``--rows``
+word rows per tile).
 
 Prints one line per (variant, configuration) and writes the JSON (default
 ``benchmarks/results/gemv-sass-count-<date>.json``).
@@ -165,28 +170,38 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16", "float32"])
     ap.add_argument("--warps", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--bits", type=int, nargs="+", default=[4], choices=[4, 8])
+    ap.add_argument("--tiles", nargs="+", default=["word-rows"], choices=["word-rows", "group-rows"])
+    ap.add_argument("--cols", type=int, nargs="+", default=[4, 8], help="group-rows: columns per thread")
+    ap.add_argument("--rows", type=int, nargs="+", default=[8, 16], help="group-rows: word rows per tile")
     args = ap.parse_args()
     N, K = args.shape
     rows = []
     for bits, sym in [(b, s) for b in args.bits for s in (False, True)]:
         op = QuantGemv(M=1, N=N, K=K, dtype=DType(args.dtype), fmt=QuantFormat(bits=bits, group_size=128, symmetric=sym))
         arch = tuning.arch_family(Q._TARGETS[TARGET])
-        table = tuning.choose(Q._LayoutStub(op), 1, N, arch, tuning.DEFAULT_SMS[arch])
-        for w in args.warps:
-            for dq in args.dq:
-                cfg = replace(table, num_warps=w, dq=dq)
-                r = count(op, cfg)
-                r.update({"dq": dq, "variant": DQ_NAMES.get(dq, "?"), "bits": bits, "symmetric": sym, "N": N, "K": K,
-                          "dtype": args.dtype, "table_config": cfg == table})
-                rows.append(r)
-                top = ", ".join(f"{o} {c}" for o, c in list(r["by_opcode"].items())[:8])
-                print(f"int{bits} {'sym ' if sym else 'asym'} w{w} dq{dq}: {r['loop_instructions']:4d} {r['unit']} instr / "
-                      f"{r['codes_per_thread_per_iteration']} codes = {r['per_code']:.2f}/code  regs {r['registers']}"
-                      f"  ftz {r['ptx_ftz_arith']}  [{top}]", flush=True)
+        lay = Q._LayoutStub(op)
+        table = tuning.choose(lay, 1, N, arch, tuning.DEFAULT_SMS[arch])
+        for tiles in args.tiles:
+            base = tuning.choose(lay, 1, N, arch, tuning.DEFAULT_SMS[arch], group_rows=tiles == "group-rows")
+            shapes = ([(w, base.block_n, base.block_kw) for w in args.warps] if not base.group_rows else
+                      [(w, 32 * c * w, r) for w in args.warps for c in args.cols for r in args.rows])
+            for w, bn, bkw in shapes:
+                for dq in args.dq:
+                    cfg = tuning.fit(replace(base, num_warps=w, block_n=bn, block_kw=bkw, dq=dq), lay, 1)
+                    r = count(op, cfg)
+                    r.update({"dq": dq, "variant": DQ_NAMES.get(dq, "?"), "bits": bits, "symmetric": sym, "N": N,
+                              "K": K, "dtype": args.dtype, "tiles": "group-rows" if cfg.group_rows else "word-rows",
+                              "interleave": lay.interleave, "table_config": cfg == table})
+                    rows.append(r)
+                    top = ", ".join(f"{o} {c}" for o, c in list(r["by_opcode"].items())[:8])
+                    print(f"int{bits} {'sym ' if sym else 'asym'} {r['tiles']} bn{cfg.block_n} kw{cfg.block_kw} w{w} "
+                          f"dq{dq}: {r['loop_instructions']:4d} {r['unit']} instr / "
+                          f"{r['codes_per_thread_per_iteration']} codes = {r['per_code']:.2f}/code  regs {r['registers']}"
+                          f"  ftz {r['ptx_ftz_arith']}  [{top}]", flush=True)
     import triton
 
-    res = {"what": "instructions in the main (kw0) loop of gemv_fma_kernel, g128 M=1, per dq variant and code; "
-                   "static (compiled here, not run)",
+    res = {"what": "instructions in the main (kw0) loop of gemv_fma_kernel, g128 M=1, per tile, dq variant "
+                   "and code; static (compiled here, not run)",
            "date": datetime.date.today().isoformat(), "target": TARGET, "triton": triton.__version__,
            "command": "python " + " ".join([sys.argv[0]] + sys.argv[1:]), "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

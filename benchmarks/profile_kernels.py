@@ -6,8 +6,8 @@
 
 Kernels (after a warm-up launch each, outside the profiled range):
 
-* quantized GEMV, int4 g128 asymmetric, M=1, (28672, 8192) and (4096, 14336), dq=2 and dq=3 with
-  the sm_90 table's tiles;
+* quantized GEMV, int4 g128 asymmetric, M=1, (28672, 8192) and (4096, 14336), dq=3, with the sm_90
+  table's group-resident tile and with the per-word-row tile (the table without ``group_rows``);
 * decode attention, B=1, 32 query / 8 KV heads, D=128, bf16, KV 8k and 32k, the table's config.
 
 What the stall reasons say decides the next kernel change (see benchmarks/*_notes.md): issue-bound
@@ -17,7 +17,6 @@ kernels show "selected" and "math pipe throttle" near the top, latency-bound one
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -36,10 +35,10 @@ def main() -> None:
     launches = []
     for N, K in ((28672, 8192), (4096, 14336)):
         op = GB.gemv_op(1, N, K)
-        base = T.choose(GB.Q._LayoutStub(op), 1, N, "sm_90", 132)
-        for dq in (2, 3):
-            fns, _ = GB.ours(op, replace(base, dq=dq), 1)
-            launches.append((f"gemv {N}x{K} dq{dq}", fns[0]))
+        for rows in (True, False):
+            cfg = T.choose(GB.Q._LayoutStub(op), 1, N, "sm_90", 132, group_rows=rows)
+            fns, _ = GB.ours(op, cfg, 1)
+            launches.append((f"gemv {N}x{K} {'group' if cfg.group_rows else 'word'} rows", fns[0]))
     dev = torch_device("cuda", 0)
     for L in (8192, 32768):
         op = AB.decode(1, L)

@@ -11,10 +11,14 @@
 #   attention-tests the GPU tests of the attention kernels (split decode replayed in a CUDA graph)
 #   gemv-sweep      benchmarks/gemv.py --sweep over dq 2/3 and both operand orders, M 1 4 16
 #   gemv-bench      benchmarks/gemv.py with the tables (no sweep)
+#   gemv-rows-sweep benchmarks/gemv.py --sweep at M=1 over both tile families (group_rows 0/1), the
+#                   six bench shapes and the decode step's (6144x4096, 28672x4096, 128256x4096)
 #   decode-sweep    benchmarks/attention.py --sweep --bench --decode-only
 #   decode-bench    benchmarks/attention.py --bench --decode-only (the tables)
 #   attention-bench benchmarks/attention.py --bench (prefill and decode, tables)
 #   decode-step     benchmarks/decode_step.py (Llama-3-8B-shaped step in one CUDA graph)
+#   decode-step-tiles  the step at ctx 2048 with the table and with the per-word-row GEMV tile
+#                   everywhere (--compare-tiles, no peers)
 #   dispatch        benchmarks/dispatch_overhead.py
 #   ncu             Nsight Compute stall/throughput sections of benchmarks/profile_kernels.py
 # $PK_COMMIT names the commit in the reports (the device copy has no git history); $TAG suffixes
@@ -47,12 +51,17 @@ for s in "$@"; do
         gemv-sweep) step gemv-sweep python3 benchmarks/gemv.py --sweep --ms 1 4 16 --dq 2 3 --swap both \
             --tag="$TAG" --out "$RES" ;;
         gemv-bench) step gemv-bench python3 benchmarks/gemv.py --tag="$TAG" --out "$RES" ;;
+        gemv-rows-sweep) step gemv-rows-sweep python3 benchmarks/gemv.py --sweep --ms 1 --dq 3 --pdl 1 \
+            --group-rows 0 1 --no-table --sweep-shapes 4096x4096 6144x4096 14336x4096 4096x14336 8192x8192 \
+            28672x4096 28672x8192 16384x16384 128256x4096 --tag="-rows-sweep$TAG" --out "$RES" ;;
         decode-sweep) step decode-sweep python3 benchmarks/attention.py --sweep --bench --decode-only \
             --tag="-decode-sweep$TAG" --out "$RES" ;;
         decode-bench) step decode-bench python3 benchmarks/attention.py --bench --decode-only \
             --tag="-decode$TAG" --out "$RES" ;;
         attention-bench) step attention-bench python3 benchmarks/attention.py --bench --tag="$TAG" --out "$RES" ;;
         decode-step) step decode-step python3 benchmarks/decode_step.py --tag="$TAG" --out "$RES" ;;
+        decode-step-tiles) step decode-step-tiles python3 benchmarks/decode_step.py --ctx 2048 --no-peers \
+            --compare-tiles --tag="-tiles$TAG" --out "$RES" ;;
         dispatch) step dispatch python3 benchmarks/dispatch_overhead.py --tag="h200$TAG" --out "$RES" ;;
         ncu) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
             step ncu "${NCU:-ncu}" --profile-from-start off --clock-control none --section SpeedOfLight \
