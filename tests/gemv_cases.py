@@ -121,6 +121,8 @@ CASES = [
      {"config": ("fma", 16, 8, 1, 3, {"group_rows": True})}),
     ("native4-rows-n100-bn256-m1-f32", "native", 4, 128, False, 1, 100, 256, "float32",
      {"config": ("fma", 256, 16, 1, 3, {"group_rows": True})}),
+    ("native4-rows-pipe3-splitk2-m1-f32", "native", 4, 128, False, 1, 40, 1024, "float32",
+     {"config": ("fma", 32, 16, 2, 3, False, 3, {"group_rows": True})}),
     # the layouts the H200 sweep times: one warp, 8 columns per thread; two warps, 4 columns, masked tile
     ("native4-rows-w1c8-g128-m1-bf16", "native", 4, 128, False, 1, 500, 1024, "bfloat16",
      {"config": ("fma", 256, 8, 4, 3, {"group_rows": True, "num_warps": 1})}),
