@@ -301,20 +301,14 @@ def attn_fwd(
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + NEG_INF
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    if WS:
-        # warp-specialised: one loop over every visible tile, the mask (if any) on each of them
+    if WS or MASK_ALL:
+        # one loop over every visible tile, the mask (if any) on each of them: the warp-specialised walk,
+        # or a mask with terms the kernel cannot reason about (MASK_ALL implies HAS_MASK)
         acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, t_lo, t_hi, K, V, K_DESC, V_DESC, BLOCK_TABLE, k_base,
                                       v_base, bt_base, kv_row0, kvh, stride_kb, stride_ks, stride_vb, stride_vs,
                                       stride_btp, scale, b, h, qrow, sq, sk, SCORE_MOD, MASK_MOD, HAS_MASK,
                                       D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, LAYOUT, PAGE_SIZE,
-                                      HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC, LAZY_RESCALE, TMA, True)
-    elif MASK_ALL:
-        # a mask with terms the kernel cannot reason about: evaluate it on every visible tile
-        acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, t_lo, t_hi, K, V, K_DESC, V_DESC, BLOCK_TABLE, k_base,
-                                      v_base, bt_base, kv_row0, kvh, stride_kb, stride_ks, stride_vb, stride_vs,
-                                      stride_btp, scale, b, h, qrow, sq, sk, SCORE_MOD, MASK_MOD, True,
-                                      D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, LAYOUT, PAGE_SIZE,
-                                      HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC, LAZY_RESCALE, TMA, False)
+                                      HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC, LAZY_RESCALE, TMA, WS)
     else:
         if HAS_LEFT:
             # stage 1: masked tiles before the fully visible band (sliding window's left edge)

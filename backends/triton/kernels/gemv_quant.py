@@ -167,14 +167,14 @@ def _group_scale_zero(s_ptr, z_ptr, kw, n, K, stride_qk, EPW: tl.constexpr, GS: 
 @triton.jit
 def _word_tile(w_ptrs, s_ptr, z_ptr, kw0, kwr, n, K, stride_qk, EPW: tl.constexpr, GS: tl.constexpr,
                HAS_Z: tl.constexpr, ZP: tl.constexpr, PER_ELEM_GROUP: tl.constexpr, WORDS: tl.constexpr = True,
-               GROUP_ROWS: tl.constexpr = False, NMASK: tl.constexpr = False, NP=0):
+               GROUP_ROWS: tl.constexpr = False, NMASK: tl.constexpr = False):
     """The ``(BKW, BN)`` words at word row ``kw0`` with their scales and zeros: ``(BKW, BN)`` per word
     row, ``(BN,)`` when the tile lies in one group (``GROUP_ROWS``), none for per-element groups (looked
     up per code instead). ``WORDS=False``: only the scales and zeros (words: 0). ``NMASK``: columns
-    at or past ``NP`` (the padded row length) are not read (words 0)."""
+    at or past the padded row length (``stride_qk``) are not read (words 0)."""
     if WORDS:
         if NMASK:
-            words = tl.load(w_ptrs + kw0 * stride_qk, mask=(n < NP)[None, :], other=0)
+            words = tl.load(w_ptrs + kw0 * stride_qk, mask=(n < stride_qk)[None, :], other=0)
         else:
             words = tl.load(w_ptrs + kw0 * stride_qk)
     else:
@@ -184,7 +184,7 @@ def _word_tile(w_ptrs, s_ptr, z_ptr, kw0, kwr, n, K, stride_qk, EPW: tl.constexp
         z = 0.0
     elif GROUP_ROWS:
         g = tl.minimum(kw0 * EPW, K - 1) // GS   # padding rows use the last group (their codes are 0)
-        nn = tl.minimum(n, NP - 1) if NMASK else n
+        nn = tl.minimum(n, stride_qk - 1) if NMASK else n
         s, z = _scale_zero(s_ptr, z_ptr, g * stride_qk + nn, HAS_Z, ZP)
     else:
         s, z = _group_scale_zero(s_ptr, z_ptr, kw0 + kwr, n, K, stride_qk, EPW, GS, HAS_Z, ZP)
@@ -344,7 +344,7 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
         _wait_for_producer(PDL)
         for kw0 in tl.range(kw_begin, kw_end, BKW, num_stages=PIPE):
             words, s, z = _word_tile(w_ptrs, s_ptr, z_ptr, kw0, kwr, n, K, stride_qk, EPW, GS, HAS_Z, ZP,
-                                     PER_ELEM_GROUP, True, GROUP_ROWS, NMASK, stride_qk)
+                                     PER_ELEM_GROUP, True, GROUP_ROWS, NMASK)
             acc = _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, perm_ptr, kg_ptr,
                             s_ptr, z_ptr, K, stride_qk, mask_rt, BITS, GS, ZP, HAS_Z, HAS_PERM, PER_ELEM_GROUP,
                             HAS_KG, BM, BKW, BN, DQE, EVEN_K, GROUP_ROWS, IW)
@@ -352,7 +352,7 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
         # -- the first tile of words, its scales and zeros; rows past K are zero padding
         kw_first = tl.minimum(kw_begin, KWP - BKW)
         words, s, z = _word_tile(w_ptrs, s_ptr, z_ptr, kw_first, kwr, n, K, stride_qk, EPW, GS, HAS_Z, ZP,
-                                 PER_ELEM_GROUP, True, GROUP_ROWS, NMASK, stride_qk)
+                                 PER_ELEM_GROUP, True, GROUP_ROWS, NMASK)
         if PREFETCH == 2:   # words two tiles ahead (scales and zeros stay one ahead: fewer registers)
             words_ahead = tl.load(w_ptrs + tl.where(kw_first + BKW < kw_end, kw_first + BKW, kw_first) * stride_qk)
         # -- only now x, the output and the workspace: they may belong to the previous kernel
@@ -361,8 +361,7 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
             # -- prefetch the next tile while this one is computed (the last re-reads itself: a cache hit)
             kw_next = tl.where(kw0 + BKW < kw_end, kw0 + BKW, kw0)
             words_next, s_next, z_next = _word_tile(w_ptrs, s_ptr, z_ptr, kw_next, kwr, n, K, stride_qk, EPW, GS,
-                                                    HAS_Z, ZP, PER_ELEM_GROUP, PREFETCH == 1, GROUP_ROWS, NMASK,
-                                                    stride_qk)
+                                                    HAS_Z, ZP, PER_ELEM_GROUP, PREFETCH == 1, GROUP_ROWS, NMASK)
             if PREFETCH == 2:
                 words_far = tl.load(w_ptrs + tl.where(kw0 + 2 * BKW < kw_end, kw0 + 2 * BKW, kw0) * stride_qk)
             acc = _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, perm_ptr, kg_ptr,
