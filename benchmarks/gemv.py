@@ -212,14 +212,17 @@ def precompile(jobs, workers):
 # -- sweep -------------------------------------------------------------------------------------------
 
 def sweep_candidates(M: int, dqs=(2,), swaps=(False,), stages=(1,), prefetch=(1,), pdls=(False,),
-                     group_rows=(False,)) -> list[GemvConfig]:
+                     group_rows=(False,), mma=False) -> list[GemvConfig]:
     """What the sweep times per M (``split_k=0``: the automatic split and no split; for group-resident
     tiles half, once and twice the automatic split), for each dequant variant in ``dqs``, pipeline
     depth in ``stages`` and register prefetch depth in ``prefetch`` (CUDA-core kernel), operand order
     in ``swaps`` (tensor-core kernel), each programmatic-dependent-launch setting in ``pdls``, and
     (M=1) with ``True`` in ``group_rows`` the group-resident tiles: 4 or 8 columns per thread, 8 or 16
-    word rows, 1, 2 or 4 warps."""
+    word rows, 1, 2 or 4 warps. ``mma`` (M > 1): the group-scaled tensor-core kernel, 64 or 128
+    columns, 4 or 8 warps, 2 to 4 pipeline stages (its K tile is the group's)."""
     out = []
+    if mma and M > 1:
+        out += [GemvConfig("mma", bn, 16, w, st, 0) for bn in (64, 128) for w in (4, 8) for st in (2, 3, 4)]
     for dq in dqs:
         if M == 1:
             out += [GemvConfig("fma", bn, bkw, w, st, 0, dq, prefetch=pf) for bn in (32, 64) for bkw in (32, 64)
@@ -244,7 +247,7 @@ def with_split(cfg: GemvConfig, op: QuantGemv, splits=None) -> list[GemvConfig]:
         return [cfg]
     kwp = -(-(-(-op.K // (32 // op.fmt.bits))) // Q.K_ALIGN_WORDS) * Q.K_ALIGN_WORDS
     auto = tuning.split_k_for(op.N, kwp, cfg, 132)
-    more = {max(1, auto // 2), 2 * auto} if cfg.group_rows else {1}
+    more = {max(1, auto // 2), 2 * auto} if (cfg.group_rows or cfg.kind == "mma") else {1}
     return [replace(cfg, split_k=s) for s in sorted({auto} | more | set(splits or ()))]
 
 
@@ -270,10 +273,13 @@ def main():
     ap.add_argument("--group-rows", type=int, nargs="+", default=[0], choices=(0, 1),
                     help="1: the sweep also times group-resident tiles at M=1 (GemvConfig.group_rows)")
     ap.add_argument("--no-table", action="store_true", help="only the sweep, not the main table")
-    ap.add_argument("--swap", choices=("no", "yes", "both"), default="no",
-                    help="operand order(s) the sweep times for the tensor-core kernel (GemvConfig.swap_ab)")
+    ap.add_argument("--swap", choices=("no", "yes", "both", "none"), default="no",
+                    help="operand order(s) the sweep times for the tensor-core kernel (GemvConfig.swap_ab); "
+                         "none: no 'dot' candidates")
+    ap.add_argument("--mma", type=int, default=0, choices=(0, 1),
+                    help="1: the sweep also times the group-scaled tensor-core kernel (kind 'mma') at M > 1")
     args = ap.parse_args()
-    swaps = {"no": (False,), "yes": (True,), "both": (False, True)}[args.swap]
+    swaps = {"no": (False,), "yes": (True,), "both": (False, True), "none": ()}[args.swap]
     stages = tuple(args.stages)
     ms = tuple(args.ms)
 
@@ -308,7 +314,7 @@ def main():
             for (N, K) in sweep_shapes:
                 op = gemv_op(M, N, K)
                 for c in sweep_candidates(M, args.dq, swaps, stages, tuple(args.prefetch), tuple(args.pdl),
-                                           tuple(bool(g) for g in args.group_rows)):
+                                           tuple(bool(g) for g in args.group_rows), bool(args.mma)):
                     for cs in with_split(c, op):
                         jobs.append({"op": op.to_json(), "cfg": asdict(cs)})
     if args.no_table:
@@ -328,7 +334,7 @@ def main():
                 copies = copies_for(floor_bytes(op))
                 timed = []
                 for c in sweep_candidates(M, args.dq, swaps, stages, tuple(args.prefetch), tuple(args.pdl),
-                                           tuple(bool(g) for g in args.group_rows)):
+                                           tuple(bool(g) for g in args.group_rows), bool(args.mma)):
                     for cs in with_split(c, op):
                         if json.dumps({"op": op.to_json(), "cfg": asdict(cs)}, sort_keys=True) in failed:
                             continue

@@ -13,6 +13,8 @@
 #   gemv-bench      benchmarks/gemv.py with the tables (no sweep)
 #   gemv-rows-sweep benchmarks/gemv.py --sweep at M=1 over both tile families (group_rows 0/1), the
 #                   six bench shapes and the decode step's (6144x4096, 28672x4096, 128256x4096)
+#   gemv-mma-sweep  benchmarks/gemv.py --sweep at M 4 and 16 over the group-scaled tensor-core kernel
+#                   (kind "mma"), then the main table with the winners
 #   decode-sweep    benchmarks/attention.py --sweep --bench --decode-only
 #   decode-bench    benchmarks/attention.py --bench --decode-only (the tables)
 #   attention-bench benchmarks/attention.py --bench (prefill and decode, tables)
@@ -54,6 +56,8 @@ for s in "$@"; do
         gemv-rows-sweep) step gemv-rows-sweep python3 benchmarks/gemv.py --sweep --ms 1 --dq 3 --pdl 1 \
             --group-rows 0 1 --no-table --sweep-shapes 4096x4096 6144x4096 14336x4096 4096x14336 8192x8192 \
             28672x4096 28672x8192 16384x16384 128256x4096 --tag="-rows-sweep$TAG" --out "$RES" ;;
+        gemv-mma-sweep) step gemv-mma-sweep python3 benchmarks/gemv.py --sweep --ms 4 16 --swap none --mma 1 \
+            --tag="-mma-sweep$TAG" --out "$RES" ;;
         decode-sweep) step decode-sweep python3 benchmarks/attention.py --sweep --bench --decode-only \
             --tag="-decode-sweep$TAG" --out "$RES" ;;
         decode-bench) step decode-bench python3 benchmarks/attention.py --bench --decode-only \

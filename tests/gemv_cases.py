@@ -73,6 +73,21 @@ CASES = [
     ("gptq-actorder-swap-m16-f16", "gptq", 4, 64, False, 16, 32, 256, "float16",
      {"g_idx": "actorder", "config": ("dot", 16, 16, 1, 2, True)}),
     ("native8-swap-g32-m16-f32", "native", 8, 32, False, 16, 32, 128, "float32", {"config": ("dot", 16, 16, 1, 2, True)}),
+    # the int4 tensor-core kernel with group-scaled MMAs (kind "mma"): dtypes, sym / asym, groups 64 / 128 /
+    # 256 (K tiles of 8, 16, 32 word rows), M < 16, split-K, K not a whole number of K tiles, odd N, x far
+    # from 1, and the table's own choice (no config) at M=16
+    ("native4-mma-asym-g128-m16-f16", "native", 4, 128, False, 16, 64, 512, "float16", {"config": ("mma", 32, 16, 1, 2)}),
+    ("native4-mma-sym-g64-m5-bf16", "native", 4, 64, True, 5, 40, 512, "bfloat16", {"config": ("mma", 16, 8, 1, 2)}),
+    ("native4-mma-asym-g256-m16-f32", "native", 4, 256, False, 16, 24, 1024, "float32", {"config": ("mma", 16, 32, 1, 2)}),
+    ("native4-mma-splitk3-g64-m9-f16", "native", 4, 64, False, 9, 40, 1536, "float16", {"config": ("mma", 16, 8, 3, 2)}),
+    ("native4-mma-asym-g64-m16-bf16-oddK320", "native", 4, 64, False, 16, 33, 320, "bfloat16",
+     {"config": ("mma", 16, 8, 1, 2)}),
+    ("native4-mma-asym-g128-m4-f16-x1e-3", "native", 4, 128, False, 4, 32, 256, "float16",
+     {"config": ("mma", 16, 16, 1, 2), "xscale": 1e-3}),
+    ("native4-mma-asym-g128-m16-bf16-x1e6", "native", 4, 128, False, 16, 32, 256, "bfloat16",
+     {"config": ("mma", 16, 16, 1, 2), "xscale": 1e6}),
+    ("awq-mma-g128-m16-bf16", "awq", 4, 128, False, 16, 48, 256, "bfloat16", {"config": ("mma", 16, 16, 1, 2)}),
+    ("native4-asym-g128-m16-bf16-table", "native", 4, 128, False, 16, 48, 512, "bfloat16", {}),
     # the CUDA-core kernel streamed by Triton's software pipeliner (7th config field: num_stages > 1)
     ("native4-pipe3-dq3-g128-m1-bf16", "native", 4, 128, False, 1, 40, 1024, "bfloat16",
      {"config": ("fma", 8, 16, 1, 3, False, 3)}),
@@ -138,6 +153,8 @@ COMPILE_CASES = [
     ("fma-gptq-actorder-m1", 1, 4, 128, False, "gptq-actorder"),
     ("fma-int4-g128-m1-dq3", 1, 4, 128, False, "native", {"dq": 3}),   # 7th field: config overrides
     ("dot-int4-g128-m16-swap", 16, 4, 128, False, "native", {"swap_ab": True}),
+    ("mma-int4-g128-m16", 16, 4, 128, False, "native", {"kind": "mma", "block_kw": 16, "num_stages": 3}),
+    ("mma-int4-sym-g64-m4", 4, 4, 64, True, "native", {"kind": "mma", "block_kw": 8, "num_stages": 3}),
     ("fma-int4-g128-m1-pipe3", 1, 4, 128, False, "native", {"num_stages": 3}),
     ("fma-int4-g128-m1-ahead2", 1, 4, 128, False, "native", {"prefetch": 2}),
     ("fma-int4-g128-m1-rows", 1, 4, 128, False, "native", {"group_rows": True, "block_n": 256, "block_kw": 8,

@@ -35,7 +35,7 @@ FMA_MAX_M = {"sm_80": 1, "sm_90": 1, "sm_100": 1, "sm_120": 1, "interp": 2}
 #: Split K until the grid holds this many programs per multiprocessor (bounded by MAX_SPLIT_K), per
 #: kernel kind. H200 session 2: the tensor-core kernel at 28672x8192 ran fastest unsplit (224 column
 #: tiles: M=16 155 us vs 169 us with 4 slices), so it splits only to fill each SM once.
-PROGRAMS_PER_SM = {"fma": 4, "dot": 1}
+PROGRAMS_PER_SM = {"fma": 4, "dot": 1, "mma": 2}
 MAX_SPLIT_K = 8
 #: Group-resident tiles (``GemvConfig.group_rows``) run few warps per program over wide column
 #: tiles: split K until the grid holds this many warps per multiprocessor, up to MAX_SPLIT_K_ROWS.
@@ -57,7 +57,9 @@ DQ_VARIANTS = (0, 1, 2, 3)
 class GemvConfig:
     """One launch configuration.
 
-    kind       "fma" (CUDA cores, small M) or "dot" (tensor cores, M tile of 16)
+    kind       "fma" (CUDA cores, small M), "dot" (tensor cores, M tile of 16) or "mma" (tensor cores,
+               int4 with one group per K tile: codes dequantized as 16-bit pairs, scales applied
+               after the MMA; ``mma_eligible``)
     block_n    rows of W per program
     block_kw   32-bit words of K per row and iteration (8 int4 or 4 int8 codes each)
     num_warps  Triton launch option
@@ -128,7 +130,10 @@ def _table(arch: str, kind: str, M: int, N: int, K: int, bits: int, rows_ok: boo
     no act-order permutation (what the group-resident sweep measured)."""
     if arch == "interp":
         return (GemvConfig("fma", block_n=8, block_kw=8, num_warps=1) if kind == "fma"
-                else GemvConfig("dot", block_n=16, block_kw=16, num_warps=1))
+                else GemvConfig(kind, block_n=16, block_kw=16, num_warps=1))
+    if kind == "mma":
+        # session 5: static count 2.8 instructions per code (Triton 3.6, sm_90a) vs 6.0 for "dot"
+        return GemvConfig("mma", block_n=128, block_kw=16, num_warps=4, num_stages=3)
     if kind == "fma" and rows_ok and M == 1 and bits == 4 and N * K > ROWS_MIN_NK:
         # H200 session 4 (benchmarks/gemv_notes.md, v6): group-resident tiles of 8 rows x 256 columns,
         # 2 warps, won every int4 M=1 shape but the smallest (28672x8192 38.9 vs 43.2 us for the best
@@ -180,6 +185,13 @@ def fit(cfg: GemvConfig, layout, M: int) -> GemvConfig:
     if cfg.group_rows and (cfg.kind != "fma" or cfg.prefetch != 1):
         raise ValueError(f"GemvConfig(kind={cfg.kind!r}, prefetch={cfg.prefetch}, group_rows=True): group_rows is an "
                          f"option of the CUDA-core kernel (kind='fma') with prefetch=1; use group_rows=False")
+    if cfg.kind not in PROGRAMS_PER_SM:
+        raise ValueError(f"GemvConfig(kind={cfg.kind!r}): the kinds are {', '.join(PROGRAMS_PER_SM)}")
+    if cfg.kind == "mma":
+        why = mma_eligible(layout)
+        if why is not None:
+            raise ValueError(f"GemvConfig(kind='mma') cannot serve this weight: {why}; use kind='dot'")
+        return _fit_mma(cfg, layout)
     bkw = min(next_pow2(cfg.block_kw), 64)
     bn = next_pow2(cfg.block_n)
     if cfg.kind == "dot":  # MMA needs 16 along K and N
@@ -193,11 +205,42 @@ def fit(cfg: GemvConfig, layout, M: int) -> GemvConfig:
     return replace(cfg, block_kw=bkw, block_n=bn, group_rows=group_rows)
 
 
-def choose(layout, M: int, N: int, arch: str, num_sms: int | None = None, group_rows: bool = True) -> GemvConfig:
-    """The table's configuration for ``layout`` (a ``PreparedGemvWeight``), M rows of x, on ``arch``.
-    ``group_rows=False``: the table as it is without group-resident tiles (comparisons)."""
+#: Largest K tile of the "mma" kernel (word rows; a tile never leaves its group).
+MMA_MAX_BKW = 32
+
+
+def mma_eligible(layout, dtype: str | None = None) -> str | None:
+    """Why the "mma" kernel cannot serve ``layout`` with ``dtype`` activations, or None if it can.
+    It needs int4 codes in whole-word regular groups of a multiple of 64 (the 8-row interleave),
+    no act-order permutation, and fp16 / bf16 x (exact 16-bit integers ``q - z``)."""
+    if layout.bits != 4:
+        return f"bits={layout.bits} (int4 only: the 16-bit magic-number dequantization holds 4-bit codes)"
+    if layout.per_elem_group or layout.interleave != 8:
+        return f"group_size={layout.group_size} (needs whole-word regular groups, a multiple of 64)"
+    if layout.has_perm:
+        return "an act-order permutation (x would be gathered, not loaded in whole tiles)"
+    if dtype is not None and dtype not in ("float16", "bfloat16"):
+        return f"dtype={dtype} (the table keeps fp32 activations on kind 'dot')"
+    return None
+
+
+def _fit_mma(cfg: GemvConfig, layout) -> GemvConfig:
+    """``fit`` for kind "mma": one group per K tile (the largest power of two dividing the words per
+    group, at most MMA_MAX_BKW), 16 to 128 columns."""
+    wpg = layout.group_size // layout.codes_per_word
+    bkw = min(next_pow2(cfg.block_kw), MMA_MAX_BKW, wpg & -wpg)
+    bn = min(max(16, next_pow2(cfg.block_n)), 128)
+    return replace(cfg, block_kw=max(bkw, 8), block_n=bn, group_rows=False, swap_ab=False, dq=2, prefetch=1)
+
+
+def choose(layout, M: int, N: int, arch: str, num_sms: int | None = None, group_rows: bool = True,
+           dtype: str = "bfloat16") -> GemvConfig:
+    """The table's configuration for ``layout`` (a ``PreparedGemvWeight``), M rows of x in ``dtype``,
+    on ``arch``. ``group_rows=False``: the table as it is without group-resident tiles (comparisons)."""
     num_sms = num_sms or DEFAULT_SMS.get(arch, 132)
     kind = "fma" if (M <= FMA_MAX_M.get(arch, 2) or layout.per_elem_group) else "dot"
+    if kind == "dot" and mma_eligible(layout, dtype) is None:
+        kind = "mma"
     rows_ok = group_rows and not layout.per_elem_group and not layout.has_perm
     cfg = fit(_table(arch, kind, M, N, layout.K, layout.bits, rows_ok), layout, M)
     return replace(cfg, split_k=split_k_for(N, layout.KWP, cfg, num_sms))
@@ -213,10 +256,21 @@ def bucket(layout, M: int, N: int, dtype: str) -> str:
             f"-{dtype}-m{M if M <= 16 else next_pow2(M)}-n{next_pow2(N)}-k{next_pow2(layout.K)}")
 
 
-def candidates(layout, M: int, N: int, arch: str, num_sms: int) -> list[GemvConfig]:
+def candidates(layout, M: int, N: int, arch: str, num_sms: int, dtype: str = "bfloat16") -> list[GemvConfig]:
     """Configurations worth timing (the table's choice first)."""
-    base = choose(layout, M, N, arch, num_sms)
+    base = choose(layout, M, N, arch, num_sms, dtype=dtype)
     out = [base]
+    if base.kind == "mma":   # the K tile is the group's; columns, warps and pipeline depth vary
+        for bn in (64, 128):
+            for w in (4, 8):
+                for st in (2, 3, 4):
+                    c = fit(replace(base, block_n=bn, num_warps=w, num_stages=st), layout, M)
+                    auto = split_k_for(N, layout.KWP, c, num_sms)
+                    for split in sorted({auto, max(1, auto // 2), 2 * auto}):
+                        cand = replace(c, split_k=split)
+                        if cand not in out:
+                            out.append(cand)
+        return out
     grid = [(bn, bkw, w, False) for bn in (32, 64, 128) for bkw in (16, 32, 64) for w in (4, 8)]
     if base.kind == "fma" and M == 1 and not layout.per_elem_group and not layout.has_perm:
         # group-resident tiles (4 columns per thread; 8 with one warp of 256): H200 session-4 sweep winners
@@ -235,5 +289,6 @@ def tuned(layout, M: int, N: int, dtype: str, device, arch: str, num_sms: int, t
     """The cached best configuration of the bucket, timing ``candidates`` with ``timer(cfg) -> s``."""
     from .autotune import cached_best
 
-    return cached_best("triton-gemv", device, bucket(layout, M, N, dtype), candidates(layout, M, N, arch, num_sms), timer,
-                       default=lambda: choose(layout, M, N, arch, num_sms), restore=lambda d: fit(GemvConfig(**d), layout, M))
+    return cached_best("triton-gemv", device, bucket(layout, M, N, dtype),
+                       candidates(layout, M, N, arch, num_sms, dtype), timer,
+                       default=lambda: choose(layout, M, N, arch, num_sms, dtype=dtype), restore=lambda d: fit(GemvConfig(**d), layout, M))

@@ -243,11 +243,9 @@ class _Launcher:
         import torch
 
         self.cfg = cfg
-        self.fn = mod.gemv_fma_kernel if cfg.kind == "fma" else mod.gemv_dot_kernel
-        self.with_kg = cfg.kind == "fma"
-        self.consts = _consts_for(op, layout, cfg)
-        if cfg.kind == "dot" and interpret and op.dtype is DType.bfloat16:
-            self.consts["COMPUTE_F32"] = True  # the interpreter computes bf16 wrongly
+        self.fn = _kernel_fn(mod, cfg)
+        self.kind = cfg.kind
+        self.consts = _consts_for(op, layout, cfg, interpret)
         bm = self.consts["BM"]
         tiles_m = -(-op.M // bm)
         tiles_n = -(-op.N // cfg.block_n)
@@ -270,7 +268,10 @@ class _Launcher:
         lock = w.qweight if self.lock is None else self.lock
         z = w.scales if w.zeros is None else w.zeros
         perm = w.qweight if w.perm is None else w.perm
-        if self.with_kg:
+        if self.kind == "mma":
+            self.fn[self.grid](x, w.qweight, w.scales, z, out, ws, lock, M, N, K, KWP, sqk,
+                               x.stride(0), out.stride(0), self.ksw, **self.consts, **self.opts)
+        elif self.kind == "fma":
             kg = w.qweight if w.kgroup is None else w.kgroup
             self.fn[self.grid](x, w.qweight, w.scales, z, perm, kg, out, ws, lock, M, N, K, KWP, sqk,
                                x.stride(0), out.stride(0), self.ksw, self.mask_rt, **self.consts, **self.opts)
@@ -327,7 +328,7 @@ def compile(op: QuantGemv, device: Device, config: tuning.GemvConfig | None = No
 
             cfg = tuning.tuned(w, op.M, op.N, op.dtype.value, device, arch, num_sms, timer)
         else:
-            cfg = tuning.choose(w, op.M, op.N, arch, num_sms)
+            cfg = tuning.choose(w, op.M, op.N, arch, num_sms, dtype=op.dtype.value)
         return _Launcher(mod, op, w, cfg, interpret, tdev)
 
     def kernel(x, w: PreparedGemvWeight, out) -> None:
@@ -392,10 +393,10 @@ def compile_for_target(op: QuantGemv, target: str, config: tuning.GemvConfig | N
         tuning.check_pdl(config, arch)
         cfg = tuning.fit(config, lay, op.M)
     else:
-        cfg = tuning.choose(lay, op.M, op.N, arch, tuning.DEFAULT_SMS.get(arch, 132))
+        cfg = tuning.choose(lay, op.M, op.N, arch, tuning.DEFAULT_SMS.get(arch, 132), dtype=op.dtype.value)
     mod = kernels.load("gemv_quant")
     consts = _consts_for(op, lay, cfg)   # exactly what a launch passes
-    fn = mod.gemv_fma_kernel if cfg.kind == "fma" else mod.gemv_dot_kernel
+    fn = _kernel_fn(mod, cfg)
     act = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[op.dtype.value]
     outp = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[op.result_dtype.value]
     sdt = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[op.fmt.scale_dtype.value]
@@ -424,9 +425,19 @@ def compile_for_target(op: QuantGemv, target: str, config: tuning.GemvConfig | N
                                       "shared": getattr(md, "shared", None), "num_warps": cfg.num_warps}}}
 
 
-def _consts_for(op: QuantGemv, layout, cfg: tuning.GemvConfig) -> dict:
-    """The constexpr arguments a launch of ``cfg`` passes (shared by launches and AOT lowering)."""
+def _kernel_fn(mod, cfg: tuning.GemvConfig):
+    return {"fma": mod.gemv_fma_kernel, "dot": mod.gemv_dot_kernel, "mma": mod.gemv_mma_kernel}[cfg.kind]
+
+
+def _consts_for(op: QuantGemv, layout, cfg: tuning.GemvConfig, interpret: bool = False) -> dict:
+    """The constexpr arguments a launch of ``cfg`` passes (shared by launches and AOT lowering).
+    ``interpret``: Triton's CPU interpreter (which computes bf16 wrongly and runs no PTX)."""
     even_k = layout.KWP * layout.codes_per_word == op.K
+    f32 = op.dtype is DType.float32 or (interpret and op.dtype is DType.bfloat16)
+    if cfg.kind == "mma":
+        return dict(GS=layout.group_size, ZP=layout.zero_point, HAS_Z=layout.has_z, BM=tuning.block_m(cfg.kind, op.M),
+                    BN=cfg.block_n, BKW=cfg.block_kw, SPLIT_K=cfg.split_k, EVEN_K=even_k, IW=layout.interleave,
+                    ASM=not interpret, COMPUTE_F32=f32, PDL=cfg.pdl)
     c = dict(BITS=layout.bits, GS=layout.group_size, ZP=layout.zero_point, HAS_Z=layout.has_z,
              HAS_PERM=layout.has_perm, BM=tuning.block_m(cfg.kind, op.M), BN=cfg.block_n,
              BKW=cfg.block_kw, SPLIT_K=cfg.split_k, DQ=cfg.dq, EVEN_K=even_k, PDL=cfg.pdl, IW=layout.interleave)
@@ -434,5 +445,5 @@ def _consts_for(op: QuantGemv, layout, cfg: tuning.GemvConfig) -> dict:
         c.update(PER_ELEM_GROUP=layout.per_elem_group, HAS_KG=layout.kgroup is not None, PIPE=cfg.num_stages,
                  PREFETCH=cfg.prefetch, GROUP_ROWS=cfg.group_rows, NMASK=layout.stride_qk % cfg.block_n != 0)
     else:
-        c.update(COMPUTE_F32=op.dtype is DType.float32, SWAP_AB=cfg.swap_ab)
+        c.update(COMPUTE_F32=f32, SWAP_AB=cfg.swap_ab)
     return c

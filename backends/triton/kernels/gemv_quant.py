@@ -460,3 +460,118 @@ def gemv_dot_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, out_ptr, ws_ptr, lock
     else:
         res = acc
     _finish(res, rows, n, M, N, pid_n, pid_k, pid_m, out_ptr, stride_om, ws_ptr, lock_ptr, BM, BN, SPLIT_K)
+
+
+#: ``gemv_mma_kernel``: the 16-bit pattern of ``MAGIC + q`` is ``MAGIC_BITS | q`` for a 4-bit code q
+#: (fp16: 1024 = 0x6400, 10 mantissa bits; bf16: 128 = 0x4300, 7 mantissa bits)
+_MAGIC_F16 = tl.constexpr(1024.0)
+_MAGIC_BF16 = tl.constexpr(128.0)
+
+
+@triton.jit
+def _code_pair(words, zc2, P: tl.constexpr, F16: tl.constexpr, ASM: tl.constexpr):
+    """Codes ``P`` and ``P + 4`` of every word (bits ``4P`` and ``16 + 4P``) minus their zero point,
+    as two exact 16-bit floats ``(lo, hi)`` (fp16 if ``F16``, else bf16).
+
+    ``zc2``: ``MAGIC + z`` in both halves of an int32 (the float's bits). One LOP3 puts each code in
+    the mantissa of ``MAGIC`` (``(w >> 4P) & 0x000F000F | MAGIC_BITS``, both halves at once), one
+    packed subtract (``fma.rn`` with 1.0, the bf16x2 form sm_80 has) leaves ``q - z``; the two halves
+    are the MMA operand's register pair as they are. ``ASM=False`` (the interpreter, which runs no
+    PTX) computes the same values with Triton ops, in fp32.
+    """
+    v = words >> (4 * P)
+    if ASM:
+        if F16:
+            lo, hi = tl.inline_asm_elementwise(
+                "{ .reg .b32 t, one; mov.b32 one, 0x3C003C00; lop3.b32 t, $2, 0x000F000F, 0x64006400, 0xEA; "
+                "fma.rn.f16x2 t, t, one, $3; mov.b32 {$0, $1}, t; }",
+                "=h,=h,r,r", [v, zc2 ^ -2147450880], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+        else:
+            lo, hi = tl.inline_asm_elementwise(
+                "{ .reg .b32 t, one; mov.b32 one, 0x3F803F80; lop3.b32 t, $2, 0x000F000F, 0x43004300, 0xEA; "
+                "fma.rn.bf16x2 t, t, one, $3; mov.b32 {$0, $1}, t; }",
+                "=h,=h,r,r", [v, zc2 ^ -2147450880], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
+    else:
+        zc = (zc2 & 0xFFFF).to(tl.int16).to(tl.float16 if F16 else tl.bfloat16, bitcast=True).to(tl.float32)
+        lo = (v & 0xF).to(tl.float32) - (zc - (_MAGIC_F16 if F16 else _MAGIC_BF16))
+        hi = ((v >> 16) & 0xF).to(tl.float32) - (zc - (_MAGIC_F16 if F16 else _MAGIC_BF16))
+    return lo, hi
+
+
+@triton.jit
+def gemv_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr,
+                    M, N, K, KWP, stride_qk, stride_xm, stride_om, K_SPLIT_W,
+                    GS: tl.constexpr, ZP: tl.constexpr, HAS_Z: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                    BKW: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, IW: tl.constexpr,
+                    ASM: tl.constexpr, COMPUTE_F32: tl.constexpr, PDL: tl.constexpr):
+    """Tensor-core int4 GEMV for M up to 16 with the scales applied after the MMA.
+
+    Each K tile (``BKW`` word rows, ``8 BKW`` columns of K) lies in one group, so
+    ``acc (BN, BM) += s[n] * sum_p w_p (BN, 2 BKW) @ x_p (2 BKW, BM)`` where ``w_p`` holds the
+    integers ``q - z`` of code positions ``p`` and ``p + 4`` (``_code_pair``; exact in fp16 / bf16)
+    and ``x_p`` the columns of x they meet. Dot column ``2 kw + h`` of ``w_p`` is code ``p + 4 h`` of
+    word row ``kw``, i.e. the two halves of one register, so the dequantized tile needs no
+    re-layout; under the ``IW = 8`` interleave those columns are
+    ``k = kw0 * 8 + (kw // 8) * 64 + h * 32 + p * 8 + kw % 8``, which ``x_p`` takes from one
+    contiguous ``(BM, 8 BKW)`` load (pipelined by Triton with the words) by reshape and permute.
+    Needs int4 whole-word regular groups, ``IW == 8``, no act-order permutation; fp16 / bf16 x
+    (``COMPUTE_F32``: fp32 x or the interpreter's bf16, multiplied in fp32).
+    ``PDL``: launched as a programmatic dependent (``_wait_for_producer`` before the first load).
+    """
+    F16: tl.constexpr = x_ptr.dtype.element_ty == tl.float16
+    MAGIC: tl.constexpr = _MAGIC_F16 if F16 else _MAGIC_BF16
+    NBLK: tl.constexpr = BKW // IW
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    n = pid_n * BN + tl.arange(0, BN)
+    rows = pid_m * BM + tl.arange(0, BM)
+    x_rows = tl.minimum(rows, M - 1)   # rows past M: any row, never stored
+    w_ptrs = qw_ptr + tl.arange(0, BKW)[None, :] * stride_qk + n[:, None]    # (BN, BKW)
+    kx = tl.arange(0, 8 * BKW)
+    acc = tl.zeros((BN, BM), tl.float32)
+    kw_begin = pid_k * K_SPLIT_W
+    _wait_for_producer(PDL)
+    for kw0 in range(kw_begin, tl.minimum(kw_begin + K_SPLIT_W, KWP), BKW):
+        # -- the tile's words, its group's scales and MAGIC + zero (both halves of an int32)
+        words = tl.load(w_ptrs + kw0 * stride_qk)
+        g_off = (tl.minimum(kw0 * 8, K - 1) // GS) * stride_qk + n   # padding rows use the last group
+        s = tl.load(s_ptr + g_off).to(tl.float32)
+        if HAS_Z:
+            zc = tl.load(z_ptr + g_off).to(tl.float32) + MAGIC
+        else:
+            zc = tl.full((BN,), ZP + MAGIC, tl.float32)
+        zb = zc.to(tl.float16 if F16 else tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        zc2 = (zb | (zb << 16))[:, None]
+        # -- x over the tile's 8 BKW columns, split into the four x_p (see the docstring)
+        k = kw0 * 8 + kx
+        if EVEN_K:
+            xg = tl.load(x_ptr + x_rows[:, None] * stride_xm + k[None, :])
+        else:
+            xg = tl.load(x_ptr + x_rows[:, None] * stride_xm + k[None, :], mask=k[None, :] < K, other=0.0)
+        if COMPUTE_F32:
+            xg = xg.to(tl.float32)
+        xg = xg.reshape(BM, NBLK, 2, 2, 2, IW).permute(1, 5, 2, 0, 3, 4)   # (blk, r, h, m, p >> 1, p & 1)
+        x_even, x_odd = tl.split(xg)
+        x0, x2 = tl.split(x_even)
+        x1, x3 = tl.split(x_odd)
+        # -- four MMAs over the group, then the scale
+        accg = tl.zeros((BN, BM), tl.float32)
+        for p in tl.static_range(4):
+            lo, hi = _code_pair(words, zc2, p, F16, ASM)
+            wp = tl.join(lo, hi).reshape(BN, 2 * BKW)
+            if p == 0:
+                xp = x0.reshape(2 * BKW, BM)
+            elif p == 1:
+                xp = x1.reshape(2 * BKW, BM)
+            elif p == 2:
+                xp = x2.reshape(2 * BKW, BM)
+            else:
+                xp = x3.reshape(2 * BKW, BM)
+            if COMPUTE_F32:
+                accg = tl.dot(wp.to(tl.float32), xp, accg, input_precision="ieee")
+            else:
+                accg = tl.dot(wp.to(x_ptr.dtype.element_ty), xp, accg)
+        acc += s[:, None] * accg
+    # -- write (BM, BN)
+    _finish(tl.trans(acc), rows, n, M, N, pid_n, pid_k, pid_m, out_ptr, stride_om, ws_ptr, lock_ptr, BM, BN, SPLIT_K)
