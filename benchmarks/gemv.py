@@ -218,10 +218,11 @@ def sweep_candidates(M: int, dqs=(2,), swaps=(False,), stages=(1,), prefetch=(1,
     depth in ``stages`` and register prefetch depth in ``prefetch`` (CUDA-core kernel), operand order
     in ``swaps`` (tensor-core kernel), each programmatic-dependent-launch setting in ``pdls``, and
     (M=1) with ``True`` in ``group_rows`` the group-resident tiles: 4 or 8 columns per thread, 8 or 16
-    word rows, 1, 2 or 4 warps. ``mma`` (M > 1): the group-scaled tensor-core kernel, 64 or 128
-    columns, 4 or 8 warps, 2 to 4 pipeline stages (its K tile is the group's)."""
+    word rows, 1, 2 or 4 warps. ``mma``: the group-scaled tensor-core kernel (also at M=1, where its
+    MMA multiplies 15 rows of padding for free), 64 or 128 columns, 4 or 8 warps, 2 to 4 pipeline
+    stages (its K tile is the group's)."""
     out = []
-    if mma and M > 1:
+    if mma:
         out += [GemvConfig("mma", bn, 16, w, st, 0) for bn in (64, 128) for w in (4, 8) for st in (2, 3, 4)]
     for dq in dqs:
         if M == 1:

@@ -149,10 +149,12 @@ CASES = [
 COMPILE_CASES = [
     ("fma-int4-g128-m1", 1, 4, 128, False, "native"),
     ("fma-int8-sym-m2", 2, 8, 64, True, "native"),
-    ("dot-int4-g128-m16", 16, 4, 128, False, "native"),
+    ("table-int4-g128-m16", 16, 4, 128, False, "native"),
+    ("dot-int4-g128-m16", 16, 4, 128, False, "native", {"kind": "dot", "block_kw": 32, "num_stages": 2}),
     ("fma-gptq-actorder-m1", 1, 4, 128, False, "gptq-actorder"),
     ("fma-int4-g128-m1-dq3", 1, 4, 128, False, "native", {"dq": 3}),   # 7th field: config overrides
-    ("dot-int4-g128-m16-swap", 16, 4, 128, False, "native", {"swap_ab": True}),
+    ("dot-int4-g128-m16-swap", 16, 4, 128, False, "native", {"kind": "dot", "block_kw": 32, "num_stages": 2,
+                                                             "swap_ab": True}),
     ("mma-int4-g128-m16", 16, 4, 128, False, "native", {"kind": "mma", "block_kw": 16, "num_stages": 3}),
     ("mma-int4-sym-g64-m4", 4, 4, 64, True, "native", {"kind": "mma", "block_kw": 8, "num_stages": 3}),
     ("fma-int4-g128-m1-pipe3", 1, 4, 128, False, "native", {"num_stages": 3}),
@@ -164,7 +166,9 @@ COMPILE_CASES = [
     # programmatic dependent launch: sm_90+ only (8th field: the targets)
     ("fma-int4-g128-m1-pdl", 1, 4, 128, False, "native", {"pdl": True}, ("sm_90a", "sm_100a")),
     ("fma-int4-g128-m1-ahead2-pdl", 1, 4, 128, False, "native", {"pdl": True, "prefetch": 2}, ("sm_90a",)),
-    ("dot-int4-g128-m16-swap-pdl", 16, 4, 128, False, "native", {"pdl": True, "swap_ab": True}, ("sm_90a",)),
+    ("dot-int4-g128-m16-swap-pdl", 16, 4, 128, False, "native", {"kind": "dot", "block_kw": 32, "num_stages": 2,
+                                                                 "pdl": True, "swap_ab": True}, ("sm_90a",)),
+    ("mma-int4-g128-m16-pdl", 16, 4, 128, False, "native", {"pdl": True}, ("sm_90a", "sm_100a")),
 ]
 TARGETS = ("sm_80", "sm_90a", "sm_100a")
 

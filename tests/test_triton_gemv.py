@@ -75,7 +75,7 @@ def test_compile_for_targets(case, compile_results):
     for t in targets:
         art = r["targets"][t]
         assert art["cubin_bytes"] > 1000, f"{t}: no cubin"
-        assert art["mma"] == (art["kind"] == "dot"), f"{t}: tensor-core instructions present={art['mma']}"
+        assert art["mma"] == (art["kind"] in ("dot", "mma")), f"{t}: tensor-core instructions present={art['mma']}"
         pdl = art["pdl"]   # forced by the case, or the target's table choice
         if len(case) > 6 and "pdl" in case[6]:
             assert pdl == case[6]["pdl"]
@@ -509,3 +509,50 @@ def test_tables_use_pdl_for_the_cuda_core_kernel_on_sm90_and_later_only():
         cands = T.candidates(lay, M, 4096, "sm_90", 132)
         assert cands[0] == T.choose(lay, M, 4096, "sm_90", 132)
         assert all(c.pdl == cands[0].pdl and c.prefetch == 1 for c in cands)
+
+
+def test_tables_use_the_group_scaled_tensor_core_kernel_where_it_applies_and_fit_guards_it():
+    """kind "mma" serves int4 M > 1 with whole-word regular groups of a multiple of 64, no act-order,
+    fp16 / bf16 x; everything else stays on "dot" (or "fma"). ``fit`` keeps its K tile inside one
+    group (8 to 32 word rows), its columns within 16..128, and refuses it for a weight it cannot serve."""
+    from dataclasses import replace
+
+    from portakern.backends.triton import gemv_tuning as T
+    from portakern.backends.triton import quant_gemv as Q
+    from portakern.ir import DType, Packing, QuantFormat
+    from portakern.ir.ops import QuantGemv
+
+    def lay(M=16, bits=4, G=128, packing="native", act=False, sym=False):
+        fmt = QuantFormat(bits=bits, group_size=G, symmetric=sym, packing=Packing(packing), has_g_idx=act)
+        return Q._LayoutStub(QuantGemv(M=M, N=8192, K=8192, dtype=DType.bfloat16, fmt=fmt))
+
+    for arch in ("sm_80", "sm_90", "sm_100", "interp"):
+        for dt in ("bfloat16", "float16"):
+            for M in (3, 4, 16):   # the interpreter's table keeps M <= 2 on the CUDA-core kernel
+                assert T.choose(lay(M), M, 8192, arch, 132, dtype=dt).kind == "mma", (arch, dt, M)
+        assert T.choose(lay(), 16, 8192, arch, 132, dtype="float32").kind == "dot"
+        assert T.choose(lay(G=64, sym=True), 16, 8192, arch, 132).kind == "mma"
+        assert T.choose(lay(packing="awq"), 16, 8192, arch, 132).kind == "mma"
+        for other in (lay(bits=8), lay(G=32), lay(packing="gptq", act=True)):
+            assert T.choose(other, 16, 8192, arch, 132).kind == "dot", other.__dict__
+        assert T.choose(lay(G=100), 16, 8192, arch, 132).kind == "fma"   # per-element groups
+    assert T.choose(lay(1), 1, 8192, "sm_90", 132).kind == "fma"
+    cfg = T.choose(lay(), 16, 8192, "sm_90", 132)
+    assert (cfg.block_n, cfg.block_kw, cfg.num_warps, cfg.split_k, cfg.pdl) == (128, 16, 4, 8, False)   # 64 column tiles, 2 programs per SM
+    mma = T.GemvConfig("mma", 512, 64)
+    assert (T.fit(mma, lay(), 16).block_kw, T.fit(mma, lay(), 16).block_n) == (16, 128)
+    assert T.fit(mma, lay(G=64), 16).block_kw == 8
+    assert T.fit(mma, lay(G=1024), 16).block_kw == 32
+    assert T.fit(replace(mma, block_n=8), lay(), 16) == replace(mma, block_n=16, block_kw=16)
+    with pytest.raises(ValueError, match=r"GemvConfig\(kind='mma', swap_ab=True\): swap_ab is an option of the tensor-core"):
+        T.fit(replace(mma, swap_ab=True), lay(), 16)
+    with pytest.raises(ValueError, match=r"GemvConfig\(kind='mma'\) cannot serve this weight: bits=8 .*; use kind='dot'"):
+        T.fit(mma, lay(bits=8), 16)
+    with pytest.raises(ValueError, match=r"group_size=32 \(needs whole-word regular groups, a multiple of 64\)"):
+        T.fit(mma, lay(G=32), 16)
+    with pytest.raises(ValueError, match=r"act-order permutation"):
+        T.fit(mma, lay(G=64, packing="gptq", act=True), 16)
+    with pytest.raises(ValueError, match=r"GemvConfig\(kind='tc'\): the kinds are fma, dot, mma"):
+        T.fit(replace(mma, kind="tc"), lay(), 16)
+    cands = T.candidates(lay(), 16, 8192, "sm_90", 132)
+    assert cands[0] == cfg and {c.kind for c in cands} == {"mma"} and len(cands) > 12
