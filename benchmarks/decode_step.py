@@ -147,6 +147,38 @@ class PortakernStep:
             r, xn = self.add_rmsnorm(r, d, self.norms[2 * i + 2])
         return self.gemv("lm", xn, self.lm)
 
+    def part(self, name: str):
+        """The step's ``name`` kernels alone, in the step's order and on its shapes (``--breakdown``):
+        "gemv" (every quant_gemv incl. lm_head), "attention" (KV append + paged attention per layer),
+        "glue" (RMSNorm, RoPE, SiLU-mul)."""
+        xn = torch.randn(1, HID, device="cuda").to(BF16)
+        act = torch.randn(1, MLP, device="cuda").to(BF16)
+        qkv = torch.randn(1, (HQ + 2 * HKV) * D, device="cuda").to(BF16)
+        q, kv_new = self.rope(qkv, self.cos, self.sin)
+        gu = torch.randn(1, 2 * MLP, device="cuda").to(BF16)
+
+        def gemvs():
+            for L in self.layers:
+                self.gemv("qkv", xn, L["qkv"])
+                self.gemv("o", xn, L["o"])
+                self.gemv("gu", xn, L["gu"])
+                self.gemv("down", act, L["down"])
+            self.gemv("lm", xn, self.lm)
+
+        def attention():
+            for i in range(LAYERS):
+                self.attend(i, q, kv_new)
+
+        def glue():
+            r = self.h
+            for i in range(LAYERS):
+                self.rope(qkv, self.cos, self.sin)
+                r, _ = self.add_rmsnorm(r, xn, self.norms[2 * i + 1])
+                self.silu_mul(gu)
+                r, _ = self.add_rmsnorm(r, xn, self.norms[2 * i + 2])
+
+        return {"gemv": gemvs, "attention": attention, "glue": glue}[name]
+
     def bytes(self):
         per_group = 4  # fp16 scale + fp16 zero
         lin = [((HQ + 2 * HKV) * D, HID), (HID, HQ * D), (2 * MLP, HID), (HID, MLP)]
@@ -240,6 +272,8 @@ def main():
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--tag", default="")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also time portakern's step's GEMVs, attention and glue each alone in its own graph")
     ap.add_argument("--compare-tiles", action="store_true",
                     help="also time portakern's step with the per-word-row GEMV tile everywhere (the table "
                          "without GemvConfig.group_rows), as int4_portakern_word_rows")
@@ -285,6 +319,18 @@ def main():
                 out[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             print(f"ctx {ctx} {name}: {json.dumps(out[name])}", flush=True)
             runs[name] = None
+            del st
+            torch.cuda.empty_cache()
+        if args.breakdown and att == "portakern-paged":
+            st = PortakernStep(ctx, args.glue, "portakern")
+            parts = {}
+            for part in ("gemv", "attention", "glue"):
+                try:
+                    parts[part + "_graph_ms"] = time_step(st.part(part), graph=True)
+                except Exception as e:
+                    parts[part + "_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            out["int4_portakern"]["parts"] = parts
+            print(f"ctx {ctx} parts: {json.dumps(parts)}", flush=True)
             del st
             torch.cuda.empty_cache()
         res["results"][str(ctx)] = out

@@ -19,7 +19,8 @@
 #   decode-sweep    benchmarks/attention.py --sweep --bench --decode-only
 #   decode-bench    benchmarks/attention.py --bench --decode-only (the tables)
 #   attention-bench benchmarks/attention.py --bench (prefill and decode, tables)
-#   decode-step     benchmarks/decode_step.py (Llama-3-8B-shaped step in one CUDA graph)
+#   decode-step     benchmarks/decode_step.py --breakdown (Llama-3-8B-shaped step in one CUDA graph; its
+#                   GEMVs, attention and glue each timed alone too)
 #   decode-step-tiles  the step at ctx 2048 with the table and with the per-word-row GEMV tile
 #                   everywhere (--compare-tiles, no peers)
 #   dispatch        benchmarks/dispatch_overhead.py
@@ -67,7 +68,7 @@ for s in "$@"; do
         decode-bench) step decode-bench python3 benchmarks/attention.py --bench --decode-only \
             --tag="-decode$TAG" --out "$RES" ;;
         attention-bench) step attention-bench python3 benchmarks/attention.py --bench --tag="$TAG" --out "$RES" ;;
-        decode-step) step decode-step python3 benchmarks/decode_step.py --tag="$TAG" --out "$RES" ;;
+        decode-step) step decode-step python3 benchmarks/decode_step.py --breakdown --tag="$TAG" --out "$RES" ;;
         decode-step-tiles) step decode-step-tiles python3 benchmarks/decode_step.py --ctx 2048 --no-peers \
             --compare-tiles --tag="-tiles$TAG" --out "$RES" ;;
         dispatch) step dispatch python3 benchmarks/dispatch_overhead.py --tag="h200$TAG" --out "$RES" ;;
