@@ -10,13 +10,18 @@ Kernels (after a warm-up launch each, outside the profiled range):
   table's group-resident tile and with the per-word-row tile (the table without ``group_rows``);
 * decode attention, B=1, 32 query / 8 KV heads, D=128, bf16, KV 8k and 32k, the table's config.
 
+``--only mma``: instead, the tensor-core kernels at (28672, 8192): M=16 with the table's "mma" and
+with the "dot" kernel (swapped operands), and "mma" at M=1.
+
 What the stall reasons say decides the next kernel change (see benchmarks/*_notes.md): issue-bound
 kernels show "selected" and "math pipe throttle" near the top, latency-bound ones "long scoreboard".
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -31,7 +36,29 @@ from portakern.backends.triton import gemv_tuning as T  # noqa: E402
 from portakern.devices import torch_device  # noqa: E402
 
 
+def tensor_core_launches() -> list:
+    """(name, fn) of the tensor-core GEMV kernels at (28672, 8192) (``--only mma``)."""
+    out = []
+    N, K = 28672, 8192
+    for M, kind in ((16, "mma"), (16, "dot"), (1, "mma")):
+        op = GB.gemv_op(M, N, K)
+        lay = GB.Q._LayoutStub(op)
+        cfg = T.choose(lay, 16, N, "sm_90", 132)   # the M=16 table ("mma")
+        if kind == "mma":
+            cfg = replace(cfg, num_warps=8)
+        else:
+            cfg = T.fit(T.GemvConfig("dot", 128, 32, 4, 2, 1, 2, swap_ab=True), lay, M)
+        fns, _ = GB.ours(op, cfg, 1)
+        out.append((f"gemv M={M} {N}x{K} {kind}", fns[0]))
+    return out
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", choices=("all", "mma"), default="all")
+    args = ap.parse_args()
+    if args.only == "mma":
+        return _profile(tensor_core_launches())
     launches = []
     for N, K in ((28672, 8192), (4096, 14336)):
         op = GB.gemv_op(1, N, K)
@@ -44,6 +71,10 @@ def main() -> None:
         op = AB.decode(1, L)
         sets = [A.random_inputs(op, torch.device("cuda"))]
         launches.append((f"decode L={L}", AB.ours(op, dev, AB.table_config(op, dev), sets)[0]))
+    _profile(launches)
+
+
+def _profile(launches) -> None:
     for _, f in launches:   # compile and warm outside the profiled range
         f()
     torch.cuda.synchronize()

@@ -25,6 +25,7 @@
 #                   everywhere (--compare-tiles, no peers)
 #   dispatch        benchmarks/dispatch_overhead.py
 #   ncu             Nsight Compute stall/throughput sections of benchmarks/profile_kernels.py
+#                   ($PROFILE_ONLY=mma: the tensor-core GEMV kernels instead)
 # $PK_COMMIT names the commit in the reports (the device copy has no git history); $TAG suffixes
 # result names; $STEP_TIMEOUT bounds each step (seconds, default 540).
 set -u
@@ -75,7 +76,7 @@ for s in "$@"; do
         ncu) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
             step ncu "${NCU:-ncu}" --profile-from-start off --clock-control none --section SpeedOfLight \
                 --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-                --section LaunchStats --section Occupancy python3 benchmarks/profile_kernels.py ;;
+                --section LaunchStats --section Occupancy python3 benchmarks/profile_kernels.py ${PROFILE_ONLY:+--only "$PROFILE_ONLY"} ;;
         *) echo "unknown step $s (see the header of $0)"; exit 2 ;;
     esac
 done
