@@ -212,7 +212,7 @@ def precompile(jobs, workers):
 # -- sweep -------------------------------------------------------------------------------------------
 
 def sweep_candidates(M: int, dqs=(2,), swaps=(False,), stages=(1,), prefetch=(1,), pdls=(False,),
-                     group_rows=(False,), mma=False) -> list[GemvConfig]:
+                     group_rows=(False,), mma=False, mma_grid=((64, 128), (4, 8), (1, 2, 3, 4))) -> list[GemvConfig]:
     """What the sweep times per M (``split_k=0``: the automatic split and no split; for group-resident
     tiles half, once and twice the automatic split), for each dequant variant in ``dqs``, pipeline
     depth in ``stages`` and register prefetch depth in ``prefetch`` (CUDA-core kernel), operand order
@@ -223,7 +223,7 @@ def sweep_candidates(M: int, dqs=(2,), swaps=(False,), stages=(1,), prefetch=(1,
     stages (its K tile is the group's)."""
     out = []
     if mma:
-        out += [GemvConfig("mma", bn, 16, w, st, 0) for bn in (64, 128) for w in (4, 8) for st in (2, 3, 4)]
+        out += [GemvConfig("mma", bn, 16, w, st, 0) for bn in mma_grid[0] for w in mma_grid[1] for st in mma_grid[2]]
     for dq in dqs:
         if M == 1:
             out += [GemvConfig("fma", bn, bkw, w, st, 0, dq, prefetch=pf) for bn in (32, 64) for bkw in (32, 64)
@@ -278,7 +278,10 @@ def main():
                     help="operand order(s) the sweep times for the tensor-core kernel (GemvConfig.swap_ab); "
                          "none: no 'dot' candidates")
     ap.add_argument("--mma", type=int, default=0, choices=(0, 1),
-                    help="1: the sweep also times the group-scaled tensor-core kernel (kind 'mma') at M > 1")
+                    help="1: the sweep also times the group-scaled tensor-core kernel (kind 'mma')")
+    ap.add_argument("--mma-bn", type=int, nargs="+", default=[64, 128], help="block_n values of the 'mma' sweep")
+    ap.add_argument("--mma-warps", type=int, nargs="+", default=[4, 8], help="num_warps values of the 'mma' sweep")
+    ap.add_argument("--mma-stages", type=int, nargs="+", default=[1, 2, 3, 4], help="num_stages values of the 'mma' sweep")
     args = ap.parse_args()
     swaps = {"no": (False,), "yes": (True,), "both": (False, True), "none": ()}[args.swap]
     stages = tuple(args.stages)
@@ -315,7 +318,8 @@ def main():
             for (N, K) in sweep_shapes:
                 op = gemv_op(M, N, K)
                 for c in sweep_candidates(M, args.dq, swaps, stages, tuple(args.prefetch), tuple(args.pdl),
-                                           tuple(bool(g) for g in args.group_rows), bool(args.mma)):
+                                           tuple(bool(g) for g in args.group_rows), bool(args.mma),
+                                           (args.mma_bn, args.mma_warps, args.mma_stages)):
                     for cs in with_split(c, op):
                         jobs.append({"op": op.to_json(), "cfg": asdict(cs)})
     if args.no_table:
@@ -335,7 +339,8 @@ def main():
                 copies = copies_for(floor_bytes(op))
                 timed = []
                 for c in sweep_candidates(M, args.dq, swaps, stages, tuple(args.prefetch), tuple(args.pdl),
-                                           tuple(bool(g) for g in args.group_rows), bool(args.mma)):
+                                           tuple(bool(g) for g in args.group_rows), bool(args.mma),
+                                           (args.mma_bn, args.mma_warps, args.mma_stages)):
                     for cs in with_split(c, op):
                         if json.dumps({"op": op.to_json(), "cfg": asdict(cs)}, sort_keys=True) in failed:
                             continue

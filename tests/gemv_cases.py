@@ -88,6 +88,17 @@ CASES = [
      {"config": ("mma", 16, 16, 1, 2), "xscale": 1e6}),
     ("awq-mma-g128-m16-bf16", "awq", 4, 128, False, 16, 48, 256, "bfloat16", {"config": ("mma", 16, 16, 1, 2)}),
     ("native4-asym-g128-m16-bf16-table", "native", 4, 128, False, 16, 48, 512, "bfloat16", {}),
+    # the same kernel reading x in runs (GemvConfig.x_runs): dtypes, groups 64 / 128 / 256, split-K, odd K
+    ("native4-mma-runs-asym-g128-m16-f16", "native", 4, 128, False, 16, 64, 512, "float16",
+     {"config": ("mma", 32, 16, 1, 2, {"x_runs": True})}),
+    ("native4-mma-runs-sym-g128-m5-bf16", "native", 4, 128, True, 5, 40, 512, "bfloat16",
+     {"config": ("mma", 16, 16, 1, 2, {"x_runs": True})}),
+    ("native4-mma-runs-asym-g256-m16-f32", "native", 4, 256, False, 16, 24, 1024, "float32",
+     {"config": ("mma", 16, 32, 1, 2, {"x_runs": True})}),
+    ("native4-mma-runs-splitk3-g128-m9-f16", "native", 4, 128, False, 9, 40, 1536, "float16",
+     {"config": ("mma", 16, 16, 3, 2, {"x_runs": True})}),
+    ("native4-mma-runs-asym-g128-m16-bf16-K384", "native", 4, 128, False, 16, 33, 384, "bfloat16",
+     {"config": ("mma", 16, 16, 1, 2, {"x_runs": True})}),
     # the CUDA-core kernel streamed by Triton's software pipeliner (7th config field: num_stages > 1)
     ("native4-pipe3-dq3-g128-m1-bf16", "native", 4, 128, False, 1, 40, 1024, "bfloat16",
      {"config": ("fma", 8, 16, 1, 3, False, 3)}),
@@ -150,13 +161,14 @@ COMPILE_CASES = [
     ("fma-int4-g128-m1", 1, 4, 128, False, "native"),
     ("fma-int8-sym-m2", 2, 8, 64, True, "native"),
     ("table-int4-g128-m16", 16, 4, 128, False, "native"),
-    ("dot-int4-g128-m16", 16, 4, 128, False, "native", {"kind": "dot", "block_kw": 32, "num_stages": 2}),
+    ("dot-int4-g128-m16", 16, 4, 128, False, "native", {"kind": "dot", "block_kw": 32, "num_stages": 2, "x_runs": False}),
     ("fma-gptq-actorder-m1", 1, 4, 128, False, "gptq-actorder"),
     ("fma-int4-g128-m1-dq3", 1, 4, 128, False, "native", {"dq": 3}),   # 7th field: config overrides
-    ("dot-int4-g128-m16-swap", 16, 4, 128, False, "native", {"kind": "dot", "block_kw": 32, "num_stages": 2,
+    ("dot-int4-g128-m16-swap", 16, 4, 128, False, "native", {"kind": "dot", "block_kw": 32, "num_stages": 2, "x_runs": False,
                                                              "swap_ab": True}),
     ("mma-int4-g128-m16", 16, 4, 128, False, "native", {"kind": "mma", "block_kw": 16, "num_stages": 3}),
     ("mma-int4-sym-g64-m4", 4, 4, 64, True, "native", {"kind": "mma", "block_kw": 8, "num_stages": 3}),
+    ("mma-int4-g128-m16-tile-x", 16, 4, 128, False, "native", {"kind": "mma", "num_stages": 1, "x_runs": False}),
     ("fma-int4-g128-m1-pipe3", 1, 4, 128, False, "native", {"num_stages": 3}),
     ("fma-int4-g128-m1-ahead2", 1, 4, 128, False, "native", {"prefetch": 2}),
     ("fma-int4-g128-m1-rows", 1, 4, 128, False, "native", {"group_rows": True, "block_n": 256, "block_kw": 8,
@@ -166,7 +178,7 @@ COMPILE_CASES = [
     # programmatic dependent launch: sm_90+ only (8th field: the targets)
     ("fma-int4-g128-m1-pdl", 1, 4, 128, False, "native", {"pdl": True}, ("sm_90a", "sm_100a")),
     ("fma-int4-g128-m1-ahead2-pdl", 1, 4, 128, False, "native", {"pdl": True, "prefetch": 2}, ("sm_90a",)),
-    ("dot-int4-g128-m16-swap-pdl", 16, 4, 128, False, "native", {"kind": "dot", "block_kw": 32, "num_stages": 2,
+    ("dot-int4-g128-m16-swap-pdl", 16, 4, 128, False, "native", {"kind": "dot", "block_kw": 32, "num_stages": 2, "x_runs": False,
                                                                  "pdl": True, "swap_ab": True}, ("sm_90a",)),
     ("mma-int4-g128-m16-pdl", 16, 4, 128, False, "native", {"pdl": True}, ("sm_90a", "sm_100a")),
 ]

@@ -522,9 +522,9 @@ def test_tables_use_the_group_scaled_tensor_core_kernel_where_it_applies_and_fit
     from portakern.ir import DType, Packing, QuantFormat
     from portakern.ir.ops import QuantGemv
 
-    def lay(M=16, bits=4, G=128, packing="native", act=False, sym=False):
+    def lay(M=16, bits=4, G=128, packing="native", act=False, sym=False, N=8192, K=8192):
         fmt = QuantFormat(bits=bits, group_size=G, symmetric=sym, packing=Packing(packing), has_g_idx=act)
-        return Q._LayoutStub(QuantGemv(M=M, N=8192, K=8192, dtype=DType.bfloat16, fmt=fmt))
+        return Q._LayoutStub(QuantGemv(M=M, N=N, K=K, dtype=DType.bfloat16, fmt=fmt))
 
     for arch in ("sm_80", "sm_90", "sm_100", "interp"):
         for dt in ("bfloat16", "float16"):
@@ -537,11 +537,18 @@ def test_tables_use_the_group_scaled_tensor_core_kernel_where_it_applies_and_fit
             assert T.choose(other, 16, 8192, arch, 132).kind == "dot", other.__dict__
         assert T.choose(lay(G=100), 16, 8192, arch, 132).kind == "fma"   # per-element groups
     assert T.choose(lay(1), 1, 8192, "sm_90", 132).kind == "fma"
-    cfg = T.choose(lay(), 16, 8192, "sm_90", 132)
-    assert (cfg.block_n, cfg.block_kw, cfg.num_warps, cfg.split_k, cfg.pdl) == (128, 16, 4, 8, False)   # 64 column tiles, 2 programs per SM
+    cfg = T.choose(lay(), 16, 8192, "sm_90", 132)   # 128 column tiles, 4 slices: 3.9 programs per SM
+    assert (cfg.block_n, cfg.block_kw, cfg.num_warps, cfg.num_stages, cfg.split_k, cfg.x_runs, cfg.pdl) == \
+        (64, 16, 4, 3, 4, True, False)
+    big = T.choose(lay(N=28672), 16, 28672, "sm_90", 132)   # from MMA_TILE_X_MIN_NK: x as one tile per group, no pipelining; 2 slices
+    assert (big.block_n, big.num_stages, big.split_k, big.x_runs) == (64, 1, 2, False)
+    with pytest.raises(ValueError, match=r"GemvConfig\(kind='dot', x_runs=True\): x_runs is an option of the 'mma' "
+                                         r"kernel; use kind='mma' or x_runs=False"):
+        T.fit(T.GemvConfig("dot", 64, 32, x_runs=True), lay(), 16)
     mma = T.GemvConfig("mma", 512, 64)
     assert (T.fit(mma, lay(), 16).block_kw, T.fit(mma, lay(), 16).block_n) == (16, 128)
     assert T.fit(mma, lay(G=64), 16).block_kw == 8
+    assert T.fit(replace(mma, x_runs=True), lay(), 16).x_runs and not T.fit(replace(mma, x_runs=True), lay(G=64), 16).x_runs
     assert T.fit(mma, lay(G=1024), 16).block_kw == 32
     assert T.fit(replace(mma, block_n=8), lay(), 16) == replace(mma, block_n=16, block_kw=16)
     with pytest.raises(ValueError, match=r"GemvConfig\(kind='mma', swap_ab=True\): swap_ab is an option of the tensor-core"):

@@ -34,8 +34,10 @@ DEFAULT_SMS = {"sm_80": 108, "sm_90": 132, "sm_100": 148, "sm_120": 84, "interp"
 FMA_MAX_M = {"sm_80": 1, "sm_90": 1, "sm_100": 1, "sm_120": 1, "interp": 2}
 #: Split K until the grid holds this many programs per multiprocessor (bounded by MAX_SPLIT_K), per
 #: kernel kind. H200 session 2: the tensor-core kernel at 28672x8192 ran fastest unsplit (224 column
-#: tiles: M=16 155 us vs 169 us with 4 slices), so it splits only to fill each SM once.
-PROGRAMS_PER_SM = {"fma": 4, "dot": 1, "mma": 2}
+#: tiles: M=16 155 us vs 169 us with 4 slices), so it splits only to fill each SM once. H200 session 5:
+#: the "mma" kernel's sweep winners held 3.9 (4096 x 14336, 4096^2: 8 slices of 64 tiles) and 6.8
+#: (28672 x 8192: 2 slices of 448 tiles, 77.9 us vs 128.8 unsplit) programs per SM.
+PROGRAMS_PER_SM = {"fma": 4, "dot": 1, "mma": 3.5}
 MAX_SPLIT_K = 8
 #: Group-resident tiles (``GemvConfig.group_rows``) run few warps per program over wide column
 #: tiles: split K until the grid holds this many warps per multiprocessor, up to MAX_SPLIT_K_ROWS.
@@ -83,6 +85,8 @@ class GemvConfig:
                summed over the rows in registers and scaled once per tile and column instead of
                once per word. block_n is then a multiple of 128 per warp (one 16-byte vector of
                each row per thread). Ignored (cleared by ``fit``) for per-element groups
+    x_runs     (kind "mma") x read as it lies in runs of 8 columns, one MMA per code position, instead
+               of one tile per group re-laid in registers (``kernels.gemv_quant.gemv_mma_kernel``)
     """
 
     kind: str
@@ -96,6 +100,7 @@ class GemvConfig:
     prefetch: int = 1
     pdl: bool = False
     group_rows: bool = False
+    x_runs: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -132,8 +137,12 @@ def _table(arch: str, kind: str, M: int, N: int, K: int, bits: int, rows_ok: boo
         return (GemvConfig("fma", block_n=8, block_kw=8, num_warps=1) if kind == "fma"
                 else GemvConfig(kind, block_n=16, block_kw=16, num_warps=1))
     if kind == "mma":
-        # session 5: static count 2.8 instructions per code (Triton 3.6, sm_90a) vs 6.0 for "dot"
-        return GemvConfig("mma", block_n=128, block_kw=16, num_warps=4, num_stages=3)
+        # H200 session 5 (M=16, benchmarks/gemv_notes.md v7): 64 columns and 4 warps beat 128 and 8 on
+        # every shape; x read in runs won 4096x14336 (24.3 vs 32.0 us) and 4096^2 (11.2 vs 13.3), the
+        # register-split x tile without pipelining won 28672x8192 (77.9 vs 83.8; "dot" 155)
+        if N * K >= MMA_TILE_X_MIN_NK:
+            return GemvConfig("mma", block_n=64, block_kw=16, num_warps=4, num_stages=1)
+        return GemvConfig("mma", block_n=64, block_kw=16, num_warps=4, num_stages=3, x_runs=True)
     if kind == "fma" and rows_ok and M == 1 and bits == 4 and N * K > ROWS_MIN_NK:
         # H200 session 4 (benchmarks/gemv_notes.md, v6): group-resident tiles of 8 rows x 256 columns,
         # 2 warps, won every int4 M=1 shape but the smallest (28672x8192 38.9 vs 43.2 us for the best
@@ -179,6 +188,9 @@ def fit(cfg: GemvConfig, layout, M: int) -> GemvConfig:
     if cfg.prefetch not in (1, 2) or (cfg.prefetch == 2 and cfg.kind != "fma"):
         raise ValueError(f"GemvConfig(kind={cfg.kind!r}, prefetch={cfg.prefetch!r}): prefetch is 1, or 2 for the "
                          f"CUDA-core kernel (kind='fma'); use prefetch=1")
+    if cfg.x_runs and cfg.kind != "mma":
+        raise ValueError(f"GemvConfig(kind={cfg.kind!r}, x_runs=True): x_runs is an option of the 'mma' kernel; "
+                         f"use kind='mma' or x_runs=False")
     if cfg.swap_ab and cfg.kind != "dot":
         raise ValueError(f"GemvConfig(kind={cfg.kind!r}, swap_ab=True): swap_ab is an option of the tensor-core "
                          f"kernel; use kind='dot' or swap_ab=False")
@@ -207,6 +219,8 @@ def fit(cfg: GemvConfig, layout, M: int) -> GemvConfig:
 
 #: Largest K tile of the "mma" kernel (word rows; a tile never leaves its group).
 MMA_MAX_BKW = 32
+#: From this N * K on, the "mma" table reads x as one tile per group (``GemvConfig.x_runs`` False).
+MMA_TILE_X_MIN_NK = 1 << 27
 
 
 def mma_eligible(layout, dtype: str | None = None) -> str | None:
@@ -226,11 +240,14 @@ def mma_eligible(layout, dtype: str | None = None) -> str | None:
 
 def _fit_mma(cfg: GemvConfig, layout) -> GemvConfig:
     """``fit`` for kind "mma": one group per K tile (the largest power of two dividing the words per
-    group, at most MMA_MAX_BKW), 16 to 128 columns."""
+    group, at most MMA_MAX_BKW), 16 to 128 columns; ``x_runs`` only with K tiles of >= 16 word rows
+    (its MMAs have K = block_kw; groups of 64 have 8)."""
     wpg = layout.group_size // layout.codes_per_word
     bkw = min(next_pow2(cfg.block_kw), MMA_MAX_BKW, wpg & -wpg)
     bn = min(max(16, next_pow2(cfg.block_n)), 128)
-    return replace(cfg, block_kw=max(bkw, 8), block_n=bn, group_rows=False, swap_ab=False, dq=2, prefetch=1)
+    bkw = max(bkw, 8)
+    return replace(cfg, block_kw=bkw, block_n=bn, group_rows=False, swap_ab=False, dq=2, prefetch=1,
+                   x_runs=cfg.x_runs and bkw >= 16)   # x_runs: one MMA of K = block_kw per code position
 
 
 def choose(layout, M: int, N: int, arch: str, num_sms: int | None = None, group_rows: bool = True,

@@ -437,7 +437,7 @@ def _consts_for(op: QuantGemv, layout, cfg: tuning.GemvConfig, interpret: bool =
     if cfg.kind == "mma":
         return dict(GS=layout.group_size, ZP=layout.zero_point, HAS_Z=layout.has_z, BM=tuning.block_m(cfg.kind, op.M),
                     BN=cfg.block_n, BKW=cfg.block_kw, SPLIT_K=cfg.split_k, EVEN_K=even_k, IW=layout.interleave,
-                    ASM=not interpret, COMPUTE_F32=f32, PDL=cfg.pdl)
+                    ASM=not interpret, COMPUTE_F32=f32, PDL=cfg.pdl, X_RUNS=cfg.x_runs)
     c = dict(BITS=layout.bits, GS=layout.group_size, ZP=layout.zero_point, HAS_Z=layout.has_z,
              HAS_PERM=layout.has_perm, BM=tuning.block_m(cfg.kind, op.M), BN=cfg.block_n,
              BKW=cfg.block_kw, SPLIT_K=cfg.split_k, DQ=cfg.dq, EVEN_K=even_k, PDL=cfg.pdl, IW=layout.interleave)

@@ -503,7 +503,7 @@ def gemv_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr,
                     M, N, K, KWP, stride_qk, stride_xm, stride_om, K_SPLIT_W,
                     GS: tl.constexpr, ZP: tl.constexpr, HAS_Z: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                     BKW: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, IW: tl.constexpr,
-                    ASM: tl.constexpr, COMPUTE_F32: tl.constexpr, PDL: tl.constexpr):
+                    ASM: tl.constexpr, COMPUTE_F32: tl.constexpr, PDL: tl.constexpr, X_RUNS: tl.constexpr):
     """Tensor-core int4 GEMV for M up to 16 with the scales applied after the MMA.
 
     Each K tile (``BKW`` word rows, ``8 BKW`` columns of K) lies in one group, so
@@ -514,6 +514,12 @@ def gemv_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr,
     re-layout; under the ``IW = 8`` interleave those columns are
     ``k = kw0 * 8 + (kw // 8) * 64 + h * 32 + p * 8 + kw % 8``, which ``x_p`` takes from one
     contiguous ``(BM, 8 BKW)`` load (pipelined by Triton with the words) by reshape and permute.
+
+    ``X_RUNS``: eight MMAs of K = ``BKW`` instead, one per code position e, with x read as it lies
+    (``_k_index``: runs of ``IW`` contiguous columns, 16-byte copies straight to the MMA's shared
+    operand) and the halves of ``_code_pair`` as separate operands (one PRMT per two codes re-pairs
+    them). H200 (M=16): faster at 4096 x 14336 (24.3 vs 32.0 us) and 4096^2 (11.2 vs 13.3), slower at
+    28672 x 8192 (83.8 vs 77.9).
     Needs int4 whole-word regular groups, ``IW == 8``, no act-order permutation; fp16 / bf16 x
     (``COMPUTE_F32``: fp32 x or the interpreter's bf16, multiplied in fp32).
     ``PDL``: launched as a programmatic dependent (``_wait_for_producer`` before the first load).
@@ -529,6 +535,7 @@ def gemv_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr,
     x_rows = tl.minimum(rows, M - 1)   # rows past M: any row, never stored
     w_ptrs = qw_ptr + tl.arange(0, BKW)[None, :] * stride_qk + n[:, None]    # (BN, BKW)
     kx = tl.arange(0, 8 * BKW)
+    kwr = tl.arange(0, BKW)
     acc = tl.zeros((BN, BM), tl.float32)
     kw_begin = pid_k * K_SPLIT_W
     _wait_for_producer(PDL)
@@ -543,35 +550,51 @@ def gemv_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr,
             zc = tl.full((BN,), ZP + MAGIC, tl.float32)
         zb = zc.to(tl.float16 if F16 else tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
         zc2 = (zb | (zb << 16))[:, None]
-        # -- x over the tile's 8 BKW columns, split into the four x_p (see the docstring)
-        k = kw0 * 8 + kx
-        if EVEN_K:
-            xg = tl.load(x_ptr + x_rows[:, None] * stride_xm + k[None, :])
-        else:
-            xg = tl.load(x_ptr + x_rows[:, None] * stride_xm + k[None, :], mask=k[None, :] < K, other=0.0)
-        if COMPUTE_F32:
-            xg = xg.to(tl.float32)
-        xg = xg.reshape(BM, NBLK, 2, 2, 2, IW).permute(1, 5, 2, 0, 3, 4)   # (blk, r, h, m, p >> 1, p & 1)
-        x_even, x_odd = tl.split(xg)
-        x0, x2 = tl.split(x_even)
-        x1, x3 = tl.split(x_odd)
-        # -- four MMAs over the group, then the scale
         accg = tl.zeros((BN, BM), tl.float32)
-        for p in tl.static_range(4):
-            lo, hi = _code_pair(words, zc2, p, F16, ASM)
-            wp = tl.join(lo, hi).reshape(BN, 2 * BKW)
-            if p == 0:
-                xp = x0.reshape(2 * BKW, BM)
-            elif p == 1:
-                xp = x1.reshape(2 * BKW, BM)
-            elif p == 2:
-                xp = x2.reshape(2 * BKW, BM)
+        if not X_RUNS:
+            # -- x over the tile's 8 BKW columns, split into the four x_p (see the docstring)
+            k = kw0 * 8 + kx
+            if EVEN_K:
+                xg = tl.load(x_ptr + x_rows[:, None] * stride_xm + k[None, :])
             else:
-                xp = x3.reshape(2 * BKW, BM)
+                xg = tl.load(x_ptr + x_rows[:, None] * stride_xm + k[None, :], mask=k[None, :] < K, other=0.0)
             if COMPUTE_F32:
-                accg = tl.dot(wp.to(tl.float32), xp, accg, input_precision="ieee")
-            else:
-                accg = tl.dot(wp.to(x_ptr.dtype.element_ty), xp, accg)
+                xg = xg.to(tl.float32)
+            xg = xg.reshape(BM, NBLK, 2, 2, 2, IW).permute(1, 5, 2, 0, 3, 4)   # (blk, r, h, m, p >> 1, p & 1)
+            x_even, x_odd = tl.split(xg)
+            x0, x2 = tl.split(x_even)
+            x1, x3 = tl.split(x_odd)
+            # -- four MMAs over the group, then the scale
+            for p in tl.static_range(4):
+                lo, hi = _code_pair(words, zc2, p, F16, ASM)
+                wp = tl.join(lo, hi).reshape(BN, 2 * BKW)
+                if p == 0:
+                    xp = x0.reshape(2 * BKW, BM)
+                elif p == 1:
+                    xp = x1.reshape(2 * BKW, BM)
+                elif p == 2:
+                    xp = x2.reshape(2 * BKW, BM)
+                else:
+                    xp = x3.reshape(2 * BKW, BM)
+                if COMPUTE_F32:
+                    accg = tl.dot(wp.to(tl.float32), xp, accg, input_precision="ieee")
+                else:
+                    accg = tl.dot(wp.to(x_ptr.dtype.element_ty), xp, accg)
+        else:
+            # -- eight MMAs of K = BKW, one per code position e, x[:, k_e] loaded as it lies (runs of IW)
+            for p in tl.static_range(4):
+                lo, hi = _code_pair(words, zc2, p, F16, ASM)
+                for h in tl.static_range(2):
+                    k = _k_index(kw0, kwr, p + 4 * h, 8, IW, BKW)
+                    if EVEN_K:
+                        xe = tl.load(x_ptr + x_rows[None, :] * stride_xm + k[:, None])
+                    else:
+                        xe = tl.load(x_ptr + x_rows[None, :] * stride_xm + k[:, None], mask=k[:, None] < K, other=0.0)
+                    we = lo if h == 0 else hi
+                    if COMPUTE_F32:
+                        accg = tl.dot(we.to(tl.float32), xe.to(tl.float32), accg, input_precision="ieee")
+                    else:
+                        accg = tl.dot(we.to(x_ptr.dtype.element_ty), xe, accg)
         acc += s[:, None] * accg
     # -- write (BM, BN)
     _finish(tl.trans(acc), rows, n, M, N, pid_n, pid_k, pid_m, out_ptr, stride_om, ws_ptr, lock_ptr, BM, BN, SPLIT_K)
