@@ -499,6 +499,66 @@ def _code_pair(words, zc2, P: tl.constexpr, F16: tl.constexpr, ASM: tl.constexpr
 
 
 @triton.jit
+def _group_dot_tile(words, zc2, x_ptr, x_rows, stride_xm, k, K, BN: tl.constexpr, BM: tl.constexpr,
+                    BKW: tl.constexpr, IW: tl.constexpr, F16: tl.constexpr, ASM: tl.constexpr,
+                    EVEN_K: tl.constexpr, COMPUTE_F32: tl.constexpr):
+    """``sum_p w_p @ x_p`` over one group (``gemv_mma_kernel``): x over the tile's columns ``k`` (8 BKW,
+    contiguous) in one load, split into the four ``x_p`` in registers, four MMAs of K = 2 BKW."""
+    # -- x (BM, 8 BKW) -> x_p (2 BKW, BM): dot column 2 kw + h of pair p is k = blk*64 + h*32 + p*8 + r
+    if EVEN_K:
+        xg = tl.load(x_ptr + x_rows[:, None] * stride_xm + k[None, :])
+    else:
+        xg = tl.load(x_ptr + x_rows[:, None] * stride_xm + k[None, :], mask=k[None, :] < K, other=0.0)
+    if COMPUTE_F32:
+        xg = xg.to(tl.float32)
+    xg = xg.reshape(BM, BKW // IW, 2, 2, 2, IW).permute(1, 5, 2, 0, 3, 4)   # (blk, r, h, m, p >> 1, p & 1)
+    x_even, x_odd = tl.split(xg)
+    x0, x2 = tl.split(x_even)
+    x1, x3 = tl.split(x_odd)
+    # -- one MMA per code pair, its two halves adjacent columns
+    accg = tl.zeros((BN, BM), tl.float32)
+    for p in tl.static_range(4):
+        lo, hi = _code_pair(words, zc2, p, F16, ASM)
+        wp = tl.join(lo, hi).reshape(BN, 2 * BKW)
+        if p == 0:
+            xp = x0.reshape(2 * BKW, BM)
+        elif p == 1:
+            xp = x1.reshape(2 * BKW, BM)
+        elif p == 2:
+            xp = x2.reshape(2 * BKW, BM)
+        else:
+            xp = x3.reshape(2 * BKW, BM)
+        if COMPUTE_F32:
+            accg = tl.dot(wp.to(tl.float32), xp, accg, input_precision="ieee")
+        else:
+            accg = tl.dot(wp.to(x_ptr.dtype.element_ty), xp, accg)
+    return accg
+
+
+@triton.jit
+def _group_dot_runs(words, zc2, x_ptr, x_rows, stride_xm, kw0, kwr, K, BN: tl.constexpr, BM: tl.constexpr,
+                    BKW: tl.constexpr, IW: tl.constexpr, F16: tl.constexpr, ASM: tl.constexpr,
+                    EVEN_K: tl.constexpr, COMPUTE_F32: tl.constexpr):
+    """``sum_e w_e @ x_e`` over one group (``gemv_mma_kernel`` with ``X_RUNS``): eight MMAs of K = BKW,
+    one per code position e, x[:, k_e] loaded as it lies (``_k_index``: runs of IW columns)."""
+    accg = tl.zeros((BN, BM), tl.float32)
+    for p in tl.static_range(4):
+        lo, hi = _code_pair(words, zc2, p, F16, ASM)
+        for h in tl.static_range(2):
+            k = _k_index(kw0, kwr, p + 4 * h, 8, IW, BKW)
+            if EVEN_K:
+                xe = tl.load(x_ptr + x_rows[None, :] * stride_xm + k[:, None])
+            else:
+                xe = tl.load(x_ptr + x_rows[None, :] * stride_xm + k[:, None], mask=k[:, None] < K, other=0.0)
+            we = lo if h == 0 else hi
+            if COMPUTE_F32:
+                accg = tl.dot(we.to(tl.float32), xe.to(tl.float32), accg, input_precision="ieee")
+            else:
+                accg = tl.dot(we.to(x_ptr.dtype.element_ty), xe, accg)
+    return accg
+
+
+@triton.jit
 def gemv_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr,
                     M, N, K, KWP, stride_qk, stride_xm, stride_om, K_SPLIT_W,
                     GS: tl.constexpr, ZP: tl.constexpr, HAS_Z: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
@@ -526,7 +586,6 @@ def gemv_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr,
     """
     F16: tl.constexpr = x_ptr.dtype.element_ty == tl.float16
     MAGIC: tl.constexpr = _MAGIC_F16 if F16 else _MAGIC_BF16
-    NBLK: tl.constexpr = BKW // IW
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -550,51 +609,13 @@ def gemv_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr,
             zc = tl.full((BN,), ZP + MAGIC, tl.float32)
         zb = zc.to(tl.float16 if F16 else tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
         zc2 = (zb | (zb << 16))[:, None]
-        accg = tl.zeros((BN, BM), tl.float32)
-        if not X_RUNS:
-            # -- x over the tile's 8 BKW columns, split into the four x_p (see the docstring)
-            k = kw0 * 8 + kx
-            if EVEN_K:
-                xg = tl.load(x_ptr + x_rows[:, None] * stride_xm + k[None, :])
-            else:
-                xg = tl.load(x_ptr + x_rows[:, None] * stride_xm + k[None, :], mask=k[None, :] < K, other=0.0)
-            if COMPUTE_F32:
-                xg = xg.to(tl.float32)
-            xg = xg.reshape(BM, NBLK, 2, 2, 2, IW).permute(1, 5, 2, 0, 3, 4)   # (blk, r, h, m, p >> 1, p & 1)
-            x_even, x_odd = tl.split(xg)
-            x0, x2 = tl.split(x_even)
-            x1, x3 = tl.split(x_odd)
-            # -- four MMAs over the group, then the scale
-            for p in tl.static_range(4):
-                lo, hi = _code_pair(words, zc2, p, F16, ASM)
-                wp = tl.join(lo, hi).reshape(BN, 2 * BKW)
-                if p == 0:
-                    xp = x0.reshape(2 * BKW, BM)
-                elif p == 1:
-                    xp = x1.reshape(2 * BKW, BM)
-                elif p == 2:
-                    xp = x2.reshape(2 * BKW, BM)
-                else:
-                    xp = x3.reshape(2 * BKW, BM)
-                if COMPUTE_F32:
-                    accg = tl.dot(wp.to(tl.float32), xp, accg, input_precision="ieee")
-                else:
-                    accg = tl.dot(wp.to(x_ptr.dtype.element_ty), xp, accg)
+        # -- the group's sum of (q - z) * x, then its scale
+        if X_RUNS:
+            accg = _group_dot_runs(words, zc2, x_ptr, x_rows, stride_xm, kw0, kwr, K, BN, BM, BKW, IW, F16, ASM,
+                                   EVEN_K, COMPUTE_F32)
         else:
-            # -- eight MMAs of K = BKW, one per code position e, x[:, k_e] loaded as it lies (runs of IW)
-            for p in tl.static_range(4):
-                lo, hi = _code_pair(words, zc2, p, F16, ASM)
-                for h in tl.static_range(2):
-                    k = _k_index(kw0, kwr, p + 4 * h, 8, IW, BKW)
-                    if EVEN_K:
-                        xe = tl.load(x_ptr + x_rows[None, :] * stride_xm + k[:, None])
-                    else:
-                        xe = tl.load(x_ptr + x_rows[None, :] * stride_xm + k[:, None], mask=k[:, None] < K, other=0.0)
-                    we = lo if h == 0 else hi
-                    if COMPUTE_F32:
-                        accg = tl.dot(we.to(tl.float32), xe.to(tl.float32), accg, input_precision="ieee")
-                    else:
-                        accg = tl.dot(we.to(x_ptr.dtype.element_ty), xe, accg)
+            accg = _group_dot_tile(words, zc2, x_ptr, x_rows, stride_xm, kw0 * 8 + kx, K, BN, BM, BKW, IW, F16, ASM,
+                                   EVEN_K, COMPUTE_F32)
         acc += s[:, None] * accg
     # -- write (BM, BN)
     _finish(tl.trans(acc), rows, n, M, N, pid_n, pid_k, pid_m, out_ptr, stride_om, ws_ptr, lock_ptr, BM, BN, SPLIT_K)
