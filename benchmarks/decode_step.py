@@ -299,6 +299,7 @@ def main():
             att = "sdpa-dense"
             step = PortakernStep(ctx, args.glue, "sdpa")
         runs["int4_portakern"] = (step, att)
+        pk_attention = att
         if args.compare_tiles:
             runs["int4_portakern_word_rows"] = (PortakernStep(ctx, args.glue, att.split("-")[0],
                                                               group_rows=False), att)
@@ -321,7 +322,7 @@ def main():
             runs[name] = None
             del st
             torch.cuda.empty_cache()
-        if args.breakdown and att == "portakern-paged":
+        if args.breakdown and pk_attention == "portakern-paged":
             st = PortakernStep(ctx, args.glue, "portakern")
             parts = {}
             for part in ("gemv", "attention", "glue"):

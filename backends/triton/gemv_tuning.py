@@ -6,7 +6,7 @@ architecture family:
 ==========  ===========================================================================
 arch        source of the numbers
 ==========  ===========================================================================
-sm_90       H200 sweeps (sessions 1-3) in ``benchmarks/gemv_notes.md`` (``benchmarks/gemv.py --sweep``)
+sm_90       H200 sweeps (sessions 1-5) in ``benchmarks/gemv_notes.md`` (``benchmarks/gemv.py --sweep``)
 sm_80       the sm_90 choices without ``pdl`` (sm_90+); not measured
 sm_100      the sm_90 choices (not measured here)
 sm_120      the sm_90 choices (not measured here)
