@@ -88,7 +88,8 @@ CASES = [
      {"config": ("mma", 16, 16, 1, 2), "xscale": 1e6}),
     ("awq-mma-g128-m16-bf16", "awq", 4, 128, False, 16, 48, 256, "bfloat16", {"config": ("mma", 16, 16, 1, 2)}),
     ("native4-asym-g128-m16-bf16-table", "native", 4, 128, False, 16, 48, 512, "bfloat16", {}),
-    # the same kernel reading x in runs (GemvConfig.x_runs): dtypes, groups 64 / 128 / 256, split-K, odd K
+    # the same kernel reading x in runs (GemvConfig.x_runs; groups of 128 and more): dtypes, sym / asym,
+    # groups 128 / 256, M < 16, split-K, padded word rows (K=384)
     ("native4-mma-runs-asym-g128-m16-f16", "native", 4, 128, False, 16, 64, 512, "float16",
      {"config": ("mma", 32, 16, 1, 2, {"x_runs": True})}),
     ("native4-mma-runs-sym-g128-m5-bf16", "native", 4, 128, True, 5, 40, 512, "bfloat16",

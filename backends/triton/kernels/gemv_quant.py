@@ -105,6 +105,19 @@ def _denorm_fwd(v, DQ: tl.constexpr):
 
 
 @triton.jit
+def _program_tile(M, BM: tl.constexpr, BN: tl.constexpr):
+    """This program's (column tile, K slice, row tile) ids, its ``BN`` columns, ``BM`` rows of x and
+    the rows it reads (rows past M read row M-1; never stored)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    n = pid_n * BN + tl.arange(0, BN)
+    rows = pid_m * BM + tl.arange(0, BM)
+    x_rows = tl.minimum(rows, M - 1)
+    return pid_n, pid_k, pid_m, n, rows, x_rows
+
+
+@triton.jit
 def _wait_for_producer(PDL: tl.constexpr):
     """PDL: wait until the previous kernel in the stream has completed and its writes are visible
     (``griddepcontrol.wait``), then let the next one launch (``griddepcontrol.launch_dependents``).
@@ -320,12 +333,7 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
     """
     EPW: tl.constexpr = 32 // BITS
     DQE: tl.constexpr = 2 if (DQ == 3 and PER_ELEM_GROUP) else DQ   # DQ=3 needs per-row groups
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
-    n = pid_n * BN + tl.arange(0, BN)   # columns up to NP (a multiple of BN) exist: no load mask
-    rows = pid_m * BM + tl.arange(0, BM)
-    x_rows = tl.minimum(rows, M - 1)    # rows past M read row M-1; never stored
+    pid_n, pid_k, pid_m, n, rows, x_rows = _program_tile(M, BM, BN)   # columns up to NP exist: no load mask
     kwr = tl.arange(0, BKW)
     w_ptrs = qw_ptr + kwr[:, None] * stride_qk + n[None, :]
     kw_begin = pid_k * K_SPLIT_W
@@ -409,12 +417,7 @@ def gemv_dot_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, out_ptr, ws_ptr, lock
     """
     EPW: tl.constexpr = 32 // BITS
     DQE: tl.constexpr = 2 if DQ == 3 else DQ
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
-    n = pid_n * BN + tl.arange(0, BN)
-    rows = pid_m * BM + tl.arange(0, BM)
-    x_rows = tl.minimum(rows, M - 1)   # rows past M: any row, never stored
+    pid_n, pid_k, pid_m, n, rows, x_rows = _program_tile(M, BM, BN)
     kwr = tl.arange(0, BKW)
     if SWAP_AB:
         w_ptrs = qw_ptr + kwr[None, :] * stride_qk + n[:, None]    # (BN, BKW) tiles
@@ -586,12 +589,7 @@ def gemv_mma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr,
     """
     F16: tl.constexpr = x_ptr.dtype.element_ty == tl.float16
     MAGIC: tl.constexpr = _MAGIC_F16 if F16 else _MAGIC_BF16
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
-    n = pid_n * BN + tl.arange(0, BN)
-    rows = pid_m * BM + tl.arange(0, BM)
-    x_rows = tl.minimum(rows, M - 1)   # rows past M: any row, never stored
+    pid_n, pid_k, pid_m, n, rows, x_rows = _program_tile(M, BM, BN)
     w_ptrs = qw_ptr + tl.arange(0, BKW)[None, :] * stride_qk + n[:, None]    # (BN, BKW)
     kx = tl.arange(0, 8 * BKW)
     kwr = tl.arange(0, BKW)
