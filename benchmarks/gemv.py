@@ -223,7 +223,8 @@ def sweep_candidates(M: int, dqs=(2,), swaps=(False,), stages=(1,), prefetch=(1,
     stages (its K tile is the group's)."""
     out = []
     if mma:
-        out += [GemvConfig("mma", bn, 16, w, st, 0) for bn in mma_grid[0] for w in mma_grid[1] for st in mma_grid[2]]
+        out += [GemvConfig("mma", bn, 16, w, st, 0, x_runs=xr) for bn in mma_grid[0] for w in mma_grid[1]
+                for st in mma_grid[2] for xr in (False, True)]
     for dq in dqs:
         if M == 1:
             out += [GemvConfig("fma", bn, bkw, w, st, 0, dq, prefetch=pf) for bn in (32, 64) for bkw in (32, 64)
@@ -359,7 +360,7 @@ def main():
                     best[(M, N, K)] = timed[0][1]
                     print(f"sweep M={M} N={N} K={K}: " + "; ".join(
                         f"{t:.1f}us {c.kind} bn{c.block_n} kw{c.block_kw} w{c.num_warps} s{c.num_stages} "
-                        f"sk{c.split_k} dq{c.dq}{' swap' if c.swap_ab else ''}{' ahead2' if c.prefetch == 2 else ''}{' pdl' if c.pdl else ''}"
+                        f"sk{c.split_k} dq{c.dq}{' swap' if c.swap_ab else ''}{' xruns' if c.x_runs else ''}{' ahead2' if c.prefetch == 2 else ''}{' pdl' if c.pdl else ''}"
                         f"{' rows' if c.group_rows else ''}"
                         for t, c in timed[:4]), flush=True)
                 torch.cuda.empty_cache()

@@ -60,7 +60,8 @@ for s in "$@"; do
             --group-rows 0 1 --no-table --sweep-shapes 4096x4096 6144x4096 14336x4096 4096x14336 8192x8192 \
             28672x4096 28672x8192 16384x16384 128256x4096 --tag="-rows-sweep$TAG" --out "$RES" ;;
         gemv-mma-sweep) step gemv-mma-sweep python3 benchmarks/gemv.py --sweep --ms 4 16 --swap none --mma 1 \
-            --tag="-mma-sweep$TAG" --out "$RES" ;;
+            --mma-bn 64 128 --mma-warps 4 --mma-stages 1 3 \
+            --sweep-shapes 4096x4096 4096x14336 28672x8192 16384x16384 --tag="-mma-sweep$TAG" --out "$RES" ;;
         gemv-mma-m1-sweep) step gemv-mma-m1-sweep python3 benchmarks/gemv.py --sweep --ms 1 --dq 3 --pdl 1 \
             --group-rows 1 --mma 1 --no-table --sweep-shapes 4096x4096 6144x4096 28672x8192 \
             --tag="-mma-m1-sweep$TAG" --out "$RES" ;;

@@ -20,6 +20,7 @@ and Triton versions, bucket); a later process reads it back without timing.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from dataclasses import asdict, dataclass, replace
@@ -277,16 +278,14 @@ def candidates(layout, M: int, N: int, arch: str, num_sms: int, dtype: str = "bf
     """Configurations worth timing (the table's choice first)."""
     base = choose(layout, M, N, arch, num_sms, dtype=dtype)
     out = [base]
-    if base.kind == "mma":   # the K tile is the group's; columns, warps and pipeline depth vary
-        for bn in (64, 128):
-            for w in (4, 8):
-                for st in (2, 3, 4):
-                    c = fit(replace(base, block_n=bn, num_warps=w, num_stages=st), layout, M)
-                    auto = split_k_for(N, layout.KWP, c, num_sms)
-                    for split in sorted({auto, max(1, auto // 2), 2 * auto}):
-                        cand = replace(c, split_k=split)
-                        if cand not in out:
-                            out.append(cand)
+    if base.kind == "mma":   # the K tile is the group's; columns, warps, pipeline depth and x path vary
+        for bn, w, st, xr in itertools.product((32, 64, 128), (4, 8), (1, 2, 3), (False, True)):
+            c = fit(replace(base, block_n=bn, num_warps=w, num_stages=st, x_runs=xr), layout, M)
+            auto = split_k_for(N, layout.KWP, c, num_sms)
+            for split in sorted({auto, max(1, auto // 2), 2 * auto}):
+                cand = replace(c, split_k=split)
+                if cand not in out:
+                    out.append(cand)
         return out
     grid = [(bn, bkw, w, False) for bn in (32, 64, 128) for bkw in (16, 32, 64) for w in (4, 8)]
     if base.kind == "fma" and M == 1 and not layout.per_elem_group and not layout.has_perm:
