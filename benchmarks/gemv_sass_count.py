@@ -14,7 +14,8 @@ counted instead (marked ``"unit": "ptx"``).
 
 ``--tiles``: the per-word-row tile of the table (``word-rows``, the default) and/or the group-resident
 tile (``group-rows``: ``--cols`` columns per thread, so ``block_n = 32 * cols * warps``, and ``--rows``
-word rows per tile).
+word rows per tile); ``tensor-core``: the M=16 kernels instead, session 4's "dot" (swapped operands)
+and the "mma" kernel with either x path, 64 / 128 columns, 1 / 3 stages (``--dq`` ignored).
 
 Prints one line per (variant, configuration) and writes the JSON (default
 ``benchmarks/results/gemv-sass-count-<date>.json``).
@@ -162,6 +163,26 @@ def count(op: QuantGemv, cfg: tuning.GemvConfig) -> dict:
             "cubin_bytes": len(cubin or b"")}
 
 
+def tensor_core_rows(N: int, K: int, dtype: str) -> list[dict]:
+    """Static counts of the M=16 tensor-core kernels (int4 g128 asymmetric)."""
+    op = QuantGemv(M=16, N=N, K=K, dtype=DType(dtype), fmt=QuantFormat(bits=4, group_size=128, symmetric=False))
+    lay = Q._LayoutStub(op)
+    cfgs = [tuning.GemvConfig("dot", 128, 32, 4, 2, 1, 2, swap_ab=True)]
+    cfgs += [tuning.GemvConfig("mma", bn, 16, 4, st, 1, x_runs=xr) for bn in (64, 128) for st in (1, 3)
+             for xr in (False, True)]
+    out = []
+    for c in cfgs:
+        cfg = tuning.fit(c, lay, 16)
+        r = count(op, cfg)
+        r.update({"M": 16, "N": N, "K": K, "dtype": dtype, "bits": 4, "tiles": "tensor-core"})
+        out.append(r)
+        print(f"M=16 {cfg.kind} bn{cfg.block_n} kw{cfg.block_kw} w{cfg.num_warps} st{cfg.num_stages}"
+              f"{' x_runs' if cfg.x_runs else ''}{' swap' if cfg.swap_ab else ''}: {r['loop_instructions']:4d} "
+              f"{r['unit']} instr / {r['codes_per_thread_per_iteration']} codes = {r['per_code']:.2f}/code  "
+              f"regs {r['registers']}", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=f"benchmarks/results/gemv-sass-count-{datetime.date.today().isoformat()}.json")
@@ -170,18 +191,20 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16", "float32"])
     ap.add_argument("--warps", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--bits", type=int, nargs="+", default=[4], choices=[4, 8])
-    ap.add_argument("--tiles", nargs="+", default=["word-rows"], choices=["word-rows", "group-rows"])
+    ap.add_argument("--tiles", nargs="+", default=["word-rows"], choices=["word-rows", "group-rows", "tensor-core"])
     ap.add_argument("--cols", type=int, nargs="+", default=[4, 8], help="group-rows: columns per thread")
     ap.add_argument("--rows", type=int, nargs="+", default=[8, 16], help="group-rows: word rows per tile")
     args = ap.parse_args()
     N, K = args.shape
     rows = []
+    if "tensor-core" in args.tiles:
+        rows += tensor_core_rows(N, K, args.dtype)
     for bits, sym in [(b, s) for b in args.bits for s in (False, True)]:
         op = QuantGemv(M=1, N=N, K=K, dtype=DType(args.dtype), fmt=QuantFormat(bits=bits, group_size=128, symmetric=sym))
         arch = tuning.arch_family(Q._TARGETS[TARGET])
         lay = Q._LayoutStub(op)
         table = tuning.choose(lay, 1, N, arch, tuning.DEFAULT_SMS[arch])
-        for tiles in args.tiles:
+        for tiles in [t for t in args.tiles if t != "tensor-core"]:
             base = tuning.choose(lay, 1, N, arch, tuning.DEFAULT_SMS[arch], group_rows=tiles == "group-rows")
             shapes = ([(w, base.block_n, base.block_kw) for w in args.warps] if not base.group_rows else
                       [(w, 32 * c * w, r) for w in args.warps for c in args.cols for r in args.rows])
@@ -200,8 +223,8 @@ def main() -> None:
                           f"  ftz {r['ptx_ftz_arith']}  [{top}]", flush=True)
     import triton
 
-    res = {"what": "instructions in the main (kw0) loop of gemv_fma_kernel, g128 M=1, per tile, dq variant "
-                   "and code; static (compiled here, not run)",
+    res = {"what": "instructions in the main (kw0) loop of the gemv kernels (gemv_fma_kernel g128 M=1 per tile and "
+                   "dq variant; with --tiles tensor-core the M=16 kernels), per code; static (compiled here, not run)",
            "date": datetime.date.today().isoformat(), "target": TARGET, "triton": triton.__version__,
            "command": "python " + " ".join([sys.argv[0]] + sys.argv[1:]), "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
