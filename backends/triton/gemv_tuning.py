@@ -226,8 +226,9 @@ MMA_TILE_X_MIN_NK = 1 << 27
 
 def mma_eligible(layout, dtype: str | None = None) -> str | None:
     """Why the "mma" kernel cannot serve ``layout`` with ``dtype`` activations, or None if it can.
-    It needs int4 codes in whole-word regular groups of a multiple of 64 (the 8-row interleave),
-    no act-order permutation, and fp16 / bf16 x (exact 16-bit integers ``q - z``)."""
+    It needs int4 codes in whole-word regular groups of a multiple of 64 (the 8-row interleave) and
+    no act-order permutation. ``dtype`` (the table's question): fp16 / bf16 x; a forced "mma"
+    configuration (``fit`` asks without a dtype) also runs fp32 x, multiplying in fp32."""
     if layout.bits != 4:
         return f"bits={layout.bits} (int4 only: the 16-bit magic-number dequantization holds 4-bit codes)"
     if layout.per_elem_group or layout.interleave != 8:
