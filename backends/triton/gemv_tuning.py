@@ -87,7 +87,7 @@ class GemvConfig:
                once per word. block_n is then a multiple of 128 per warp (one 16-byte vector of
                each row per thread). Ignored (cleared by ``fit``) for per-element groups
     x_runs     (kind "mma") x read as it lies in runs of 8 columns, one MMA per code position, instead
-               of one tile per group re-laid in registers (``kernels.gemv_quant.gemv_mma_kernel``)
+               of one tile per group re-laid in registers (``kernels.gemv_mma.gemv_mma_kernel``)
     """
 
     kind: str
@@ -245,9 +245,8 @@ def _fit_mma(cfg: GemvConfig, layout) -> GemvConfig:
     group, at most MMA_MAX_BKW), 16 to 128 columns; ``x_runs`` only with K tiles of >= 16 word rows
     (its MMAs have K = block_kw; groups of 64 have 8)."""
     wpg = layout.group_size // layout.codes_per_word
-    bkw = min(next_pow2(cfg.block_kw), MMA_MAX_BKW, wpg & -wpg)
+    bkw = max(8, min(next_pow2(cfg.block_kw), MMA_MAX_BKW, wpg & -wpg))
     bn = min(max(16, next_pow2(cfg.block_n)), 128)
-    bkw = max(bkw, 8)
     return replace(cfg, block_kw=bkw, block_n=bn, group_rows=False, swap_ab=False, dq=2, prefetch=1,
                    x_runs=cfg.x_runs and bkw >= 16)   # x_runs: one MMA of K = block_kw per code position
 

@@ -239,11 +239,11 @@ def supports(op: QuantGemv, device: Device) -> Support:
 class _Launcher:
     """One kernel, its constexprs, grid and (split-K) workspace, for one op and weight layout."""
 
-    def __init__(self, mod, op: QuantGemv, layout, cfg: tuning.GemvConfig, interpret: bool, tdev: str):
+    def __init__(self, op: QuantGemv, layout, cfg: tuning.GemvConfig, interpret: bool, tdev: str):
         import torch
 
         self.cfg = cfg
-        self.fn = _kernel_fn(mod, cfg)
+        self.fn = _kernel_fn(cfg)
         self.kind = cfg.kind
         self.consts = _consts_for(op, layout, cfg, interpret)
         bm = self.consts["BM"]
@@ -300,11 +300,8 @@ def compile(op: QuantGemv, device: Device, config: tuning.GemvConfig | None = No
     ``config`` forces a launch configuration (benchmarks, tests); by default the tuning table
     (or the autotune cache) chooses one per weight layout on the first call.
     """
-    from . import kernels
-
     op.verify()
     interpret = device.type == "cpu"
-    mod = kernels.load("gemv_quant")
     arch = "interp" if interpret else tuning.arch_family(device.capability)
     num_sms = tuning.DEFAULT_SMS["interp"] if interpret else _num_sms(device)
     tdev = "cpu" if interpret else f"cuda:{device.index}"
@@ -323,13 +320,13 @@ def compile(op: QuantGemv, device: Device, config: tuning.GemvConfig | None = No
             import triton.testing
 
             def timer(c):
-                ln = _Launcher(mod, op, w, tuning.fit(c, w, op.M), interpret, tdev)
+                ln = _Launcher(op, w, tuning.fit(c, w, op.M), interpret, tdev)
                 return triton.testing.do_bench(lambda: ln(x, w, out), warmup=5, rep=25, return_mode="median")
 
             cfg = tuning.tuned(w, op.M, op.N, op.dtype.value, device, arch, num_sms, timer)
         else:
             cfg = tuning.choose(w, op.M, op.N, arch, num_sms, dtype=op.dtype.value)
-        return _Launcher(mod, op, w, cfg, interpret, tdev)
+        return _Launcher(op, w, cfg, interpret, tdev)
 
     def kernel(x, w: PreparedGemvWeight, out) -> None:
         key = w.key()
@@ -384,8 +381,6 @@ def compile_for_target(op: QuantGemv, target: str, config: tuning.GemvConfig | N
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from . import kernels
-
     op.verify()
     arch = tuning.arch_family(cc)
     lay = _LayoutStub(op)
@@ -394,9 +389,8 @@ def compile_for_target(op: QuantGemv, target: str, config: tuning.GemvConfig | N
         cfg = tuning.fit(config, lay, op.M)
     else:
         cfg = tuning.choose(lay, op.M, op.N, arch, tuning.DEFAULT_SMS.get(arch, 132), dtype=op.dtype.value)
-    mod = kernels.load("gemv_quant")
     consts = _consts_for(op, lay, cfg)   # exactly what a launch passes
-    fn = _kernel_fn(mod, cfg)
+    fn = _kernel_fn(cfg)
     act = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[op.dtype.value]
     outp = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[op.result_dtype.value]
     sdt = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[op.fmt.scale_dtype.value]
@@ -425,8 +419,14 @@ def compile_for_target(op: QuantGemv, target: str, config: tuning.GemvConfig | N
                                       "shared": getattr(md, "shared", None), "num_warps": cfg.num_warps}}}
 
 
-def _kernel_fn(mod, cfg: tuning.GemvConfig):
-    return {"fma": mod.gemv_fma_kernel, "dot": mod.gemv_dot_kernel, "mma": mod.gemv_mma_kernel}[cfg.kind]
+def _kernel_fn(cfg: tuning.GemvConfig):
+    """The ``@triton.jit`` kernel of ``cfg.kind``, in this process's Triton flavour."""
+    from . import kernels
+
+    if cfg.kind == "mma":
+        return kernels.load("gemv_mma").gemv_mma_kernel
+    mod = kernels.load("gemv_quant")
+    return mod.gemv_fma_kernel if cfg.kind == "fma" else mod.gemv_dot_kernel
 
 
 def _consts_for(op: QuantGemv, layout, cfg: tuning.GemvConfig, interpret: bool = False) -> dict:

@@ -4,7 +4,7 @@ Session 5's Triton kernel (``gemv_mma_kernel``) is bound by the shared-memory pi
 stages the word tile and x through shared memory. Here the word tile is loaded from global memory
 straight into the layout whose 32-bit elements are the bf16 pairs of ``mma_v2``'s A fragment (the
 tf32 A layout, ``DotOperandLayout(0, mma, k_width=1)``); ``_pair`` dequantizes in place (as
-``gemv_quant._code_pair``) and ``join`` + ``reshape`` give the bf16 A operand with a conversion that
+``gemv_mma._code_pair``) and ``join`` + ``reshape`` give the bf16 A operand with a conversion that
 ``convert_layout(..., assert_trivial=True)`` proves free. x is gathered into the B layout (2-byte
 loads: under the 8-row interleave the two halves of a pair are 32 columns apart). Static count
 (Triton 3.6, sm_90a, 64 columns, 4 warps): no shared-memory instruction in the loop, 4.3 instructions

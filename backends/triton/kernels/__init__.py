@@ -15,7 +15,7 @@ from types import ModuleType
 
 _HERE = Path(__file__).resolve().parent
 _loaded: dict[tuple[str, bool], ModuleType] = {}
-_lock = threading.Lock()
+_lock = threading.RLock()   # a kernel module may load another while it loads
 
 
 def interpreted() -> bool:
