@@ -265,6 +265,35 @@ def time_step(step, graph: bool, reps=20):
     return statistics.median(ts)
 
 
+def kernel_profile(step, replays: int = 3):
+    """Per-kernel device time of the step replayed in its CUDA graph (torch.profiler / CUPTI): one row
+    per kernel name with calls and microseconds per replay, largest total first. Durations only; the
+    gaps between kernels are what the graph time adds on top of their sum."""
+    from torch.profiler import ProfilerActivity, profile
+
+    g = torch.cuda.CUDAGraph()
+    step()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g):
+        step()
+    g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            g.replay()
+        torch.cuda.synchronize()
+    rows = {}
+    for ev in prof.events():
+        if ev.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        r = rows.setdefault(ev.name, [0, 0.0])
+        r[0] += 1
+        r[1] += ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
+    out = [{"name": n, "calls": c // replays, "us_total": t / replays, "us_mean": t / max(c, 1)}
+           for n, (c, t) in rows.items()]
+    return sorted(out, key=lambda r: -r["us_total"])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ctx", type=int, nargs="+", default=[2048, 8192])
@@ -330,8 +359,11 @@ def main():
                     parts[part + "_graph_ms"] = time_step(st.part(part), graph=True)
                 except Exception as e:
                     parts[part + "_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            parts["kernels"] = kernel_profile(st)
             out["int4_portakern"]["parts"] = parts
-            print(f"ctx {ctx} parts: {json.dumps(parts)}", flush=True)
+            print(f"ctx {ctx} parts: {json.dumps({k: v for k, v in parts.items() if k != 'kernels'})}", flush=True)
+            for k in parts["kernels"][:20]:
+                print(f"  {k['us_total']:9.1f} us  {k['calls']:5d} x {k['us_mean']:7.2f} us  {k['name'][:90]}")
             del st
             torch.cuda.empty_cache()
         res["results"][str(ctx)] = out

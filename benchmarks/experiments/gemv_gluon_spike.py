@@ -18,6 +18,7 @@ order with the halves adjacent in K), a measurement. Group 128, asymmetric, bf16
 """
 
 import argparse
+import math
 import sys
 
 import numpy as np
@@ -127,12 +128,38 @@ def check(N=4096, K=4096, seed=0) -> None:
     print(f"max |out - ref| / max |ref| = {err:.2e} (bf16 output: ~4e-3 expected)")
 
 
+def time_it(shapes=((4096, 4096), (4096, 14336), (28672, 8192), (16384, 16384))) -> None:
+    """Per-call time in a CUDA graph (triton.testing.do_bench_cudagraph), words rotated over > 4x L2."""
+    import torch
+    from triton.testing import do_bench_cudagraph
+
+    for N, K in shapes:
+        kwp, g = K // 8, K // 128
+        nbytes = N * K // 2 + 4 * N * g
+        copies = max(1, math.ceil(4 * 60e6 / nbytes))
+        ws = [torch.randint(-2**31, 2**31 - 1, (kwp, N), dtype=torch.int32, device="cuda") for _ in range(copies)]
+        s = torch.rand(g, N, device="cuda").to(torch.bfloat16)
+        z = torch.randint(0, 16, (g, N), device="cuda").to(torch.bfloat16)
+        x = torch.randn(BM, K, device="cuda").to(torch.bfloat16)
+        out = torch.empty((N, BM), dtype=torch.bfloat16, device="cuda")
+
+        def run():
+            for w in ws:
+                spike[(N // BN,)](x, w, s, z, out, K, kwp, N, K, BN=BN, BM=BM, BKW=BKW, num_warps=4)
+
+        ms = do_bench_cudagraph(run) / copies
+        print(f"{N}x{K}: {ms * 1e3:7.1f} us per call, {nbytes / (ms * 1e-3) / 1e12:.2f} TB/s")
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sass", action="store_true", help="static count of the loop for sm_90a (no GPU)")
     ap.add_argument("--check", action="store_true", help="run on the GPU against float64 numpy")
+    ap.add_argument("--time", action="store_true", help="time it on the GPU at four shapes (CUDA graph)")
     args = ap.parse_args()
-    if args.sass or not args.check:
+    if args.sass or not (args.check or args.time):
         sass_count()
     if args.check:
         check()
+    if args.time:
+        time_it()
