@@ -92,8 +92,15 @@ def sweep_candidates(op, dev):
     if base.pack > 1:
         for bn, st in ((64, 3), (64, 4), (128, 3), (128, 4)):
             c = tuning.fit(op, replace(base, block_n=bn, num_stages=st, num_warps=4), arch)
-            for splits in (8, 16, 24, 32, 48, 64) if base.num_splits > 1 else (1, 2):
-                for fused, pdl in ((True, False), (False, False), (False, True)) if splits > 1 else ((True, False),):
+            tiles = -(-op.seqlen_k // c.block_n)
+            for splits in (4, 8, 12, 16, 24, 32, 48, 64) if base.num_splits > 1 else (1, 2):
+                if splits > tiles:
+                    continue
+                # the fused merge lost at every split count on the H200 (session 2): sweep it only
+                # where it is the table's (the interpreter)
+                merges = ((True, False),) if splits == 1 else \
+                    ((False, False), (False, True)) + (((True, False),) if base.fused_combine else ())
+                for fused, pdl in merges:
                     if pdl and arch not in tuning.PDL_ARCHS:
                         continue
                     cand = replace(c, num_splits=splits, fused_combine=fused, pdl=pdl)
@@ -448,10 +455,22 @@ def main():
     ap.add_argument("--head-dims", type=int, nargs="+", choices=(64, 128, 256), default=HEAD_DIMS,
                     help="--sweep and --bench: the prefill head dims to cover")
     ap.add_argument("--prefill-only", action="store_true", help="--sweep and --bench: no decode or paged shapes")
+    ap.add_argument("--decode-shapes", nargs="+", metavar="B:L[:PAGE]",
+                    help="--sweep and --bench: these decode shapes (batch, KV length, page size; no page = "
+                         "dense) instead of the default rows, e.g. 1:2048:64 1:8192")
     a = ap.parse_args()
     HEAD_DIMS[:] = a.head_dims
     global PREFILL_ONLY
     PREFILL_ONLY = a.prefill_only
+    if a.decode_shapes:
+        try:
+            shapes = [tuple(int(v) for v in t.split(":")) for t in a.decode_shapes]
+        except ValueError:
+            ap.error(f"--decode-shapes {' '.join(a.decode_shapes)}: each shape is B:L or B:L:PAGE in integers")
+        if any(len(t) not in (2, 3) for t in shapes):
+            ap.error(f"--decode-shapes {' '.join(a.decode_shapes)}: each shape is B:L or B:L:PAGE")
+        DECODE[:] = [t for t in shapes if len(t) == 2]
+        PAGED[:] = [t for t in shapes if len(t) == 3]
     if a.warm_conformance:
         warm_conformance(a.warm_conformance, a.workers)
         return

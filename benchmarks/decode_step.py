@@ -5,9 +5,10 @@ portakern's step: every linear (qkv, o, gate+up, down, lm_head) is int4 group-12
 the triton quant_gemv kernel (weights straight in its internal layout), attention is
 ``portakern.attention`` over a paged KV cache (page 64, shuffled block table; torch SDPA on a dense
 cache when the triton backend cannot serve it, said in the output), the element-wise glue
-(residual add + RMSNorm, RoPE, SiLU-mul) is torch, fused by ``torch.compile`` (``--glue eager``: plain
-torch ops). Peers re-measured in the same run, plain PyTorch as in ``shared/peers``: bf16
-``F.linear`` and tinygemm int4 (``_weight_int4pack_mm``), SDPA on a dense cache, eager glue.
+(residual add + RMSNorm, RoPE with the KV-cache append, SiLU-mul) is torch, fused by
+``torch.compile`` (``--glue eager``: plain torch ops). Peers re-measured in the same run, plain
+PyTorch as in ``shared/peers``: bf16 ``F.linear`` and tinygemm int4 (``_weight_int4pack_mm``), SDPA
+on a dense cache, eager glue.
 
 Floor = (weight bytes: codes + fp16 scale + fp16 zero per group; + K/V bytes read) / copy bandwidth.
 
@@ -65,6 +66,14 @@ def rope(qkv, cos, sin):
     return rot(q).to(BF16).view(1, 1, HQ, D), torch.stack([rot(k).to(BF16), v], dim=0)
 
 
+def rope_append(qkv, cos, sin, kvf, slot):
+    """``rope`` and the new token's k and v written into the flattened page pool ``kvf`` (2, slots,
+    HKV, D) at ``slot``: one fused kernel under ``torch.compile`` instead of three launches."""
+    q, kv_new = rope(qkv, cos, sin)
+    kvf.index_copy_(1, slot, kv_new)
+    return q
+
+
 def silu_mul(gu):
     g, u = gu[:, :MLP], gu[:, MLP:]
     return (F.silu(g.float()) * u.float()).to(BF16)
@@ -109,9 +118,10 @@ class PortakernStep:
         if glue == "compile":
             self.add_rmsnorm = torch.compile(add_rmsnorm, fullgraph=True, dynamic=False)
             self.rope = torch.compile(rope, fullgraph=True, dynamic=False)
+            self.rope_append = torch.compile(rope_append, fullgraph=True, dynamic=False)
             self.silu_mul = torch.compile(silu_mul, fullgraph=True, dynamic=False)
         else:
-            self.add_rmsnorm, self.rope, self.silu_mul = add_rmsnorm, rope, silu_mul
+            self.add_rmsnorm, self.rope, self.rope_append, self.silu_mul = add_rmsnorm, rope, rope_append, silu_mul
         if attention == "sdpa":  # dense (B, Hkv, S, D) caches instead of pages
             self.dense = [torch.randn(2, 1, HKV, ctx + 1, D, device="cuda", dtype=BF16) for _ in range(LAYERS)]
 
@@ -120,16 +130,22 @@ class PortakernStep:
         self.kern[name](x, w, out)
         return out
 
-    def attend(self, i, q, kv_new):
+    def rope_attend(self, i, qkv):
+        """RoPE, the new token's k and v appended to layer ``i``'s cache, attention over the cache."""
         import portakern
 
         if self.attention == "sdpa":
+            q, kv_new = self.rope(qkv, self.cos, self.sin)
             c = self.dense[i]
             c[:, :, :, self.ctx] = kv_new
             o = F.scaled_dot_product_attention(q.transpose(1, 2), c[0], c[1], enable_gqa=True)
             return o.transpose(1, 2).reshape(1, HQ * D)
-        kvf = self.kv[i].view(2, -1, HKV, D)
-        kvf.index_copy_(1, self.slot, kv_new)   # append the new token's k and v in one kernel
+        q = self.rope_append(qkv, self.cos, self.sin, self.kv[i].view(2, -1, HKV, D), self.slot)
+        return self.attend(i, q)
+
+    def attend(self, i, q):
+        import portakern
+
         o = portakern.attention(q, self.kv[i][0], self.kv[i][1], block_table=self.block_table,
                                 seqlens_k=self.seqlens, backend="triton")
         return o.reshape(1, HQ * D)
@@ -137,9 +153,7 @@ class PortakernStep:
     def __call__(self):
         r, xn = self.add_rmsnorm(self.h, self.zero, self.norms[0])
         for i, L in enumerate(self.layers):
-            qkv = self.gemv("qkv", xn, L["qkv"])
-            q, kv_new = self.rope(qkv, self.cos, self.sin)
-            a = self.attend(i, q, kv_new)
+            a = self.rope_attend(i, self.gemv("qkv", xn, L["qkv"]))
             o = self.gemv("o", a, L["o"])
             r, xn = self.add_rmsnorm(r, o, self.norms[2 * i + 1])
             act = self.silu_mul(self.gemv("gu", xn, L["gu"]))
@@ -149,12 +163,12 @@ class PortakernStep:
 
     def part(self, name: str):
         """The step's ``name`` kernels alone, in the step's order and on its shapes (``--breakdown``):
-        "gemv" (every quant_gemv incl. lm_head), "attention" (KV append + paged attention per layer),
-        "glue" (RMSNorm, RoPE, SiLU-mul)."""
+        "gemv" (every quant_gemv incl. lm_head), "attention" (paged attention per layer), "glue"
+        (RMSNorm, RoPE + KV append, SiLU-mul)."""
         xn = torch.randn(1, HID, device="cuda").to(BF16)
         act = torch.randn(1, MLP, device="cuda").to(BF16)
         qkv = torch.randn(1, (HQ + 2 * HKV) * D, device="cuda").to(BF16)
-        q, kv_new = self.rope(qkv, self.cos, self.sin)
+        q, _ = self.rope(qkv, self.cos, self.sin)
         gu = torch.randn(1, 2 * MLP, device="cuda").to(BF16)
 
         def gemvs():
@@ -167,12 +181,12 @@ class PortakernStep:
 
         def attention():
             for i in range(LAYERS):
-                self.attend(i, q, kv_new)
+                self.attend(i, q)
 
         def glue():
             r = self.h
             for i in range(LAYERS):
-                self.rope(qkv, self.cos, self.sin)
+                self.rope_append(qkv, self.cos, self.sin, self.kv[i].view(2, -1, HKV, D), self.slot)
                 r, _ = self.add_rmsnorm(r, xn, self.norms[2 * i + 1])
                 self.silu_mul(gu)
                 r, _ = self.add_rmsnorm(r, xn, self.norms[2 * i + 2])

@@ -231,13 +231,16 @@ def test_decode_split_kv(dtype, Sq, Hq, Hkv):
 
 
 @interp
-def test_decode_separate_combine_kernel():
-    """Many splits merge in ``attn_combine`` instead of in the last split's program."""
+@pytest.mark.parametrize("Sk", [700, 150], ids=lambda s: f"sk{s}")
+def test_decode_separate_combine_kernel(Sk):
+    """Many splits merge in ``attn_combine`` instead of in the last split's program. The key tiles
+    (16 keys under the interpreter) are shared out floor / ceil: 44 tiles give the 24 splits one or two
+    each; 10 tiles leave 14 of them empty, interleaved with the busy ones."""
     from dataclasses import replace
 
     from portakern.backends.triton import attention as A
 
-    op = make_op(B=1, Sq=2, Sk=700, Hq=4, Hkv=1, D=64, mask_mod=E.causal_mask())
+    op = make_op(B=1, Sq=2, Sk=Sk, Hq=4, Hkv=1, D=64, mask_mod=E.causal_mask())
     q, k, v = tensors(op)
     cfg = replace(A._config(op, CPU), num_splits=24, fused_combine=False)
     s = op.shapes()
@@ -385,6 +388,22 @@ def test_compile_for_target_with_programmatic_dependent_launch():
             for ptx in (fwd, comb):
                 body = ptx[ptx.index(".entry"):]
                 assert body.index("griddepcontrol.wait") < body.index("ld.global")   # waits before any read
+
+
+def test_split_count_is_not_rounded_to_equal_shares():
+    """The kernel shares key tiles out floor / ceil, so the split count is what fills the SMs (bounded
+    by two tiles per split), not rounded down to equal shares: a B=1 paged decode of 2049 keys (the
+    decode step's: a block table of 33 pages of 64) has 17 tiles of 128 keys and takes 8 splits (64
+    programs), not 6."""
+    from portakern.backends.triton import tuning
+
+    op = make_op(B=1, Sq=1, Sk=33 * 64, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16, kv_layout=KVLayout.PAGED,
+                 page_size=64, num_pages=40, has_seqlens_k=True)
+    cfg = tuning.choose(op, "sm_90", 132)
+    assert (cfg.block_n, cfg.pack) == (128, 4)
+    assert cfg.num_splits == 17 // tuning.MIN_TILES_PER_SPLIT
+    long = make_op(B=1, Sq=1, Sk=8193, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16)
+    assert tuning.choose(long, "sm_90", 132).num_splits == 16       # 132 SMs // 8 KV heads
 
 
 def test_pdl_is_refused_where_it_cannot_run():

@@ -542,6 +542,8 @@ def test_tables_use_the_group_scaled_tensor_core_kernel_where_it_applies_and_fit
         (64, 16, 4, 3, 4, True, False)
     big = T.choose(lay(N=28672), 16, 28672, "sm_90", 132)   # from MMA_TILE_X_MIN_NK: x as one tile per group, no pipelining; 2 slices
     assert (big.block_n, big.num_stages, big.split_k, big.x_runs) == (64, 1, 2, False)
+    wide = T.choose(lay(N=16384, K=16384), 16, 16384, "sm_90", 132)   # from MMA_WIDE_MIN_NK: 128 columns, 4 slices
+    assert (wide.block_n, wide.num_stages, wide.split_k, wide.x_runs) == (128, 1, 4, False)
     with pytest.raises(ValueError, match=r"GemvConfig\(kind='dot', x_runs=True\): x_runs is an option of the 'mma' "
                                          r"kernel; use kind='mma' or x_runs=False"):
         T.fit(T.GemvConfig("dot", 64, 32, x_runs=True), lay(), 16)

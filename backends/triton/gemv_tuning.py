@@ -140,7 +140,10 @@ def _table(arch: str, kind: str, M: int, N: int, K: int, bits: int, rows_ok: boo
     if kind == "mma":
         # H200 session 5 (M=16, benchmarks/gemv_notes.md v7): 64 columns and 4 warps beat 128 and 8 on
         # every shape; x read in runs won 4096x14336 (24.3 vs 32.0 us) and 4096^2 (11.2 vs 13.3), the
-        # register-split x tile without pipelining won 28672x8192 (77.9 vs 83.8; "dot" 155)
+        # register-split x tile without pipelining won 28672x8192 (77.9 vs 83.8; "dot" 155). Session 6:
+        # at 16384^2 the same x path over 128 columns (4 slices) ran 86.4 us vs 124 with 64 columns
+        if N * K >= MMA_WIDE_MIN_NK:
+            return GemvConfig("mma", block_n=128, block_kw=16, num_warps=4, num_stages=1)
         if N * K >= MMA_TILE_X_MIN_NK:
             return GemvConfig("mma", block_n=64, block_kw=16, num_warps=4, num_stages=1)
         return GemvConfig("mma", block_n=64, block_kw=16, num_warps=4, num_stages=3, x_runs=True)
@@ -222,6 +225,9 @@ def fit(cfg: GemvConfig, layout, M: int) -> GemvConfig:
 MMA_MAX_BKW = 32
 #: From this N * K on, the "mma" table reads x as one tile per group (``GemvConfig.x_runs`` False).
 MMA_TILE_X_MIN_NK = 1 << 27
+#: From this N * K on, the "mma" table takes 128-column programs (H200 session 6: the one bench shape
+#: there, 16384^2, M=16: 86.4 us vs 124 with 64 columns; 28672x8192, below it, keeps 64: 77.9 vs 87.3).
+MMA_WIDE_MIN_NK = 1 << 28
 
 
 def mma_eligible(layout, dtype: str | None = None) -> str | None:

@@ -337,11 +337,10 @@ def num_splits(op, cfg: AttnConfig, num_sms: int) -> int:
     # rounded down: one program past a full wave costs a whole tile walk (H200, B=1 32k with 8 KV
     # heads: 17 splits = 136 programs on 132 SMs ran 49.7 us, 16 splits 42.9 us)
     want = max(1, PROGRAMS_PER_SM * num_sms // base)
-    splits = max(1, min(want, MAX_SPLITS, tiles // MIN_TILES_PER_SPLIT))
-    if splits > 1:
-        per = -(-tiles // splits)
-        splits = -(-tiles // per)
-    return splits
+    # the kernel shares the tiles out evenly (floor / ceil), so any count up to tiles // MIN keeps
+    # every split busy; before session 6 it gave each split cdiv(tiles, splits) and the count was
+    # rounded to that (B=1 decode of 2049 keys in pages of 64: 6 splits of 8 wanted, 48 programs)
+    return max(1, min(want, MAX_SPLITS, tiles // MIN_TILES_PER_SPLIT))
 
 
 def workspace_bytes(op, cfg: AttnConfig) -> int:

@@ -289,10 +289,12 @@ def attn_fwd(
     t_hi = tl.cdiv(hi, BLOCK_N)
     t_flo = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N), t_lo), t_hi)
     t_fhi = tl.maximum(tl.minimum(full_hi // BLOCK_N, t_hi), t_flo)
-    if NUM_SPLITS > 1:  # split the visible tiles evenly: adapts to each sequence's own length
-        per = tl.cdiv(t_hi - t_lo, NUM_SPLITS)
-        s_lo = t_lo + split * per
-        s_hi = s_lo + per
+    if NUM_SPLITS > 1:
+        # split the visible tiles evenly (floor / ceil shares, adapting to each sequence's own length):
+        # every split has work while the tiles are at least NUM_SPLITS, so the grid stays full
+        n_t = t_hi - t_lo
+        s_lo = t_lo + (split * n_t) // NUM_SPLITS
+        s_hi = t_lo + ((split + 1) * n_t) // NUM_SPLITS
         t_lo = tl.maximum(t_lo, s_lo)
         t_flo = tl.minimum(tl.maximum(t_flo, s_lo), s_hi)
         t_fhi = tl.minimum(tl.maximum(t_fhi, s_lo), s_hi)
