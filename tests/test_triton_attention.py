@@ -392,18 +392,31 @@ def test_compile_for_target_with_programmatic_dependent_launch():
 
 def test_split_count_is_not_rounded_to_equal_shares():
     """The kernel shares key tiles out floor / ceil, so the split count is what fills the SMs (bounded
-    by two tiles per split), not rounded down to equal shares: a B=1 paged decode of 2049 keys (the
-    decode step's: a block table of 33 pages of 64) has 17 tiles of 128 keys and takes 8 splits (64
-    programs), not 6."""
+    by two tiles per split), not rounded down to equal shares: B=1 decode over 17 tiles of 64 keys
+    takes 8 splits (64 programs), where equal shares of 3 tiles gave 6."""
     from portakern.backends.triton import tuning
 
-    op = make_op(B=1, Sq=1, Sk=33 * 64, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16, kv_layout=KVLayout.PAGED,
-                 page_size=64, num_pages=40, has_seqlens_k=True)
+    op = make_op(B=1, Sq=1, Sk=17 * 64, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16)
     cfg = tuning.choose(op, "sm_90", 132)
-    assert (cfg.block_n, cfg.pack) == (128, 4)
-    assert cfg.num_splits == 17 // tuning.MIN_TILES_PER_SPLIT
+    assert (cfg.block_n, cfg.pack, cfg.num_splits) == (64, 4, 17 // tuning.MIN_TILES_PER_SPLIT)
     long = make_op(B=1, Sq=1, Sk=8193, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16)
     assert tuning.choose(long, "sm_90", 132).num_splits == 16       # 132 SMs // 8 KV heads
+
+
+def test_split_paged_decode_table():
+    """Paged decode that splits its keys takes 64-key tiles and programmatic dependent launches on
+    sm_90 (H200 session 6); a batch that fills the SMs unsplit keeps 128-key tiles and no pdl."""
+    from portakern.backends.triton import tuning
+
+    def paged(B, pages):
+        return make_op(B=B, Sq=1, Sk=pages * 64, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16,
+                       kv_layout=KVLayout.PAGED, page_size=64, num_pages=B * pages + 1, has_seqlens_k=True)
+
+    step = tuning.choose(paged(1, 33), "sm_90", 132)     # the decode step's cache at 2049 keys
+    assert (step.block_n, step.num_splits, step.pdl, step.fused_combine) == (64, 16, True, False)
+    big = tuning.choose(paged(64, 64), "sm_90", 132)
+    assert (big.block_n, big.num_splits, big.pdl) == (128, 1, False)
+    assert not tuning.choose(paged(1, 33), "sm_80", 108).pdl
 
 
 def test_pdl_is_refused_where_it_cannot_run():
@@ -510,9 +523,10 @@ def test_lazy_rescale_matches_the_reference(case):
     assert np.abs(got[fin] - ref_lse[fin]).max() <= LSE_ATOL
 
 
-def test_autotune_candidates_include_lazy_rescale_but_not_the_unchecked_pdl():
+def test_autotune_candidates_include_lazy_rescale_and_pdl_only_where_the_table_has_it():
     """Autotuning (PORTAKERN_TRITON_AUTOTUNE=1) times lazy_rescale for prefill, so a device picks it
-    only when faster there; pdl stays out until a GPU run has checked its results."""
+    only when faster there; pdl stays as the table's: on for split decode on sm_90 (measured and
+    checked on the H200), off elsewhere."""
     from portakern.backends.triton import tuning
 
     pre = make_op(B=2, Sq=2048, Sk=2048, Hq=16, Hkv=16, D=128, dtype=DType.bfloat16, mask_mod=E.causal_mask())
@@ -522,4 +536,5 @@ def test_autotune_candidates_include_lazy_rescale_but_not_the_unchecked_pdl():
     dec = make_op(B=1, Sq=1, Sk=32768, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16)
     for arch, sms in (("sm_90", 132), ("sm_80", 108)):
         cands = tuning.candidates(dec, arch, sms)
-        assert len(cands) > 1 and not any(c.pdl or c.lazy_rescale for c in cands), arch
+        assert len(cands) > 1 and not any(c.lazy_rescale for c in cands), arch
+        assert all(c.pdl == (arch == "sm_90" and c.num_splits > 1) for c in cands), arch

@@ -270,8 +270,23 @@ def choose(op, arch: str, num_sms: int | None = None) -> AttnConfig:
             warps = 4
     cfg = AttnConfig(block_m, block_n, warps, stages, pack, tma=rows is None and _tma_in_table(op, arch))
     cfg = fit(op, cfg, arch)
+    split = rows is not None and query_tiles(op, cfg) < num_sms
+    if split and op.kv_layout.value == "paged" and arch in SPLIT_PAGED_BN:
+        cfg = fit(op, replace(cfg, block_n=min(cfg.block_n, SPLIT_PAGED_BN[arch])), arch)
     splits = num_splits(op, cfg, num_sms)
-    return replace(cfg, num_splits=splits, fused_combine=FUSED_COMBINE.get(arch, False))
+    return replace(cfg, num_splits=splits, fused_combine=FUSED_COMBINE.get(arch, False),
+                   pdl=splits > 1 and arch in SPLIT_PDL_TABLE)
+
+
+#: Key tile of paged decode whose query tiles leave SMs idle (so the keys are split), per family. H200
+#: session 6 (B=1, 32/8 heads, D=128, page 64, CUDA graph, 16 splits): 2k keys 10.1 us vs 12.2 with 128
+#: (9.9 at 12 splits), 8k 16.4 vs 18.5. Unsplit batches (B=64 4k) keep 128: 64 lost 7% (session 2).
+SPLIT_PAGED_BN = {"sm_90": 64, "sm_100": 64}
+#: Families whose table launches split decode (``attn_fwd`` + ``attn_combine``) as programmatic
+#: dependents. H200 session 6 sweep (B=1, CUDA graph): pdl won or tied at every shape, by 0.1-0.9 us
+#: (dense 4k 11.7 vs 11.8, 8k 15.6 vs 15.7, 32k 43.0 vs 43.1; paged 2k 9.9 vs 10.7 at 12 splits, 8k
+#: 16.4 vs 16.7); unsplit it lost (B=64 4k 265.7 vs 258.6 us, session 3) and stays off.
+SPLIT_PDL_TABLE = ("sm_90",)
 
 
 #: Architectures whose table loads prefill K/V through TMA for head dims above 128.
@@ -382,7 +397,7 @@ def candidates(op, arch: str, num_sms: int) -> list[AttnConfig]:
                 cand = replace(c, num_splits=min(MAX_SPLITS, max(1, splits)))
                 if cand not in out:
                     out.append(cand)
-        # (pdl joins the candidates once a GPU run has checked it: autotuning compares speed, not results)
+        # pdl as the table's (SPLIT_PDL_TABLE): checked on the H200 by the GPU tests and conformance
         return out
     for bm, bn, w, st in ((128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3)):
         c = fit(op, replace(base, block_m=bm, block_n=bn, num_warps=w, num_stages=st), arch)
