@@ -404,8 +404,9 @@ def test_split_count_is_not_rounded_to_equal_shares():
 
 
 def test_split_paged_decode_table():
-    """Paged decode that splits its keys takes 64-key tiles and programmatic dependent launches on
-    sm_90 (H200 session 6); a batch that fills the SMs unsplit keeps 128-key tiles and no pdl."""
+    """Paged decode that splits its keys takes 64-key tiles (pages of a multiple of 64 keys) and
+    programmatic dependent launches on sm_90 (H200 session 6); a batch that fills the SMs unsplit,
+    and pages of 16, keep 128-key tiles."""
     from portakern.backends.triton import tuning
 
     def paged(B, pages):
@@ -417,6 +418,9 @@ def test_split_paged_decode_table():
     big = tuning.choose(paged(64, 64), "sm_90", 132)
     assert (big.block_n, big.num_splits, big.pdl) == (128, 1, False)
     assert not tuning.choose(paged(1, 33), "sm_80", 108).pdl
+    p16 = make_op(B=1, Sq=1, Sk=32768, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16, kv_layout=KVLayout.PAGED,
+                  page_size=16, num_pages=2049, has_seqlens_k=True)
+    assert tuning.choose(p16, "sm_90", 132).block_n == 128    # a page id per key at 64: slower
 
 
 def test_pdl_is_refused_where_it_cannot_run():

@@ -271,7 +271,7 @@ def choose(op, arch: str, num_sms: int | None = None) -> AttnConfig:
     cfg = AttnConfig(block_m, block_n, warps, stages, pack, tma=rows is None and _tma_in_table(op, arch))
     cfg = fit(op, cfg, arch)
     split = rows is not None and query_tiles(op, cfg) < num_sms
-    if split and op.kv_layout.value == "paged" and arch in SPLIT_PAGED_BN:
+    if split and op.kv_layout.value == "paged" and arch in SPLIT_PAGED_BN and op.page_size % SPLIT_PAGED_BN[arch] == 0:
         cfg = fit(op, replace(cfg, block_n=min(cfg.block_n, SPLIT_PAGED_BN[arch])), arch)
     splits = num_splits(op, cfg, num_sms)
     return replace(cfg, num_splits=splits, fused_combine=FUSED_COMBINE.get(arch, False),
@@ -280,7 +280,9 @@ def choose(op, arch: str, num_sms: int | None = None) -> AttnConfig:
 
 #: Key tile of paged decode whose query tiles leave SMs idle (so the keys are split), per family. H200
 #: session 6 (B=1, 32/8 heads, D=128, page 64, CUDA graph, 16 splits): 2k keys 10.1 us vs 12.2 with 128
-#: (9.9 at 12 splits), 8k 16.4 vs 18.5. Unsplit batches (B=64 4k) keep 128: 64 lost 7% (session 2).
+#: (9.9 at 12 splits), 8k 16.4 vs 18.5. Only pages holding whole tiles: page 16 with 64-key tiles ran
+#: B=1 32k in 55.6 us (a page id per key) vs 47.8 with 128. Unsplit batches (B=64 4k) keep 128: 64 lost
+#: 7% (session 2).
 SPLIT_PAGED_BN = {"sm_90": 64, "sm_100": 64}
 #: Families whose table launches split decode (``attn_fwd`` + ``attn_combine``) as programmatic
 #: dependents. H200 session 6 sweep (B=1, CUDA graph): pdl won or tied at every shape, by 0.1-0.9 us
