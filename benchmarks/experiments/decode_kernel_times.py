@@ -20,10 +20,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import attention as AB  # noqa: E402  (benchmarks/attention.py)
+from decode_step import kernel_profile  # noqa: E402  (benchmarks/decode_step.py)
 
 from portakern.backends.triton import attention as A  # noqa: E402
 from portakern.devices import torch_device  # noqa: E402
@@ -35,24 +35,9 @@ def kernel_times(op, dev, cfg, l2: int, replays: int = 10) -> dict:
     sets = [A.random_inputs(op, torch.device("cuda"), seed=i) for i in range(AB.n_sets(kv_bytes, l2))]
     fns = AB.ours(op, dev, cfg, sets)
     per_call = AB.graph_ms(fns) * 1e3
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
-    g.replay()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            g.replay()
-        torch.cuda.synchronize()
-    sums: dict[str, list] = {}
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            s = sums.setdefault(ev.name, [0, 0.0])
-            s[0] += 1
-            s[1] += ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
+    rows = kernel_profile(lambda: [f() for f in fns], replays)
     return {"graph_us_per_call": per_call, "floor_us": kv_bytes / AB.copy_bandwidth() * 1e6,
-            "kernels_us": {n: t / c for n, (c, t) in sums.items()}, "config": cfg.to_json()}
+            "kernels_us": {r["name"]: r["us_mean"] for r in rows}, "config": cfg.to_json()}
 
 
 def main() -> None:
