@@ -12,7 +12,7 @@ on a dense cache, eager glue.
 
 Floor = (weight bytes: codes + fp16 scale + fp16 zero per group; + K/V bytes read) / copy bandwidth.
 
-    python benchmarks/decode_step.py [--ctx 2048 8192] [--glue compile|eager] [--compare-tiles] [--out DIR]
+    python benchmarks/decode_step.py [--ctx 2048 8192] [--glue compile|compile-max|eager] [--compare-tiles] [--out DIR]
 """
 
 from __future__ import annotations
@@ -115,11 +115,13 @@ class PortakernStep:
         self.h = torch.randn(1, HID, device="cuda")
         self.zero = torch.zeros(1, HID, device="cuda")
         self.attention = attention
-        if glue == "compile":
-            self.add_rmsnorm = torch.compile(add_rmsnorm, fullgraph=True, dynamic=False)
-            self.rope = torch.compile(rope, fullgraph=True, dynamic=False)
-            self.rope_append = torch.compile(rope_append, fullgraph=True, dynamic=False)
-            self.silu_mul = torch.compile(silu_mul, fullgraph=True, dynamic=False)
+        if glue in ("compile", "compile-max"):
+            opts = dict(fullgraph=True, dynamic=False,
+                        mode="max-autotune-no-cudagraphs" if glue == "compile-max" else None)
+            self.add_rmsnorm = torch.compile(add_rmsnorm, **opts)
+            self.rope = torch.compile(rope, **opts)
+            self.rope_append = torch.compile(rope_append, **opts)
+            self.silu_mul = torch.compile(silu_mul, **opts)
         else:
             self.add_rmsnorm, self.rope, self.rope_append, self.silu_mul = add_rmsnorm, rope, rope_append, silu_mul
         if attention == "sdpa":  # dense (B, Hkv, S, D) caches instead of pages
@@ -311,7 +313,9 @@ def kernel_profile(step, replays: int = 3):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ctx", type=int, nargs="+", default=[2048, 8192])
-    ap.add_argument("--glue", choices=("compile", "eager"), default="compile")
+    ap.add_argument("--glue", choices=("compile", "compile-max", "eager"), default="compile",
+                    help="portakern's glue: torch.compile (default), torch.compile with Inductor's autotuning "
+                         "(mode max-autotune-no-cudagraphs), or plain torch ops")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--tag", default="")
