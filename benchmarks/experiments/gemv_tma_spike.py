@@ -20,7 +20,14 @@ LOP3 + one FFMA per code), 3.5-3.8 per code. The scale multiplies per word row (
 in two or four warps; their sum waits for the end), the zero point once per group and column.
 Triton 3.6 pipelines a load only at >= 4 bytes per thread: at BN=128 the (BN,) scale and zero loads
 (2 bytes per thread) stay synchronous in both variants, at BN=256 they go through cp.async; the
-x loads (L2 hits) stay synchronous.
+x loads (L2 hits) stay synchronous. TMA: Triton 3.6 cuts the tile into 16 x 32-word boxes (128-byte
+swizzle), each warp's elected lane issues its share (BN=128: one box per warp), and every iteration
+has a fence.proxy.async + bar.sync before the next copy into a freed buffer.
+
+H200, session 6 (16f4090, ``benchmarks/results/gemv-tma-spike-2026-12-03-s6.json``, dq 3): TMA 5-10%
+faster than the pointer loads on the large shapes (28672x8192 43.4 vs 48.2 us, 16384^2 47.7 vs
+50.3), a tie or a loss on the small ones; both slower than the backend's table kernel (38.8 / 43.4
+us). Not adopted (``benchmarks/gemv_notes.md`` v8).
 
     python benchmarks/experiments/gemv_tma_spike.py --check           # GPU: both variants vs float64 numpy
     python benchmarks/experiments/gemv_tma_spike.py --time [--dq 1]   # GPU: sweep, $OUT/gemv-tma-spike[-dq1].json
