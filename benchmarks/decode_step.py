@@ -134,8 +134,6 @@ class PortakernStep:
 
     def rope_attend(self, i, qkv):
         """RoPE, the new token's k and v appended to layer ``i``'s cache, attention over the cache."""
-        import portakern
-
         if self.attention == "sdpa":
             q, kv_new = self.rope(qkv, self.cos, self.sin)
             c = self.dense[i]
@@ -254,22 +252,34 @@ class TorchStep:
 
 # -- timing ------------------------------------------------------------------------------------------
 
-def time_step(step, graph: bool, reps=20):
+def warm(step, runs: int = 3):
+    """Run ``step`` a few times on a side stream (compiles, allocator pools) before timing or capture."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        for _ in range(3):
+        for _ in range(runs):
             step()
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
-    fn = step
+
+
+def capture(step):
+    """``step`` captured in a CUDA graph (after ``warm``), replayed once."""
+    warm(step)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    g.replay()
+    torch.cuda.synchronize()
+    return g
+
+
+def time_step(step, graph: bool, reps=20):
     if graph:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            step()
-        fn = g.replay
-        fn()
-        torch.cuda.synchronize()
+        fn = capture(step).replay
+    else:
+        warm(step)
+        fn = step
     ts = []
     for _ in range(reps):
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -287,13 +297,7 @@ def kernel_profile(step, replays: int = 3):
     gaps between kernels are what the graph time adds on top of their sum."""
     from torch.profiler import ProfilerActivity, profile
 
-    g = torch.cuda.CUDAGraph()
-    step()
-    torch.cuda.synchronize()
-    with torch.cuda.graph(g):
-        step()
-    g.replay()
-    torch.cuda.synchronize()
+    g = capture(step)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
             g.replay()

@@ -270,10 +270,12 @@ def choose(op, arch: str, num_sms: int | None = None) -> AttnConfig:
             warps = 4
     cfg = AttnConfig(block_m, block_n, warps, stages, pack, tma=rows is None and _tma_in_table(op, arch))
     cfg = fit(op, cfg, arch)
-    split = rows is not None and query_tiles(op, cfg) < num_sms
-    if split and op.kv_layout.value == "paged" and arch in SPLIT_PAGED_BN and op.page_size % SPLIT_PAGED_BN[arch] == 0:
-        cfg = fit(op, replace(cfg, block_n=min(cfg.block_n, SPLIT_PAGED_BN[arch])), arch)
     splits = num_splits(op, cfg, num_sms)
+    bn = SPLIT_PAGED_BN.get(arch, cfg.block_n)
+    if splits > 1 and rows is not None and op.kv_layout.value == "paged" and bn < cfg.block_n \
+            and op.page_size % bn == 0:
+        cfg = fit(op, replace(cfg, block_n=bn), arch)
+        splits = num_splits(op, cfg, num_sms)
     return replace(cfg, num_splits=splits, fused_combine=FUSED_COMBINE.get(arch, False),
                    pdl=splits > 1 and arch in SPLIT_PDL_TABLE)
 
