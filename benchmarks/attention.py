@@ -96,10 +96,10 @@ def sweep_candidates(op, dev):
             for splits in (4, 8, 12, 16, 24, 32, 48, 64) if base.num_splits > 1 else (1, 2):
                 if splits > tiles:
                     continue
-                # the fused merge lost at every split count on the H200 (session 2): sweep it only
-                # where it is the table's (the interpreter)
+                # the fused merge lost at every split count on the H200 (session 2) at 8k and more:
+                # swept up to 16 splits (short contexts, where the second kernel is a larger share)
                 merges = ((True, False),) if splits == 1 else \
-                    ((False, False), (False, True)) + (((True, False),) if base.fused_combine else ())
+                    ((False, False), (False, True)) + (((True, False),) if base.fused_combine or splits <= 16 else ())
                 for fused, pdl in merges:
                     if pdl and arch not in tuning.PDL_ARCHS:
                         continue

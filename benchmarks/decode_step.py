@@ -82,7 +82,8 @@ def silu_mul(gu):
 # -- portakern's step --------------------------------------------------------------------------------
 
 class PortakernStep:
-    def __init__(self, ctx: int, glue: str, attention: str, group_rows: bool = True):
+    def __init__(self, ctx: int, glue: str, attention: str, group_rows: bool = True,
+                 prefetch: str = "none", prefetch_mb: float = 24.0):
         dev = torch_device("cuda", 0)
         fmt = QuantFormat(bits=4, group_size=128, symmetric=False)
         shapes = {"qkv": ((HQ + 2 * HKV) * D, HID), "o": (HID, HQ * D), "gu": (2 * MLP, HID), "down": (HID, MLP)}
@@ -126,10 +127,29 @@ class PortakernStep:
             self.add_rmsnorm, self.rope, self.rope_append, self.silu_mul = add_rmsnorm, rope, rope_append, silu_mul
         if attention == "sdpa":  # dense (B, Hkv, S, D) caches instead of pages
             self.dense = [torch.randn(2, 1, HKV, ctx + 1, D, device="cuda", dtype=BF16) for _ in range(LAYERS)]
+        # -- L2 prefetch of the next GEMV's weight from a side stream ("after": once the current GEMV
+        #    is done, over the glue / attention between the two; "during": alongside the current GEMV)
+        self.prefetch, self.prefetch_bytes = prefetch, int(prefetch_mb * 2**20)
+        self.side = torch.cuda.Stream() if prefetch != "none" else None
+        self.order = [L[n] for L in self.layers for n in ("qkv", "o", "gu", "down")] + [self.lm]
+        self.next_of = {id(w): nxt for w, nxt in zip(self.order, self.order[1:])}
+
+    def prefetch_weight(self, w):
+        """Fork the side stream here and prefetch ``w``'s leading bytes into L2 from it."""
+        from portakern.backends.triton.prefetch import prefetch_l2
+
+        self.side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.side):
+            prefetch_l2((w.qweight, w.scales, w.zeros), self.prefetch_bytes)
 
     def gemv(self, name, x, w):
         out = self.out[name]
+        nxt = self.next_of.get(id(w)) if self.side is not None else None
+        if nxt is not None and self.prefetch == "during":
+            self.prefetch_weight(nxt)
         self.kern[name](x, w, out)
+        if nxt is not None and self.prefetch == "after":
+            self.prefetch_weight(nxt)
         return out
 
     def rope_attend(self, i, qkv):
@@ -151,6 +171,8 @@ class PortakernStep:
         return o.reshape(1, HQ * D)
 
     def __call__(self):
+        if self.side is not None:
+            self.prefetch_weight(self.order[0])
         r, xn = self.add_rmsnorm(self.h, self.zero, self.norms[0])
         for i, L in enumerate(self.layers):
             a = self.rope_attend(i, self.gemv("qkv", xn, L["qkv"]))
@@ -159,7 +181,10 @@ class PortakernStep:
             act = self.silu_mul(self.gemv("gu", xn, L["gu"]))
             d = self.gemv("down", act, L["down"])
             r, xn = self.add_rmsnorm(r, d, self.norms[2 * i + 2])
-        return self.gemv("lm", xn, self.lm)
+        out = self.gemv("lm", xn, self.lm)
+        if self.side is not None:   # join the side stream (a captured graph must end joined)
+            torch.cuda.current_stream().wait_stream(self.side)
+        return out
 
     def part(self, name: str):
         """The step's ``name`` kernels alone, in the step's order and on its shapes (``--breakdown``):
@@ -328,6 +353,11 @@ def main():
     ap.add_argument("--compare-tiles", action="store_true",
                     help="also time portakern's step with the per-word-row GEMV tile everywhere (the table "
                          "without GemvConfig.group_rows), as int4_portakern_word_rows")
+    ap.add_argument("--prefetch", nargs="+", default=["none"], metavar="MODE[:MB]",
+                    help="portakern step variants with an L2 prefetch of the next GEMV's weight from a side "
+                         "stream: none, after (once the current GEMV is done), during (alongside it); "
+                         "':MB' caps the bytes per weight (default 24). Each variant after the first is "
+                         "reported as int4_portakern_prefetch_<MODE>_<MB>")
     args = ap.parse_args()
 
     bw = copy_bandwidth_TBps()
@@ -351,6 +381,11 @@ def main():
             step = PortakernStep(ctx, args.glue, "sdpa")
         runs["int4_portakern"] = (step, att)
         pk_attention = att
+        for spec in [p for p in args.prefetch if p != "none"]:
+            mode, _, mb = spec.partition(":")
+            mb = float(mb or 24)
+            runs[f"int4_portakern_prefetch_{mode}_{mb:g}"] = (
+                PortakernStep(ctx, args.glue, att.split("-")[0], prefetch=mode, prefetch_mb=mb), att)
         if args.compare_tiles:
             runs["int4_portakern_word_rows"] = (PortakernStep(ctx, args.glue, att.split("-")[0],
                                                               group_rows=False), att)
