@@ -136,7 +136,7 @@ class PortakernStep:
 
     def prefetch_weight(self, w):
         """Fork the side stream here and prefetch ``w``'s leading bytes into L2 from it."""
-        from portakern.backends.triton.prefetch import prefetch_l2
+        from experiments.l2_prefetch import prefetch_l2  # benchmarks/experiments
 
         self.side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.side):
