@@ -69,69 +69,108 @@ def _x_steps(xv, BM: gl.constexpr, b_l: gl.constexpr):
 
 
 @gluon.jit
+def _chunk_loads(w_ptrs, x_ptrs, s_ptrs, z_ptrs, c, c_hi, xk, K, stride_s, GS: gl.constexpr, HAS_Z: gl.constexpr,
+                 EVEN_K: gl.constexpr):
+    """Everything chunk ``c`` (128 columns of K: two 64-column blocks) needs, issued together: its
+    words ``(J, 256)``, its two x tiles, its group's scales and zeros. ``c`` past ``c_hi - 1`` reads
+    chunk ``c_hi - 1`` again (the prefetch past the end: cache hits, never used)."""
+    c = gl.minimum(c, c_hi - 1)
+    words = gl.load(w_ptrs + c * 256)
+    kx = c * 128
+    if EVEN_K:
+        x0 = gl.load(x_ptrs + kx)
+        x1 = gl.load(x_ptrs + kx + 64)
+    else:
+        x0 = gl.load(x_ptrs + kx, mask=(kx + xk < K)[None, :], other=0.0)
+        x1 = gl.load(x_ptrs + kx + 64, mask=(kx + 64 + xk < K)[None, :], other=0.0)
+    g = kx // GS
+    s = gl.load(s_ptrs + g * stride_s)
+    if HAS_Z:
+        z = gl.load(z_ptrs + g * stride_s)
+    else:
+        z = s
+    return words, x0, x1, s, z
+
+
+@gluon.jit
+def _chunk_mma(acc, words, x0, x1, s, z, J: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr,
+               HAS_Z: gl.constexpr, ZP: gl.constexpr, mma: gl.constexpr, w_l: gl.constexpr, a_l: gl.constexpr,
+               b_l: gl.constexpr):
+    """acc += s * (the chunk's eight k16 MMAs on codes - zero)."""
+    # -- zeros as bf16x2 -(128 + z) (sign bits of both halves set)
+    if HAS_Z:
+        zf = z.to(gl.float32)
+    else:
+        zf = gl.full((BN,), ZP, gl.float32, layout=gl.SliceLayout(1, w_l))
+    zb = (zf + 128.0).to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+    zc2 = ((zb | (zb << 16)) ^ -2147450880)[:, None]
+    # -- (J, 256) as loaded -> two (BN, 8) tf32-shaped A tiles: row 16 j + 8 rb + g, column 4 cb + t
+    wt = words.reshape((J, 2, 8, 4, 2, 2)).permute((0, 5, 2, 4, 3, 1)).reshape((BN, 8, 2))
+    wb0, wb1 = gl.split(wt)
+    accg = gl.zeros((BN, BM), gl.float32, layout=mma)
+    for bi in gl.static_range(2):
+        if bi == 0:
+            wb = gl.convert_layout(wb0, w_l, assert_trivial=True)
+            xs = _x_steps(x0, BM, b_l)
+        else:
+            wb = gl.convert_layout(wb1, w_l, assert_trivial=True)
+            xs = _x_steps(x1, BM, b_l)
+        for p in gl.static_range(4):
+            lo, hi = _pair(wb >> (4 * p), zc2)
+            a = gl.convert_layout(gl.join(lo, hi).reshape((BN, 16)), a_l, assert_trivial=True)
+            accg = mma_v2(a, xs[p], accg)
+    return acc + s.to(gl.float32)[:, None] * accg
+
+
+@gluon.jit
 def gemv_frag_kernel(x_ptr, fw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr,
-                     M, N, K, KB, stride_s, stride_xm, stride_om, KB_SPLIT,
+                     M, N, K, KC, stride_s, stride_xm, stride_om, KC_SPLIT,
                      BM: gl.constexpr, W: gl.constexpr, NT: gl.constexpr, GS: gl.constexpr,
-                     HAS_Z: gl.constexpr, ZP: gl.constexpr, SPLIT_K: gl.constexpr, EVEN_K: gl.constexpr):
+                     HAS_Z: gl.constexpr, ZP: gl.constexpr, SPLIT_K: gl.constexpr, EVEN_K: gl.constexpr,
+                     AHEAD: gl.constexpr):
+    """``out (M, N) = x (M, K) @ dequant(W)^T`` for int4 words in the fragment layout; a program owns
+    ``16 W NT`` rows of W and one of ``SPLIT_K`` slices of ``KC`` 128-column chunks. ``AHEAD`` (1 or
+    2): chunks whose loads are in flight while one is multiplied (register prefetch)."""
     J: gl.constexpr = W * NT           # 16-row units per program
     BN: gl.constexpr = 16 * J
-    BPG: gl.constexpr = GS // 64       # 64-column blocks per group
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
     w_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=1)
     ld_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [W, 1], [1, 0])
+    x_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [1, W], [1, 0])
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
 
-    # -- word pointers of this program's units at block 0: (J, 128), 16 contiguous bytes per lane
+    # -- pointers at chunk 0: words (J, 256) with 16 contiguous bytes per lane and block; x (BM, 64),
+    #    32 contiguous bytes per lane, the same in every warp (rows past M read row M - 1, never
+    #    stored); scales and zeros of the rows in the MMA result's layout
     j = gl.arange(0, J, layout=gl.SliceLayout(1, ld_l))
-    wi = gl.arange(0, UNIT_WORDS, layout=gl.SliceLayout(0, ld_l))
-    w_ptrs = fw_ptr + ((pid_n * J + j) * KB).to(gl.int64)[:, None] * UNIT_WORDS + wi[None, :]
-    # -- rows of the MMA result (scales) and of the A tile (zeros)
-    ns = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
-    nz = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, w_l))
-    # -- x: one (BM, 64) tile per block, 32 contiguous bytes per lane, the same in every warp (rows
-    #    past M read row M - 1; their results are never stored)
-    x_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [1, W], [1, 0])
+    wi = gl.arange(0, 2 * UNIT_WORDS, layout=gl.SliceLayout(0, ld_l))
+    w_ptrs = fw_ptr + ((pid_n * J + j) * KC).to(gl.int64)[:, None] * (2 * UNIT_WORDS) + wi[None, :]
     xm = gl.arange(0, BM, layout=gl.SliceLayout(1, x_l))
     xk = gl.arange(0, 64, layout=gl.SliceLayout(0, x_l))
     x_ptrs = x_ptr + gl.minimum(xm, M - 1)[:, None] * stride_xm + xk[None, :]
+    ns = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, mma))
+    s_ptrs = s_ptr + ns
+    z_ptrs = z_ptr + pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, w_l))
 
-    kb_lo = pid_k * KB_SPLIT
-    kb_hi = gl.minimum(kb_lo + KB_SPLIT, KB)
+    c_lo = pid_k * KC_SPLIT
+    c_hi = gl.minimum(c_lo + KC_SPLIT, KC)
     acc = gl.zeros((BN, BM), gl.float32, layout=mma)
-    words_next = gl.load(w_ptrs + kb_lo * UNIT_WORDS)
-    for kb0 in range(kb_lo, kb_hi, BPG):
-        # -- one group: its zeros as bf16x2 -(128 + z), then BPG blocks of four k16 MMAs
-        g = kb0 // BPG
-        if HAS_Z:
-            z = gl.load(z_ptr + g * stride_s + nz).to(gl.float32)
+    # -- the register pipeline: AHEAD chunks in flight
+    w0, xa0, xb0, s0, z0 = _chunk_loads(w_ptrs, x_ptrs, s_ptrs, z_ptrs, c_lo, c_hi, xk, K, stride_s, GS, HAS_Z, EVEN_K)
+    if AHEAD == 2:
+        w1, xa1, xb1, s1, z1 = _chunk_loads(w_ptrs, x_ptrs, s_ptrs, z_ptrs, c_lo + 1, c_hi, xk, K, stride_s, GS, HAS_Z, EVEN_K)
+    for c in range(c_lo, c_hi):
+        wn, xan, xbn, sn, zn = _chunk_loads(w_ptrs, x_ptrs, s_ptrs, z_ptrs, c + AHEAD, c_hi, xk, K, stride_s, GS, HAS_Z,
+                                            EVEN_K)
+        acc = _chunk_mma(acc, w0, xa0, xb0, s0, z0, J, BN, BM, HAS_Z, ZP, mma, w_l, a_l, b_l)
+        if AHEAD == 2:
+            w0, xa0, xb0, s0, z0 = w1, xa1, xb1, s1, z1
+            w1, xa1, xb1, s1, z1 = wn, xan, xbn, sn, zn
         else:
-            z = gl.full((BN,), ZP, gl.float32, layout=gl.SliceLayout(1, w_l))
-        zb = (z + 128.0).to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
-        zc2 = ((zb | (zb << 16)) ^ -2147450880)[:, None]   # both halves negated (sign bits)
-        s = gl.load(s_ptr + g * stride_s + ns).to(gl.float32)
-        accg = gl.zeros((BN, BM), gl.float32, layout=mma)
-        for bi in gl.static_range(BPG):
-            kb = kb0 + bi
-            words_raw = words_next
-            # -- prefetch the next block's words (the last block re-reads itself: a cache hit)
-            kb_next = gl.where(kb + 1 < kb_hi, kb + 1, kb)
-            words_next = gl.load(w_ptrs + kb_next * UNIT_WORDS)
-            # -- (J, 128) as loaded -> the (BN, 8) tf32-shaped A tile: row 16 j + 8 rb + g, column 4 cb + t
-            wt = words_raw.reshape((J, 8, 4, 2, 2)).permute((0, 4, 1, 3, 2)).reshape((BN, 8))
-            wt = gl.convert_layout(wt, w_l, assert_trivial=True)
-            if EVEN_K:
-                xv = gl.load(x_ptrs + kb * 64)
-            else:
-                xv = gl.load(x_ptrs + kb * 64, mask=(kb * 64 + xk < K)[None, :], other=0.0)
-            xs = _x_steps(xv, BM, b_l)
-            for p in gl.static_range(4):
-                lo, hi = _pair(wt >> (4 * p), zc2)
-                a = gl.convert_layout(gl.join(lo, hi).reshape((BN, 16)), a_l, assert_trivial=True)
-                accg = mma_v2(a, xs[p], accg)
-        acc += s[:, None] * accg
+            w0, xa0, xb0, s0, z0 = wn, xan, xbn, sn, zn
     # -- out[m, n] = acc[n, m]: directly, or through the split-K workspace
     mo = gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
     omask = (mo[None, :] < M) & (ns[:, None] < N)
@@ -159,10 +198,10 @@ def _kcol(kk, p):
 
 def pack_fragments(codes: np.ndarray, bn_align: int = 128) -> np.ndarray:
     """int4 codes ``(N, K)`` (0..15) -> int32 words ``(NP / 16, KB, 128)`` in the fragment layout
-    (N padded to ``bn_align`` rows, K to 64 columns, padding codes 0)."""
+    (N padded to ``bn_align`` rows, K to 128 columns, padding codes 0)."""
     N, K = codes.shape
     NP = -(-N // bn_align) * bn_align
-    KB = -(-K // 64)
+    KB = 2 * -(-K // 128)   # whole 128-column chunks
     c = np.zeros((NP, KB * 64), dtype=np.uint32)
     c[:N, :K] = codes
     c = c.reshape(NP // 16, 16, KB, 64)                       # (u, r, kb, col)
@@ -185,12 +224,13 @@ def pack_fragments(codes: np.ndarray, bn_align: int = 128) -> np.ndarray:
 # -- tools -------------------------------------------------------------------------------------------
 
 SIG = {"x_ptr": "*bf16", "fw_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "out_ptr": "*bf16",
-       "ws_ptr": "*fp32", "lock_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "KB": "i32", "stride_s": "i32",
-       "stride_xm": "i32", "stride_om": "i32", "KB_SPLIT": "i32", "BM": "constexpr", "W": "constexpr",
-       "NT": "constexpr", "GS": "constexpr", "HAS_Z": "constexpr", "ZP": "constexpr", "SPLIT_K": "constexpr", "EVEN_K": "constexpr"}
+       "ws_ptr": "*fp32", "lock_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "KC": "i32", "stride_s": "i32",
+       "stride_xm": "i32", "stride_om": "i32", "KC_SPLIT": "i32", "BM": "constexpr", "W": "constexpr",
+       "NT": "constexpr", "GS": "constexpr", "HAS_Z": "constexpr", "ZP": "constexpr", "SPLIT_K": "constexpr", "EVEN_K": "constexpr",
+       "AHEAD": "constexpr"}
 
 
-def sass_count(bm=8, w=4, nt=1, split=4) -> None:
+def sass_count(bm=8, w=4, nt=1, split=4, ahead=1) -> None:
     from pathlib import Path
 
     from triton.backends.compiler import GPUTarget
@@ -199,7 +239,8 @@ def sass_count(bm=8, w=4, nt=1, split=4) -> None:
     aligned = ("x_ptr", "fw_ptr", "s_ptr", "z_ptr", "out_ptr", "ws_ptr", "lock_ptr", "N", "K", "stride_s", "stride_xm",
                "stride_om")
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(SIG) if a in aligned}
-    consts = {"BM": bm, "W": w, "NT": nt, "GS": 128, "HAS_Z": True, "ZP": 8, "SPLIT_K": split, "EVEN_K": True}
+    consts = {"BM": bm, "W": w, "NT": nt, "GS": 128, "HAS_Z": True, "ZP": 8, "SPLIT_K": split, "EVEN_K": True,
+              "AHEAD": ahead}
     ck = triton.compile(GluonASTSource(gemv_frag_kernel, SIG, consts, attrs), target=GPUTarget("cuda", 90, 32),
                         options=dict(num_warps=w))
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -208,21 +249,19 @@ def sass_count(bm=8, w=4, nt=1, split=4) -> None:
     sass, _ = C.disassemble(ck.asm["cubin"])
     loop = C.sass_loop(sass)
     codes = 64 * nt   # codes per thread per loop iteration (one group of 128: BN x 128 / (32 W))
-    print(f"BM {bm} W {w} NT {nt}: registers {C.registers(ck.asm['cubin'])}, loop {loop['instructions']} "
+    print(f"BM {bm} W {w} NT {nt} AHEAD {ahead}: registers {C.registers(ck.asm['cubin'])}, loop {loop['instructions']} "
           f"instructions, {loop['instructions'] / codes:.2f} per code per thread")
     print(loop["by_opcode"])
 
 
-def launch(x, fw, s, z, out, ws, lock, M, N, K, split, w=4, nt=1):
-    import torch  # noqa: F401
-
-    KB = fw.shape[1]
+def launch(x, fw, s, z, out, ws, lock, M, N, K, split, w=4, nt=1, ahead=1):
+    KC = fw.shape[1] // 2
     bm = 8 if M <= 8 else 16
-    kb_split = -(-(-(-KB // split)) // 2) * 2   # whole groups (GS 128 = 2 blocks)
+    kc_split = -(-KC // split)
     grid = (fw.shape[0] // (w * nt), split)
-    gemv_frag_kernel[grid](x, fw, s, z, out, ws, lock, M, N, K, KB, s.stride(0), x.stride(0), out.stride(0), kb_split,
+    gemv_frag_kernel[grid](x, fw, s, z, out, ws, lock, M, N, K, KC, s.stride(0), x.stride(0), out.stride(0), kc_split,
                            BM=bm, W=w, NT=nt, GS=128, HAS_Z=True, ZP=8, SPLIT_K=split, EVEN_K=K % 64 == 0,
-                           num_warps=w)
+                           AHEAD=ahead, num_warps=w)
 
 
 def check(N=4096, K=4096, Ms=(1, 5, 16), seed=0) -> list:
@@ -244,7 +283,7 @@ def check(N=4096, K=4096, Ms=(1, 5, 16), seed=0) -> list:
     rows = []
     for M in Ms:
         for split in (1, 4):
-            for w, nt in ((4, 1), (4, 2)):
+            for w, nt, ahead in ((4, 1, 1), (4, 2, 2)):
                 if (fw.shape[0]) % (w * nt):
                     continue
                 x = rng.standard_normal((M, K)).astype(np.float32)
@@ -253,15 +292,17 @@ def check(N=4096, K=4096, Ms=(1, 5, 16), seed=0) -> list:
                 out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
                 ws = torch.empty((split, 16, N), dtype=torch.float32, device="cuda")
                 lock = torch.zeros(fw.shape[0], dtype=torch.int32, device="cuda")
-                launch(xs.cuda(), fw, st.cuda(), zt.cuda(), out, ws, lock, M, N, K, split, w, nt)
+                launch(xs.cuda(), fw, st.cuda(), zt.cuda(), out, ws, lock, M, N, K, split, w, nt, ahead)
                 got = out.double().cpu().numpy()
                 err = float(np.abs(got - ref).max() / np.abs(ref).max()) if np.isfinite(got).all() else float("inf")
-                rows.append({"M": M, "split": split, "W": w, "NT": nt, "rel_err": err})
-                print(f"check N={N} K={K} M={M} split={split} W={w} NT={nt}: max rel err {err:.2e}", flush=True)
+                rows.append({"M": M, "split": split, "W": w, "NT": nt, "AHEAD": ahead, "rel_err": err})
+                print(f"check N={N} K={K} M={M} split={split} W={w} NT={nt} AHEAD={ahead}: max rel err {err:.2e}",
+                      flush=True)
     return rows
 
 
-def time_it(shapes, Ms=(1, 16), splits=(1, 2, 4, 8, 16), tiles=((4, 1), (4, 2), (8, 1))) -> list:
+def time_it(shapes, Ms=(1, 16), splits=(1, 2, 4, 8, 16),
+            tiles=((4, 1, 1), (4, 2, 1), (4, 1, 2), (4, 2, 2), (8, 1, 1))) -> list:
     """Per-call time in a CUDA graph, weights rotated over > 4x L2 (as benchmarks/gemv.py)."""
     import torch
 
@@ -270,7 +311,7 @@ def time_it(shapes, Ms=(1, 16), splits=(1, 2, 4, 8, 16), tiles=((4, 1), (4, 2), 
 
     rows = []
     for N, K in shapes:
-        KB, G = -(-K // 64), K // 128
+        KB, G = 2 * -(-K // 128), K // 128
         NP = -(-N // 128) * 128
         nbytes = N * K // 2 + 4 * N * G
         copies = GB.copies_for(nbytes)
@@ -282,25 +323,26 @@ def time_it(shapes, Ms=(1, 16), splits=(1, 2, 4, 8, 16), tiles=((4, 1), (4, 2), 
             out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
             best = None
             for split in splits:
-                for w, nt in tiles:
+                for w, nt, ahead in tiles:
                     if (NP // 16) % (w * nt) or G % split:
                         continue
                     ws = torch.empty((split, 16, N), dtype=torch.float32, device="cuda")
                     lock = torch.zeros(NP // 16, dtype=torch.int32, device="cuda")
-                    fns = [(lambda st=st, ws=ws, lock=lock, split=split, w=w, nt=nt:
-                            launch(x, st[0], st[1], st[2], out, ws, lock, M, N, K, split, w, nt)) for st in sets]
+                    fns = [(lambda st=st, ws=ws, lock=lock, split=split, w=w, nt=nt, ahead=ahead:
+                            launch(x, st[0], st[1], st[2], out, ws, lock, M, N, K, split, w, nt, ahead)) for st in sets]
                     try:
                         us = GB.graph_us(fns)
                     except Exception as e:  # noqa: BLE001
-                        print(f"  {N}x{K} M={M} split={split} W={w} NT={nt}: {type(e).__name__} {str(e)[:120]}")
+                        print(f"  {N}x{K} M={M} split={split} W={w} NT={nt} AHEAD={ahead}: {type(e).__name__} "
+                              f"{str(e)[:120]}")
                         continue
-                    r = {"N": N, "K": K, "M": M, "split": split, "W": w, "NT": nt, "us": us,
+                    r = {"N": N, "K": K, "M": M, "split": split, "W": w, "NT": nt, "AHEAD": ahead, "us": us,
                          "TBps": (nbytes + 2 * M * (K + N)) / (us * 1e-6) / 1e12}
                     rows.append(r)
                     if best is None or us < best["us"]:
                         best = r
             print(f"{N}x{K} M={M}: best {best['us']:.2f} us ({best['TBps']:.2f} TB/s) split {best['split']} "
-                  f"W {best['W']} NT {best['NT']}", flush=True)
+                  f"W {best['W']} NT {best['NT']} AHEAD {best['AHEAD']}", flush=True)
         del sets
         torch.cuda.empty_cache()
     return rows
