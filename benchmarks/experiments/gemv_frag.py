@@ -260,7 +260,7 @@ def launch(x, fw, s, z, out, ws, lock, M, N, K, split, w=4, nt=1, ahead=1):
     kc_split = -(-KC // split)
     grid = (fw.shape[0] // (w * nt), split)
     gemv_frag_kernel[grid](x, fw, s, z, out, ws, lock, M, N, K, KC, s.stride(0), x.stride(0), out.stride(0), kc_split,
-                           BM=bm, W=w, NT=nt, GS=128, HAS_Z=True, ZP=8, SPLIT_K=split, EVEN_K=K % 64 == 0,
+                           BM=bm, W=w, NT=nt, GS=128, HAS_Z=True, ZP=8, SPLIT_K=split, EVEN_K=K % 128 == 0,
                            AHEAD=ahead, num_warps=w)
 
 
