@@ -38,6 +38,15 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 UNIT_WORDS = gl.constexpr(128)
 
+if hasattr(gl, "thread_barrier"):    # Triton 3.6
+    @gluon.jit
+    def _cta_barrier():
+        gl.thread_barrier()
+else:                                # Triton 3.9 renamed it
+    @gluon.jit
+    def _cta_barrier():
+        gl.barrier()
+
 
 @gluon.jit
 def _pair(v, zc2):
@@ -69,13 +78,13 @@ def _x_steps(xv, BM: gl.constexpr, b_l: gl.constexpr):
 
 
 @gluon.jit
-def _chunk_loads(w_ptrs, x_ptrs, s_ptrs, z_ptrs, c, c_hi, xk, K, stride_s, GS: gl.constexpr, HAS_Z: gl.constexpr,
-                 EVEN_K: gl.constexpr):
+def _chunk_loads(w_ptrs, x_ptrs, s_ptrs, z_ptrs, c, c_hi, xk, K, stride_s, stride_c, GS: gl.constexpr,
+                 HAS_Z: gl.constexpr, EVEN_K: gl.constexpr):
     """Everything chunk ``c`` (128 columns of K: two 64-column blocks) needs, issued together: its
     words ``(J, 256)``, its two x tiles, its group's scales and zeros. ``c`` past ``c_hi - 1`` reads
     chunk ``c_hi - 1`` again (the prefetch past the end: cache hits, never used)."""
     c = gl.minimum(c, c_hi - 1)
-    words = gl.load(w_ptrs + c * 256)
+    words = gl.load(w_ptrs + c.to(gl.int64) * stride_c)
     kx = c * 128
     if EVEN_K:
         x0 = gl.load(x_ptrs + kx)
@@ -124,7 +133,7 @@ def _chunk_mma(acc, words, x0, x1, s, z, J: gl.constexpr, BN: gl.constexpr, BM: 
 
 @gluon.jit
 def gemv_frag_kernel(x_ptr, fw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr,
-                     M, N, K, KC, stride_s, stride_xm, stride_om, KC_SPLIT,
+                     M, N, K, KC, stride_s, stride_xm, stride_om, KC_SPLIT, stride_u, stride_c,
                      BM: gl.constexpr, W: gl.constexpr, NT: gl.constexpr, GS: gl.constexpr,
                      HAS_Z: gl.constexpr, ZP: gl.constexpr, SPLIT_K: gl.constexpr, EVEN_K: gl.constexpr,
                      AHEAD: gl.constexpr):
@@ -147,7 +156,7 @@ def gemv_frag_kernel(x_ptr, fw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr,
     #    stored); scales and zeros of the rows in the MMA result's layout
     j = gl.arange(0, J, layout=gl.SliceLayout(1, ld_l))
     wi = gl.arange(0, 2 * UNIT_WORDS, layout=gl.SliceLayout(0, ld_l))
-    w_ptrs = fw_ptr + ((pid_n * J + j) * KC).to(gl.int64)[:, None] * (2 * UNIT_WORDS) + wi[None, :]
+    w_ptrs = fw_ptr + (pid_n * J + j).to(gl.int64)[:, None] * stride_u + wi[None, :]
     xm = gl.arange(0, BM, layout=gl.SliceLayout(1, x_l))
     xk = gl.arange(0, 64, layout=gl.SliceLayout(0, x_l))
     x_ptrs = x_ptr + gl.minimum(xm, M - 1)[:, None] * stride_xm + xk[None, :]
@@ -159,11 +168,11 @@ def gemv_frag_kernel(x_ptr, fw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr,
     c_hi = gl.minimum(c_lo + KC_SPLIT, KC)
     acc = gl.zeros((BN, BM), gl.float32, layout=mma)
     # -- the register pipeline: AHEAD chunks in flight
-    w0, xa0, xb0, s0, z0 = _chunk_loads(w_ptrs, x_ptrs, s_ptrs, z_ptrs, c_lo, c_hi, xk, K, stride_s, GS, HAS_Z, EVEN_K)
+    w0, xa0, xb0, s0, z0 = _chunk_loads(w_ptrs, x_ptrs, s_ptrs, z_ptrs, c_lo, c_hi, xk, K, stride_s, stride_c, GS, HAS_Z, EVEN_K)
     if AHEAD == 2:
-        w1, xa1, xb1, s1, z1 = _chunk_loads(w_ptrs, x_ptrs, s_ptrs, z_ptrs, c_lo + 1, c_hi, xk, K, stride_s, GS, HAS_Z, EVEN_K)
+        w1, xa1, xb1, s1, z1 = _chunk_loads(w_ptrs, x_ptrs, s_ptrs, z_ptrs, c_lo + 1, c_hi, xk, K, stride_s, stride_c, GS, HAS_Z, EVEN_K)
     for c in range(c_lo, c_hi):
-        wn, xan, xbn, sn, zn = _chunk_loads(w_ptrs, x_ptrs, s_ptrs, z_ptrs, c + AHEAD, c_hi, xk, K, stride_s, GS, HAS_Z,
+        wn, xan, xbn, sn, zn = _chunk_loads(w_ptrs, x_ptrs, s_ptrs, z_ptrs, c + AHEAD, c_hi, xk, K, stride_s, stride_c, GS, HAS_Z,
                                             EVEN_K)
         acc = _chunk_mma(acc, w0, xa0, xb0, s0, z0, J, BN, BM, HAS_Z, ZP, mma, w_l, a_l, b_l)
         if AHEAD == 2:
@@ -178,7 +187,7 @@ def gemv_frag_kernel(x_ptr, fw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr,
         gl.store(out_ptr + mo[None, :] * stride_om + ns[:, None], acc.to(out_ptr.dtype.element_ty), mask=omask)
     else:
         gl.store(ws_ptr + (pid_k * BM + mo[None, :]) * N + ns[:, None], acc, mask=omask)
-        gl.thread_barrier()
+        _cta_barrier()
         lock = lock_ptr + pid_n
         arrived = gl.atomic_add(lock, 1, sem="acq_rel")
         if arrived == SPLIT_K - 1:
@@ -225,7 +234,7 @@ def pack_fragments(codes: np.ndarray, bn_align: int = 128) -> np.ndarray:
 
 SIG = {"x_ptr": "*bf16", "fw_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "out_ptr": "*bf16",
        "ws_ptr": "*fp32", "lock_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "KC": "i32", "stride_s": "i32",
-       "stride_xm": "i32", "stride_om": "i32", "KC_SPLIT": "i32", "BM": "constexpr", "W": "constexpr",
+       "stride_xm": "i32", "stride_om": "i32", "KC_SPLIT": "i32", "stride_u": "i32", "stride_c": "i32", "BM": "constexpr", "W": "constexpr",
        "NT": "constexpr", "GS": "constexpr", "HAS_Z": "constexpr", "ZP": "constexpr", "SPLIT_K": "constexpr", "EVEN_K": "constexpr",
        "AHEAD": "constexpr"}
 
@@ -237,7 +246,7 @@ def sass_count(bm=8, w=4, nt=1, split=4, ahead=1) -> None:
     from triton.experimental.gluon._runtime import GluonASTSource
 
     aligned = ("x_ptr", "fw_ptr", "s_ptr", "z_ptr", "out_ptr", "ws_ptr", "lock_ptr", "N", "K", "stride_s", "stride_xm",
-               "stride_om")
+               "stride_om", "stride_u", "stride_c")
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(SIG) if a in aligned}
     consts = {"BM": bm, "W": w, "NT": nt, "GS": 128, "HAS_Z": True, "ZP": 8, "SPLIT_K": split, "EVEN_K": True,
               "AHEAD": ahead}
@@ -254,14 +263,16 @@ def sass_count(bm=8, w=4, nt=1, split=4, ahead=1) -> None:
     print(loop["by_opcode"])
 
 
-def launch(x, fw, s, z, out, ws, lock, M, N, K, split, w=4, nt=1, ahead=1):
-    KC = fw.shape[1] // 2
+def launch(x, fw, s, z, out, ws, lock, M, N, K, split, w=4, nt=1, ahead=1, chunk_major=False):
+    """``fw``: (NU, KC, 256) words (unit-major) or (KC, NU, 256) (``chunk_major``)."""
+    NU, KC = (fw.shape[1], fw.shape[0]) if chunk_major else (fw.shape[0], fw.shape[1])
+    stride_u, stride_c = (256, NU * 256) if chunk_major else (KC * 256, 256)
     bm = 8 if M <= 8 else 16
     kc_split = -(-KC // split)
-    grid = (fw.shape[0] // (w * nt), split)
+    grid = (NU // (w * nt), split)
     gemv_frag_kernel[grid](x, fw, s, z, out, ws, lock, M, N, K, KC, s.stride(0), x.stride(0), out.stride(0), kc_split,
-                           BM=bm, W=w, NT=nt, GS=128, HAS_Z=True, ZP=8, SPLIT_K=split, EVEN_K=K % 128 == 0,
-                           AHEAD=ahead, num_warps=w)
+                           stride_u, stride_c, BM=bm, W=w, NT=nt, GS=128, HAS_Z=True, ZP=8, SPLIT_K=split,
+                           EVEN_K=K % 128 == 0, AHEAD=ahead, num_warps=w)
 
 
 def check(N=4096, K=4096, Ms=(1, 5, 16), seed=0) -> list:
@@ -279,30 +290,35 @@ def check(N=4096, K=4096, Ms=(1, 5, 16), seed=0) -> list:
     st, zt = torch.from_numpy(s).to(torch.bfloat16), torch.from_numpy(z).to(torch.bfloat16)
     kg = np.arange(K) // 128
     wdq = (codes - zt.float().numpy()[kg, :N].T) * st.float().numpy()[kg, :N].T
-    fw = torch.from_numpy(pack_fragments(codes)).cuda()
+    fw_u = torch.from_numpy(pack_fragments(codes)).cuda()
+    fw_u = fw_u.reshape(fw_u.shape[0], -1, 256)          # (NU, KC, 256): unit-major
+    fw_c = fw_u.transpose(0, 1).contiguous()              # (KC, NU, 256): chunk-major
     rows = []
     for M in Ms:
         for split in (1, 4):
-            for w, nt, ahead in ((4, 1, 1), (4, 2, 2)):
-                if (fw.shape[0]) % (w * nt):
+            for w, nt, ahead, cm in ((4, 1, 1, False), (4, 2, 2, False), (4, 2, 1, True), (8, 1, 1, True)):
+                fw = fw_c if cm else fw_u
+                if fw_u.shape[0] % (w * nt):
                     continue
                 x = rng.standard_normal((M, K)).astype(np.float32)
                 xs = torch.from_numpy(x).to(torch.bfloat16)
                 ref = xs.double().numpy() @ wdq.T
                 out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
                 ws = torch.empty((split, 16, N), dtype=torch.float32, device="cuda")
-                lock = torch.zeros(fw.shape[0], dtype=torch.int32, device="cuda")
-                launch(xs.cuda(), fw, st.cuda(), zt.cuda(), out, ws, lock, M, N, K, split, w, nt, ahead)
+                lock = torch.zeros(fw_u.shape[0], dtype=torch.int32, device="cuda")
+                launch(xs.cuda(), fw, st.cuda(), zt.cuda(), out, ws, lock, M, N, K, split, w, nt, ahead, cm)
                 got = out.double().cpu().numpy()
                 err = float(np.abs(got - ref).max() / np.abs(ref).max()) if np.isfinite(got).all() else float("inf")
-                rows.append({"M": M, "split": split, "W": w, "NT": nt, "AHEAD": ahead, "rel_err": err})
-                print(f"check N={N} K={K} M={M} split={split} W={w} NT={nt} AHEAD={ahead}: max rel err {err:.2e}",
-                      flush=True)
+                rows.append({"M": M, "split": split, "W": w, "NT": nt, "AHEAD": ahead, "chunk_major": cm,
+                             "rel_err": err})
+                print(f"check N={N} K={K} M={M} split={split} W={w} NT={nt} AHEAD={ahead} chunk-major={cm}: "
+                      f"max rel err {err:.2e}", flush=True)
     return rows
 
 
 def time_it(shapes, Ms=(1, 16), splits=(1, 2, 4, 8, 16),
-            tiles=((4, 1, 1), (4, 2, 1), (4, 1, 2), (4, 2, 2), (8, 1, 1))) -> list:
+            tiles=((4, 1, 1, False), (4, 2, 1, False), (8, 1, 1, False), (4, 1, 1, True), (4, 2, 1, True),
+                   (8, 1, 1, True), (4, 4, 1, True), (2, 2, 1, True))) -> list:
     """Per-call time in a CUDA graph, weights rotated over > 4x L2 (as benchmarks/gemv.py)."""
     import torch
 
@@ -315,7 +331,7 @@ def time_it(shapes, Ms=(1, 16), splits=(1, 2, 4, 8, 16),
         NP = -(-N // 128) * 128
         nbytes = N * K // 2 + 4 * N * G
         copies = GB.copies_for(nbytes)
-        sets = [(torch.randint(-2**31, 2**31 - 1, (NP // 16, KB, 128), dtype=torch.int32, device="cuda"),
+        sets = [(torch.randint(-2**31, 2**31 - 1, (NP // 16 * KB // 2, 256), dtype=torch.int32, device="cuda"),
                  (torch.rand(G, NP, device="cuda") * 0.01).to(torch.bfloat16),
                  torch.randint(0, 16, (G, NP), device="cuda").to(torch.bfloat16)) for _ in range(copies)]
         for M in Ms:
@@ -323,26 +339,29 @@ def time_it(shapes, Ms=(1, 16), splits=(1, 2, 4, 8, 16),
             out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
             best = None
             for split in splits:
-                for w, nt, ahead in tiles:
+                for w, nt, ahead, cm in tiles:
                     if (NP // 16) % (w * nt) or G % split:
                         continue
+                    shape = (KB // 2, NP // 16, 256) if cm else (NP // 16, KB // 2, 256)
                     ws = torch.empty((split, 16, N), dtype=torch.float32, device="cuda")
                     lock = torch.zeros(NP // 16, dtype=torch.int32, device="cuda")
-                    fns = [(lambda st=st, ws=ws, lock=lock, split=split, w=w, nt=nt, ahead=ahead:
-                            launch(x, st[0], st[1], st[2], out, ws, lock, M, N, K, split, w, nt, ahead)) for st in sets]
+                    fns = [(lambda st=st, ws=ws, lock=lock, split=split, w=w, nt=nt, ahead=ahead, cm=cm, shape=shape:
+                            launch(x, st[0].view(shape), st[1], st[2], out, ws, lock, M, N, K, split, w, nt, ahead, cm))
+                           for st in sets]
                     try:
                         us = GB.graph_us(fns)
                     except Exception as e:  # noqa: BLE001
-                        print(f"  {N}x{K} M={M} split={split} W={w} NT={nt} AHEAD={ahead}: {type(e).__name__} "
+                        print(f"  {N}x{K} M={M} split={split} W={w} NT={nt} AHEAD={ahead} cm={cm}: {type(e).__name__} "
                               f"{str(e)[:120]}")
                         continue
-                    r = {"N": N, "K": K, "M": M, "split": split, "W": w, "NT": nt, "AHEAD": ahead, "us": us,
+                    r = {"N": N, "K": K, "M": M, "split": split, "W": w, "NT": nt, "AHEAD": ahead, "chunk_major": cm,
+                         "us": us,
                          "TBps": (nbytes + 2 * M * (K + N)) / (us * 1e-6) / 1e12}
                     rows.append(r)
                     if best is None or us < best["us"]:
                         best = r
             print(f"{N}x{K} M={M}: best {best['us']:.2f} us ({best['TBps']:.2f} TB/s) split {best['split']} "
-                  f"W {best['W']} NT {best['NT']} AHEAD {best['AHEAD']}", flush=True)
+                  f"W {best['W']} NT {best['NT']} AHEAD {best['AHEAD']} chunk-major {best['chunk_major']}", flush=True)
         del sets
         torch.cuda.empty_cache()
     return rows
@@ -353,6 +372,9 @@ if __name__ == "__main__":
     ap.add_argument("--sass", action="store_true", help="static count of the loop for sm_90a (no GPU)")
     ap.add_argument("--check", action="store_true", help="run on the GPU against float64 numpy")
     ap.add_argument("--time", action="store_true", help="time on the GPU (CUDA graph)")
+    ap.add_argument("--shapes", nargs="+", default=["4096x4096", "6144x4096", "14336x4096", "4096x14336", "28672x4096",
+                                                    "8192x8192", "28672x8192", "16384x16384", "128256x4096"],
+                    help="NxK shapes for --time")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
@@ -362,8 +384,7 @@ if __name__ == "__main__":
     if args.check:
         res["check"] = check()
     if args.time:
-        res["time"] = time_it([(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336), (28672, 4096),
-                               (8192, 8192), (28672, 8192), (16384, 16384), (128256, 4096)])
+        res["time"] = time_it([tuple(int(v) for v in sh.split("x")) for sh in args.shapes])
     if res:
         import datetime
         import json
