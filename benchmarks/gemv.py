@@ -69,7 +69,11 @@ def random_prepared(N, K, bits, gs, sym, device="cuda", scale_dtype=torch.float1
     G = K // gs
     s = (torch.rand(G, npad, device=device) * 0.01 + 0.001).to(scale_dtype)
     z = None if sym else torch.randint(0, 1 << bits, (G, npad), device=device).to(scale_dtype)
-    return Q.PreparedGemvWeight(qw, s, z, None, None, bits, gs, 1 << (bits - 1), N, K)
+    frag = None   # the tensor-core fragment layout, where prepare_weight would build one (random words too)
+    if Q.frag_eligible(bits, gs, False, False) is None:
+        frag = torch.randint(-2**31, 2**31 - 1, (-(-K // Q.FRAG_CHUNK), npad // 16, 256), dtype=torch.int32,
+                             device=device)
+    return Q.PreparedGemvWeight(qw, s, z, None, None, bits, gs, 1 << (bits - 1), N, K, frag=frag)
 
 
 def copies_for(nbytes: int) -> int:

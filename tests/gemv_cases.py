@@ -162,14 +162,22 @@ COMPILE_CASES = [
     ("fma-int4-g128-m1", 1, 4, 128, False, "native"),
     ("fma-int8-sym-m2", 2, 8, 64, True, "native"),
     ("table-int4-g128-m16", 16, 4, 128, False, "native"),
-    ("dot-int4-g128-m16", 16, 4, 128, False, "native", {"kind": "dot", "block_kw": 32, "num_stages": 2, "x_runs": False}),
+    ("dot-int4-g128-m16", 16, 4, 128, False, "native", {"kind": "dot", "block_n": 128, "block_kw": 32, "num_warps": 4,
+                                                        "num_stages": 2, "x_runs": False}),
     ("fma-gptq-actorder-m1", 1, 4, 128, False, "gptq-actorder"),
     ("fma-int4-g128-m1-dq3", 1, 4, 128, False, "native", {"dq": 3}),   # 7th field: config overrides
-    ("dot-int4-g128-m16-swap", 16, 4, 128, False, "native", {"kind": "dot", "block_kw": 32, "num_stages": 2, "x_runs": False,
-                                                             "swap_ab": True}),
-    ("mma-int4-g128-m16", 16, 4, 128, False, "native", {"kind": "mma", "block_kw": 16, "num_stages": 3}),
+    ("dot-int4-g128-m16-swap", 16, 4, 128, False, "native", {"kind": "dot", "block_n": 128, "block_kw": 32, "num_warps": 4,
+                                                             "num_stages": 2, "x_runs": False, "swap_ab": True}),
+    ("mma-int4-g128-m16", 16, 4, 128, False, "native", {"kind": "mma", "block_n": 64, "block_kw": 16, "num_warps": 4,
+                                                        "num_stages": 3}),
     ("mma-int4-sym-g64-m4", 4, 4, 64, True, "native", {"kind": "mma", "block_kw": 8, "num_stages": 3}),
-    ("mma-int4-g128-m16-tile-x", 16, 4, 128, False, "native", {"kind": "mma", "num_stages": 1, "x_runs": False}),
+    ("mma-int4-g128-m16-tile-x", 16, 4, 128, False, "native", {"kind": "mma", "block_n": 64, "block_kw": 16,
+                                                               "num_warps": 4, "num_stages": 1, "x_runs": False}),
+    # the Gluon kernel on the fragment layout (the table's choice for bf16 int4 g128+ at M = 2..16)
+    ("frag-int4-g128-m4", 4, 4, 128, False, "native"),
+    ("frag-int4-sym-g256-m9", 9, 4, 256, True, "native"),
+    ("frag-int4-g128-m16-wide", 16, 4, 128, False, "native", {"kind": "frag", "block_n": 256, "num_warps": 4,
+                                                              "split_k": 1}),
     ("fma-int4-g128-m1-pipe3", 1, 4, 128, False, "native", {"num_stages": 3}),
     ("fma-int4-g128-m1-ahead2", 1, 4, 128, False, "native", {"prefetch": 2}),
     ("fma-int4-g128-m1-rows", 1, 4, 128, False, "native", {"group_rows": True, "block_n": 256, "block_kw": 8,
@@ -181,9 +189,23 @@ COMPILE_CASES = [
     ("fma-int4-g128-m1-ahead2-pdl", 1, 4, 128, False, "native", {"pdl": True, "prefetch": 2}, ("sm_90a",)),
     ("dot-int4-g128-m16-swap-pdl", 16, 4, 128, False, "native", {"kind": "dot", "block_kw": 32, "num_stages": 2, "x_runs": False,
                                                                  "pdl": True, "swap_ab": True}, ("sm_90a",)),
-    ("mma-int4-g128-m16-pdl", 16, 4, 128, False, "native", {"pdl": True}, ("sm_90a", "sm_100a")),
+    ("mma-int4-g128-m16-pdl", 16, 4, 128, False, "native", {"kind": "mma", "block_n": 64, "block_kw": 16, "num_warps": 4,
+                                                            "num_stages": 1, "pdl": True}, ("sm_90a", "sm_100a")),
 ]
 TARGETS = ("sm_80", "sm_90a", "sm_100a")
+
+#: forced "frag" configurations, GPU only (weights prepared on the CPU have no fragment layout): split-K,
+#: 1 to 8 warps of 1 to 4 units, 8 and 16 MMA columns, symmetric, a 256-column group, N past a tile
+FRAG_CASES = [
+    ("native4-frag-asym-g128-m16-split4", "native", 4, 128, False, 16, 200, 1024, "bfloat16",
+     {"config": ("frag", 64, 32, 4, 2)}),
+    ("native4-frag-sym-g256-m3-w2nt2", "native", 4, 256, True, 3, 72, 768, "bfloat16",
+     {"config": ("frag", 64, 32, 1, 2), "num_warps": 2}),
+    ("awq-frag-g128-m8-w4nt4-split2", "awq", 4, 128, False, 8, 500, 512, "bfloat16",
+     {"config": ("frag", 256, 32, 2, 2)}),
+    ("native4-frag-asym-g128-m2-w8-split8-x1e3", "native", 4, 128, False, 2, 1100, 2048, "bfloat16",
+     {"config": ("frag", 128, 32, 8, 2), "num_warps": 8, "xscale": 1e3}),
+]
 
 #: max |out - ref| / max |ref| allowed per activation dtype. fp16/bf16 round the output once
 #: (2^-11, 2^-8 relative); Triton's interpreter converts fp32 -> bf16 by truncation (2^-7).

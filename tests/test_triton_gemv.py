@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gemv_cases import CASES, COMPILE_CASES, TARGETS, weight  # noqa: E402  (tests/ is on sys.path)
+from gemv_cases import CASES, COMPILE_CASES, FRAG_CASES, TARGETS, weight  # noqa: E402  (tests/ is on sys.path)
 
 pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
@@ -75,7 +75,9 @@ def test_compile_for_targets(case, compile_results):
     for t in targets:
         art = r["targets"][t]
         assert art["cubin_bytes"] > 1000, f"{t}: no cubin"
-        assert art["mma"] == (art["kind"] in ("dot", "mma")), f"{t}: tensor-core instructions present={art['mma']}"
+        assert art["mma"] == (art["kind"] in ("dot", "mma", "frag")), f"{t}: tensor-core instructions present={art['mma']}"
+        if case[0].startswith("frag"):
+            assert art["kind"] == "frag", f"{t}: the table chose {art['kind']}"
         pdl = art["pdl"]   # forced by the case, or the target's table choice
         if len(case) > 6 and "pdl" in case[6]:
             assert pdl == case[6]["pdl"]
@@ -305,6 +307,53 @@ def test_gpu_forced_config(dev, case):
         kern(x, p, out)
         err = np.abs(out.double().cpu().numpy() - ref).max() / (np.abs(ref).max() or 1)
         assert err <= TOL[dt], f"{case[0]}: {err:.3g}"
+
+
+@gpu_param
+@pytest.mark.parametrize("case", FRAG_CASES, ids=[c[0] for c in FRAG_CASES])
+def test_gpu_frag_forced_config(dev, case):
+    """The fragment-layout kernel with forced tiles and splits (each twice: the split-K counters
+    reset themselves), outputs poisoned, against float64."""
+    _need(dev)
+    from portakern.backends.triton import quant_gemv as Q
+    from portakern.ir.packing import dequantize
+    from portakern.validate import quant_gemv_op
+
+    from gemv_cases import TOL, forced_config
+
+    w = weight(case)
+    M, K, extra = case[5], case[7], case[9]
+    x = (torch.randn(M, K, device=f"cuda:{dev.index}", dtype=torch.float64) * extra.get("xscale", 1.0)).to(torch.bfloat16)
+    wd = w.with_tensors({k: torch.as_tensor(v).to(f"cuda:{dev.index}") for k, v in w.tensors.items()})
+    op, _ = quant_gemv_op(x, wd)
+    kern = Q.compile(op, dev, forced_config(extra["config"], num_warps=extra.get("num_warps", 4)))
+    p = Q.prepare_weight(None, w, dev)
+    assert p.frag is not None
+    ref = x.double().cpu().numpy() @ dequantize(w.fmt, w.tensors, w.N, w.K).T
+    out = torch.empty((M, w.N), device=x.device, dtype=x.dtype)
+    for _ in range(2):
+        out.fill_(float("nan"))
+        kern(x, p, out)
+        assert next(iter(kern.launchers.values())).kind == "frag"
+        err = np.abs(out.double().cpu().numpy() - ref).max() / (np.abs(ref).max() or 1)
+        assert err <= TOL["bfloat16"] / 2, f"{case[0]}: {err:.3g}"
+
+
+@gpu_param
+def test_gpu_frag_refuses_other_activation_dtypes(dev):
+    _need(dev)
+    from portakern.backends.triton import quant_gemv as Q
+    from portakern.backends.triton.gemv_tuning import GemvConfig
+    from portakern.errors import UnsupportedError
+    from portakern.validate import quant_gemv_op
+
+    case = FRAG_CASES[0]
+    w = weight(case)
+    x = torch.randn(4, case[7], device=f"cuda:{dev.index}", dtype=torch.float16)
+    op, _ = quant_gemv_op(x, w.with_tensors({k: torch.as_tensor(v).to(x.device) for k, v in w.tensors.items()}))
+    kern = Q.compile(op, dev, GemvConfig("frag", 64, 32, 2))
+    with pytest.raises(UnsupportedError, match="dtype=float16"):
+        kern(x, Q.prepare_weight(None, w, dev), torch.empty((4, w.N), device=x.device, dtype=x.dtype))
 
 
 @gpu_param

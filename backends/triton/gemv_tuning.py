@@ -38,7 +38,7 @@ FMA_MAX_M = {"sm_80": 1, "sm_90": 1, "sm_100": 1, "sm_120": 1, "interp": 2}
 #: tiles: M=16 155 us vs 169 us with 4 slices), so it splits only to fill each SM once. H200 session 5:
 #: the "mma" kernel's sweep winners held 3.9 (4096 x 14336, 4096^2: 8 slices of 64 tiles) and 6.8
 #: (28672 x 8192: 2 slices of 448 tiles, 77.9 us vs 128.8 unsplit) programs per SM.
-PROGRAMS_PER_SM = {"fma": 4, "dot": 1, "mma": 3.5}
+PROGRAMS_PER_SM = {"fma": 4, "dot": 1, "mma": 3.5, "frag": 27}
 MAX_SPLIT_K = 8
 #: Group-resident tiles (``GemvConfig.group_rows``) run few warps per program over wide column
 #: tiles: split K until the grid holds this many warps per multiprocessor, up to MAX_SPLIT_K_ROWS.
@@ -52,6 +52,22 @@ ROWS_MIN_NK = 1 << 24
 ROWS_MIN_SLICE_WORDS = 32
 
 
+#: Kind "frag" (``kernels/gemv_frag.py``, bf16 x, M <= 16, weights with a fragment layout). H200
+#: session 7 sweep (``benchmarks/gemv_notes.md`` v9, 7 shapes, M = 1 and 16): 64-row programs (2 warps
+#: x 2 units) won or tied at M=16 everywhere but the 128256-row head (256 rows, 4 warps x 4 units:
+#: 98.3 vs 105.3 us); K split until the grid holds FRAG_PROGRAMS_PER_SM programs per SM (M <= 8:
+#: ~27; M > 8: ~6.8, the two MMAs per step make programs heavier) with at least FRAG_MIN_CHUNKS
+#: 128-column chunks per slice (4096^2 at M=16: 9.7 us with 8 slices of 4 chunks, 13.4 with 16 of 2)
+FRAG_PROGRAMS_PER_SM = {8: 27, 16: 6.8}
+FRAG_MIN_CHUNKS = {8: 2, 16: 4}
+FRAG_MAX_SPLIT = 16
+#: From this N on the "frag" table takes 256-row programs (the LM head)
+FRAG_WIDE_MIN_N = 65536
+#: M=1 stays on the CUDA-core kernel: the "frag" kernel tied it within ~3% (H200 session 7: 28672x8192
+#: 37.8 vs 38.7 us, 4096^2 7.0 vs 6.3), and the CUDA-core kernel serves every format and dtype
+FRAG_MIN_M = 2
+
+
 #: Dequantization variants the kernels implement (``GemvConfig.dq``, ``kernels.gemv_quant._codes``).
 DQ_VARIANTS = (0, 1, 2, 3)
 
@@ -60,10 +76,11 @@ DQ_VARIANTS = (0, 1, 2, 3)
 class GemvConfig:
     """One launch configuration.
 
-    kind       "fma" (CUDA cores, small M), "dot" (tensor cores, M tile of 16) or "mma" (tensor cores,
+    kind       "fma" (CUDA cores, small M), "dot" (tensor cores, M tile of 16), "mma" (tensor cores,
                int4 with one group per K tile: codes dequantized as 16-bit pairs, scales applied
-               after the MMA; ``mma_eligible``)
-    block_n    rows of W per program
+               after the MMA; ``mma_eligible``) or "frag" (tensor cores, int4 words in the MMA's
+               fragment layout, bf16 x, M <= 16; ``frag_usable``; Gluon)
+    block_n    rows of W per program ("frag": 16 x num_warps x units per warp)
     block_kw   32-bit words of K per row and iteration (8 int4 or 4 int8 codes each)
     num_warps  Triton launch option
     num_stages Triton launch option; for kind "fma", > 1 streams the word tiles through Triton's
@@ -126,7 +143,10 @@ def next_pow2(n: int) -> int:
 
 
 def block_m(kind: str, M: int) -> int:
-    """Rows of x per program: all of M up to 4 (CUDA cores), a 16-row MMA tile (tensor cores)."""
+    """Rows of x per program: all of M up to 4 (CUDA cores), 8 or 16 columns of the "frag" kernel's
+    MMA result, a 16-row MMA tile (other tensor-core kernels)."""
+    if kind == "frag":
+        return 8 if M <= 8 else 16
     return min(next_pow2(M), 4) if kind == "fma" else 16
 
 
@@ -137,6 +157,10 @@ def _table(arch: str, kind: str, M: int, N: int, K: int, bits: int, rows_ok: boo
     if arch == "interp":
         return (GemvConfig("fma", block_n=8, block_kw=8, num_warps=1) if kind == "fma"
                 else GemvConfig(kind, block_n=16, block_kw=16, num_warps=1))
+    if kind == "frag":
+        if N >= FRAG_WIDE_MIN_N:
+            return GemvConfig("frag", block_n=256, block_kw=32, num_warps=4)
+        return GemvConfig("frag", block_n=64, block_kw=32, num_warps=2)
     if kind == "mma":
         # H200 session 5 (M=16, benchmarks/gemv_notes.md v7): 64 columns and 4 warps beat 128 and 8 on
         # every shape; x read in runs won 4096x14336 (24.3 vs 32.0 us) and 4096^2 (11.2 vs 13.3), the
@@ -172,6 +196,8 @@ def split_k_for(N: int, KWP: int, cfg: GemvConfig, num_sms: int) -> int:
     resident tiles: WARPS_PER_SM_ROWS warps), keeping at least two K tiles per slice."""
     tiles_n = math.ceil(N / cfg.block_n)
     iters = math.ceil(KWP / cfg.block_kw)
+    if cfg.kind == "frag":   # block_kw 32 words = one 128-column chunk; M is not known here: see frag_split
+        raise ValueError("split_k_for(kind='frag'): use frag_split(N, K, cfg, M, num_sms)")
     if cfg.group_rows:   # count warps (these programs are small); slices of at least ROWS_MIN_SLICE_WORDS
         per_split, want, most = tiles_n * cfg.num_warps, WARPS_PER_SM_ROWS * num_sms, MAX_SPLIT_K_ROWS
         room = KWP // ROWS_MIN_SLICE_WORDS
@@ -182,6 +208,49 @@ def split_k_for(N: int, KWP: int, cfg: GemvConfig, num_sms: int) -> int:
     while per_split * split < want and split * 2 <= most and room >= split * 2:
         split *= 2
     return split
+
+
+def frag_split(N: int, K: int, cfg: GemvConfig, M: int, num_sms: int) -> int:
+    """Slices of K for kind "frag": a power of two up to FRAG_MAX_SPLIT while the grid stays within
+    FRAG_PROGRAMS_PER_SM programs per SM and every slice keeps FRAG_MIN_CHUNKS chunks."""
+    bm = block_m("frag", M)
+    tiles_n = math.ceil(N / cfg.block_n)
+    chunks = math.ceil(K / 128)
+    want = FRAG_PROGRAMS_PER_SM[bm] * num_sms
+    split = 1
+    while (split * 2 <= FRAG_MAX_SPLIT and tiles_n * split * 2 <= want
+           and chunks >= FRAG_MIN_CHUNKS[bm] * split * 2):
+        split *= 2
+    return split
+
+
+def frag_usable(layout, M: int, dtype: str | None = None) -> str | None:
+    """Why kind "frag" cannot serve ``layout`` at ``M`` rows of ``dtype`` x, or None if it can.
+    ``dtype`` None (a forced configuration's check) accepts any: the kernel itself is bf16-only, so
+    ``fit`` refuses other dtypes where the op is known (``quant_gemv.compile``)."""
+    if getattr(layout, "frag", None) is None:
+        return ("the prepared weight has no fragment layout (int4, groups a multiple of 128, no act-order, "
+                "prepared for a CUDA device)")
+    if M > 16:
+        return f"M={M} (the kernel holds at most 16 rows of x)"
+    if dtype is not None and dtype != "bfloat16":
+        return f"dtype={dtype} (bf16 activations only: the dequantized codes are bf16 MMA operands)"
+    return None
+
+
+def _fit_frag(cfg: GemvConfig, layout, M: int) -> GemvConfig:
+    """``fit`` for kind "frag": 1, 2, 4 or 8 warps of 1, 2 or 4 units (16 rows each) per program,
+    at most 256 rows, dividing the padded rows ``stride_qk``; one chunk (32 words) per step."""
+    why = frag_usable(layout, M)
+    if why is not None:
+        raise ValueError(f"GemvConfig(kind='frag') cannot serve this weight: {why}; use kind='mma' or 'dot'")
+    w = min(max(1, next_pow2(cfg.num_warps)), 8)
+    bn = min(max(16 * w, next_pow2(cfg.block_n)), 256, 64 * w)
+    while layout.stride_qk % bn:
+        bn //= 2
+        w = min(w, bn // 16)
+    return replace(cfg, block_n=bn, num_warps=w, block_kw=32, num_stages=1, dq=2, swap_ab=False, prefetch=1,
+                   pdl=False, group_rows=False, x_runs=False)
 
 
 def fit(cfg: GemvConfig, layout, M: int) -> GemvConfig:
@@ -203,6 +272,8 @@ def fit(cfg: GemvConfig, layout, M: int) -> GemvConfig:
                          f"option of the CUDA-core kernel (kind='fma') with prefetch=1; use group_rows=False")
     if cfg.kind not in PROGRAMS_PER_SM:
         raise ValueError(f"GemvConfig(kind={cfg.kind!r}): the kinds are {', '.join(PROGRAMS_PER_SM)}")
+    if cfg.kind == "frag":
+        return _fit_frag(cfg, layout, M)
     if cfg.kind == "mma":
         why = mma_eligible(layout)
         if why is not None:
@@ -263,10 +334,14 @@ def choose(layout, M: int, N: int, arch: str, num_sms: int | None = None, group_
     on ``arch``. ``group_rows=False``: the table as it is without group-resident tiles (comparisons)."""
     num_sms = num_sms or DEFAULT_SMS.get(arch, 132)
     kind = "fma" if (M <= FMA_MAX_M.get(arch, 2) or layout.per_elem_group) else "dot"
-    if kind == "dot" and mma_eligible(layout, dtype) is None:
+    if arch != "interp" and M >= FRAG_MIN_M and frag_usable(layout, M, dtype) is None:
+        kind = "frag"
+    elif kind == "dot" and mma_eligible(layout, dtype) is None:
         kind = "mma"
     rows_ok = group_rows and not layout.per_elem_group and not layout.has_perm
     cfg = fit(_table(arch, kind, M, N, layout.K, layout.bits, rows_ok), layout, M)
+    if kind == "frag":
+        return replace(cfg, split_k=frag_split(N, layout.K, cfg, M, num_sms))
     return replace(cfg, split_k=split_k_for(N, layout.KWP, cfg, num_sms))
 
 
@@ -284,6 +359,15 @@ def candidates(layout, M: int, N: int, arch: str, num_sms: int, dtype: str = "bf
     """Configurations worth timing (the table's choice first)."""
     base = choose(layout, M, N, arch, num_sms, dtype=dtype)
     out = [base]
+    if base.kind == "frag":  # rows per program (warps x units) and the split around the table's
+        for bn, w in ((64, 2), (64, 4), (128, 4), (128, 2), (256, 4), (128, 8)):
+            c = fit(replace(base, block_n=bn, num_warps=w), layout, M)
+            auto = frag_split(N, layout.K, c, M, num_sms)
+            for split in sorted({auto, max(1, auto // 2), min(FRAG_MAX_SPLIT, 2 * auto)}):
+                cand = replace(c, split_k=split)
+                if cand not in out:
+                    out.append(cand)
+        return out
     if base.kind == "mma":   # the K tile is the group's; columns, warps, pipeline depth and x path vary
         for bn, w, st, xr in itertools.product((32, 64, 128), (4, 8), (1, 2, 3), (False, True)):
             c = fit(replace(base, block_n=bn, num_warps=w, num_stages=st, x_runs=xr), layout, M)

@@ -55,6 +55,8 @@ class PreparedGemvWeight:
     Tensors: ``qweight`` int32 ``(KWP, NP)``, K-major; ``scales`` / ``zeros`` ``(G, NP)`` in the
     scale dtype (``zeros`` None for symmetric formats, which use ``zero_point``); ``perm`` int32
     ``(K,)`` or None; ``kgroup`` int32 ``(K,)`` or None. ``dequant[n, k] = (code - zero) * scale``.
+    ``frag``: the same codes in the tensor-core fragment layout, int32 ``(KC, NP / 16, 256)``
+    (``pack_fragments``), on CUDA devices for the formats ``frag_eligible`` accepts; else None.
     """
 
     qweight: Any
@@ -67,6 +69,7 @@ class PreparedGemvWeight:
     zero_point: int
     N: int
     K: int
+    frag: Any = None
 
     @property
     def codes_per_word(self) -> int:
@@ -103,11 +106,11 @@ class PreparedGemvWeight:
     def key(self) -> tuple:
         """What a compiled launcher depends on, beyond the op."""
         return (self.has_z, self.has_perm, self.kgroup is not None, self.zero_point, self.per_elem_group,
-                str(self.scales.dtype), self.KWP, self.stride_qk)
+                str(self.scales.dtype), self.KWP, self.stride_qk, self.frag is not None)
 
     def tensors(self) -> dict[str, Any]:
         return {n: t for n, t in (("qweight", self.qweight), ("scales", self.scales), ("zeros", self.zeros),
-                                  ("perm", self.perm), ("kgroup", self.kgroup)) if t is not None}
+                                  ("perm", self.perm), ("kgroup", self.kgroup), ("frag", self.frag)) if t is not None}
 
 
 #: word rows are padded to a multiple of this (the largest K tile), so tiles need no K mask
@@ -161,6 +164,76 @@ def unpack_internal(words: np.ndarray, bits: int, interleave: int, N: int, K: in
     return codes[:K, :N].T
 
 
+#: K columns per fragment-layout chunk (two 64-column units: ``kernels/gemv_frag.py``)
+FRAG_CHUNK = 128
+
+
+def frag_eligible(bits: int, group_size: int, has_perm: bool, irregular_groups: bool) -> str | None:
+    """Why the fragment layout (tensor-core kernel "frag") cannot hold a weight, or None if it can:
+    int4 codes, groups a multiple of 128 columns (one chunk never spans two groups), no act-order
+    permutation or irregular groups (x is read in whole 64-column tiles)."""
+    if bits != 4:
+        return f"bits={bits} (the fragment layout holds int4 codes)"
+    if group_size % FRAG_CHUNK:
+        return f"group_size={group_size} (needs a multiple of {FRAG_CHUNK})"
+    if has_perm or irregular_groups:
+        return "an act-order g_idx (x would be gathered, not read in whole tiles)"
+    return None
+
+
+def _frag_kcol(kk, p):
+    """Column of the 64-column unit that MMA k position ``kk`` of k16 step ``p`` multiplies."""
+    return 16 * ((kk % 8) // 2) + 4 * p + 2 * (kk // 8) + kk % 2
+
+
+def _frag_index():
+    """For each (lane, reg, p, half) of a unit: the row ``r`` (0..15) and column (0..63) of its code."""
+    lane = np.arange(32)[:, None, None, None]
+    reg = np.arange(4)[None, :, None, None]
+    p = np.arange(4)[None, None, :, None]
+    half = np.arange(2)[None, None, None, :]
+    g, t = lane // 4, lane % 4
+    cb, rb = reg // 2, reg % 2
+    row = 8 * rb + g
+    col = 4 * cb + t                       # word column: MMA k positions 2 col + half
+    k = _frag_kcol(2 * col + half, p)
+    shape = (32, 4, 4, 2)
+    return np.broadcast_to(row, shape), np.broadcast_to(k, shape)
+
+
+def pack_fragments(codes: np.ndarray) -> np.ndarray:
+    """4-bit codes ``(N, K)`` -> int32 words ``(KC, NP / 16, 256)`` in the fragment layout of
+    ``kernels/gemv_frag.py`` (chunk-major; rows padded to ``N_ALIGN_WORDS``, K to 128, codes 0).
+    Word ``(c, u, 128 h + 4 lane + reg)`` holds, at nibble ``p`` (+ 4 for the pair's second
+    half), the code of row ``16 u + row`` and column ``128 c + 64 h + k`` (``_frag_index``)."""
+    N, K = codes.shape
+    np_ = -(-N // N_ALIGN_WORDS) * N_ALIGN_WORDS
+    kc = -(-K // FRAG_CHUNK)
+    padded = np.zeros((np_, kc * FRAG_CHUNK), dtype=np.uint32)
+    padded[:N, :K] = codes
+    units = padded.reshape(np_ // 16, 16, kc * 2, 64)           # (u, r, unit along K, k)
+    row, k = _frag_index()
+    vals = units[:, row, :, k]                                  # (32, 4, 4, 2, u, units along K)
+    shift = (4 * np.arange(4)[:, None] + 16 * np.arange(2)[None, :]).astype(np.uint32)   # (p, half)
+    words = (vals << shift[None, None, :, :, None, None]).sum(axis=(2, 3), dtype=np.uint64).astype(np.uint32)
+    # (lane, reg, u, 2 kc) -> (kc, u, half, lane, reg)
+    words = words.reshape(32, 4, np_ // 16, kc, 2).transpose(3, 2, 4, 0, 1)
+    return np.ascontiguousarray(words.reshape(kc, np_ // 16, 256)).view(np.int32)
+
+
+def unpack_fragments(words: np.ndarray, N: int, K: int) -> np.ndarray:
+    """Inverse of ``pack_fragments``: the codes ``(N, K)``."""
+    kc, nu, _ = words.shape
+    w = words.view(np.uint32).reshape(kc, nu, 2, 32, 4).transpose(3, 4, 1, 0, 2)     # (lane, reg, u, kc, half)
+    row, k = _frag_index()
+    codes = np.zeros((nu, 16, kc, 2, 64), dtype=np.uint32)
+    for p in range(4):
+        for half in range(2):
+            q = (w >> np.uint32(4 * p + 16 * half)) & np.uint32(15)                    # (32, 4, u, kc, 2)
+            codes[:, row[:, :, p, half], :, :, k[:, :, p, half]] = q.transpose(0, 1, 2, 3, 4)
+    return codes.reshape(nu * 16, kc * FRAG_CHUNK)[:N, :K]
+
+
 def prepare_weight(backend, weight, device: Device) -> PreparedGemvWeight:
     """Repack ``weight`` (any packing) once into the internal layout, on ``device``.
 
@@ -202,13 +275,16 @@ def prepare_weight(backend, weight, device: Device) -> PreparedGemvWeight:
         t[:, N:] = a.T[:, :1]
         return t
 
+    frag = None
+    if device.type == "cuda" and frag_eligible(fmt.bits, GS, perm is not None, kgroup is not None) is None:
+        frag = dev(pack_fragments(codes))
     prepared = PreparedGemvWeight(
         qweight=dev(pack_internal(codes, fmt.bits, interleave_words(fmt.bits, GS, kgroup is not None))),
         scales=dev(by_group(scales), sdt),
         zeros=None if fmt.symmetric else dev(by_group(zeros + offset), sdt),
         perm=None if perm is None else dev(perm),
         kgroup=None if kgroup is None else dev(kgroup),
-        bits=fmt.bits, group_size=GS, zero_point=int(fmt.zero_point + offset), N=N, K=K)
+        bits=fmt.bits, group_size=GS, zero_point=int(fmt.zero_point + offset), N=N, K=K, frag=frag)
     if device.type == "cuda":
         # once per weight: a kernel launched with pdl reads its first weight tiles before waiting
         # for the previous work in the stream, so the uploads must be complete before any launch
@@ -261,6 +337,10 @@ class _Launcher:
             self.ws = self.lock = None
         self.dims = (op.M, op.N, op.K, layout.KWP, layout.stride_qk)
         self.mask_rt = (1 << layout.bits) - 1
+        if self.kind == "frag":   # chunks, chunks per slice, word strides of a unit and of a chunk
+            kc, nu = int(layout.frag.shape[0]), int(layout.frag.shape[1])
+            self.frag_dims = (kc, -(-kc // cfg.split_k), 256, nu * 256)
+            self.opts.pop("num_stages", None)
 
     def __call__(self, x, w: PreparedGemvWeight, out) -> None:
         M, N, K, KWP, sqk = self.dims
@@ -268,7 +348,11 @@ class _Launcher:
         lock = w.qweight if self.lock is None else self.lock
         z = w.scales if w.zeros is None else w.zeros
         perm = w.qweight if w.perm is None else w.perm
-        if self.kind == "mma":
+        if self.kind == "frag":
+            kc, kcs, su, sc = self.frag_dims
+            self.fn[self.grid](x, w.frag, w.scales, z, out, ws, lock, M, N, K, kc, sqk, x.stride(0), out.stride(0),
+                               kcs, su, sc, **self.consts, **self.opts)
+        elif self.kind == "mma":
             self.fn[self.grid](x, w.qweight, w.scales, z, out, ws, lock, M, N, K, KWP, sqk,
                                x.stride(0), out.stride(0), self.ksw, **self.consts, **self.opts)
         elif self.kind == "fma":
@@ -316,6 +400,9 @@ def compile(op: QuantGemv, device: Device, config: tuning.GemvConfig | None = No
             raise BackendError(f"prepared weight is ({w.N}, {w.K}) but the op is (N, K) = ({op.N}, {op.K})")
         if config is not None:
             cfg = tuning.fit(config, w, op.M)
+            why = tuning.frag_usable(w, op.M, op.dtype.value) if cfg.kind == "frag" else None
+            if why is not None:
+                raise UnsupportedError(f"GemvConfig(kind='frag') cannot run this op: {why}; use kind='mma' or 'dot'")
         elif tuning.autotune_enabled() and not interpret:
             import triton.testing
 
@@ -361,6 +448,8 @@ class _LayoutStub:
         self.zero_point = f.zero_point + ((1 << (f.bits - 1)) if f.packing is Packing.GGUF_Q8_0 else 0)
         self.per_elem_group = self.group_size % self.codes_per_word != 0
         self.interleave = interleave_words(self.bits, self.group_size, False)
+        # what prepare_weight builds on a CUDA device: a fragment layout for the eligible formats
+        self.frag = True if frag_eligible(f.bits, f.group_size, f.has_g_idx, False) is None else None
 
 
 def compile_for_target(op: QuantGemv, target: str, config: tuning.GemvConfig | None = None) -> dict:
@@ -394,8 +483,13 @@ def compile_for_target(op: QuantGemv, target: str, config: tuning.GemvConfig | N
     act = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[op.dtype.value]
     outp = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[op.result_dtype.value]
     sdt = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[op.fmt.scale_dtype.value]
-    ptrs = {"x_ptr": act, "qw_ptr": "*i32", "s_ptr": sdt, "z_ptr": sdt, "perm_ptr": "*i32", "kg_ptr": "*i32",
-            "out_ptr": outp, "ws_ptr": "*fp32", "lock_ptr": "*i32"}
+    ptrs = {"x_ptr": act, "qw_ptr": "*i32", "fw_ptr": "*i32", "s_ptr": sdt, "z_ptr": sdt, "perm_ptr": "*i32",
+            "kg_ptr": "*i32", "out_ptr": outp, "ws_ptr": "*fp32", "lock_ptr": "*i32"}
+    if cfg.kind == "frag":
+        why = tuning.frag_usable(lay, op.M, op.dtype.value)
+        if why is not None:
+            raise UnsupportedError(f"compile_for_target: GemvConfig(kind='frag') cannot lower this op: {why}")
+        return _compile_frag_for_target(op, target, cc, cfg, fn, consts, ptrs)
     sig = {}
     for name in fn.arg_names:
         if name in consts:
@@ -419,10 +513,33 @@ def compile_for_target(op: QuantGemv, target: str, config: tuning.GemvConfig | N
                                       "shared": getattr(md, "shared", None), "num_warps": cfg.num_warps}}}
 
 
+def _compile_frag_for_target(op: QuantGemv, target: str, cc: int, cfg: tuning.GemvConfig, fn, consts: dict,
+                             ptrs: dict) -> dict:
+    """``compile_for_target`` for the Gluon kernel of kind "frag" (``kernels/gemv_frag.py``)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in fn.arg_names}
+    aligned = set(ptrs) | {"stride_s", "stride_u", "stride_c", "K"}
+    aligned |= {"stride_xm"} if op.K % 16 == 0 else set()
+    aligned |= {"stride_om"} if op.N % 16 == 0 else set()
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a in aligned}
+    with interpret_env(False):
+        ck = triton.compile(GluonASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", cc, 32),
+                            options=dict(num_warps=cfg.num_warps, **KERNEL_OPTIONS))
+    md = ck.metadata
+    return {"target": target, "config": cfg.to_json(),
+            "kernels": {fn.__name__: {"cubin": ck.asm.get("cubin"), "ptx": ck.asm.get("ptx"),
+                                      "shared": getattr(md, "shared", None), "num_warps": cfg.num_warps}}}
+
+
 def _kernel_fn(cfg: tuning.GemvConfig):
     """The ``@triton.jit`` kernel of ``cfg.kind``, in this process's Triton flavour."""
     from . import kernels
 
+    if cfg.kind == "frag":
+        return kernels.load("gemv_frag").gemv_frag_kernel
     if cfg.kind == "mma":
         return kernels.load("gemv_mma").gemv_mma_kernel
     mod = kernels.load("gemv_quant")
@@ -434,6 +551,9 @@ def _consts_for(op: QuantGemv, layout, cfg: tuning.GemvConfig, interpret: bool =
     ``interpret``: Triton's CPU interpreter (which computes bf16 wrongly and runs no PTX)."""
     even_k = layout.KWP * layout.codes_per_word == op.K
     f32 = op.dtype is DType.float32 or (interpret and op.dtype is DType.bfloat16)
+    if cfg.kind == "frag":
+        return dict(BM=tuning.block_m(cfg.kind, op.M), W=cfg.num_warps, NT=cfg.block_n // (16 * cfg.num_warps),
+                    GS=layout.group_size, HAS_Z=layout.has_z, ZP=layout.zero_point, SPLIT_K=cfg.split_k)
     if cfg.kind == "mma":
         return dict(GS=layout.group_size, ZP=layout.zero_point, HAS_Z=layout.has_z, BM=tuning.block_m(cfg.kind, op.M),
                     BN=cfg.block_n, BKW=cfg.block_kw, SPLIT_K=cfg.split_k, EVEN_K=even_k, IW=layout.interleave,
