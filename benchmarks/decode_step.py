@@ -12,7 +12,8 @@ on a dense cache, eager glue.
 
 Floor = (weight bytes: codes + fp16 scale + fp16 zero per group; + K/V bytes read) / copy bandwidth.
 
-    python benchmarks/decode_step.py [--ctx 2048 8192] [--glue compile|compile-max|eager] [--compare-tiles] [--out DIR]
+    python benchmarks/decode_step.py [--ctx 2048 8192] [--glue compile|compile-max|eager] [--compare-tiles]
+        [--prefetch none after:24 during:24] [--out DIR]
 """
 
 from __future__ import annotations
