@@ -201,7 +201,7 @@ FRAG_CASES = [
      {"config": ("frag", 64, 32, 4, 2)}),
     ("native4-frag-sym-g256-m3-w2nt2", "native", 4, 256, True, 3, 72, 768, "bfloat16",
      {"config": ("frag", 64, 32, 1, 2), "num_warps": 2}),
-    ("awq-frag-g128-m8-w4nt4-split2", "awq", 4, 128, False, 8, 500, 512, "bfloat16",
+    ("awq-frag-g128-m8-w4nt4-split2", "awq", 4, 128, False, 8, 512, 512, "bfloat16",
      {"config": ("frag", 256, 32, 2, 2)}),
     ("native4-frag-asym-g128-m2-w8-split8-x1e3", "native", 4, 128, False, 2, 1100, 2048, "bfloat16",
      {"config": ("frag", 128, 32, 8, 2), "num_warps": 8, "xscale": 1e3}),
