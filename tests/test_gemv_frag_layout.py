@@ -122,6 +122,13 @@ def test_frag_split_follows_the_sweep(N, K, M, split):
     assert cfg.block_n == (256 if N >= T.FRAG_WIDE_MIN_N else 64)
 
 
+def test_frag_takes_taller_programs_for_the_largest_weights_above_eight_rows():
+    cfg = T.choose(_layout(16384, 16384), 16, 16384, "sm_90", 132, dtype="bfloat16")
+    assert (cfg.block_n, cfg.num_warps, cfg.split_k) == (128, 4, 4)      # the sweep's 58.4 / 61.4 us entry
+    cfg = T.choose(_layout(16384, 16384), 4, 16384, "sm_90", 132, dtype="bfloat16")
+    assert (cfg.block_n, cfg.num_warps) == (64, 2)                        # M <= 8 keeps the benched entry
+
+
 def test_forced_frag_config_is_fitted_or_refused_with_the_reason():
     c = T.fit(T.GemvConfig("frag", block_n=200, block_kw=8, num_warps=3), _layout(N=4000), 4)
     assert (c.block_n, c.num_warps, c.block_kw) == (256, 4, 32)

@@ -63,6 +63,10 @@ FRAG_MIN_CHUNKS = {8: 2, 16: 4}
 FRAG_MAX_SPLIT = 16
 #: From this N on the "frag" table takes 256-row programs (the LM head)
 FRAG_WIDE_MIN_N = 65536
+#: Above 8 rows of x and from this N * K on, 128-row programs (4 warps x 2 units): H200 session 7 sweeps
+#: at 16384^2, M=16: 58.4 / 61.4 us with 4 slices (two sweeps) against 66.2 for the 64-row entry in
+#: the bench; set from the sweeps, not yet re-benched as the table's choice
+FRAG_TALL_MIN_NK = 1 << 28
 #: M=1 stays on the CUDA-core kernel: the "frag" kernel tied it within ~3% (H200 session 7: 28672x8192
 #: 37.8 vs 38.7 us, 4096^2 7.0 vs 6.3), and the CUDA-core kernel serves every format and dtype
 FRAG_MIN_M = 2
@@ -160,6 +164,8 @@ def _table(arch: str, kind: str, M: int, N: int, K: int, bits: int, rows_ok: boo
     if kind == "frag":
         if N >= FRAG_WIDE_MIN_N:
             return GemvConfig("frag", block_n=256, block_kw=32, num_warps=4)
+        if M > 8 and N * K >= FRAG_TALL_MIN_NK:
+            return GemvConfig("frag", block_n=128, block_kw=32, num_warps=4)
         return GemvConfig("frag", block_n=64, block_kw=32, num_warps=2)
     if kind == "mma":
         # H200 session 5 (M=16, benchmarks/gemv_notes.md v7): 64 columns and 4 warps beat 128 and 8 on
