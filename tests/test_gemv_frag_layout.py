@@ -56,7 +56,7 @@ def test_fragment_layout_is_what_the_mma_reads(N, K):
     rng = np.random.default_rng(N + K)
     codes = rng.integers(0, 16, size=(N, K)).astype(np.uint32)
     x = rng.standard_normal((3, K))
-    words = Q.pack_fragments(codes)
+    words = Q.pack_fragments(codes, Q.N_ALIGN_WORDS)
     assert words.shape == (K // 128, -(-N // 128) * 8, 256) and words.dtype == np.int32
     np.testing.assert_allclose(_emulate(words, x, N), codes @ x.T, rtol=1e-12, atol=1e-9)
 
@@ -65,7 +65,7 @@ def test_fragment_layout_is_what_the_mma_reads(N, K):
 def test_fragment_layout_round_trips_and_pads_with_zero_codes(N, K):
     rng = np.random.default_rng(7)
     codes = rng.integers(0, 16, size=(N, K)).astype(np.uint32)
-    words = Q.pack_fragments(codes)
+    words = Q.pack_fragments(codes, Q.N_ALIGN_WORDS)
     np.testing.assert_array_equal(Q.unpack_fragments(words, N, K), codes)
     full = Q.unpack_fragments(words, words.shape[1] * 16, words.shape[0] * 128)
     assert not full[N:].any() and not full[:, K:].any(), "padding rows / columns must hold code 0"
