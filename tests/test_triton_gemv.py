@@ -571,10 +571,18 @@ def test_tables_use_the_group_scaled_tensor_core_kernel_where_it_applies_and_fit
     from portakern.ir import DType, Packing, QuantFormat
     from portakern.ir.ops import QuantGemv
 
-    def lay(M=16, bits=4, G=128, packing="native", act=False, sym=False, N=8192, K=8192):
+    def lay(M=16, bits=4, G=128, packing="native", act=False, sym=False, N=8192, K=8192, frag=False):
+        """The layout facts of a prepared weight; ``frag=False``: one without the fragment layout (whose
+        bf16 M > 1 calls take kind "frag" instead, tests/test_gemv_frag_layout.py)."""
         fmt = QuantFormat(bits=bits, group_size=G, symmetric=sym, packing=Packing(packing), has_g_idx=act)
-        return Q._LayoutStub(QuantGemv(M=M, N=N, K=K, dtype=DType.bfloat16, fmt=fmt))
+        stub = Q._LayoutStub(QuantGemv(M=M, N=N, K=K, dtype=DType.bfloat16, fmt=fmt))
+        if not frag:
+            stub.frag = None
+        return stub
 
+    assert T.choose(lay(frag=True), 16, 8192, "sm_90", 132, dtype="bfloat16").kind == "frag"
+    assert T.choose(lay(frag=True), 16, 8192, "sm_90", 132, dtype="float16").kind == "mma"
+    assert lay(G=64, frag=True).frag is None and lay(packing="gptq", act=True, frag=True).frag is None
     for arch in ("sm_80", "sm_90", "sm_100", "interp"):
         for dt in ("bfloat16", "float16"):
             for M in (3, 4, 16):   # the interpreter's table keeps M <= 2 on the CUDA-core kernel
