@@ -1,4 +1,4 @@
-"""The fragment layout of the tensor-core GEMV kernel "frag" (``quant_gemv.pack_fragments``) and its
+"""The fragment layout of the tensor-core GEMV kernel "frag" (``gemv_frag_layout.pack_fragments``) and its
 place in the tuning table, on the CPU.
 
 The layout is checked against an emulation of ``mma.m16n8k16`` written from the PTX ISA's fragment
