@@ -150,3 +150,15 @@ def test_prepared_weight_on_cpu_has_no_fragment_layout():
     w = portakern.quantize(np.random.default_rng(0).standard_normal((64, 256)), bits=4, group_size=128)
     p = Q.prepare_weight(None, w, Device("cpu", 0))
     assert p.frag is None and "frag" not in p.tensors()
+
+
+def test_without_gluon_no_weight_gets_the_layout_and_the_table_keeps_mma(monkeypatch):
+    from portakern.ir import DType, QuantFormat
+    from portakern.ir.ops import QuantGemv
+
+    op = QuantGemv(M=16, N=4096, K=4096, dtype=DType.bfloat16, fmt=QuantFormat(bits=4, group_size=128, symmetric=False))
+    assert Q.frag_kernel_available() and Q._LayoutStub(op).frag is not None   # Triton >= 3.5 here
+    monkeypatch.setattr(Q, "_GLUON", [False])
+    stub = Q._LayoutStub(op)
+    assert stub.frag is None
+    assert T.choose(stub, 16, 4096, "sm_90", 132, dtype="bfloat16").kind == "mma"

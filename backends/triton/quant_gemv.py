@@ -165,6 +165,20 @@ def unpack_internal(words: np.ndarray, bits: int, interleave: int, N: int, K: in
     return codes[:K, :N].T
 
 
+_GLUON: list[bool] = []
+
+
+def frag_kernel_available() -> bool:
+    """Whether this Triton has Gluon's Ampere MMA (``kernels/gemv_frag.py``; Triton 3.5 and later)."""
+    if not _GLUON:
+        try:
+            from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: F401
+            _GLUON.append(True)
+        except ImportError:
+            _GLUON.append(False)
+    return _GLUON[0]
+
+
 def prepare_weight(backend, weight, device: Device) -> PreparedGemvWeight:
     """Repack ``weight`` (any packing) once into the internal layout, on ``device``.
 
@@ -207,7 +221,8 @@ def prepare_weight(backend, weight, device: Device) -> PreparedGemvWeight:
         return t
 
     frag = None
-    if device.type == "cuda" and frag_eligible(fmt.bits, GS, perm is not None, kgroup is not None) is None:
+    if (device.type == "cuda" and frag_kernel_available()
+            and frag_eligible(fmt.bits, GS, perm is not None, kgroup is not None) is None):
         frag = dev(pack_fragments(codes, N_ALIGN_WORDS))
     prepared = PreparedGemvWeight(
         qweight=dev(pack_internal(codes, fmt.bits, interleave_words(fmt.bits, GS, kgroup is not None))),
@@ -380,7 +395,8 @@ class _LayoutStub:
         self.per_elem_group = self.group_size % self.codes_per_word != 0
         self.interleave = interleave_words(self.bits, self.group_size, False)
         # what prepare_weight builds on a CUDA device: a fragment layout for the eligible formats
-        self.frag = True if frag_eligible(f.bits, f.group_size, f.has_g_idx, False) is None else None
+        eligible = frag_kernel_available() and frag_eligible(f.bits, f.group_size, f.has_g_idx, False) is None
+        self.frag = True if eligible else None
 
 
 def compile_for_target(op: QuantGemv, target: str, config: tuning.GemvConfig | None = None) -> dict:
