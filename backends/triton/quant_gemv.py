@@ -242,12 +242,17 @@ def prepare_weight(backend, weight, device: Device) -> PreparedGemvWeight:
         t[:, N:] = a.T[:, :1]
         return t
 
+    words = pack_internal(codes, fmt.bits, interleave_words(fmt.bits, GS, kgroup is not None))
+    cols = None
+    if device.type == "cuda":   # the M=1 table's column-tiled copy, where the arch's table has one
+        per_elem = kgroup is not None or GS % (32 // fmt.bits) != 0
+        cols = tuning.tiled_cols(tuning.arch_family(device.capability), per_elem)
     frag = None
     if (device.type == "cuda" and frag_kernel_available()
             and frag_eligible(fmt.bits, GS, perm is not None, kgroup is not None) is None):
         frag = dev(pack_fragments(codes, N_ALIGN_WORDS))
     prepared = PreparedGemvWeight(
-        qweight=dev(pack_internal(codes, fmt.bits, interleave_words(fmt.bits, GS, kgroup is not None))),
+        qweight=dev(words), tiled=None if cols is None else dev(column_tiles(words, cols)),
         scales=dev(by_group(scales), sdt),
         zeros=None if fmt.symmetric else dev(by_group(zeros + offset), sdt),
         perm=None if perm is None else dev(perm),
@@ -403,7 +408,7 @@ def compile(op: QuantGemv, device: Device, config: tuning.GemvConfig | None = No
 class _LayoutStub:
     """The layout facts a launch depends on, derived from the op alone (no weight data)."""
 
-    def __init__(self, op: QuantGemv):
+    def __init__(self, op: QuantGemv, arch: str | None = None):
         f = op.fmt
         self.bits, self.group_size, self.N, self.K = f.bits, f.group_size, op.N, op.K
         self.codes_per_word = 32 // f.bits
@@ -419,7 +424,7 @@ class _LayoutStub:
         # what prepare_weight builds on a CUDA device: a fragment layout for the eligible formats
         eligible = frag_kernel_available() and frag_eligible(f.bits, f.group_size, f.has_g_idx, False) is None
         self.frag = True if eligible else None
-        self.tiled_cols = None
+        self.tiled_cols = None if arch is None else tuning.tiled_cols(arch, self.per_elem_group)
 
 
 def compile_for_target(op: QuantGemv, target: str, config: tuning.GemvConfig | None = None) -> dict:
@@ -442,7 +447,7 @@ def compile_for_target(op: QuantGemv, target: str, config: tuning.GemvConfig | N
 
     op.verify()
     arch = tuning.arch_family(cc)
-    lay = _LayoutStub(op)
+    lay = _LayoutStub(op, arch)
     if config is not None:
         tuning.check_pdl(config, arch)
         cfg = tuning.fit(config, lay, op.M)
