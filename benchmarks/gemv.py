@@ -59,13 +59,9 @@ def floor_bytes(op: QuantGemv) -> int:
 
 
 def random_prepared(N, K, bits, gs, sym, device="cuda", scale_dtype=torch.float16,
-                    tiled_cols="table") -> Q.PreparedGemvWeight:
+                    tiled_cols=None) -> Q.PreparedGemvWeight:
     """A random weight directly in the internal layout (timing only: random codes, no zeros), with the
-    column-tiled copy of its words in tiles of ``tiled_cols`` ("table": what ``prepare_weight`` builds
-    on this device; None: none)."""
-    if tiled_cols == "table":
-        arch = tuning.arch_family(torch.cuda.get_device_capability(torch.device(device)))
-        tiled_cols = tuning.tiled_cols(arch, gs % (32 // bits) != 0)
+    column-tiled copy of its words in tiles of ``tiled_cols`` when given."""
     epw = 32 // bits
     kw = -(-K // epw)
     kwp = -(-kw // Q.K_ALIGN_WORDS) * Q.K_ALIGN_WORDS
@@ -149,7 +145,7 @@ def ours(op: QuantGemv, cfg: GemvConfig | None, copies: int):
     sets = []
     for _ in range(copies):
         w = random_prepared(op.N, op.K, op.fmt.bits, op.fmt.group_size, op.fmt.symmetric,
-                            tiled_cols=cfg.block_n if cfg is not None and cfg.tiled else "table")
+                            tiled_cols=cfg.block_n if cfg is not None and cfg.tiled else None)
         x = torch.randn(op.M, op.K, device="cuda").to(dt)
         out = torch.empty(op.M, op.N, device="cuda", dtype=dt)
         sets.append((x, w, out))

@@ -74,15 +74,6 @@ FRAG_MIN_M = 2
 
 #: Largest K tile (word rows) of the column-tiled CUDA-core kernel (``GemvConfig.tiled``)
 TILED_MAX_BKW = 512
-#: Per arch: the column-tile width of the words' tiled copy that ``prepare_weight`` builds on a CUDA
-#: device (``PreparedGemvWeight.tiled``) and the M=1 table reads; arches absent here get no copy
-TILED_COLS: dict[str, int] = {}
-
-
-def tiled_cols(arch: str, per_elem_group: bool) -> int | None:
-    """The column-tile width of the tiled copy of a weight on ``arch`` (None: no copy). Per-element
-    groups (looked up per code) run the plain layout."""
-    return None if per_elem_group else TILED_COLS.get(arch)
 
 
 #: Dequantization variants the kernels implement (``GemvConfig.dq``, ``kernels.gemv_quant._codes``).

@@ -242,17 +242,12 @@ def prepare_weight(backend, weight, device: Device) -> PreparedGemvWeight:
         t[:, N:] = a.T[:, :1]
         return t
 
-    words = pack_internal(codes, fmt.bits, interleave_words(fmt.bits, GS, kgroup is not None))
-    cols = None
-    if device.type == "cuda":   # the M=1 table's column-tiled copy, where the arch's table has one
-        per_elem = kgroup is not None or GS % (32 // fmt.bits) != 0
-        cols = tuning.tiled_cols(tuning.arch_family(device.capability), per_elem)
     frag = None
     if (device.type == "cuda" and frag_kernel_available()
             and frag_eligible(fmt.bits, GS, perm is not None, kgroup is not None) is None):
         frag = dev(pack_fragments(codes, N_ALIGN_WORDS))
     prepared = PreparedGemvWeight(
-        qweight=dev(words), tiled=None if cols is None else dev(column_tiles(words, cols)),
+        qweight=dev(pack_internal(codes, fmt.bits, interleave_words(fmt.bits, GS, kgroup is not None))),
         scales=dev(by_group(scales), sdt),
         zeros=None if fmt.symmetric else dev(by_group(zeros + offset), sdt),
         perm=None if perm is None else dev(perm),
@@ -408,7 +403,7 @@ def compile(op: QuantGemv, device: Device, config: tuning.GemvConfig | None = No
 class _LayoutStub:
     """The layout facts a launch depends on, derived from the op alone (no weight data)."""
 
-    def __init__(self, op: QuantGemv, arch: str | None = None):
+    def __init__(self, op: QuantGemv):
         f = op.fmt
         self.bits, self.group_size, self.N, self.K = f.bits, f.group_size, op.N, op.K
         self.codes_per_word = 32 // f.bits
@@ -424,7 +419,7 @@ class _LayoutStub:
         # what prepare_weight builds on a CUDA device: a fragment layout for the eligible formats
         eligible = frag_kernel_available() and frag_eligible(f.bits, f.group_size, f.has_g_idx, False) is None
         self.frag = True if eligible else None
-        self.tiled_cols = None if arch is None else tuning.tiled_cols(arch, self.per_elem_group)
+        self.tiled_cols = None
 
 
 def compile_for_target(op: QuantGemv, target: str, config: tuning.GemvConfig | None = None) -> dict:
@@ -447,7 +442,7 @@ def compile_for_target(op: QuantGemv, target: str, config: tuning.GemvConfig | N
 
     op.verify()
     arch = tuning.arch_family(cc)
-    lay = _LayoutStub(op, arch)
+    lay = _LayoutStub(op)
     if config is not None:
         tuning.check_pdl(config, arch)
         cfg = tuning.fit(config, lay, op.M)
