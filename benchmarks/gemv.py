@@ -58,10 +58,8 @@ def floor_bytes(op: QuantGemv) -> int:
             + op.M * op.K * op.dtype.itemsize + op.M * op.N * op.result_dtype.itemsize)
 
 
-def random_prepared(N, K, bits, gs, sym, device="cuda", scale_dtype=torch.float16,
-                    tiled_cols=None) -> Q.PreparedGemvWeight:
-    """A random weight directly in the internal layout (timing only: random codes, no zeros), with the
-    column-tiled copy of its words in tiles of ``tiled_cols`` when given."""
+def random_prepared(N, K, bits, gs, sym, device="cuda", scale_dtype=torch.float16) -> Q.PreparedGemvWeight:
+    """A random weight directly in the internal layout (timing only: random codes, no zeros)."""
     epw = 32 // bits
     kw = -(-K // epw)
     kwp = -(-kw // Q.K_ALIGN_WORDS) * Q.K_ALIGN_WORDS
@@ -75,8 +73,7 @@ def random_prepared(N, K, bits, gs, sym, device="cuda", scale_dtype=torch.float1
     if Q.frag_eligible(bits, gs, False, False) is None:
         frag = torch.randint(-2**31, 2**31 - 1, (-(-K // Q.FRAG_CHUNK), npad // 16, 256), dtype=torch.int32,
                              device=device)
-    tiled = None if tiled_cols is None else Q.column_tiles(qw, tiled_cols)
-    return Q.PreparedGemvWeight(qw, s, z, None, None, bits, gs, 1 << (bits - 1), N, K, frag=frag, tiled=tiled)
+    return Q.PreparedGemvWeight(qw, s, z, None, None, bits, gs, 1 << (bits - 1), N, K, frag=frag)
 
 
 def copies_for(nbytes: int) -> int:
@@ -144,8 +141,7 @@ def ours(op: QuantGemv, cfg: GemvConfig | None, copies: int):
     dt = getattr(torch, op.dtype.value)
     sets = []
     for _ in range(copies):
-        w = random_prepared(op.N, op.K, op.fmt.bits, op.fmt.group_size, op.fmt.symmetric,
-                            tiled_cols=cfg.block_n if cfg is not None and cfg.tiled else None)
+        w = random_prepared(op.N, op.K, op.fmt.bits, op.fmt.group_size, op.fmt.symmetric)
         x = torch.randn(op.M, op.K, device="cuda").to(dt)
         out = torch.empty(op.M, op.N, device="cuda", dtype=dt)
         sets.append((x, w, out))

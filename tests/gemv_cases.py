@@ -155,18 +155,6 @@ CASES = [
      {"config": ("fma", 256, 8, 4, 3, {"group_rows": True, "num_warps": 1})}),
     ("native4-rows-w2c4-g128-m1-f16-nmask", "native", 4, 128, False, 1, 300, 1024, "float16",
      {"config": ("fma", 256, 16, 2, 3, {"group_rows": True, "num_warps": 2})}),
-    # the column-tiled copy of the words (GemvConfig.tiled): narrow tiles, long K tiles cut to divide the
-    # padded word rows, N past the last tile, split-K, int8, act-order, symmetric groups of 32, M=2
-    ("native4-tiled8-asym-g128-m1-bf16", "native", 4, 128, False, 1, 36, 1024, "bfloat16",
-     {"config": ("fma", 8, 256, 1, 3, {"tiled": True})}),
-    ("native4-tiled16-asym-g64-m1-f16-split2", "native", 4, 64, False, 1, 40, 1536, "float16",
-     {"config": ("fma", 16, 128, 2, 3, {"tiled": True})}),
-    ("native4-tiled32-sym-g32-m2-f32", "native", 4, 32, True, 2, 64, 512, "float32",
-     {"config": ("fma", 32, 512, 1, 3, {"tiled": True})}),
-    ("native8-tiled8-asym-g64-m1-f32", "native", 8, 64, False, 1, 24, 512, "float32",
-     {"config": ("fma", 8, 128, 1, 3, {"tiled": True})}),
-    ("gptq-actorder-tiled16-m1-f32", "gptq", 4, 32, False, 1, 40, 256, "float32",
-     {"config": ("fma", 16, 64, 1, 3, {"tiled": True}), "g_idx": "actorder"}),
 ]
 
 #: (id, M, bits, group, symmetric, packing) lowered for every target by ``compile``
@@ -292,25 +280,12 @@ def _run_with_config(x, w, cfg):
     from portakern.validate import quant_gemv_op
 
     op, _ = quant_gemv_op(x, w)
-    cfg = forced_config(cfg, num_warps=1)
-    kern = Q.compile(op, CPU, cfg)
-    prepared = with_column_tiles(Q.prepare_weight(None, w, CPU), cfg)
+    kern = Q.compile(op, CPU, forced_config(cfg, num_warps=1))
+    prepared = Q.prepare_weight(None, w, CPU)
     out = torch.full((op.M, op.N), float("nan"), dtype=x.dtype)
     kern(x, prepared, out)
     kern(x, prepared, out)  # twice: the split-K counters must have reset themselves
     return out
-
-
-def with_column_tiles(prepared, cfg):
-    """``prepared`` with the column-tiled copy of its words that a forced ``tiled`` configuration reads
-    (``PreparedGemvWeight.tiled``, tiles of ``cfg.block_n`` columns)."""
-    from dataclasses import replace
-
-    from portakern.backends.triton import quant_gemv as Q
-
-    if not cfg.tiled or prepared.tiled_cols == cfg.block_n:
-        return prepared
-    return replace(prepared, tiled=Q.column_tiles(prepared.qweight, cfg.block_n))
 
 
 def forced_config(cfg, num_warps):

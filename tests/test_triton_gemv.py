@@ -291,16 +291,15 @@ def test_gpu_forced_config(dev, case):
     from portakern.ir.packing import dequantize
     from portakern.validate import quant_gemv_op
 
-    from gemv_cases import TOL, forced_config, with_column_tiles
+    from gemv_cases import TOL, forced_config
 
     w = weight(case)
     M, K, dt, extra = case[5], case[7], case[8], case[9]
     x = (torch.randn(M, K, device=f"cuda:{dev.index}", dtype=torch.float64) * extra.get("xscale", 1.0)).to(getattr(torch, dt))
     wd = w.with_tensors({k: torch.as_tensor(v).to(f"cuda:{dev.index}") for k, v in w.tensors.items()})
     op, _ = quant_gemv_op(x, wd)
-    cfg = forced_config(extra["config"], num_warps=4)
-    kern = Q.compile(op, dev, cfg)
-    p = with_column_tiles(Q.prepare_weight(None, w, dev), cfg)
+    kern = Q.compile(op, dev, forced_config(extra["config"], num_warps=4))
+    p = Q.prepare_weight(None, w, dev)
     out = torch.full((M, w.N), float("nan"), device=x.device, dtype=x.dtype)
     ref = x.double().cpu().numpy() @ dequantize(w.fmt, w.tensors, w.N, w.K).T
     for _ in range(2):   # twice: split-K counters reset themselves
@@ -320,7 +319,7 @@ def test_gpu_frag_forced_config(dev, case):
     from portakern.ir.packing import dequantize
     from portakern.validate import quant_gemv_op
 
-    from gemv_cases import TOL, forced_config, with_column_tiles
+    from gemv_cases import TOL, forced_config
 
     w = weight(case)
     M, K, extra = case[5], case[7], case[9]

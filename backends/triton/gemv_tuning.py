@@ -72,10 +72,6 @@ FRAG_TALL_MIN_NK = 1 << 28
 FRAG_MIN_M = 2
 
 
-#: Largest K tile (word rows) of the column-tiled CUDA-core kernel (``GemvConfig.tiled``)
-TILED_MAX_BKW = 512
-
-
 #: Dequantization variants the kernels implement (``GemvConfig.dq``, ``kernels.gemv_quant._codes``).
 DQ_VARIANTS = (0, 1, 2, 3)
 
@@ -113,10 +109,6 @@ class GemvConfig:
                each row per thread). Ignored (cleared by ``fit``) for per-element groups
     x_runs     (kind "mma") x read as it lies in runs of 8 columns, one MMA per code position, instead
                of one tile per group re-laid in registers (``kernels.gemv_mma.gemv_mma_kernel``)
-    tiled      (CUDA-core kernel, per-word-row tiles) read the words from the column-tiled copy
-               (``PreparedGemvWeight.tiled``, tiles of block_n columns): each program's K slice is one
-               contiguous stretch, so narrow tiles (8-32 columns) need no split of K to fill the GPU
-               and read whole DRAM bursts; block_kw up to TILED_MAX_BKW
     """
 
     kind: str
@@ -131,7 +123,6 @@ class GemvConfig:
     pdl: bool = False
     group_rows: bool = False
     x_runs: bool = False
-    tiled: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -282,10 +273,6 @@ def fit(cfg: GemvConfig, layout, M: int) -> GemvConfig:
     if cfg.swap_ab and cfg.kind != "dot":
         raise ValueError(f"GemvConfig(kind={cfg.kind!r}, swap_ab=True): swap_ab is an option of the tensor-core "
                          f"kernel; use kind='dot' or swap_ab=False")
-    if cfg.tiled and (cfg.kind != "fma" or cfg.group_rows or cfg.num_stages != 1):
-        raise ValueError(f"GemvConfig(kind={cfg.kind!r}, group_rows={cfg.group_rows}, num_stages={cfg.num_stages}, "
-                         f"tiled=True): tiled is an option of the CUDA-core kernel (kind='fma') with per-word-row "
-                         f"tiles and the register prefetch; use group_rows=False, num_stages=1 or tiled=False")
     if cfg.group_rows and (cfg.kind != "fma" or cfg.prefetch != 1):
         raise ValueError(f"GemvConfig(kind={cfg.kind!r}, prefetch={cfg.prefetch}, group_rows=True): group_rows is an "
                          f"option of the CUDA-core kernel (kind='fma') with prefetch=1; use group_rows=False")
@@ -298,18 +285,8 @@ def fit(cfg: GemvConfig, layout, M: int) -> GemvConfig:
         if why is not None:
             raise ValueError(f"GemvConfig(kind='mma') cannot serve this weight: {why}; use kind='dot'")
         return _fit_mma(cfg, layout)
-    bkw = min(next_pow2(cfg.block_kw), TILED_MAX_BKW if cfg.tiled else 64)
+    bkw = min(next_pow2(cfg.block_kw), 64)
     bn = next_pow2(cfg.block_n)
-    if cfg.tiled:   # column tiles of the layout's width; K tiles that divide the padded word rows
-        width = getattr(layout, "tiled_cols", None)
-        if width is None or bn != width or layout.per_elem_group:
-            why = ("per-element groups" if layout.per_elem_group else
-                   "no column-tiled copy" if width is None else f"column tiles of {width}")
-            raise ValueError(f"GemvConfig(tiled=True, block_n={cfg.block_n}): the weight has {why}; use "
-                             f"tiled=False" + (f" or block_n={width}" if width and not layout.per_elem_group else ""))
-        while layout.KWP % bkw:
-            bkw //= 2
-        return replace(cfg, block_kw=bkw, block_n=bn)
     if cfg.kind == "dot":  # MMA needs 16 along K and N
         bkw, bn = max(16, bkw), max(16, bn)
     group_rows = cfg.group_rows and not layout.per_elem_group

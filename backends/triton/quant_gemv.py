@@ -58,9 +58,6 @@ class PreparedGemvWeight:
     ``(K,)`` or None; ``kgroup`` int32 ``(K,)`` or None. ``dequant[n, k] = (code - zero) * scale``.
     ``frag``: the same codes in the tensor-core fragment layout, int32 ``(KC, NP / 16, 256)``
     (``pack_fragments``), on CUDA devices for the formats ``frag_eligible`` accepts; else None.
-    ``tiled``: the words of ``qweight`` in column tiles of ``tiled_cols`` columns, int32
-    ``(NP / tiled_cols, KWP, tiled_cols)`` (``column_tiles``), for the CUDA-core kernel's
-    ``GemvConfig.tiled``; else None.
     """
 
     qweight: Any
@@ -74,12 +71,6 @@ class PreparedGemvWeight:
     N: int
     K: int
     frag: Any = None
-    tiled: Any = None
-
-    @property
-    def tiled_cols(self) -> int | None:
-        """Columns per tile of ``tiled`` (None without one)."""
-        return None if self.tiled is None else int(self.tiled.shape[2])
 
     @property
     def codes_per_word(self) -> int:
@@ -116,12 +107,11 @@ class PreparedGemvWeight:
     def key(self) -> tuple:
         """What a compiled launcher depends on, beyond the op."""
         return (self.has_z, self.has_perm, self.kgroup is not None, self.zero_point, self.per_elem_group,
-                str(self.scales.dtype), self.KWP, self.stride_qk, self.frag is not None, self.tiled_cols)
+                str(self.scales.dtype), self.KWP, self.stride_qk, self.frag is not None)
 
     def tensors(self) -> dict[str, Any]:
         return {n: t for n, t in (("qweight", self.qweight), ("scales", self.scales), ("zeros", self.zeros),
-                                  ("perm", self.perm), ("kgroup", self.kgroup), ("frag", self.frag),
-                                  ("tiled", self.tiled)) if t is not None}
+                                  ("perm", self.perm), ("kgroup", self.kgroup), ("frag", self.frag)) if t is not None}
 
 
 #: word rows are padded to a multiple of this (the largest K tile), so tiles need no K mask
@@ -130,18 +120,6 @@ K_ALIGN_WORDS = 64
 N_ALIGN_WORDS = 128
 #: largest interleave of word rows (8 rows: the x values of one code position are 16 bytes of bf16)
 MAX_INTERLEAVE = 8
-
-
-def column_tiles(qweight, cols: int):
-    """The words ``(KWP, NP)`` as ``(NP / cols, KWP, cols)`` column tiles (numpy or torch, a copy):
-    tile ``t`` holds columns ``t * cols .. t * cols + cols - 1`` of every word row, row after row."""
-    kwp, np_ = qweight.shape
-    if np_ % cols:
-        raise ValueError(f"column_tiles(cols={cols}): the padded row length {np_} is not a multiple of it")
-    t = qweight.reshape(kwp, np_ // cols, cols)
-    if hasattr(t, "permute"):
-        return t.permute(1, 0, 2).contiguous()
-    return np.ascontiguousarray(t.transpose(1, 0, 2))
 
 
 def interleave_words(bits: int, group_size: int, irregular_groups: bool) -> int:
@@ -325,7 +303,7 @@ class _Launcher:
                                x.stride(0), out.stride(0), self.ksw, **self.consts, **self.opts)
         elif self.kind == "fma":
             kg = w.qweight if w.kgroup is None else w.kgroup
-            self.fn[self.grid](x, w.tiled if self.cfg.tiled else w.qweight, w.scales, z, perm, kg, out, ws, lock, M, N, K, KWP, sqk,
+            self.fn[self.grid](x, w.qweight, w.scales, z, perm, kg, out, ws, lock, M, N, K, KWP, sqk,
                                x.stride(0), out.stride(0), self.ksw, self.mask_rt, **self.consts, **self.opts)
         else:
             self.fn[self.grid](x, w.qweight, w.scales, z, perm, out, ws, lock, M, N, K, KWP, sqk,
@@ -419,7 +397,6 @@ class _LayoutStub:
         # what prepare_weight builds on a CUDA device: a fragment layout for the eligible formats
         eligible = frag_kernel_available() and frag_eligible(f.bits, f.group_size, f.has_g_idx, False) is None
         self.frag = True if eligible else None
-        self.tiled_cols = None
 
 
 def compile_for_target(op: QuantGemv, target: str, config: tuning.GemvConfig | None = None) -> dict:
@@ -533,8 +510,7 @@ def _consts_for(op: QuantGemv, layout, cfg: tuning.GemvConfig, interpret: bool =
              BKW=cfg.block_kw, SPLIT_K=cfg.split_k, DQ=cfg.dq, EVEN_K=even_k, PDL=cfg.pdl, IW=layout.interleave)
     if cfg.kind == "fma":
         c.update(PER_ELEM_GROUP=layout.per_elem_group, HAS_KG=layout.kgroup is not None, PIPE=cfg.num_stages,
-                 PREFETCH=cfg.prefetch, GROUP_ROWS=cfg.group_rows, NMASK=layout.stride_qk % cfg.block_n != 0,
-                 TILED=cfg.tiled)
+                 PREFETCH=cfg.prefetch, GROUP_ROWS=cfg.group_rows, NMASK=layout.stride_qk % cfg.block_n != 0)
     else:
         c.update(COMPUTE_F32=f32, SWAP_AB=cfg.swap_ab)
     return c

@@ -11,8 +11,6 @@ For each shape, with the table's configuration of the CUDA-core kernel (group-re
 * ``tiled_*``       the same two on a layout where each program's K slice is one contiguous stretch
                     (words ``(tiles_n, KWP, BN)``), as the read kernel streams it
 * ``read``          the read-floor kernel (``read_floor.py``) over the same bytes, best of 8 shapes
-* ``tiled_gemv``    the GEMV on the column-tiled copy of the words (``GemvConfig.tiled``), best over
-                    narrow column tiles, long K tiles, 4 / 8 warps, split 1 / 2 (each one in the JSON)
 
 Differences name the parts: gemv - tiles_finish = arithmetic; tiles_finish - tiles = split-K
 epilogue; tiles - tiled = access pattern; tiled - read = grid and tile shape.
@@ -38,7 +36,6 @@ import gemv as GB  # noqa: E402  (benchmarks/gemv.py)
 import read_floor as RF  # noqa: E402
 from portakern.backends.triton import gemv_tuning as tuning  # noqa: E402
 from portakern.backends.triton import quant_gemv as Q  # noqa: E402
-from portakern.backends.triton.gemv_tuning import GemvConfig  # noqa: E402
 from portakern.backends.triton.kernels import load as load_kernels  # noqa: E402
 
 GQ = load_kernels("gemv_quant")
@@ -65,9 +62,8 @@ def tile_read_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr, N, K, KWP,
         wstride = stride_qk
     kw_begin = pid_k * K_SPLIT_W
     kw_end = tl.minimum(kw_begin + K_SPLIT_W, KWP)
-    kw_first = tl.minimum(kw_begin, KWP - BKW)
-    words = tl.load(w_ptrs + kw_first * wstride)
-    g = kw_first * 8 // GS
+    words = tl.load(w_ptrs + kw_begin * wstride)
+    g = kw_begin * 8 // GS
     s = tl.load(s_ptr + g * stride_qk + n).to(tl.float32)
     z = tl.load(z_ptr + g * stride_qk + n).to(tl.float32)
     _wait_for_producer(PDL)
@@ -105,14 +101,6 @@ def tile_read_fns(w_sets, cfg, N, K, tiled, finish):
         SPLIT_K=cfg.split_k, GS=128, TILED=tiled, FINISH=finish, PDL=cfg.pdl, **opts)) for w in w_sets]
 
 
-def tiled_candidates():
-    for bn in (8, 16, 32):
-        for bkw in (128, 256):
-            for warps in (4, 8):
-                for split in (1, 2):
-                    yield GemvConfig("fma", bn, bkw, warps, 1, split, 3, pdl=True, tiled=True)
-
-
 def best_read_us(nbytes, sms, copies):
     bufs = [torch.randint(0, 1 << 30, (nbytes // 4,), dtype=torch.int32, device="cuda") for _ in range(copies)]
     sink = torch.zeros(1 << 16, dtype=torch.int32, device="cuda")
@@ -138,9 +126,7 @@ def main():
            "gpu": torch.cuda.get_device_name(0), "triton": triton.__version__,
            "commit": os.environ.get("PK_COMMIT", ""), "rows": []}
     print(f"copy {bw:.3f} TB/s", flush=True)
-    cols = ["gemv", "gemv_hot", "tiles_finish", "tiles", "tiled_finish", "tiled", "read", "tiled_gemv"]
-    jobs = [{"op": GB.gemv_op(1, N, K).to_json(), "cfg": c.to_json()} for N, K in SHAPES[:1] for c in tiled_candidates()]
-    GB.precompile(jobs, max(1, (os.cpu_count() or 2) - 2))
+    cols = ["gemv", "gemv_hot", "tiles_finish", "tiles", "tiled_finish", "tiled", "read"]
     print(f"{'shape':>12} {'floor':>6} " + " ".join(f"{c:>12}" for c in cols), flush=True)
     for N, K in SHAPES:
         op = GB.gemv_op(1, N, K)
@@ -162,25 +148,9 @@ def main():
         torch.cuda.empty_cache()
         row["read"] = best_read_us(nbytes, sms, copies)
         torch.cuda.empty_cache()
-        row["tiled_sweep"] = []
-        for c in tiled_candidates():
-            try:
-                fns, kern = GB.ours(op, c, copies)
-                us = GB.graph_us(fns)
-                row["tiled_sweep"].append({"cfg": next(iter(kern.launchers.values())).cfg.to_json(), "us": us})
-            except Exception as e:   # recorded; the sweep goes on
-                row["tiled_sweep"].append({"cfg": c.to_json(), "error": f"{type(e).__name__}: {e}"[:300]})
-            fns = kern = None
-            torch.cuda.empty_cache()
-        ok = [t for t in row["tiled_sweep"] if "us" in t]
-        best = min(ok, key=lambda t: t["us"]) if ok else None
-        row["tiled_gemv"] = best["us"] if best else float("nan")
-        row["tiled_best"] = best["cfg"] if best else None
         res["rows"].append(row)
         print(f"{N:>6}x{K:<5} {row['floor_us']:6.2f} " + " ".join(f"{row[c]:12.2f}" for c in cols)
-              + f"  table split {cfg.split_k} bn {cfg.block_n} bkw {cfg.block_kw} w {cfg.num_warps}"
-              + (f"; tiled best bn {best['cfg']['block_n']} bkw {best['cfg']['block_kw']} w {best['cfg']['num_warps']}"
-                 f" split {best['cfg']['split_k']}" if best else ""), flush=True)
+              + f"  split {cfg.split_k} bn {cfg.block_n} bkw {cfg.block_kw} w {cfg.num_warps}", flush=True)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"gemv-anatomy-{res['date']}{args.tag}.json")
     with open(path, "w") as f:

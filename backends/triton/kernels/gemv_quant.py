@@ -178,19 +178,18 @@ def _group_scale_zero(s_ptr, z_ptr, kw, n, K, stride_qk, EPW: tl.constexpr, GS: 
 
 
 @triton.jit
-def _word_tile(w_ptrs, s_ptr, z_ptr, kw0, kwr, n, K, stride_qk, stride_wk, EPW: tl.constexpr, GS: tl.constexpr,
+def _word_tile(w_ptrs, s_ptr, z_ptr, kw0, kwr, n, K, stride_qk, EPW: tl.constexpr, GS: tl.constexpr,
                HAS_Z: tl.constexpr, ZP: tl.constexpr, PER_ELEM_GROUP: tl.constexpr, WORDS: tl.constexpr = True,
                GROUP_ROWS: tl.constexpr = False, NMASK: tl.constexpr = False):
     """The ``(BKW, BN)`` words at word row ``kw0`` with their scales and zeros: ``(BKW, BN)`` per word
     row, ``(BN,)`` when the tile lies in one group (``GROUP_ROWS``), none for per-element groups (looked
     up per code instead). ``WORDS=False``: only the scales and zeros (words: 0). ``NMASK``: columns
-    at or past the padded row length (``stride_qk``) are not read (words 0). ``stride_wk``: elements
-    between word rows of ``w_ptrs`` (``stride_qk``, or the tile width of the column-tiled layout)."""
+    at or past the padded row length (``stride_qk``) are not read (words 0)."""
     if WORDS:
         if NMASK:
-            words = tl.load(w_ptrs + kw0 * stride_wk, mask=(n < stride_qk)[None, :], other=0)
+            words = tl.load(w_ptrs + kw0 * stride_qk, mask=(n < stride_qk)[None, :], other=0)
         else:
-            words = tl.load(w_ptrs + kw0 * stride_wk)
+            words = tl.load(w_ptrs + kw0 * stride_qk)
     else:
         words = 0
     if PER_ELEM_GROUP:
@@ -312,7 +311,7 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
                     HAS_KG: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr,
                     SPLIT_K: tl.constexpr, DQ: tl.constexpr, EVEN_K: tl.constexpr, PIPE: tl.constexpr,
                     PREFETCH: tl.constexpr, PDL: tl.constexpr, GROUP_ROWS: tl.constexpr, NMASK: tl.constexpr,
-                    IW: tl.constexpr, TILED: tl.constexpr = False):
+                    IW: tl.constexpr):
     """CUDA-core GEMV for small M: per code one LOP3 and one exact FMA, then one FMA per row of x.
 
     The zero point is applied per word row: ``sum x (q - z) s = s (sum x q - z sum x)``.
@@ -331,20 +330,12 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
     columns: the products are summed over the rows in registers and scaled once per tile and column
     (not once per word), with one ``(BN,)`` vector of scales and zeros per tile.
     ``NMASK``: ``BN`` does not divide the padded row length (``stride_qk``): mask the columns past it.
-    ``TILED``: ``qw_ptr`` holds the words in column tiles of ``BN`` (``(NP / BN, KWP, BN)``, see
-    ``quant_gemv.PreparedGemvWeight.tiled``): every (BKW, BN) tile, and a program's whole K slice,
-    is one contiguous stretch, so narrow column tiles read whole DRAM bursts.
     """
     EPW: tl.constexpr = 32 // BITS
     DQE: tl.constexpr = 2 if (DQ == 3 and PER_ELEM_GROUP) else DQ   # DQ=3 needs per-row groups
     pid_n, pid_k, pid_m, n, rows, x_rows = _program_tile(M, BM, BN)   # columns up to NP exist: no load mask
     kwr = tl.arange(0, BKW)
-    if TILED:
-        w_ptrs = qw_ptr + pid_n.to(tl.int64) * KWP * BN + kwr[:, None] * BN + tl.arange(0, BN)[None, :]
-        stride_wk = BN
-    else:
-        w_ptrs = qw_ptr + kwr[:, None] * stride_qk + n[None, :]
-        stride_wk = stride_qk
+    w_ptrs = qw_ptr + kwr[:, None] * stride_qk + n[None, :]
     kw_begin = pid_k * K_SPLIT_W
     kw_end = tl.minimum(kw_begin + K_SPLIT_W, KWP)
     if GROUP_ROWS:
@@ -360,7 +351,7 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
         # -- tiles streamed by the software pipeliner
         _wait_for_producer(PDL)
         for kw0 in tl.range(kw_begin, kw_end, BKW, num_stages=PIPE):
-            words, s, z = _word_tile(w_ptrs, s_ptr, z_ptr, kw0, kwr, n, K, stride_qk, stride_wk, EPW, GS, HAS_Z, ZP,
+            words, s, z = _word_tile(w_ptrs, s_ptr, z_ptr, kw0, kwr, n, K, stride_qk, EPW, GS, HAS_Z, ZP,
                                      PER_ELEM_GROUP, True, GROUP_ROWS, NMASK)
             acc = _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, perm_ptr, kg_ptr,
                             s_ptr, z_ptr, K, stride_qk, mask_rt, BITS, GS, ZP, HAS_Z, HAS_PERM, PER_ELEM_GROUP,
@@ -368,19 +359,19 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
     else:
         # -- the first tile of words, its scales and zeros; rows past K are zero padding
         kw_first = tl.minimum(kw_begin, KWP - BKW)
-        words, s, z = _word_tile(w_ptrs, s_ptr, z_ptr, kw_first, kwr, n, K, stride_qk, stride_wk, EPW, GS, HAS_Z, ZP,
+        words, s, z = _word_tile(w_ptrs, s_ptr, z_ptr, kw_first, kwr, n, K, stride_qk, EPW, GS, HAS_Z, ZP,
                                  PER_ELEM_GROUP, True, GROUP_ROWS, NMASK)
         if PREFETCH == 2:   # words two tiles ahead (scales and zeros stay one ahead: fewer registers)
-            words_ahead = tl.load(w_ptrs + tl.where(kw_first + BKW < kw_end, kw_first + BKW, kw_first) * stride_wk)
+            words_ahead = tl.load(w_ptrs + tl.where(kw_first + BKW < kw_end, kw_first + BKW, kw_first) * stride_qk)
         # -- only now x, the output and the workspace: they may belong to the previous kernel
         _wait_for_producer(PDL)
         for kw0 in range(kw_begin, kw_end, BKW):
             # -- prefetch the next tile while this one is computed (the last re-reads itself: a cache hit)
             kw_next = tl.where(kw0 + BKW < kw_end, kw0 + BKW, kw0)
-            words_next, s_next, z_next = _word_tile(w_ptrs, s_ptr, z_ptr, kw_next, kwr, n, K, stride_qk, stride_wk, EPW, GS,
+            words_next, s_next, z_next = _word_tile(w_ptrs, s_ptr, z_ptr, kw_next, kwr, n, K, stride_qk, EPW, GS,
                                                     HAS_Z, ZP, PER_ELEM_GROUP, PREFETCH == 1, GROUP_ROWS, NMASK)
             if PREFETCH == 2:
-                words_far = tl.load(w_ptrs + tl.where(kw0 + 2 * BKW < kw_end, kw0 + 2 * BKW, kw0) * stride_wk)
+                words_far = tl.load(w_ptrs + tl.where(kw0 + 2 * BKW < kw_end, kw0 + 2 * BKW, kw0) * stride_qk)
             acc = _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, perm_ptr, kg_ptr,
                             s_ptr, z_ptr, K, stride_qk, mask_rt, BITS, GS, ZP, HAS_Z, HAS_PERM, PER_ELEM_GROUP,
                             HAS_KG, BM, BKW, BN, DQE, EVEN_K, GROUP_ROWS, IW)
