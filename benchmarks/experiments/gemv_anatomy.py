@@ -15,6 +15,11 @@ For each shape, with the table's configuration of the CUDA-core kernel (group-re
 Differences name the parts: gemv - tiles_finish = arithmetic; tiles_finish - tiles = split-K
 epilogue; tiles - tiled = access pattern; tiled - read = grid and tile shape.
 
+The session-8 run (``results/gemv-anatomy-2026-12-03-s8.json``, commit f6e917a) also timed the real
+GEMV on such a column-tiled copy (``tiled_gemv``: 8-32 columns per program, 128-256 word rows per
+tile, split 1 / 2; the kernel option ``GemvConfig.tiled`` of 0b4ab96, reverted after the run: it
+lost on 6 of 7 shapes, see ``benchmarks/gemv_notes.md`` v10).
+
     python benchmarks/experiments/gemv_anatomy.py [--out DIR] [--tag T]
 """
 
@@ -62,8 +67,9 @@ def tile_read_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr, N, K, KWP,
         wstride = stride_qk
     kw_begin = pid_k * K_SPLIT_W
     kw_end = tl.minimum(kw_begin + K_SPLIT_W, KWP)
-    words = tl.load(w_ptrs + kw_begin * wstride)
-    g = kw_begin * 8 // GS
+    kw_first = tl.minimum(kw_begin, KWP - BKW)   # slices past the padded rows re-read the last tile
+    words = tl.load(w_ptrs + kw_first * wstride)
+    g = kw_first * 8 // GS
     s = tl.load(s_ptr + g * stride_qk + n).to(tl.float32)
     z = tl.load(z_ptr + g * stride_qk + n).to(tl.float32)
     _wait_for_producer(PDL)
