@@ -113,7 +113,7 @@ def candidates(N):
     for BN, warps_per_slice in ((256, 2), (128, 1)):
         for R in (8, 16):
             for S in (2, 4, 8):
-                for split in (1, 2, 4):
+                for split in (1, 2, 4, 8):
                     yield BN, R, S, split, warps_per_slice * S
 
 
@@ -179,7 +179,7 @@ def main():
                      torch.empty(1, N, device="cuda", dtype=torch.bfloat16)) for _ in range(copies)]
             for BN, R, S, split, warps in candidates(N):
                 progs = (N // BN) * split
-                if not (0.5 * sms <= progs * warps / 16 and progs * warps <= 40 * sms):
+                if not (4 * sms <= progs * warps <= 40 * sms):   # 4 to 40 warps per SM
                     continue
                 run = launcher(sets[0][1], N, K, BN, R, S, split, warps)
                 if run is None:
@@ -188,9 +188,11 @@ def main():
                 row["sweep"].append({"BN": BN, "R": R, "S": S, "split": split, "warps": warps, "us": us})
             del sets
             torch.cuda.empty_cache()
-            best = min(row["sweep"], key=lambda t: t["us"])
-            row["best"] = best
             res["rows"].append(row)
+            if not row["sweep"]:
+                print(f"{N:>6}x{K:<5} no candidate fits", flush=True)
+                continue
+            best = row["best"] = min(row["sweep"], key=lambda t: t["us"])
             print(f"{N:>6}x{K:<5} floor {row['floor_us']:6.2f} table {row['table_us']:6.2f} rows3 {best['us']:6.2f} "
                   f"(BN {best['BN']} R {best['R']} S {best['S']} split {best['split']} w {best['warps']})", flush=True)
     os.makedirs(args.out, exist_ok=True)
