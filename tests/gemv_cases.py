@@ -205,6 +205,9 @@ FRAG_CASES = [
      {"config": ("frag", 256, 32, 2, 2)}),
     ("native4-frag-asym-g128-m2-w8-split8-x1e3", "native", 4, 128, False, 2, 1100, 2048, "bfloat16",
      {"config": ("frag", 128, 32, 8, 2), "num_warps": 8, "xscale": 1e3}),
+    # the table's tall entry above 8 rows (FRAG_TALL_MIN_NK): 128 rows of 4 warps x 2 units, 4 slices
+    ("native4-frag-asym-g128-m16-w4nt2-split4", "native", 4, 128, False, 16, 640, 2048, "bfloat16",
+     {"config": ("frag", 128, 32, 4, 2), "num_warps": 4}),
 ]
 
 #: max |out - ref| / max |ref| allowed per activation dtype. fp16/bf16 round the output once
