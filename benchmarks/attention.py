@@ -61,6 +61,8 @@ def decode(B, L, page=0, Hq=32, Hkv=8, D=128):
 HEAD_DIMS = [64, 128, 256]
 #: ``--prefill-only``: no decode or paged rows
 PREFILL_ONLY = False
+#: ``--decode-warps`` / ``--decode-splits`` / ``--decode-merges``: what the packed-decode sweep varies
+DECODE_SWEEP = {"warps": (4,), "splits": (4, 8, 12, 16, 24, 32, 48, 64), "merges": "all"}
 
 
 def prefill_shapes(quick):
@@ -90,16 +92,19 @@ def sweep_candidates(op, dev):
     arch, sms = A._device_arch(dev)
     out = [base, replace(base, fused_combine=False)] if base.num_splits > 1 else [base]
     if base.pack > 1:
-        for bn, st in ((64, 3), (64, 4), (128, 3), (128, 4)):
-            c = tuning.fit(op, replace(base, block_n=bn, num_stages=st, num_warps=4), arch)
+        for bn, st, w in ((bn, st, w) for bn, st in ((64, 3), (64, 4), (128, 3), (128, 4))
+                          for w in DECODE_SWEEP["warps"]):
+            c = tuning.fit(op, replace(base, block_n=bn, num_stages=st, num_warps=w), arch)
             tiles = -(-op.seqlen_k // c.block_n)
-            for splits in (4, 8, 12, 16, 24, 32, 48, 64) if base.num_splits > 1 else (1, 2):
+            for splits in DECODE_SWEEP["splits"] if base.num_splits > 1 else (1, 2):
                 if splits > tiles:
                     continue
                 # the fused merge lost at every split count on the H200 (session 2) at 8k and more:
                 # swept up to 16 splits (short contexts, where the second kernel is a larger share)
                 merges = ((True, False),) if splits == 1 else \
                     ((False, False), (False, True)) + (((True, False),) if base.fused_combine or splits <= 16 else ())
+                if DECODE_SWEEP["merges"] == "table":   # the table's merge only
+                    merges = ((base.fused_combine, base.pdl),) if splits > 1 else merges
                 for fused, pdl in merges:
                     if pdl and arch not in tuning.PDL_ARCHS:
                         continue
@@ -360,8 +365,8 @@ def run_sweep(ops, dev, l2):
             t = time_impl(ours(op, dev, cfg, sets), graph=decode_like)
             if ref is None and isinstance(t, float):
                 ref = sets[0][3].clone()     # the table configuration's output
-            elif cfg.tma and isinstance(t, float):
-                # the unmeasured TMA / warp-specialised variants must reproduce the table's output
+            elif isinstance(t, float):
+                # every candidate must reproduce the table configuration's output (bf16, other split orders)
                 err = (sets[0][3].float() - ref.float()).abs().max().item()
                 if not err <= 5e-2:
                     t = f"ERR output differs from the table configuration's by {err:.3g}"
@@ -458,7 +463,14 @@ def main():
     ap.add_argument("--decode-shapes", nargs="+", metavar="B:L[:PAGE]",
                     help="--sweep and --bench: these decode shapes (batch, KV length, page size; no page = "
                          "dense) instead of the default rows, e.g. 1:2048:64 1:8192")
+    ap.add_argument("--decode-warps", type=int, nargs="+", default=list(DECODE_SWEEP["warps"]),
+                    help="--sweep: num_warps values of the packed-decode candidates (default 4)")
+    ap.add_argument("--decode-splits", type=int, nargs="+", default=list(DECODE_SWEEP["splits"]),
+                    help="--sweep: split counts of the packed-decode candidates")
+    ap.add_argument("--decode-merges", choices=("all", "table"), default="all",
+                    help="--sweep: every merge variant of a split decode candidate, or the table's only")
     a = ap.parse_args()
+    DECODE_SWEEP.update(warps=tuple(a.decode_warps), splits=tuple(a.decode_splits), merges=a.decode_merges)
     HEAD_DIMS[:] = a.head_dims
     global PREFILL_ONLY
     PREFILL_ONLY = a.prefill_only
