@@ -25,9 +25,6 @@ lost on 6 of 7 shapes, see ``benchmarks/gemv_notes.md`` v10).
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
 import os
 import sys
 
@@ -38,8 +35,8 @@ import triton.language as tl
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 import gemv as GB  # noqa: E402  (benchmarks/gemv.py)
+import harness as H  # noqa: E402
 import read_floor as RF  # noqa: E402
-from portakern.backends.triton import gemv_tuning as tuning  # noqa: E402
 from portakern.backends.triton import quant_gemv as Q  # noqa: E402
 from portakern.backends.triton.kernels import load as load_kernels  # noqa: E402
 
@@ -122,15 +119,10 @@ def best_read_us(nbytes, sms, copies):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
-    ap.add_argument("--tag", default="")
-    args = ap.parse_args()
+    args = H.parse_args(__doc__)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bw = GB.copy_bandwidth_TBps()
-    res = {"what": __doc__.splitlines()[0], "date": datetime.date.today().isoformat(), "copy_TBps": bw,
-           "gpu": torch.cuda.get_device_name(0), "triton": triton.__version__,
-           "commit": os.environ.get("PK_COMMIT", ""), "rows": []}
+    res = H.header(__doc__, bw, rows=[])
     print(f"copy {bw:.3f} TB/s", flush=True)
     cols = ["gemv", "gemv_hot", "tiles_finish", "tiles", "tiled_finish", "tiled", "read"]
     print(f"{'shape':>12} {'floor':>6} " + " ".join(f"{c:>12}" for c in cols), flush=True)
@@ -157,11 +149,7 @@ def main():
         res["rows"].append(row)
         print(f"{N:>6}x{K:<5} {row['floor_us']:6.2f} " + " ".join(f"{row[c]:12.2f}" for c in cols)
               + f"  split {cfg.split_k} bn {cfg.block_n} bkw {cfg.block_kw} w {cfg.num_warps}", flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"gemv-anatomy-{res['date']}{args.tag}.json")
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1)
-    print(path)
+    H.write(res, args.out, "gemv-anatomy", args.tag)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,6 @@ process, buffers rotated past 4x the L2) over ``BN``, ``R``, ``S`` and the globa
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
 import os
 import sys
 
@@ -28,7 +25,9 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
 import gemv as GB  # noqa: E402  (benchmarks/gemv.py)
+import harness as H  # noqa: E402
 from portakern.backends.triton import quant_gemv as Q  # noqa: E402
 from portakern.backends.triton.kernels import load as load_kernels  # noqa: E402
 
@@ -141,15 +140,10 @@ def precompile(workers):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
-    ap.add_argument("--tag", default="")
-    args = ap.parse_args()
+    args = H.parse_args(__doc__)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bw = GB.copy_bandwidth_TBps()
-    res = {"what": __doc__.splitlines()[0], "date": datetime.date.today().isoformat(), "copy_TBps": bw,
-           "gpu": torch.cuda.get_device_name(0), "triton": triton.__version__,
-           "commit": os.environ.get("PK_COMMIT", ""), "check": [], "rows": []}
+    res = H.header(__doc__, bw, check=[], rows=[])
     print(f"copy {bw:.3f} TB/s", flush=True)
     # -- correctness first (float64 reference from the internal layout)
     for N, K in ((4096, 4096), (6144, 14336)):
@@ -195,11 +189,7 @@ def main():
             best = row["best"] = min(row["sweep"], key=lambda t: t["us"])
             print(f"{N:>6}x{K:<5} floor {row['floor_us']:6.2f} table {row['table_us']:6.2f} rows3 {best['us']:6.2f} "
                   f"(BN {best['BN']} R {best['R']} S {best['S']} split {best['split']} w {best['warps']})", flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"gemv-rows3-{res['date']}{args.tag}.json")
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1)
-    print(path)
+    H.write(res, args.out, "gemv-rows3", args.tag)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,6 @@ int4 GEMV (M=1) on the same shapes, in the same run.
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
 import os
 import sys
 
@@ -25,6 +22,8 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import gemv as GB  # noqa: E402  (benchmarks/gemv.py)
+sys.path.insert(0, os.path.dirname(__file__))
+import harness as H  # noqa: E402
 
 STEP_SHAPES = [(4096, 4096), (6144, 4096), (4096, 14336), (14336, 4096), (28672, 4096), (128256, 4096)]
 
@@ -72,14 +71,10 @@ def read_variants(nbytes, sms):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
-    ap.add_argument("--tag", default="")
-    args = ap.parse_args()
+    args = H.parse_args(__doc__)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bw = GB.copy_bandwidth_TBps()
-    res = {"what": __doc__.splitlines()[0], "date": datetime.date.today().isoformat(), "copy_TBps": bw,
-           "gpu": torch.cuda.get_device_name(0), "triton": triton.__version__, "rows": []}
+    res = H.header(__doc__, bw, rows=[])
     sink = torch.zeros(1 << 16, dtype=torch.int32, device="cuda")
     empty = {}
     for pdl in (False, True):
@@ -113,11 +108,7 @@ def main():
         res["rows"].append(row)
         print(f"{N:>6}x{K:<5} {nbytes / 1e6:7.1f} MB floor {floor:6.2f} read {best[0]:6.2f} ({floor / best[0]:.0%}) "
               f"gemv {gemv:6.2f} ({floor / gemv:.0%}) gemv/read {gemv / best[0]:.2f} {best[1]}", flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"read-floor-{res['date']}{args.tag}.json")
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1)
-    print(path)
+    H.write(res, args.out, "read-floor", args.tag)
 
 
 if __name__ == "__main__":
