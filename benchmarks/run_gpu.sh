@@ -25,6 +25,8 @@
 #                   everywhere (--compare-tiles, no peers)
 #   gemv-anatomy    benchmarks/experiments/gemv_anatomy.py (M=1 GEMV against reads of its bytes in its
 #                   own grid and tiles, with and without the split-K epilogue, and contiguous)
+#   gemv-rows3      benchmarks/experiments/gemv_rows3.py (M=1 int4 GEMV with K split among the warps of
+#                   one program, checked against float64, swept against the table)
 #   dispatch        benchmarks/dispatch_overhead.py
 #   ncu             Nsight Compute stall/throughput sections of benchmarks/profile_kernels.py
 #                   ($PROFILE_ONLY=mma: the tensor-core GEMV kernels instead)
@@ -76,6 +78,7 @@ for s in "$@"; do
         decode-step-tiles) step decode-step-tiles python3 benchmarks/decode_step.py --ctx 2048 --no-peers \
             --compare-tiles --tag="-tiles$TAG" --out "$RES" ;;
         gemv-anatomy) step gemv-anatomy python3 benchmarks/experiments/gemv_anatomy.py --tag="$TAG" --out "$RES" ;;
+        gemv-rows3) step gemv-rows3 python3 benchmarks/experiments/gemv_rows3.py --tag="$TAG" --out "$RES" ;;
         dispatch) step dispatch python3 benchmarks/dispatch_overhead.py --tag="h200$TAG" --out "$RES" ;;
         ncu) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
             step ncu "${NCU:-ncu}" --profile-from-start off --clock-control none --section SpeedOfLight \
