@@ -92,8 +92,7 @@ def sweep_candidates(op, dev):
     arch, sms = A._device_arch(dev)
     out = [base, replace(base, fused_combine=False)] if base.num_splits > 1 else [base]
     if base.pack > 1:
-        for bn, st, w in ((bn, st, w) for bn, st in ((64, 3), (64, 4), (128, 3), (128, 4))
-                          for w in DECODE_SWEEP["warps"]):
+        for (bn, st), w in itertools.product(((64, 3), (64, 4), (128, 3), (128, 4)), DECODE_SWEEP["warps"]):
             c = tuning.fit(op, replace(base, block_n=bn, num_stages=st, num_warps=w), arch)
             tiles = -(-op.seqlen_k // c.block_n)
             for splits in DECODE_SWEEP["splits"] if base.num_splits > 1 else (1, 2):
@@ -101,10 +100,9 @@ def sweep_candidates(op, dev):
                     continue
                 # the fused merge lost at every split count on the H200 (session 2) at 8k and more:
                 # swept up to 16 splits (short contexts, where the second kernel is a larger share)
-                merges = ((True, False),) if splits == 1 else \
+                merges = ((True, False),) if splits == 1 else ((base.fused_combine, base.pdl),) \
+                    if DECODE_SWEEP["merges"] == "table" else \
                     ((False, False), (False, True)) + (((True, False),) if base.fused_combine or splits <= 16 else ())
-                if DECODE_SWEEP["merges"] == "table":   # the table's merge only
-                    merges = ((base.fused_combine, base.pdl),) if splits > 1 else merges
                 for fused, pdl in merges:
                     if pdl and arch not in tuning.PDL_ARCHS:
                         continue
@@ -463,10 +461,9 @@ def main():
     ap.add_argument("--decode-shapes", nargs="+", metavar="B:L[:PAGE]",
                     help="--sweep and --bench: these decode shapes (batch, KV length, page size; no page = "
                          "dense) instead of the default rows, e.g. 1:2048:64 1:8192")
-    ap.add_argument("--decode-warps", type=int, nargs="+", default=list(DECODE_SWEEP["warps"]),
-                    help="--sweep: num_warps values of the packed-decode candidates (default 4)")
-    ap.add_argument("--decode-splits", type=int, nargs="+", default=list(DECODE_SWEEP["splits"]),
-                    help="--sweep: split counts of the packed-decode candidates")
+    for opt, what in (("warps", "num_warps values"), ("splits", "split counts")):
+        ap.add_argument(f"--decode-{opt}", type=int, nargs="+", default=list(DECODE_SWEEP[opt]),
+                        help=f"--sweep: {what} of the packed-decode candidates (default {DECODE_SWEEP[opt]})")
     ap.add_argument("--decode-merges", choices=("all", "table"), default="all",
                     help="--sweep: every merge variant of a split decode candidate, or the table's only")
     a = ap.parse_args()

@@ -105,17 +105,12 @@ def tile_read_fns(w_sets, cfg, N, K, tiled, finish):
 
 
 def best_read_us(nbytes, sms, copies):
+    """The read floor's fastest plain read of ``nbytes`` among the shapes that won in session 7 (8 warps,
+    4-8 programs per SM, up to 2048 words per iteration, pdl)."""
     bufs = [torch.randint(0, 1 << 30, (nbytes // 4,), dtype=torch.int32, device="cuda") for _ in range(copies)]
     sink = torch.zeros(1 << 16, dtype=torch.int32, device="cuda")
-    best = None
-    for v in RF.read_variants(nbytes, sms):
-        if v["warps"] != 8 or v["per_sm"] < 4 or v["block"] > 2048:
-            continue
-        fns = [(lambda b=b, v=v: RF.stream_read[(v["programs"],)](
-            b, sink, b.numel(), v["chunk"], BLOCK=v["block"], PDL=True, num_warps=8, launch_pdl=True)) for b in bufs]
-        us = GB.graph_us(fns)
-        best = us if best is None else min(best, us)
-    return best
+    return RF.fastest_read(bufs, sink, nbytes, sms, pdls=(True,),
+                           keep=lambda v: v["warps"] == 8 and v["per_sm"] >= 4 and v["block"] <= 2048)[0]
 
 
 def main():

@@ -70,6 +70,21 @@ def read_variants(nbytes, sms):
                 yield dict(per_sm=per_sm, warps=warps, block=block, chunk=chunk, programs=-(-words // chunk))
 
 
+def fastest_read(bufs, sink, nbytes, sms, pdls=(False, True), keep=lambda v: True):
+    """(us, shape) of the fastest ``stream_read`` over ``bufs`` (rotated, in a graph) among the
+    ``read_variants`` that ``keep`` accepts, each with and without pdl as ``pdls`` says."""
+    best = None
+    for v in filter(keep, read_variants(nbytes, sms)):
+        for pdl in pdls:
+            fns = [(lambda b=b, v=v, pdl=pdl: stream_read[(v["programs"],)](
+                b, sink, b.numel(), v["chunk"], BLOCK=v["block"], PDL=pdl, num_warps=v["warps"],
+                launch_pdl=pdl)) for b in bufs]
+            us = GB.graph_us(fns)
+            if best is None or us < best[0]:
+                best = (us, dict(v, pdl=pdl))
+    return best
+
+
 def main():
     args = H.parse_args(__doc__)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -86,15 +101,7 @@ def main():
         nbytes = weight_bytes(N, K)
         copies = GB.copies_for(nbytes)
         bufs = [torch.randint(0, 1 << 30, (nbytes // 4,), dtype=torch.int32, device="cuda") for _ in range(copies)]
-        best = None
-        for v in read_variants(nbytes, sms):
-            for pdl in (False, True):
-                fns = [(lambda b=b, v=v, pdl=pdl: stream_read[(v["programs"],)](
-                    b, sink, b.numel(), v["chunk"], BLOCK=v["block"], PDL=pdl, num_warps=v["warps"],
-                    launch_pdl=pdl)) for b in bufs]
-                us = GB.graph_us(fns)
-                if best is None or us < best[0]:
-                    best = (us, dict(v, pdl=pdl))
+        best = fastest_read(bufs, sink, nbytes, sms)
         del bufs
         op = GB.gemv_op(1, N, K)
         gfns, _ = GB.ours(op, None, GB.copies_for(GB.floor_bytes(op)))
