@@ -83,7 +83,8 @@ for s in "$@"; do
         ncu) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
             step ncu "${NCU:-ncu}" --profile-from-start off --clock-control none --section SpeedOfLight \
                 --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-                --section LaunchStats --section Occupancy python3 benchmarks/profile_kernels.py ${PROFILE_ONLY:+--only "$PROFILE_ONLY"} ;;
+                --section LaunchStats --section Occupancy --section SourceCounters --section InstructionStats \
+                --section ComputeWorkloadAnalysis python3 benchmarks/profile_kernels.py ${PROFILE_ONLY:+--only "$PROFILE_ONLY"} ;;
         *) echo "unknown step $s (see the header of $0)"; exit 2 ;;
     esac
 done
