@@ -112,7 +112,8 @@ def sweep_candidates(op, dev):
         return out
     big = op.head_dim > 128
     grid = ((128, 64, 8, 2), (128, 64, 8, 1), (128, 32, 8, 3), (64, 64, 4, 2)) if big else \
-        ((128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 8, 4), (128, 64, 8, 4), (64, 64, 4, 3))
+        ((128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 8, 4), (128, 64, 8, 4), (64, 64, 4, 3),
+         (64, 128, 4, 2))
     for bm, bn, w, st in grid:
         c = tuning.fit(op, replace(base, block_m=bm, block_n=bn, num_warps=w, num_stages=st), arch)
         if c not in out:

@@ -19,6 +19,8 @@
 #   decode-sweep    benchmarks/attention.py --sweep --bench --decode-only
 #   decode-bench    benchmarks/attention.py --bench --decode-only (the tables)
 #   attention-bench benchmarks/attention.py --bench (prefill and decode, tables)
+#   prefill-sweep   benchmarks/attention.py --sweep --bench --prefill-only ($HEAD_DIMS: the head dims,
+#                   default 64 128 256)
 #   decode-step     benchmarks/decode_step.py --breakdown (Llama-3-8B-shaped step in one CUDA graph; its
 #                   GEMVs, attention and glue each timed alone too)
 #   decode-step-tiles  the step at ctx 2048 with the table and with the per-word-row GEMV tile
@@ -73,6 +75,8 @@ for s in "$@"; do
             --tag="-decode-sweep$TAG" --out "$RES" ;;
         decode-bench) step decode-bench python3 benchmarks/attention.py --bench --decode-only \
             --tag="-decode$TAG" --out "$RES" ;;
+        prefill-sweep) step prefill-sweep python3 benchmarks/attention.py --sweep --bench --prefill-only \
+            --head-dims ${HEAD_DIMS:-64 128 256} --tag="-prefill$TAG" --out "$RES" ;;
         attention-bench) step attention-bench python3 benchmarks/attention.py --bench --tag="$TAG" --out "$RES" ;;
         decode-step) step decode-step python3 benchmarks/decode_step.py --breakdown --tag="$TAG" --out "$RES" ;;
         decode-step-tiles) step decode-step-tiles python3 benchmarks/decode_step.py --ctx 2048 --no-peers \

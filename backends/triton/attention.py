@@ -124,6 +124,7 @@ def _constexprs(op: Attention, cfg: AttnConfig, interpret: bool, mods) -> dict[s
         UPCAST=interpret and op.dtype.value == "bfloat16",
         DOT_PREC="ieee" if op.dtype.value == "float32" else "tf32",
         PDL=cfg.pdl, LAZY_RESCALE=cfg.lazy_rescale, TMA=cfg.tma, WS=cfg.warp_specialize,
+        RAW_MAX=op.score_mod is None and op.scale > 0 and not cfg.lazy_rescale,
     )
 
 

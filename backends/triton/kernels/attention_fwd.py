@@ -88,7 +88,8 @@ def _attend_tiles(acc, l_i, m_i, q, t_begin, t_end,
                   D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                   BLOCK_N: tl.constexpr, LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr,
                   HAS_MASK: tl.constexpr, HAS_SCORE_MOD: tl.constexpr, UPCAST: tl.constexpr,
-                  DOT_PREC: tl.constexpr, LAZY_RESCALE: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr):
+                  DOT_PREC: tl.constexpr, LAZY_RESCALE: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
+                  RAW_MAX: tl.constexpr):
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     if LAYOUT == PAGED:
@@ -126,6 +127,8 @@ def _attend_tiles(acc, l_i, m_i, q, t_begin, t_end,
         qk = tl.dot(q, kt, input_precision=DOT_PREC)
         if HAS_SCORE_MOD:
             s = SCORE_MOD(qk * scale, b, h[:, None], qrow[:, None], n[None, :], sq, sk) * LOG2E
+        elif RAW_MAX:
+            s = qk  # scaled below, inside the exponent's FFMA
         else:
             s = qk * (scale * LOG2E)
         if MASKED:
@@ -150,6 +153,14 @@ def _attend_tiles(acc, l_i, m_i, q, t_begin, t_end,
                 m_i = m_new
             p = tl.math.exp2(s - tl.where(m_i == NEG_INF, 0.0, m_i)[:, None])
             l_i = l_i + tl.sum(p, 1)
+        elif RAW_MAX:
+            # a positive scale keeps the order of the scores: the row maximum of the raw scores, scaled
+            # once per row, and one FFMA per score for the exponent (instead of an FMUL and an FADD)
+            m_new = tl.maximum(m_i, tl.max(s, 1) * (scale * LOG2E))
+            m_use = tl.where(m_new == NEG_INF, 0.0, m_new)
+            alpha = tl.math.exp2(m_i - m_use)
+            p = tl.math.exp2(s * (scale * LOG2E) - m_use[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
         else:
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_use = tl.where(m_new == NEG_INF, 0.0, m_new)
@@ -198,7 +209,7 @@ def attn_fwd(
     HAS_LEFT: tl.constexpr, WIN_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, WIN_RIGHT: tl.constexpr,
     HAS_MASK: tl.constexpr, MASK_ALL: tl.constexpr, NEVER: tl.constexpr, HAS_SCORE_MOD: tl.constexpr,
     RETURN_LSE: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr,
-    LAZY_RESCALE: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
+    LAZY_RESCALE: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr, RAW_MAX: tl.constexpr,
 ):
     ROWS: tl.constexpr = BLOCK_M // PACK          # query rows per tile
     if PDL:
@@ -310,7 +321,7 @@ def attn_fwd(
                                       v_base, bt_base, kv_row0, kvh, stride_kb, stride_ks, stride_vb, stride_vs,
                                       stride_btp, scale, b, h, qrow, sq, sk, SCORE_MOD, MASK_MOD, HAS_MASK,
                                       D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, LAYOUT, PAGE_SIZE,
-                                      HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC, LAZY_RESCALE, TMA, WS)
+                                      HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC, LAZY_RESCALE, TMA, WS, RAW_MAX)
     else:
         if HAS_LEFT:
             # stage 1: masked tiles before the fully visible band (sliding window's left edge)
@@ -318,19 +329,19 @@ def attn_fwd(
                                           v_base, bt_base, kv_row0, kvh, stride_kb, stride_ks, stride_vb, stride_vs,
                                           stride_btp, scale, b, h, qrow, sq, sk, SCORE_MOD, MASK_MOD, True,
                                           D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, LAYOUT, PAGE_SIZE,
-                                          HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC, LAZY_RESCALE, TMA, False)
+                                          HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC, LAZY_RESCALE, TMA, False, RAW_MAX)
         # stage 2: the fully visible band, no mask
         acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, t_flo, t_fhi, K, V, K_DESC, V_DESC, BLOCK_TABLE, k_base,
                                       v_base, bt_base, kv_row0, kvh, stride_kb, stride_ks, stride_vb, stride_vs,
                                       stride_btp, scale, b, h, qrow, sq, sk, SCORE_MOD, MASK_MOD, False,
                                       D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, LAYOUT, PAGE_SIZE,
-                                      HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC, LAZY_RESCALE, TMA, False)
+                                      HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC, LAZY_RESCALE, TMA, False, RAW_MAX)
         # stage 3: masked tiles after it (causal diagonal, window's right edge, key-length tail)
         acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, t_fhi, t_hi, K, V, K_DESC, V_DESC, BLOCK_TABLE, k_base,
                                       v_base, bt_base, kv_row0, kvh, stride_kb, stride_ks, stride_vb, stride_vs,
                                       stride_btp, scale, b, h, qrow, sq, sk, SCORE_MOD, MASK_MOD, True,
                                       D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, LAYOUT, PAGE_SIZE,
-                                      HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC, LAZY_RESCALE, TMA, False)
+                                      HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC, LAZY_RESCALE, TMA, False, RAW_MAX)
 
     # -- epilogue: normalise; rows that saw no key get 0 and lse = -inf
     seen = l_i > 0.0
