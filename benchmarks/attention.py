@@ -123,7 +123,12 @@ def sweep_candidates(op, dev):
     # v4: TMA K/V loads on the table tile, both ways (checked against the table's output in run_sweep);
     # the warp-specialised walk crashed on the H200 (session 3) and is refused on GPUs
     flip = tuning.fit(op, replace(base, tma=not base.tma), arch)
-    return out + [flip] if flip != base and flip not in out else out
+    out += [flip] if flip != base and flip not in out else []
+    # 128-key tiles with a third stage: past fit's 8 KiB margin, inside the card's 227 KiB (D=128: 224 KiB)
+    deep = replace(base, block_n=128, num_stages=3)
+    if not big and tuning.smem_bytes(op, 128, 128, 3) <= tuning.SMEM_LIMIT.get(arch, 0) and deep not in out:
+        out.append(deep)
+    return out
 
 
 def _warm(job):
