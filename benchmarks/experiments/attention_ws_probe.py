@@ -8,7 +8,8 @@ causal and not: checked against the table configuration's output and timed again
 via ``do_bench``). With ``--sanitize`` the small problem runs under ``compute-sanitizer --tool memcheck``
 and the first report lines are kept.
 
-    python benchmarks/experiments/attention_ws_probe.py [--sanitize] [--out DIR] [--tag T]
+    python benchmarks/experiments/attention_ws_probe.py [--sanitize] [--only small,4k,4k-causal] [--block-m 64]
+                                                        [--out DIR] [--tag=T]
 """
 
 from __future__ import annotations
@@ -100,12 +101,27 @@ def main():
     sanitize = "--sanitize" in sys.argv
     if sanitize:
         sys.argv.remove("--sanitize")
+    only, block_m = None, None
+    for flag in ("--only", "--block-m"):
+        if flag in sys.argv:
+            i = sys.argv.index(flag)
+            val = sys.argv[i + 1]
+            del sys.argv[i:i + 2]
+            if flag == "--only":
+                only = val.split(",")
+            else:
+                block_m = int(val)
     args = H.parse_args(__doc__)
     res = H.header(__doc__, 0.0, rows=[])
     for name, op in problems():
+        if only and name not in only:
+            continue
         for i, cfg in enumerate(candidates(op)):
+            if block_m and cfg.block_m != block_m:
+                continue
             row = run_child(name, i, sanitize and name == "small")
             res["rows"].append(row)
+            H.write(res, args.out, "attention-ws-probe", args.tag)   # after every candidate: a timeout loses none
             brief = {k: row.get(k) for k in ("rc", "max_abs_err_vs_float64", "max_abs_diff_vs_table", "us", "table_us")}
             print(name, cfg.block_m, cfg.block_n, cfg.num_stages, brief, flush=True)
             if row["rc"] and "log" in row:
