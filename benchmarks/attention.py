@@ -61,9 +61,8 @@ def decode(B, L, page=0, Hq=32, Hkv=8, D=128):
 HEAD_DIMS = [64, 128, 256]
 #: ``--prefill-only``: no decode or paged rows
 PREFILL_ONLY = False
-#: ``--decode-warps`` / ``--decode-splits`` / ``--decode-merges`` / ``--decode-prefetch``: what the
-#: packed-decode sweep varies
-DECODE_SWEEP = {"warps": (4,), "splits": (4, 8, 12, 16, 24, 32, 48, 64), "merges": "all", "prefetch": (0,)}
+#: ``--decode-warps`` / ``--decode-splits`` / ``--decode-merges``: what the packed-decode sweep varies
+DECODE_SWEEP = {"warps": (4,), "splits": (4, 8, 12, 16, 24, 32, 48, 64), "merges": "all"}
 
 
 def prefill_shapes(quick):
@@ -107,11 +106,9 @@ def sweep_candidates(op, dev):
                 for fused, pdl in merges:
                     if pdl and arch not in tuning.PDL_ARCHS:
                         continue
-                    for pf in DECODE_SWEEP["prefetch"]:
-                        cand = tuning.fit(op, replace(c, num_splits=splits, fused_combine=fused, pdl=pdl,
-                                                      prefetch_l2=pf), arch)
-                        if cand not in out:
-                            out.append(cand)
+                    cand = replace(c, num_splits=splits, fused_combine=fused, pdl=pdl)
+                    if cand not in out:
+                        out.append(cand)
         return out
     big = op.head_dim > 128
     grid = ((128, 64, 8, 2), (128, 64, 8, 1), (128, 32, 8, 3), (64, 64, 4, 2)) if big else \
@@ -470,15 +467,13 @@ def main():
     ap.add_argument("--decode-shapes", nargs="+", metavar="B:L[:PAGE]",
                     help="--sweep and --bench: these decode shapes (batch, KV length, page size; no page = "
                          "dense) instead of the default rows, e.g. 1:2048:64 1:8192")
-    for opt, what in (("warps", "num_warps values"), ("splits", "split counts"),
-                      ("prefetch", "prefetch_l2 values (key tiles requested into L2 before the wait; pdl only)")):
+    for opt, what in (("warps", "num_warps values"), ("splits", "split counts")):
         ap.add_argument(f"--decode-{opt}", type=int, nargs="+", default=list(DECODE_SWEEP[opt]),
                         help=f"--sweep: {what} of the packed-decode candidates (default {DECODE_SWEEP[opt]})")
     ap.add_argument("--decode-merges", choices=("all", "table"), default="all",
                     help="--sweep: every merge variant of a split decode candidate, or the table's only")
     a = ap.parse_args()
-    DECODE_SWEEP.update(warps=tuple(a.decode_warps), splits=tuple(a.decode_splits), merges=a.decode_merges,
-                        prefetch=tuple(a.decode_prefetch))
+    DECODE_SWEEP.update(warps=tuple(a.decode_warps), splits=tuple(a.decode_splits), merges=a.decode_merges)
     HEAD_DIMS[:] = a.head_dims
     global PREFILL_ONLY
     PREFILL_ONLY = a.prefill_only

@@ -438,47 +438,12 @@ def test_pdl_is_refused_where_it_cannot_run():
 
 
 @parent_only
-def test_l2_prefetch_lowers_before_the_wait_and_is_refused_where_it_cannot_run():
-    """prefetch_l2 (dense split decode with pdl): prefetch.global.L2 of the split's first tiles comes
-    before griddepcontrol.wait and no global load does (4 tiles of 64 keys x 2 lines x K and V over
-    128 threads: 8 per thread); the merge kernel lets its dependents launch. Paged keys, seqlens_k or no
-    pdl: check_prefetch names the rule, fit clears the option."""
-    from dataclasses import replace
-
-    from portakern.backends.triton import attention as A
-    from portakern.backends.triton import tuning
-
-    op = make_op(B=1, Sq=1, Sk=8192, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16)
-    cfg = replace(tuning.choose(op, "sm_90", 132), fused_combine=False, pdl=True, prefetch_l2=4)
-    art = A.compile_for_target(op, "sm_90a", cfg)
-    fwd = art["kernels"]["attn_fwd"]["ptx"]
-    body = fwd[fwd.index(".entry"):]
-    wait = body.index("griddepcontrol.wait")
-    assert body[:wait].count("prefetch.global.L2") == 8 and "ld.global" not in body[:wait]
-    assert "griddepcontrol.launch_dependents" in art["kernels"]["attn_combine"]["ptx"]
-    plain = A.compile_for_target(op, "sm_90a", replace(cfg, prefetch_l2=0))["kernels"]["attn_fwd"]["ptx"]
-    assert "prefetch.global.L2" not in plain
-    with pytest.raises(ValueError, match=r"prefetch_l2=3\): .*1, 2, 4 or 8"):
-        A.compile_for_target(op, "sm_90a", replace(cfg, prefetch_l2=3))
-    with pytest.raises(ValueError, match=r"prefetch_l2=4\) with pdl=False .*needs pdl=True.*use prefetch_l2=0"):
-        A.compile_for_target(op, "sm_90a", replace(cfg, pdl=False))
-    paged = make_op(B=1, Sq=1, Sk=4096, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16, kv_layout=KVLayout.PAGED,
-                    page_size=64, num_pages=65, has_seqlens_k=True)
-    pcfg = replace(tuning.choose(paged, "sm_90", 132), prefetch_l2=4)
-    with pytest.raises(ValueError, match=r"for paged keys and seqlens_k: .*dense keys, no seqlens_k"):
-        A.compile_for_target(paged, "sm_90a", pcfg)
-    assert tuning.fit(paged, pcfg, "sm_90").prefetch_l2 == 0
-    assert tuning.fit(op, cfg, "sm_90").prefetch_l2 == 4
-
-
-@parent_only
-@pytest.mark.parametrize("pdl,prefetch", [(False, 0), (True, 0), (True, 4)],
-                         ids=["plain-merge", "pdl-merge", "pdl-l2-prefetch"])
-def test_gpu_split_decode_replayed_in_a_cuda_graph(pdl, prefetch):
+@pytest.mark.parametrize("pdl", [False, True], ids=["plain-merge", "pdl-merge"])
+def test_gpu_split_decode_replayed_in_a_cuda_graph(pdl):
     """On a CUDA device: decode with the separate merge kernel (optionally both kernels as
-    programmatic dependent launches, optionally prefetching the first key tiles into L2 before the
-    wait), captured in a graph behind the copies that write its q, k and v (so a dependent launch that
-    read before waiting would see stale inputs), replayed with new inputs, against float64."""
+    programmatic dependent launches), captured in a graph behind the copies that write its q, k and
+    v (so a dependent launch that read before waiting would see stale inputs), replayed with new
+    inputs, against float64."""
     from dataclasses import replace
 
     from portakern.backends.triton import attention as A
@@ -492,7 +457,7 @@ def test_gpu_split_decode_replayed_in_a_cuda_graph(pdl, prefetch):
         pytest.skip(f"programmatic dependent launch needs sm_90+, this device is {dev.arch}")
     op = make_op(B=1, Sq=1, Sk=4096, Hq=8, Hkv=2, D=128, dtype=DType.bfloat16, mask_mod=E.causal_mask(),
                  return_lse=True)
-    cfg = replace(A._config(op, dev), num_splits=16, fused_combine=False, pdl=pdl, prefetch_l2=prefetch)
+    cfg = replace(A._config(op, dev), num_splits=16, fused_combine=False, pdl=pdl)
     kern = A.build(op, dev, cfg)
     cuda = torch.device(str(dev))
     q, k, v = (t.to(cuda) for t in tensors(op, seed=1))

@@ -125,7 +125,6 @@ def _constexprs(op: Attention, cfg: AttnConfig, interpret: bool, mods) -> dict[s
         DOT_PREC="ieee" if op.dtype.value == "float32" else "tf32",
         PDL=cfg.pdl, LAZY_RESCALE=cfg.lazy_rescale, TMA=cfg.tma, WS=cfg.warp_specialize,
         RAW_MAX=op.score_mod is None and op.scale > 0 and not cfg.lazy_rescale,
-        PREFETCH_L2=cfg.prefetch_l2 if tuning.prefetch_applies(op, cfg) else 0,
     )
 
 
@@ -215,7 +214,6 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
     arch = _device_arch(device)[0]
     tuning.check_pdl(cfg, arch)
     tuning.check_tma(op, cfg, arch)
-    tuning.check_prefetch(op, cfg)
     if cfg.warp_specialize and not interpret and not WS_GPU_PROBE:
         raise NotImplementedError(
             "AttnConfig(warp_specialize=True) on a GPU: the warp-specialised walk lowers for sm_90a and "
@@ -381,7 +379,6 @@ def compile_for_target(op: Attention, target: str, config: AttnConfig | None = N
     if config is not None:
         tuning.check_pdl(config, arch)
         tuning.check_tma(op, config, arch)
-        tuning.check_prefetch(op, config)
     if kernels.interpreted():  # this process's triton library is the interpreter's: lower elsewhere
         return _compile_in_subprocess(op, target, config)
     import triton

@@ -77,10 +77,6 @@ class AttnConfig:
     #: (``seqlen_k % block_n == 0``), no ``seqlens_k`` and no ``lazy_rescale`` (``check_tma``).
     #: In no table yet: unmeasured (v4)
     warp_specialize: bool = False
-    #: with ``pdl``, dense keys and no ``seqlens_k``: before waiting for the previous kernel, each program
-    #: requests this many of its split's first key tiles into L2 (0 = off), so its first DRAM round trip
-    #: overlaps that kernel's tail. ``fit`` clears it where it cannot run; 1, 2, 4 or 8
-    prefetch_l2: int = 0
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -154,25 +150,6 @@ def ws_blocker(op, cfg: AttnConfig, arch: str) -> str | None:
                 f"the warp-specialised walk needs whole key tiles of one length (seqlen_k % block_n == 0, "
                 f"no seqlens_k)")
     return None
-
-
-def prefetch_applies(op, cfg: AttnConfig) -> bool:
-    """Whether ``cfg.prefetch_l2`` can run for ``op``: a programmatic dependent launch (``pdl``) whose key
-    addresses come from arguments alone (dense keys, no ``seqlens_k``), so nothing is read before the wait."""
-    return cfg.pdl and op.kv_layout.value == "dense" and not op.has_seqlens_k
-
-
-def check_prefetch(op, cfg: AttnConfig) -> None:
-    """Raise when ``cfg.prefetch_l2`` asks for what the kernel cannot do."""
-    if cfg.prefetch_l2 not in (0, 1, 2, 4, 8):
-        raise ValueError(f"AttnConfig(prefetch_l2={cfg.prefetch_l2}): the L2 prefetch covers 1, 2, 4 or 8 key "
-                         f"tiles (a power of two), or 0 for none")
-    if cfg.prefetch_l2 and not prefetch_applies(op, cfg):
-        raise ValueError(f"AttnConfig(prefetch_l2={cfg.prefetch_l2}) with pdl={cfg.pdl} for "
-                         f"{op.kv_layout.value} keys{' and seqlens_k' if op.has_seqlens_k else ''}: the prefetch "
-                         f"runs before the wait for the previous kernel, so it needs pdl=True and key addresses "
-                         f"from arguments alone (dense keys, no seqlens_k); use prefetch_l2=0 or pass the "
-                         f"config through tuning.fit")
 
 
 def check_tma(op, cfg: AttnConfig, arch: str) -> None:
@@ -339,8 +316,6 @@ def fit(op, cfg: AttnConfig, arch: str) -> AttnConfig:
     fitted configuration always passes ``check_tma``.
     """
     cfg = _fit_smem(op, cfg, arch)
-    if cfg.prefetch_l2 and not prefetch_applies(op, cfg):
-        cfg = replace(cfg, prefetch_l2=0)
     if cfg.tma and (not tma_applies(op, cfg) or (arch != "interp" and arch not in TMA_ARCHS)):
         cfg = replace(cfg, tma=False, warp_specialize=False)
     if cfg.warp_specialize and (not cfg.tma or ws_blocker(op, cfg, arch)):

@@ -31,9 +31,6 @@ def attn_combine(
         # launched as a programmatic dependent of attn_fwd: wait until its partials are complete
         # and visible (a no-op when launched normally)
         tl.extra.cuda.gdc_wait()
-        # and let the next kernel launch (its own wait covers this grid), e.g. the next decode's
-        # attn_fwd, which can then prefetch its first key tiles into L2 meanwhile
-        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     row = pid // HQ
     h = pid % HQ

@@ -27,10 +27,6 @@ and every visible tile goes through ONE loop with no branch in its body, the mas
 evaluated on every tile. The host guarantees what that needs: power-of-two head dimensions, whole
 key tiles (Sk % BLOCK_N == 0), no SEQLENS_K, no LAZY_RESCALE, collapsible strides.
 
-``PREFETCH_L2`` (> 0, with PDL, dense keys, no SEQLENS_K): before waiting for the previous kernel, the
-program asks L2 for the first PREFETCH_L2 key tiles of its split (``prefetch.global.L2``), so the first
-DRAM round trip overlaps that kernel's tail.
-
 Under split-KV (NUM_SPLITS > 1) each program writes its normalised partial output and LSE to the
 workspace; with FUSED_COMBINE the last split of a query tile to arrive (an int32 counter per tile,
 incremented acq_rel after a CTA barrier) merges them in ``_merge_splits``, otherwise
@@ -195,29 +191,6 @@ def _attend_tiles(acc, l_i, m_i, q, t_begin, t_end,
 
 
 @triton.jit
-def _prefetch_rows_l2(base, rows, stride, D: tl.constexpr, BLOCK_D: tl.constexpr):
-    """``prefetch.global.L2`` of every 128-byte line of the given rows (columns < D only)."""
-    EPL: tl.constexpr = 1024 // base.dtype.element_ty.primitive_bitwidth   # elements per 128-byte line
-    LINES: tl.constexpr = max(1, BLOCK_D // EPL)
-    col = tl.minimum(tl.arange(0, LINES) * EPL, D - 1)
-    ptrs = base + rows[:, None] * stride + col[None, :]
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_l2(K, V, k_base, v_base, stride_ks, stride_vs, split, sk, NUM_SPLITS: tl.constexpr,
-                 BLOCK_N: tl.constexpr, TILES: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-    """Request the first ``TILES`` key tiles of this split (dense keys) into L2; rows clamped to the keys."""
-    n_t = tl.cdiv(sk, BLOCK_N)
-    row0 = ((split * n_t) // NUM_SPLITS) * BLOCK_N
-    rows = tl.minimum(row0 + tl.arange(0, TILES * BLOCK_N), sk - 1).to(tl.int64)
-    _prefetch_rows_l2(K + k_base, rows, stride_ks, D, BLOCK_D)
-    _prefetch_rows_l2(V + v_base, rows, stride_vs, DV, BLOCK_DV)
-
-
-@triton.jit
 def attn_fwd(
     Q, K, V, O, LSE, WS_O, WS_LSE, LOCKS, BLOCK_TABLE, SEQLENS_K, CU_Q, CU_K, Q_DESC, K_DESC, V_DESC,
     stride_qb, stride_qs, stride_qh,
@@ -237,10 +210,9 @@ def attn_fwd(
     HAS_MASK: tl.constexpr, MASK_ALL: tl.constexpr, NEVER: tl.constexpr, HAS_SCORE_MOD: tl.constexpr,
     RETURN_LSE: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr,
     LAZY_RESCALE: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr, RAW_MAX: tl.constexpr,
-    PREFETCH_L2: tl.constexpr,
 ):
     ROWS: tl.constexpr = BLOCK_M // PACK          # query rows per tile
-    if PDL and PREFETCH_L2 == 0:
+    if PDL:
         # launched as a programmatic dependent of the previous kernel: wait for it (its writes, e.g. a
         # KV-cache append, are visible after this) before the first read, then let the next kernel
         # (attn_combine, or whatever follows) launch; it waits for this grid's completion itself
@@ -290,14 +262,6 @@ def attn_fwd(
     kvh = (hb * PACK) // GROUP
     k_base += kvh.to(tl.int64) * stride_kh
     v_base += kvh.to(tl.int64) * stride_vh
-    if PDL and PREFETCH_L2 > 0:
-        # dense keys, no seqlens_k (the host guarantees it): nothing above read an input, so this split's
-        # first key tiles can be requested into L2 while the previous kernel drains, before the wait.
-        # Only L2 (coherent with the previous kernel's writes, unlike L1): the tiles are loaded after it.
-        _prefetch_l2(K, V, k_base, v_base, stride_ks, stride_vs, split, sk, NUM_SPLITS, BLOCK_N, PREFETCH_L2,
-                     D, DV, BLOCK_D, BLOCK_DV)
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
 
     r = tl.arange(0, BLOCK_M)
     qrow = blk * ROWS + r // PACK
