@@ -217,8 +217,9 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
     if cfg.warp_specialize and not interpret and not WS_GPU_PROBE:
         raise NotImplementedError(
             "AttnConfig(warp_specialize=True) on a GPU: the warp-specialised walk lowers for sm_90a and "
-            "passes the interpreter tests, but on the H200 (session 3) it stopped with an illegal memory "
-            "access, not yet diagnosed (benchmarks/attention_notes.md, v4); use warp_specialize=False "
+            "passes the interpreter tests, but on the H200 its 128-row tiles stop with an illegal memory "
+            "access and its 64-row tiles, though correct, ran 1.5-1.8x slower than the table's kernel "
+            "(sessions 3 and 9, benchmarks/attention_notes.md); use warp_specialize=False "
             "(tma=True alone runs)")
     fwd = kernels.load("attention_fwd").attn_fwd
     combine = kernels.load("attention_combine").attn_combine
