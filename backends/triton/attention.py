@@ -406,32 +406,79 @@ def compile_for_target(op: Attention, target: str, config: AttnConfig | None = N
            "CU_K": "*i32" if lay is KVLayout.VARLEN else "constexpr",
            **_desc_signature(cfg, elt, consts["BLOCK_D"], consts["BLOCK_DV"])}
     absent = {n: None for n, t in sig.items() if t == "constexpr"}
-    for name in fwd.arg_names[len(sig):]:
-        if name in consts:
-            sig[name] = "constexpr"
-        elif name == "scale":
-            sig[name] = "fp32"
-        else:
-            sig[name] = "i32"
+    scalars = _launch_scalars(op)
+    sig, fconsts, attrs = _as_launched(fwd, sig, {**absent, **consts}, scalars)
     target_obj = GPUTarget("cuda", cc, 32)
     options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=cfg.pdl, **KERNEL_OPTIONS)
     result = {"target": target, "config": cfg.to_json(), "kernels": {}}
     with interpret_env(False):  # lowering never interprets
-        ck = triton.compile(ASTSource(fwd, sig, {**absent, **consts}), target=target_obj, options=options)
+        ck = triton.compile(ASTSource(fwd, sig, fconsts, attrs), target=target_obj, options=options)
         result["kernels"]["attn_fwd"] = _artifact(ck, getattr(ck.metadata, "num_warps", cfg.num_warps))
         if cfg.num_splits > 1 and not cfg.fused_combine:
-            csig = {n: ("*fp32" if n in ("WS_O", "WS_LSE") else ptr if n == "O" else
-                        ("*fp32" if op.return_lse else "constexpr") if n == "LSE" else "i32")
-                    for n in combine.arg_names}
+            csig = {"WS_O": "*fp32", "WS_LSE": "*fp32", "O": ptr, "LSE": "*fp32" if op.return_lse else "constexpr"}
             cconst = _combine_constexprs(op, cfg, consts["BLOCK_DV"])
             if not op.return_lse:
                 cconst["LSE"] = None
-            for n in cconst:
-                csig[n] = "constexpr"
-            cc_k = triton.compile(ASTSource(combine, csig, cconst), target=target_obj,
+            csig, cconst, cattrs = _as_launched(combine, csig, cconst, scalars)
+            cc_k = triton.compile(ASTSource(combine, csig, cconst, cattrs), target=target_obj,
                                   options={"num_warps": 4, "launch_pdl": cconst["PDL"], **KERNEL_OPTIONS})
             result["kernels"]["attn_combine"] = _artifact(cc_k, 4)
     return result
+
+
+def _launch_scalars(op: Attention) -> dict[str, int]:
+    """The integer arguments ``build``'s launches pass for contiguous operands of ``op``'s shapes, by name
+    (strides, lengths, rows), so that ``compile_for_target`` lowers what such a launch runs."""
+    shapes = op.shapes()
+
+    def strides(name: str, n: int) -> tuple[int, ...]:
+        if name not in shapes:
+            return (0,) * n
+        out, acc = [], 1
+        for d in reversed(shapes[name]):
+            out.append(acc)
+            acc *= d
+        return tuple(reversed(out))
+
+    varlen = op.kv_layout is KVLayout.VARLEN
+    if varlen:
+        per = {t: (0,) + strides(t, 3)[:2] for t in ("q", "k", "v", "out")}
+        per["lse"] = (0,) + strides("lse", 2)
+    else:
+        per = {t: strides(t, 4)[:3] for t in ("q", "k", "v", "out")}
+        per["lse"] = strides("lse", 3)
+    names = {"q": "stride_q", "k": "stride_k", "v": "stride_v", "out": "stride_o"}
+    vals = {f"{names[t]}{x}": v for t in names for x, v in zip("bsh", per[t])}
+    vals.update(zip(("stride_lb", "stride_lh", "stride_ls"), per["lse"]))
+    vals.update(zip(("stride_btb", "stride_btp"), strides("block_table", 2)))
+    rows = op.total_q if varlen else op.batch * op.seqlen_q
+    vals.update(batch=op.batch, seqlen_q=op.total_q if varlen else op.seqlen_q, seqlen_k=op.seqlen_k,
+                total_rows=rows)
+    return vals
+
+
+def _as_launched(fn, sig: dict[str, str], consts: dict[str, Any], scalars: dict[str, int]):
+    """``(sig, consts, attrs)`` for ``ASTSource`` with Triton's launch-time specialisation applied: pointers
+    16-byte aligned (as torch allocates), an integer equal to 1 a constant, one divisible by 16 marked so,
+    one past 32 bits an i64; ``scale`` an fp32. Names already in ``sig`` or ``consts`` keep their entry."""
+    sig, consts, attrs = dict(sig), dict(consts), {}
+    for i, name in enumerate(fn.arg_names):
+        if name in consts and name not in sig:
+            sig[name] = "constexpr"
+        elif name in sig:
+            if sig[name].startswith("*"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name == "scale":
+            sig[name] = "fp32"
+        else:
+            v = scalars[name]
+            if v == 1:
+                sig[name], consts[name] = "constexpr", 1
+                continue
+            sig[name] = "i64" if abs(v) >= 1 << 31 else "i32"
+            if v % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, consts, attrs
 
 
 def _desc_signature(cfg: AttnConfig, elt: str, bd: int, bdv: int) -> dict[str, str]:
