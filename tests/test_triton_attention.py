@@ -517,6 +517,16 @@ def test_gpu_split_decode_replayed_in_a_cuda_graph(pdl):
 
 
 @interp
+@pytest.mark.parametrize("scale", [0.8, -0.8], ids=["positive-scale", "negative-scale"])
+def test_both_softmax_paths_match_the_reference(scale):
+    """A positive scale without score_mod takes the row maximum on the raw scores (``RAW_MAX``: one FFMA per
+    score for the exponent); a negative one reverses the order of the scores and takes the scaled path.
+    Both against float64, causal with a partial last tile so the masked walk runs too."""
+    op = make_op(B=2, Sq=37, Sk=53, Hq=4, Hkv=2, D=32, scale=scale, mask_mod=E.causal_mask())
+    check(op, *tensors(op, seed=5))
+
+
+@interp
 @pytest.mark.parametrize("case", ["prefill-causal-fp16", "prefill-window-bf16", "decode-split-fp32", "paged-fp16"])
 def test_lazy_rescale_matches_the_reference(case):
     """``lazy_rescale`` (stale row maxima until a tile raises one by > 2^8) on scores wide enough
