@@ -14,6 +14,7 @@ and the first report lines are kept.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -94,39 +95,34 @@ def run_child(name, index, sanitize):
     return row
 
 
+def _options(ap):
+    ap.add_argument("--sanitize", action="store_true", help="run the small problem under compute-sanitizer memcheck")
+    ap.add_argument("--only", type=lambda v: v.split(","), help="comma-separated problems: small, 4k, 4k-causal")
+    ap.add_argument("--block-m", type=int, help="only the candidates with this block_m")
+    ap.add_argument("--child", nargs=2, metavar=("PROBLEM", "INDEX"), help=argparse.SUPPRESS)
+
+
 def main():
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        print(json.dumps(child(sys.argv[2], int(sys.argv[3]))), flush=True)
+    args = H.parse_args(__doc__, _options)
+    if args.child:
+        print(json.dumps(child(args.child[0], int(args.child[1]))), flush=True)
         return
-    sanitize = "--sanitize" in sys.argv
-    if sanitize:
-        sys.argv.remove("--sanitize")
-    only, block_m = None, None
-    for flag in ("--only", "--block-m"):
-        if flag in sys.argv:
-            i = sys.argv.index(flag)
-            val = sys.argv[i + 1]
-            del sys.argv[i:i + 2]
-            if flag == "--only":
-                only = val.split(",")
-            else:
-                block_m = int(val)
-    args = H.parse_args(__doc__)
     res = H.header(__doc__, 0.0, rows=[])
     for name, op in problems():
-        if only and name not in only:
+        if args.only and name not in args.only:
             continue
         for i, cfg in enumerate(candidates(op)):
-            if block_m and cfg.block_m != block_m:
+            if args.block_m and cfg.block_m != args.block_m:
                 continue
-            row = run_child(name, i, sanitize and name == "small")
+            row = run_child(name, i, args.sanitize and name == "small")
             res["rows"].append(row)
             H.write(res, args.out, "attention-ws-probe", args.tag)   # after every candidate: a timeout loses none
             brief = {k: row.get(k) for k in ("rc", "max_abs_err_vs_float64", "max_abs_diff_vs_table", "us", "table_us")}
             print(name, cfg.block_m, cfg.block_n, cfg.num_stages, brief, flush=True)
             if row["rc"] and "log" in row:
                 print(row["log"][-1500:], flush=True)
-    H.write(res, args.out, "attention-ws-probe", args.tag)
+    if not res["rows"]:
+        H.write(res, args.out, "attention-ws-probe", args.tag)
 
 
 if __name__ == "__main__":

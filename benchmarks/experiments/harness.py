@@ -11,11 +11,14 @@ import torch
 import triton
 
 
-def parse_args(doc: str) -> argparse.Namespace:
-    """``--out DIR`` (default ``$OUT`` or ``benchmarks/results``) and ``--tag T`` (file-name suffix)."""
+def parse_args(doc: str, extra=None) -> argparse.Namespace:
+    """``--out DIR`` (default ``$OUT`` or ``benchmarks/results``) and ``--tag T`` (file-name suffix), plus
+    whatever ``extra(parser)`` adds."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--tag", default="")
+    if extra:
+        extra(ap)
     return ap.parse_args()
 
 
