@@ -125,12 +125,19 @@ def _attend_tiles(acc, l_i, m_i, q, t_begin, t_end,
         if UPCAST:
             kt = kt.to(tl.float32)
         qk = tl.dot(q, kt, input_precision=DOT_PREC)
+        # s in base-2 units up to the factor c: a positive scale keeps the order of the raw scores, so
+        # RAW_MAX leaves them raw (c = scale * log2 e, applied to the row maximum once per row and to each
+        # score inside the exponent's FFMA); otherwise s is fully scaled (c = 1)
         if HAS_SCORE_MOD:
             s = SCORE_MOD(qk * scale, b, h[:, None], qrow[:, None], n[None, :], sq, sk) * LOG2E
         elif RAW_MAX:
-            s = qk  # scaled below, inside the exponent's FFMA
+            s = qk
         else:
             s = qk * (scale * LOG2E)
+        if RAW_MAX:
+            c = scale * LOG2E
+        else:
+            c = 1.0
         if MASKED:
             if WS:  # whole key tiles: the mask alone
                 keep = MASK_MOD(b, h[:, None], qrow[:, None], n[None, :], sq, sk)
@@ -153,19 +160,11 @@ def _attend_tiles(acc, l_i, m_i, q, t_begin, t_end,
                 m_i = m_new
             p = tl.math.exp2(s - tl.where(m_i == NEG_INF, 0.0, m_i)[:, None])
             l_i = l_i + tl.sum(p, 1)
-        elif RAW_MAX:
-            # a positive scale keeps the order of the scores: the row maximum of the raw scores, scaled
-            # once per row, and one FFMA per score for the exponent (instead of an FMUL and an FADD)
-            m_new = tl.maximum(m_i, tl.max(s, 1) * (scale * LOG2E))
-            m_use = tl.where(m_new == NEG_INF, 0.0, m_new)
-            alpha = tl.math.exp2(m_i - m_use)
-            p = tl.math.exp2(s * (scale * LOG2E) - m_use[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
         else:
-            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_new = tl.maximum(m_i, tl.max(s, 1) * c)
             m_use = tl.where(m_new == NEG_INF, 0.0, m_new)
             alpha = tl.math.exp2(m_i - m_use)
-            p = tl.math.exp2(s - m_use[:, None])
+            p = tl.math.exp2(s * c - m_use[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
         # -- accumulate P V
         if WS:
