@@ -394,25 +394,23 @@ def test_compile_for_target_with_programmatic_dependent_launch():
 def test_compile_for_target_lowers_what_a_contiguous_launch_runs():
     """compile_for_target specialises like a launch on contiguous tensors (aligned pointers, strides and
     lengths divisible by 16 marked, integers equal to 1 constant): the D=128 prefill tile then lowers its
-    K/V tiles to 16-byte cp.async copies, not 2-byte loads (what it lowered before the marks), and B=1
-    decode takes batch = seqlen_q = 1 as constants (fewer kernel parameters)."""
+    K/V tiles to 16-byte cp.async copies, not 2-byte loads (what it lowered before the marks); B=1 decode
+    gets batch = seqlen_q = 1 as constants and its 8192 keys marked divisible by 16."""
     import re
 
     from portakern.backends.triton import attention as A
+    from portakern.backends.triton import kernels, tuning
+    from portakern.backends.triton.expr_triton import load_mods
 
     op = make_op(B=4, Sq=4096, Sk=4096, Hq=32, Hkv=32, D=128, dtype=DType.bfloat16)
     ptx = A.compile_for_target(op, "sm_90a")["kernels"]["attn_fwd"]["ptx"]
     assert len(re.findall(r"cp\.async\.c[ga]\.shared\.global\S* \[[^]]*\], \[[^]]*\], 0x10", ptx)) >= 16
     assert "ld.global.b16" not in ptx
-    from portakern.backends.triton import kernels
 
     fwd = kernels.load("attention_fwd").attn_fwd
     dec = make_op(B=1, Sq=1, Sk=8192, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16)
     tensors_ = {n: "*bf16" for n in ("Q", "K", "V", "O")}
     absent = {n: None for n in fwd.arg_names[4:fwd.arg_names.index("stride_qb")]}   # LSE ... V_DESC
-    from portakern.backends.triton import tuning
-    from portakern.backends.triton.expr_triton import load_mods
-
     cx = A._constexprs(dec, tuning.choose(dec, "sm_90", 132), False, load_mods(None, None, False))
     sig, consts, attrs = A._as_launched(fwd, tensors_, {**absent, **cx}, A._launch_scalars(dec))
     assert consts["batch"] == consts["seqlen_q"] == 1 and sig["seqlen_k"] == "i32" and sig["scale"] == "fp32"
