@@ -1,0 +1,128 @@
+"""Host side of the Gluon prefill kernel for sm_90 (``kernels/attention_wgmma.py``).
+
+``blocker(op, arch)`` says why an op cannot run there (None when it can); ``build(op, cfg)`` returns
+the launcher ``kernel(q, k, v, out, lse, aux)``; ``call_blocker`` checks what the signature cannot
+see (TMA's alignment rules on the call's tensors). The kernel covers dense bf16/fp16 prefill with
+``head_dim == head_dim_v`` in {64, 128}, a positive scale, no score_mod, and no mask or exactly the
+library causal mask with ``seqlen_k >= seqlen_q``; everything else stays on ``attn_fwd``.
+
+Descriptors: q, K and V go as 3-D TMA descriptors over ``(B, S, H * D)`` views (heads adjacent,
+last stride 1), so a tile that runs past a batch's last row reads zeros, never the next batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from portakern.errors import InvalidInputError
+from portakern.ir.ops import Attention, KVLayout
+
+from .backend import KERNEL_OPTIONS
+
+QUERY_ROWS = 64          # rows per consumer warpgroup; a program owns two such halves
+HEAD_DIMS = (64, 128)
+
+
+@dataclass(frozen=True)
+class WgmmaConfig:
+    """One launch configuration of ``attn_fwd_wgmma``."""
+
+    block_n: int = 128        # keys per tile
+    stages: int = 2           # K/V ring depth (shared memory: 2 * stages * block_n * D * 2 bytes + q)
+    consumer_regs: int = 240  # setmaxnreg of each consumer warpgroup
+    producer_regs: int = 24   # setmaxnreg of the load warp
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def blocker(op: Attention, arch: str) -> str | None:
+    """Why ``op`` cannot run on this kernel for ``arch`` (None when it can)."""
+    from .expr_triton import analyse_mask
+
+    if arch != "sm_90":
+        return f"needs sm_90 (wgmma), not {arch}"
+    if op.kv_layout is not KVLayout.DENSE or op.has_seqlens_k:
+        return "dense K/V without seqlens_k only"
+    if op.dtype.value not in ("bfloat16", "float16"):
+        return f"bf16/fp16 only, not {op.dtype.value}"
+    if op.head_dim != op.head_dim_v or op.head_dim not in HEAD_DIMS:
+        return f"head_dim == head_dim_v in {HEAD_DIMS} only"
+    if op.score_mod is not None or not op.scale > 0:
+        return "no score_mod and a positive scale only"
+    if op.mask_mod is not None:
+        mb = analyse_mask(op.mask_mod)
+        if not (mb.right == 0 and mb.left is None and not mb.residual and not mb.never):
+            return "no mask or the causal mask only"
+        if op.seqlen_k < op.seqlen_q:
+            return "causal with seqlen_k >= seqlen_q only"
+    return None
+
+
+def is_causal(op: Attention) -> bool:
+    return op.mask_mod is not None
+
+
+def call_blocker(q, k, v) -> str | None:
+    """Why these tensors cannot go through the kernel's 3-D descriptors (None when they can)."""
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        B, S, H, D = a.shape
+        elt = a.element_size()
+        if a.stride(3) != 1 or (H > 1 and a.stride(2) != D):
+            return f"{name} with strides {tuple(a.stride())} has no (B, S, H * D) view (heads adjacent, last stride 1)"
+        if a.data_ptr() % 16 or any((st * elt) % 16 for st in (a.stride(0), a.stride(1))):
+            return f"{name} breaks TMA's 16-byte alignment (base {a.data_ptr():#x}, strides {tuple(a.stride())})"
+    return None
+
+
+def descriptors(q, k, v, block_n: int):
+    """The 3-D host descriptors of ``attn_fwd_wgmma``: q with ``(1, QUERY_ROWS, D)`` blocks, K and V
+    with ``(1, block_n, D)``."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    def desc(a, rows):
+        B, S, H, D = a.shape
+        elt = gl.bfloat16 if str(a.dtype) == "torch.bfloat16" else gl.float16
+        block = [1, rows, D]
+        lay = gl.NVMMASharedLayout.get_default_for(block, elt)
+        return TensorDescriptor(a, [B, S, H * D], [a.stride(0), a.stride(1), 1], block, lay)
+
+    return desc(q, QUERY_ROWS), desc(k, block_n), desc(v, block_n)
+
+
+def constexprs(op: Attention, cfg: WgmmaConfig) -> dict[str, Any]:
+    """The compile-time arguments of ``attn_fwd_wgmma`` for ``op`` under ``cfg``."""
+    return dict(QR=QUERY_ROWS, BN=cfg.block_n, D=op.head_dim, DV=op.head_dim_v, STAGES=cfg.stages,
+                CAUSAL=is_causal(op), RETURN_LSE=op.return_lse, CONSUMER_REGS=cfg.consumer_regs,
+                PRODUCER_REGS=cfg.producer_regs)
+
+
+def grid(op: Attention) -> tuple[int, int]:
+    return (-(-op.seqlen_q // (2 * QUERY_ROWS)), op.batch * op.heads_q)
+
+
+def build(op: Attention, cfg: WgmmaConfig) -> Callable[..., None]:
+    """The launcher ``kernel(q, k, v, out, lse, aux)``; raises ``InvalidInputError`` for tensors the
+    descriptors cannot take (``call_blocker``); the caller decides whether to fall back."""
+    from . import kernels
+
+    fn = kernels.load("attention_wgmma").attn_fwd_wgmma
+    consts = constexprs(op, cfg)
+    g = grid(op)
+
+    def kernel(q, k, v, out, lse, aux=None) -> None:
+        why = call_blocker(q, k, v)
+        if why:
+            raise InvalidInputError(f"triton attention (wgmma prefill): {why}; pass contiguous tensors")
+        qd, kd, vd = descriptors(q, k, v, cfg.block_n)
+        sl = lse.stride() if lse is not None else (0, 0, 0)
+        fn[g](qd, kd, vd, out, lse, out.stride(0), out.stride(1), out.stride(2), *sl,
+              op.heads_q, op.group_size, op.seqlen_q, op.seqlen_k, op.scale,
+              **consts, num_warps=4, **KERNEL_OPTIONS)
+
+    kernel.__name__ = f"triton_attention_wgmma_{op.content_hash()}"
+    kernel.config = cfg
+    kernel.workspace_bytes = 0
+    return kernel

@@ -1,0 +1,221 @@
+"""Dense prefill attention for sm_90 (Gluon): a TMA producer warp and two consumer warpgroups.
+
+The ``@triton.jit`` kernel (``attention_fwd.py``) runs each warpgroup's softmax and its wgmma in
+sequence, and Triton 3.6 keeps the two warpgroups of a program in step; its tensor pipe is ~47%
+busy at D=128 (benchmarks/attention_notes.md, session 9). This kernel is written in Gluon so the
+schedule is ours:
+
+* one program = ``2 * QR`` query rows of one (batch, query head); partition 0 (the default, 4
+  warps) and partition 1 (4 warps) each own ``QR = 64`` rows, partition 2 (one warp) issues every
+  TMA load: the two query halves once, then K and V tiles through a ring of ``STAGES`` buffers
+  (``k_ready``/``v_ready`` per stage, ``kv_empty`` released by both consumers);
+* the consumers share nothing but the ring, so they drift apart and one's softmax runs while the
+  other's wgmma uses the tensor cores;
+* within a consumer, tile t's scores ``q k_t^T`` and tile t-1's ``P v_{t-1}`` are both in flight
+  while the softmax of tile t-1's successor waits only for the scores (FA3's intra-warpgroup
+  overlap): issue S_t, issue PV_{t-1}, wait S_t, softmax(S_t), wait PV_{t-1}, rescale.
+
+Row maximum on the raw scores (positive ``scale``): ``p = exp2(s * c - m * c)`` with
+``c = scale * log2(e)``. Causal is bottom-right aligned (key n visible to row r iff
+``n <= r + seqlen_k - seqlen_q``); the host admits it only for ``seqlen_k >= seqlen_q``, so every
+program sees at least one key. Keys past ``seqlen_k`` (the last tile, and rows of the next batch
+that a 3-D descriptor never returns: it zero-fills past each batch's end) are masked to -inf.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+NEG_INF = gl.constexpr(float("-inf"))
+LN2 = gl.constexpr(0.6931471805599453)
+
+if hasattr(tma, "async_load"):       # Triton 3.9 (3.6's name below was removed there)
+    @gluon.jit
+    def _tma_load(desc, b, row, col, bar, dst):
+        tma.async_load(desc, [b, row, col], bar, dst)
+else:                                # Triton 3.6
+    @gluon.jit
+    def _tma_load(desc, b, row, col, bar, dst):
+        tma.async_copy_global_to_shared(desc, [b, row, col], bar, dst)
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty,
+                    b, q_col, kv_col, m0, n_tiles, QR: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr):
+    """Producer: the program's two query halves, then K and V of every tile through the ring."""
+    # -- phase 1: queries (one barrier for both halves)
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    _tma_load(q_desc, b, m0, q_col, q_bar, q_smem.index(0))
+    _tma_load(q_desc, b, m0 + QR, q_col, q_bar, q_smem.index(1))
+    # -- phase 2: key/value tiles; a stage is refilled once both consumers released it
+    for t in range(n_tiles):
+        s = t % STAGES
+        mbarrier.wait(kv_empty.index(s), ((t // STAGES) & 1) ^ 1)
+        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+        _tma_load(k_desc, b, t * BN, kv_col, k_ready.index(s), k_smem.index(s))
+        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+        _tma_load(v_desc, b, t * BN, kv_col, v_ready.index(s), v_smem.index(s))
+
+
+@gluon.jit
+def _masked(s, t, r0, sk, delta, QR: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr,
+            s_layout: gl.constexpr):
+    """Scores of tile ``t`` with invisible keys at -inf (past ``sk``; above the causal diagonal)."""
+    cols = t * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+    ok = (cols < sk)[None, :]
+    if CAUSAL:
+        rows = r0 + gl.arange(0, QR, layout=gl.SliceLayout(1, s_layout))
+        ok = ok & (cols[None, :] <= (rows + delta)[:, None])
+    return gl.where(ok, s, NEG_INF)
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, c):
+    """Online-softmax update for one tile of raw scores: ``(p, m_new, l_new, alpha)``."""
+    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    m_use = gl.where(m_new == NEG_INF, 0.0, m_new)        # a row with no visible key yet
+    mc = m_use * c
+    p = gl.exp2(s * c - mc[:, None])
+    alpha = gl.exp2(m_i * c - mc)                            # 0 on a row's first visible tile
+    return p, m_new, l_i * alpha + gl.sum(p, axis=1), alpha
+
+
+@gluon.jit
+def _consumer(half, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, O, LSE,
+              so_b, so_s, so_h, sl_b, sl_h, sl_s, b, h, m0, sq, sk, n_tiles, scale,
+              QR: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, DV: gl.constexpr,
+              STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr):
+    """One warpgroup's ``QR`` rows: the key walk with scores one tile ahead of ``P V``, then the store."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DV, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    c = scale * 1.4426950408889634
+    r0 = m0 + half * QR
+    delta = sk - sq
+    # tiles that need a mask: the last partial one, and (causal) those crossing this half's diagonal
+    n_free = sk // BN
+    if CAUSAL:
+        n_free = gl.minimum(n_free, (r0 + delta + 1) // BN)
+
+    # -- prologue: scores and softmax of tile 0
+    q = q_smem.index(half).reshape([QR, D])
+    zero_s = gl.zeros([QR, BN], gl.float32, s_layout)
+    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(k_ready.index(0), 0)
+    s_tok = warpgroup_mma(q, k_smem.index(0).reshape([BN, D]).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=(s_tok,))
+    if n_free < 1:
+        s = _masked(s, 0, r0, sk, delta, QR, BN, CAUSAL, s_layout)
+    m_i = gl.full([QR], NEG_INF, gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([QR], gl.float32, gl.SliceLayout(1, s_layout))
+    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, c)
+    p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
+    acc = gl.zeros([QR, DV], gl.float32, o_layout)
+
+    # -- main loop: S_t and PV_{t-1} in flight together; softmax of S_t under PV_{t-1}
+    for t in range(1, n_tiles):
+        st = t % STAGES
+        pt = (t - 1) % STAGES
+        mbarrier.wait(k_ready.index(st), (t // STAGES) & 1)
+        s_tok = warpgroup_mma(q, k_smem.index(st).reshape([BN, D]).permute((1, 0)), zero_s, use_acc=False,
+                              is_async=True)
+        mbarrier.wait(v_ready.index(pt), ((t - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p_op, v_smem.index(pt).reshape([BN, DV]), acc, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s_tok,))
+        if t >= n_free:
+            s = _masked(s, t, r0, sk, delta, QR, BN, CAUSAL, s_layout)
+        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, c)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        mbarrier.arrive(kv_empty.index(pt))
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
+
+    # -- the last tile's P V
+    lt = n_tiles - 1
+    mbarrier.wait(v_ready.index(lt % STAGES), (lt // STAGES) & 1)
+    acc = warpgroup_mma(p_op, v_smem.index(lt % STAGES).reshape([BN, DV]), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(acc,))
+    mbarrier.arrive(kv_empty.index(lt % STAGES))
+
+    # -- epilogue: normalise, store the rows inside seqlen_q
+    l_o = gl.convert_layout(l_i, row_o)
+    out = acc / l_o[:, None]
+    rows = r0 + gl.arange(0, QR, layout=row_o)
+    cols = gl.arange(0, DV, layout=gl.SliceLayout(0, o_layout))
+    base = O + b.to(gl.int64) * so_b + h.to(gl.int64) * so_h
+    ptrs = base + rows.to(gl.int64)[:, None] * so_s + cols[None, :]
+    gl.store(ptrs, out.to(O.dtype.element_ty), mask=(rows < sq)[:, None])
+    if RETURN_LSE:
+        lse_rows = r0 + gl.arange(0, QR, layout=gl.SliceLayout(1, s_layout))
+        lse = (m_i * c + gl.log2(l_i)) * LN2
+        lbase = LSE + b.to(gl.int64) * sl_b + h.to(gl.int64) * sl_h
+        gl.store(lbase + lse_rows.to(gl.int64) * sl_s, lse, mask=lse_rows < sq)
+
+
+@gluon.jit
+def _consumer_1(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, O, LSE,
+                so_b, so_s, so_h, sl_b, sl_h, sl_s, b, h, m0, sq, sk, n_tiles, scale,
+                QR: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, DV: gl.constexpr,
+                STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr):
+    """The second consumer warpgroup (rows ``QR .. 2 QR`` of the program)."""
+    _consumer(1, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, O, LSE,
+              so_b, so_s, so_h, sl_b, sl_h, sl_s, b, h, m0, sq, sk, n_tiles, scale,
+              QR, BN, D, DV, STAGES, CAUSAL, RETURN_LSE)
+
+
+@gluon.jit
+def _consumer_0(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, O, LSE,
+                so_b, so_s, so_h, sl_b, sl_h, sl_s, b, h, m0, sq, sk, n_tiles, scale,
+                QR: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, DV: gl.constexpr,
+                STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr):
+    """The first consumer warpgroup (rows ``0 .. QR``), run by the default partition."""
+    _consumer(0, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, O, LSE,
+              so_b, so_s, so_h, sl_b, sl_h, sl_s, b, h, m0, sq, sk, n_tiles, scale,
+              QR, BN, D, DV, STAGES, CAUSAL, RETURN_LSE)
+
+
+@gluon.jit
+def attn_fwd_wgmma(q_desc, k_desc, v_desc, O, LSE,
+                   so_b, so_s, so_h, sl_b, sl_h, sl_s,
+                   HQ, GROUP, sq, sk, scale,
+                   QR: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, DV: gl.constexpr,
+                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
+                   CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    """Grid ``(cdiv(sq, 2 QR), B * HQ)``; ``q_desc`` is 3-D over ``(B, Sq, HQ * D)`` with block
+    ``(1, QR, D)``, ``k_desc``/``v_desc`` over ``(B, Sk, HKV * D)`` with block ``(1, BN, D)``;
+    ``O`` is ``(B, Sq, HQ, DV)`` (strides ``so_*``, last 1), ``LSE`` ``(B, HQ, Sq)`` when returned."""
+    # -- which rows: the heaviest causal programs (last query rows) start first
+    n_m = gl.num_programs(0)
+    m0 = (n_m - 1 - gl.program_id(0)) * (2 * QR)
+    bh = gl.program_id(1)
+    b = bh // HQ
+    h = bh % HQ
+    n_tiles = gl.cdiv(sk, BN)
+    if CAUSAL:
+        n_tiles = gl.minimum(n_tiles, gl.cdiv(m0 + 2 * QR + sk - sq, BN))
+
+    # -- shared memory: the query halves, the K/V ring, barriers
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=2)
+
+    gl.warp_specialize([
+        (_consumer_0, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, O, LSE,
+                       so_b, so_s, so_h, sl_b, sl_h, sl_s, b, h, m0, sq, sk, n_tiles, scale,
+                       QR, BN, D, DV, STAGES, CAUSAL, RETURN_LSE)),
+        (_consumer_1, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, O, LSE,
+                       so_b, so_s, so_h, sl_b, sl_h, sl_s, b, h, m0, sq, sk, n_tiles, scale,
+                       QR, BN, D, DV, STAGES, CAUSAL, RETURN_LSE)),
+        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty,
+                           b, h * D, (h // GROUP) * D, m0, n_tiles, QR, BN, STAGES))],
+                       [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

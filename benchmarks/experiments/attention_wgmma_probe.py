@@ -1,0 +1,117 @@
+"""Gluon sm_90 prefill (kernels/attention_wgmma.py) against float64, the table's attn_fwd and cuDNN.
+
+``--phase check``: small dense cases (partial tiles, GQA, causal with seqlen_k > seqlen_q, LSE) against
+a float64 reference with an explicit mask. ``--phase bench``: the prefill rows of benchmarks/attention.py
+(D = 64, 128) timed for the table's attn_fwd, each WgmmaConfig candidate (checked against the table's
+output first), cuDNN and flash SDPA in the same process; TFLOP/s and ratios to cuDNN. JSON under --out.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))   # benchmarks/ for attention.py
+import harness  # noqa: E402
+from attention import bench_ms, prefill, sdpa_fns, table_config  # noqa: E402
+from portakern.backends.triton import attention as A  # noqa: E402
+from portakern.backends.triton import attention_wgmma as W  # noqa: E402
+from portakern.devices import torch_device  # noqa: E402
+from portakern.ir import Attention, DType  # noqa: E402
+from portakern.ir import expr as E  # noqa: E402
+
+CANDIDATES = [W.WgmmaConfig(), W.WgmmaConfig(block_n=64, stages=3), W.WgmmaConfig(block_n=64, stages=4),
+              W.WgmmaConfig(block_n=128, stages=2, consumer_regs=232)]
+
+
+def reference(op: Attention, q, k, v):
+    """float64 output (B, Sq, Hq, D) and LSE (B, Hq, Sq) with the causal mask spelled out."""
+    g = op.group_size
+    qd, kd, vd = (t.double().transpose(1, 2) for t in (q, k, v))
+    kd, vd = kd.repeat_interleave(g, 1), vd.repeat_interleave(g, 1)
+    s = qd @ kd.transpose(-1, -2) * op.scale
+    if op.mask_mod is not None:
+        m = torch.arange(op.seqlen_q, device=q.device)[:, None]
+        n = torch.arange(op.seqlen_k, device=q.device)[None, :]
+        s = s.masked_fill(~(n <= m + op.seqlen_k - op.seqlen_q), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    return (torch.softmax(s, -1) @ vd).transpose(1, 2), lse
+
+
+def check(dev) -> list[dict]:
+    cases = [(2, 300, 300, 4, 2, 128, False), (2, 300, 300, 4, 2, 128, True), (1, 200, 700, 8, 1, 128, True),
+             (2, 257, 513, 4, 4, 64, False), (1, 128, 128, 2, 2, 64, True), (1, 1000, 1000, 2, 1, 128, True)]
+    rows = []
+    for B, Sq, Sk, Hq, Hkv, D, causal in cases:
+        for dt in (DType.bfloat16, DType.float16):
+            op = Attention(batch=B, seqlen_q=Sq, seqlen_k=Sk, heads_q=Hq, heads_kv=Hkv, head_dim=D, head_dim_v=D,
+                           dtype=dt, scale=1 / math.sqrt(D), mask_mod=E.causal_mask() if causal else None,
+                           return_lse=True)
+            assert W.blocker(op, "sm_90") is None, W.blocker(op, "sm_90")
+            q, k, v, out, lse, aux = A.random_inputs(op, torch.device("cuda"), seed=1)
+            out.fill_(float("nan"))
+            lse.fill_(float("nan"))
+            ref, ref_lse = reference(op, q, k, v)
+            for cfg in CANDIDATES[:3]:
+                W.build(op, cfg)(q, k, v, out, lse, aux)
+                torch.cuda.synchronize()
+                err = (out.double() - ref).abs().max().item()
+                lerr = (lse.double() - ref_lse).abs().max().item()
+                ok = err < 2e-2 and lerr < 1e-3
+                rows.append(dict(case=[B, Sq, Sk, Hq, Hkv, D, causal, dt.value], config=cfg.to_json(),
+                                 max_err=err, lse_err=lerr, ok=ok))
+                print(f"check {B} {Sq:5d} {Sk:5d} {Hq}/{Hkv} D{D} causal={causal:d} {dt.value:8s} "
+                      f"BN{cfg.block_n} st{cfg.stages}: err {err:.2e} lse {lerr:.2e} {'ok' if ok else 'FAIL'}",
+                      flush=True)
+    return rows
+
+
+def bench(dev) -> list[dict]:
+    rows = []
+    for D, H in ((128, 32), (64, 32)):
+        for S, B in ((4096, 4), (16384, 1), (1024, 16)):
+            for causal in (False, True):
+                op = prefill(B, S, H, D, causal)
+                flops = 4 * B * H * S * S * D / (2 if causal else 1)
+                q, k, v, out, lse, aux = A.random_inputs(op, torch.device("cuda"))
+                table = A.build(op, dev, table_config(op, dev))
+                t_table = bench_ms(lambda: table(q, k, v, out, lse, aux)) * 1e3
+                ref = out.clone()
+                row = dict(shape=[B, S, H, D, causal], table_us=t_table, wgmma={})
+                for name in ("cudnn", "flash"):
+                    f = sdpa_fns(op, [(q, k, v)], name)[0]
+                    row[f"{name}_us"] = bench_ms(f) * 1e3
+                for cfg in CANDIDATES:
+                    kern = W.build(op, cfg)
+                    out.fill_(float("nan"))
+                    kern(q, k, v, out, lse, aux)
+                    err = (out.float() - ref.float()).abs().max().item()
+                    t = bench_ms(lambda: kern(q, k, v, out, lse, aux)) * 1e3 if err < 2e-2 else f"ERR {err:.3g}"
+                    row["wgmma"][f"BN{cfg.block_n}-st{cfg.stages}-r{cfg.consumer_regs}"] = t
+                best = min((t for t in row["wgmma"].values() if isinstance(t, float)), default=float("nan"))
+                tf = lambda us: flops / (us * 1e-6) / 1e12  # noqa: E731
+                print(f"bench B{B} S{S:6d} D{D} causal={causal:d}: table {tf(t_table):5.0f} wgmma best {tf(best):5.0f} "
+                      f"cudnn {tf(row['cudnn_us']):5.0f} flash {tf(row['flash_us']):5.0f} TFLOP/s | "
+                      f"wgmma/cudnn {row['cudnn_us'] / best:.2f} table/cudnn {row['cudnn_us'] / t_table:.2f} | "
+                      + " ".join(f"{k} {v if isinstance(v, str) else round(tf(v))}" for k, v in row["wgmma"].items()),
+                      flush=True)
+                rows.append(row)
+                del q, k, v, out, lse
+    return rows
+
+
+def main() -> None:
+    args = harness.parse_args(__doc__, lambda ap: ap.add_argument("--phase", choices=("check", "bench"), required=True))
+    dev = torch_device("cuda", 0)
+    res = harness.header(__doc__, 0.0, rows=[])
+    res["rows"] = check(dev) if args.phase == "check" else bench(dev)
+    harness.write(res, args.out, f"attention-wgmma-{args.phase}", args.tag)
+    if args.phase == "check" and not all(r["ok"] for r in res["rows"]):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
