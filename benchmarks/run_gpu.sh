@@ -8,7 +8,10 @@
 #   conformance     triton on cuda:0, gpu tier (which includes every cpu-tier case), all cores;
 #                   $CASES (comma-separated globs) restricts it to some cases
 #   gemv-tests      the GPU tests of the quantized GEMV (every packing, forced configs, graphs)
-#   attention-tests the GPU tests of the attention kernels (split decode replayed in a CUDA graph)
+#   attention-tests the GPU tests of the attention kernels (split decode replayed in a CUDA graph, TMA,
+#                   the Gluon prefill kernel)
+#   wgmma-probe     benchmarks/experiments/attention_wgmma_probe.py: the Gluon prefill kernel against
+#                   float64, then its tiles against attn_fwd, cuDNN and flash
 #   gemv-sweep      benchmarks/gemv.py --sweep over dq 2/3 and both operand orders, M 1 4 16
 #   gemv-bench      benchmarks/gemv.py with the tables (no sweep)
 #   gemv-rows-sweep benchmarks/gemv.py --sweep at M=1 over both tile families (group_rows 0/1), the
@@ -58,7 +61,11 @@ for s in "$@"; do
             --tier gpu --jobs 0 --no-progress ${CASES:+--cases "$CASES"} --report "$RES/conformance-triton-h200-gpu$TAG.json" \
             --markdown "$RES/conformance-triton-h200-gpu$TAG.md" ;;
         gemv-tests) step gemv-tests python3 -m pytest -q -p no:cacheprovider tests/test_triton_gemv.py -k gpu ;;
-        attention-tests) step attention-tests python3 -m pytest -q -p no:cacheprovider tests/test_triton_attention.py -k gpu ;;
+        attention-tests) step attention-tests python3 -m pytest -q -p no:cacheprovider tests/test_triton_attention.py \
+            tests/test_triton_attention_tma.py tests/test_triton_attention_wgmma.py -k gpu ;;
+        wgmma-probe) step wgmma-probe bash -c "python3 benchmarks/experiments/attention_wgmma_probe.py --phase check \
+            --tag='$TAG' --out '$RES' && python3 benchmarks/experiments/attention_wgmma_probe.py --phase bench \
+            --tag='$TAG' --out '$RES'" ;;
         gemv-sweep) step gemv-sweep python3 benchmarks/gemv.py --sweep --ms 1 4 16 --dq 2 3 --swap both \
             --tag="$TAG" --out "$RES" ;;
         gemv-bench) step gemv-bench python3 benchmarks/gemv.py --tag="$TAG" --out "$RES" ;;

@@ -356,7 +356,7 @@ def test_compile_for_target(target, op, needle):
     from portakern.backends.triton import attention as A
 
     art = A.compile_for_target(make_op(**op), target)
-    fwd = art["kernels"]["attn_fwd"]
+    fwd = art["kernels"]["attn_fwd_wgmma" if art["config"]["wgmma"] else "attn_fwd"]   # sm_90a prefill: Gluon
     assert isinstance(fwd["cubin"], bytes) and len(fwd["cubin"]) > 1000
     assert needle in fwd["ptx"]
     cfg = art["config"]
@@ -403,7 +403,8 @@ def test_compile_for_target_lowers_what_a_contiguous_launch_runs():
     from portakern.backends.triton.expr_triton import load_mods
 
     op = make_op(B=4, Sq=4096, Sk=4096, Hq=32, Hkv=32, D=128, dtype=DType.bfloat16)
-    ptx = A.compile_for_target(op, "sm_90a")["kernels"]["attn_fwd"]["ptx"]
+    cfg = tuning.choose(op, "sm_90", 132, wgmma=False)   # attn_fwd's tile (the table runs the Gluon kernel)
+    ptx = A.compile_for_target(op, "sm_90a", cfg)["kernels"]["attn_fwd"]["ptx"]
     assert len(re.findall(r"cp\.async\.c[ga]\.shared\.global\S* \[[^]]*\], \[[^]]*\], 0x10", ptx)) >= 16
     assert "ld.global.b16" not in ptx
 

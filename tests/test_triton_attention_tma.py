@@ -147,7 +147,7 @@ def _lower(op, **cfg_kw):
     from portakern.backends.triton import attention as A
     from portakern.backends.triton import tuning
 
-    cfg = replace(tuning.choose(op, "sm_90", 132), **cfg_kw)
+    cfg = replace(tuning.choose(op, "sm_90", 132, wgmma=False), **cfg_kw)
     art = A.compile_for_target(op, "sm_90a", cfg)
     assert art["config"] == cfg.to_json()
     return art["kernels"]["attn_fwd"]
@@ -261,7 +261,7 @@ def test_config_round_trips_table_and_autotuning_offer_tma_but_not_the_warp_spec
             tuning.check_tma(op, c, "sm_90")
         assert not any(c.tma for c in tuning.candidates(op, "sm_80", 108))
     op = make_op(**PREFILL, mask_mod=E.causal_mask())
-    tc = tuning.tma_candidates(op, tuning.choose(op, "sm_90", 132), "sm_90")
+    tc = tuning.tma_candidates(op, tuning.choose(op, "sm_90", 132, wgmma=False), "sm_90")
     ws = [c for c in tc if c.warp_specialize]
     assert ws and all(c.tma and c.num_warps == 4 and c.num_stages == 2 for c in ws)
     dec = make_op(B=1, Sq=1, Sk=32768, Hq=32, Hkv=8, D=256, dtype=DType.bfloat16)
@@ -290,7 +290,7 @@ def test_gpu_tma_matches_the_reference_and_the_warp_specialized_walk_is_refused(
     op = make_op(B=2, Sq=384, Sk=512, Hq=4, Hkv=2, D=D, dtype=DType.bfloat16, return_lse=False,
                  mask_mod=E.causal_mask() if causal else None)
     arch, sms = A._device_arch(dev)
-    cfg = replace(tuning.choose(op, arch, sms), tma=True)
+    cfg = replace(tuning.choose(op, arch, sms, wgmma=False), tma=True)
     cuda = torch.device(str(dev))
     q, k, v = tensors(op, seed=3)
     ref_out, _ = run_reference(op, q, k, v)

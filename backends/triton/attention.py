@@ -5,6 +5,10 @@ KV; ``kernels/attention_combine.py`` merges KV splits. ``score_mod`` / ``mask_mo
 Triton source by ``expr_triton`` and passed to the kernel as constexpr functions; library
 causal/window terms of the mask are recognised so key tiles outside them are skipped.
 
+On sm_90 the table runs dense bf16/fp16 prefill at head dims 64 and 128 on a second kernel,
+``kernels/attention_wgmma.py`` (Gluon: a TMA load warp and two consumer warpgroups with their own
+schedule; host side ``attention_wgmma.py``, ``AttnConfig.wgmma``, table ``tuning.WGMMA_TABLE``).
+
 Split-KV (decode, when the query tiles alone do not fill the GPU): the keys of each query tile are
 split ``num_splits`` ways; each split writes a float32 partial output and LSE, and either the
 separate ``attn_combine`` kernel or the last split to finish (in the same launch) merges them
@@ -214,6 +218,9 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
     arch = _device_arch(device)[0]
     tuning.check_pdl(cfg, arch)
     tuning.check_tma(op, cfg, arch)
+    tuning.check_wgmma(op, cfg, arch)
+    if cfg.wgmma:
+        return _build_wgmma(op, device, cfg, arch)
     if cfg.warp_specialize and not interpret and not WS_GPU_PROBE:
         raise NotImplementedError(
             "AttnConfig(warp_specialize=True) on a GPU: the warp-specialised walk lowers for sm_90a and "
@@ -280,6 +287,25 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
     kernel.__name__ = f"triton_attention_{op.content_hash()}"
     kernel.config = cfg
     kernel.workspace_bytes = tuning.workspace_bytes(op, cfg)
+    return kernel
+
+
+def _build_wgmma(op: Attention, device: Device, cfg: AttnConfig, arch: str) -> Callable[..., None]:
+    """The Gluon prefill kernel (``attention_wgmma``) behind the same per-call checks as ``attn_fwd``;
+    calls whose tensors its descriptors cannot take run the ``attn_fwd`` table configuration."""
+    from . import attention_wgmma
+
+    shapes = op.shapes()
+
+    def check(q, k, v, out, lse, aux) -> None:
+        _check(op, shapes, q, k, v, out, lse)
+        _require(op, *((aux or {}).get(n) for n in ("block_table", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k")))
+
+    kernel = attention_wgmma.build(op, cfg, check, lambda: build(op, device, tuning.choose(
+        op, arch, _device_arch(device)[1], wgmma=False)))
+    kernel.__name__ = f"triton_attention_{op.content_hash()}"
+    kernel.config = cfg
+    kernel.workspace_bytes = 0
     return kernel
 
 
@@ -367,7 +393,8 @@ def compile_for_target(op: Attention, target: str, config: AttnConfig | None = N
     "num_warps": int}}}``; ``attn_combine`` is included when the configuration splits the keys
     without fusing the merge. ``num_warps`` is the launch's warp count (``3 * config.num_warps``
     when Triton warp-specialised the key loop). With ``config.tma`` the TMA kernel is lowered (the
-    pointer fallback of calls with misaligned K/V is ``tma=False``).
+    pointer fallback of calls with misaligned K/V is ``tma=False``); with ``config.wgmma`` the Gluon
+    kernel ``attn_fwd_wgmma`` (12 warps), whose fallback is ``tuning.choose(..., wgmma=False)``.
     """
     try:
         cc = _TARGETS[target]
@@ -380,6 +407,7 @@ def compile_for_target(op: Attention, target: str, config: AttnConfig | None = N
     if config is not None:
         tuning.check_pdl(config, arch)
         tuning.check_tma(op, config, arch)
+        tuning.check_wgmma(op, config, arch)
     if kernels.interpreted():  # this process's triton library is the interpreter's: lower elsewhere
         return _compile_in_subprocess(op, target, config)
     import triton
@@ -389,6 +417,10 @@ def compile_for_target(op: Attention, target: str, config: AttnConfig | None = N
     from .expr_triton import load_mods
 
     cfg = config or tuning.choose(op, arch, tuning.DEFAULT_SMS.get(arch, 132))
+    if cfg.wgmma:
+        from . import attention_wgmma
+
+        return {"target": target, "config": cfg.to_json(), "kernels": attention_wgmma.compile_for_target(op, cfg, cc)}
     consts = _constexprs(op, cfg, False, load_mods(op.score_mod, op.mask_mod, False))
     fwd = kernels.load("attention_fwd").attn_fwd
     combine = kernels.load("attention_combine").attn_combine

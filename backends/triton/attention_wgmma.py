@@ -1,8 +1,10 @@
 """Host side of the Gluon prefill kernel for sm_90 (``kernels/attention_wgmma.py``).
 
-``blocker(op, arch)`` says why an op cannot run there (None when it can); ``build(op, cfg)`` returns
-the launcher ``kernel(q, k, v, out, lse, aux)``; ``call_blocker`` checks what the signature cannot
-see (TMA's alignment rules on the call's tensors). The kernel covers dense bf16/fp16 prefill with
+``blocker(op, arch)`` says why an op cannot run there (None when it can); ``build`` returns the
+launcher ``kernel(q, k, v, out, lse, aux)`` for an ``AttnConfig`` with ``wgmma`` (its ``block_n`` and
+``num_stages`` are the key tile and the K/V ring depth; 128 query rows and 4 + 4 + 1 warps are fixed);
+``call_blocker`` checks what the signature cannot see (TMA's alignment rules on the call's tensors);
+``compile_for_target`` lowers the kernel without a GPU. The kernel covers dense bf16/fp16 prefill with
 ``head_dim == head_dim_v`` in {64, 128}, a positive scale, no score_mod, and no mask or exactly the
 library causal mask with ``seqlen_k >= seqlen_q``; everything else stays on ``attn_fwd``.
 
@@ -12,29 +14,17 @@ last stride 1), so a tile that runs past a batch's last row reads zeros, never t
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import warnings
 from typing import Any, Callable
 
-from portakern.errors import InvalidInputError
 from portakern.ir.ops import Attention, KVLayout
 
 from .backend import KERNEL_OPTIONS
 
 QUERY_ROWS = 64          # rows per consumer warpgroup; a program owns two such halves
 HEAD_DIMS = (64, 128)
-
-
-@dataclass(frozen=True)
-class WgmmaConfig:
-    """One launch configuration of ``attn_fwd_wgmma``."""
-
-    block_n: int = 128        # keys per tile
-    stages: int = 2           # K/V ring depth (shared memory: 2 * stages * block_n * D * 2 bytes + q)
-    consumer_regs: int = 240  # setmaxnreg of each consumer warpgroup
-    producer_regs: int = 24   # setmaxnreg of the load warp
-
-    def to_json(self) -> dict:
-        return asdict(self)
+CONSUMER_REGS = 240      # setmaxnreg of each consumer warpgroup (232 was no better on the H200, session 10)
+PRODUCER_REGS = 24       # setmaxnreg of the load warp
 
 
 def blocker(op: Attention, arch: str) -> str | None:
@@ -92,37 +82,97 @@ def descriptors(q, k, v, block_n: int):
     return desc(q, QUERY_ROWS), desc(k, block_n), desc(v, block_n)
 
 
-def constexprs(op: Attention, cfg: WgmmaConfig) -> dict[str, Any]:
-    """The compile-time arguments of ``attn_fwd_wgmma`` for ``op`` under ``cfg``."""
-    return dict(QR=QUERY_ROWS, BN=cfg.block_n, D=op.head_dim, DV=op.head_dim_v, STAGES=cfg.stages,
-                CAUSAL=is_causal(op), RETURN_LSE=op.return_lse, CONSUMER_REGS=cfg.consumer_regs,
-                PRODUCER_REGS=cfg.producer_regs)
+def constexprs(op: Attention, cfg) -> dict[str, Any]:
+    """The compile-time arguments of ``attn_fwd_wgmma`` for ``op`` under ``cfg`` (an ``AttnConfig``
+    with ``wgmma``: its ``block_n`` and ``num_stages`` are the key tile and the ring depth)."""
+    return dict(QR=QUERY_ROWS, BN=cfg.block_n, D=op.head_dim, DV=op.head_dim_v, STAGES=cfg.num_stages,
+                CAUSAL=is_causal(op), RETURN_LSE=op.return_lse, CONSUMER_REGS=CONSUMER_REGS,
+                PRODUCER_REGS=PRODUCER_REGS)
 
 
 def grid(op: Attention) -> tuple[int, int]:
     return (-(-op.seqlen_q // (2 * QUERY_ROWS)), op.batch * op.heads_q)
 
 
-def build(op: Attention, cfg: WgmmaConfig) -> Callable[..., None]:
-    """The launcher ``kernel(q, k, v, out, lse, aux)``; raises ``InvalidInputError`` for tensors the
-    descriptors cannot take (``call_blocker``); the caller decides whether to fall back."""
+def build(op: Attention, cfg, check: Callable[..., None], fallback: Callable[[], Callable[..., None]]):
+    """The launcher ``kernel(q, k, v, out, lse, aux)``: ``check`` (the backend's per-call checks) first;
+    tensors the descriptors cannot take (``call_blocker``) run ``fallback()``'s kernel instead, built on
+    the first such call, with a RuntimeWarning naming the reason."""
     from . import kernels
 
     fn = kernels.load("attention_wgmma").attn_fwd_wgmma
     consts = constexprs(op, cfg)
     g = grid(op)
+    slow: list[Callable[..., None]] = []
 
     def kernel(q, k, v, out, lse, aux=None) -> None:
+        check(q, k, v, out, lse, aux)
         why = call_blocker(q, k, v)
-        if why:
-            raise InvalidInputError(f"triton attention (wgmma prefill): {why}; pass contiguous tensors")
+        if why is not None:
+            if not slow:
+                slow.append(fallback())
+            warnings.warn(f"portakern: triton attention runs attn_fwd instead of the wgmma prefill kernel for "
+                          f"this call: {why} (same results, slower)", RuntimeWarning, stacklevel=2)
+            slow[0](q, k, v, out, lse, aux)
+            return
         qd, kd, vd = descriptors(q, k, v, cfg.block_n)
         sl = lse.stride() if lse is not None else (0, 0, 0)
         fn[g](qd, kd, vd, out, lse, out.stride(0), out.stride(1), out.stride(2), *sl,
               op.heads_q, op.group_size, op.seqlen_q, op.seqlen_k, op.scale,
               **consts, num_warps=4, **KERNEL_OPTIONS)
 
-    kernel.__name__ = f"triton_attention_wgmma_{op.content_hash()}"
-    kernel.config = cfg
-    kernel.workspace_bytes = 0
     return kernel
+
+
+def compile_for_target(op: Attention, cfg, cc: int) -> dict:
+    """``{"attn_fwd_wgmma": artifact}`` lowered for compute capability ``cc`` as a launch on contiguous
+    tensors specialises it (descriptor types from host descriptors over small stand-in tensors)."""
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    from . import kernels
+    from .attention import _launch_scalars
+    from .backend import interpret_env
+
+    fn = kernels.load("attention_wgmma").attn_fwd_wgmma
+    consts = constexprs(op, cfg)
+    dt = getattr(torch, op.dtype.value)
+    shapes = op.shapes()
+    # contiguous stand-ins without storage: a descriptor's type needs shapes and strides, not data
+    qd, kd, vd = descriptors(*(torch.empty(shapes[n], dtype=dt, device="meta") for n in "qkv"), cfg.block_n)
+    sc = _launch_scalars(op)
+    ints = {f"{a}_{x}": sc[f"stride_{b}{x}"] for a, b in (("so", "o"), ("sl", "l")) for x in "bsh"}
+    ints.update(HQ=op.heads_q, GROUP=op.group_size, sq=op.seqlen_q, sk=op.seqlen_k)
+    elt = {"float16": "fp16", "bfloat16": "bf16"}[op.dtype.value]
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name.endswith("_desc"):
+            sig[name] = mangle_type({"q_desc": qd, "k_desc": kd, "v_desc": vd}[name])
+        elif name in ("O", "LSE"):
+            if name == "LSE" and not op.return_lse:
+                sig[name], consts[name] = "constexpr", None
+                continue
+            sig[name] = "*" + elt if name == "O" else "*fp32"
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name == "scale":
+            sig[name] = "fp32"
+        else:
+            val = ints[name]
+            if val == 1:
+                sig[name], consts[name] = "constexpr", 1
+                continue
+            sig[name] = "i64" if abs(val) >= 1 << 31 else "i32"
+            if val % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    with interpret_env(False):
+        ck = triton.compile(GluonASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", cc, 32),
+                            options=dict(num_warps=4, **KERNEL_OPTIONS))
+    md = ck.metadata
+    return {"attn_fwd_wgmma": {"cubin": ck.asm.get("cubin"), "ptx": ck.asm.get("ptx"),
+                               "shared": getattr(md, "shared", None), "num_warps": getattr(md, "num_warps", 12)}}
+

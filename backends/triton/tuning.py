@@ -77,6 +77,11 @@ class AttnConfig:
     #: (``seqlen_k % block_n == 0``), no ``seqlens_k`` and no ``lazy_rescale`` (``check_tma``).
     #: In no table yet: unmeasured (v4)
     warp_specialize: bool = False
+    #: run the Gluon prefill kernel for sm_90 (``kernels/attention_wgmma.py``: a TMA load warp and two
+    #: 64-row consumer warpgroups with their own schedule) with ``block_n`` keys per tile and a ring of
+    #: ``num_stages >= 2`` K/V buffers; ``block_m`` 128 and ``num_warps`` 4 (12 at launch) are fixed.
+    #: ``attention_wgmma.blocker`` says which ops it serves (``check_wgmma``, ``fit``)
+    wgmma: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -173,6 +178,26 @@ def check_tma(op, cfg: AttnConfig, arch: str) -> None:
                          f"config through tuning.fit")
 
 
+def check_wgmma(op, cfg: AttnConfig, arch: str) -> None:
+    """Raise when ``cfg`` asks for the Gluon prefill kernel where it cannot run or in a shape it has not."""
+    if not cfg.wgmma:
+        return
+    from .attention_wgmma import blocker
+
+    why = blocker(op, arch)
+    if why is not None:
+        why = f"does not serve this op ({why})"
+    elif (cfg.block_m, cfg.num_warps) != (128, 4):
+        why = f"runs block_m=128 with num_warps=4, not {cfg.block_m} / {cfg.num_warps}"
+    if why is None and (cfg.num_stages < 2 or cfg.block_n not in (64, 128)):
+        why = f"needs num_stages >= 2 and block_n 64 or 128, not {cfg.num_stages} / {cfg.block_n}"
+    if why is None and (cfg.tma or cfg.warp_specialize or cfg.lazy_rescale or cfg.pack > 1 or cfg.num_splits > 1):
+        why = "has its own TMA loads and schedule: tma, warp_specialize, lazy_rescale, pack and num_splits stay off"
+    if why:
+        raise ValueError(f"AttnConfig(wgmma=True): the Gluon prefill kernel {why}; use wgmma=False "
+                         f"or pass the config through tuning.fit")
+
+
 def arch_family(cc: int | None) -> str:
     """Table key for a compute capability (80, 86, 89, 90, 100, 120; None = interpreter)."""
     if cc is None:
@@ -252,11 +277,15 @@ def _decode_table(op, arch: str) -> tuple[int, int, int]:
     return (64, 4, 3) if d <= 128 else (32, 4, 2)
 
 
-def choose(op, arch: str, num_sms: int | None = None) -> AttnConfig:
-    """The table configuration for ``op`` on architecture family ``arch`` (see ``arch_family``)."""
+def choose(op, arch: str, num_sms: int | None = None, wgmma: bool = True) -> AttnConfig:
+    """The table configuration for ``op`` on architecture family ``arch`` (see ``arch_family``);
+    ``wgmma=False``: the ``attn_fwd`` configuration even where the table runs the Gluon kernel."""
     num_sms = num_sms or DEFAULT_SMS.get(arch, 132)
     G = op.group_size
     rows = decode_rows(op)
+    tiles = _wgmma_in_table(op, arch) if wgmma and rows is None else None
+    if tiles:
+        return AttnConfig(128, tiles[0], 4, tiles[1], wgmma=True)
     if rows is not None:
         pack = G
         block_m = min(max(16, next_pow2(rows * G)), max(128, next_pow2(G)))
@@ -301,6 +330,30 @@ SPLIT_PDL_TABLE = ("sm_90",)
 TMA_TABLE: tuple[str, ...] = ("sm_90",)
 
 
+#: Families whose table runs dense prefill on the Gluon kernel (``AttnConfig.wgmma``), as
+#: ``{head_dim: (block_n, num_stages)}``. H200 session 10 (``results/attention-wgmma-bench-2026-12-04-s10.json``,
+#: TFLOP/s in the same run as cuDNN): D=128 with 64-key tiles and 3 stages 556 / 465 / 552 / 539 at 4k / 4k
+#: causal / 16k / 16k causal (attn_fwd 466 / 415 / 469 / 465, cuDNN 616 / 542 / 607 / 567), 440 / 330 at 1k
+#: (394 / 287). D=64 with 128-key tiles and 2 stages wins only without a mask from 4k keys (440 / 462 vs
+#: 411 / 420); causal (357 vs 383 at 4k) and at 1k (321 vs 376) attn_fwd stays (``WGMMA_D64_MIN_SEQLEN_K``).
+WGMMA_TABLE = {"sm_90": {128: (64, 3), 64: (128, 2)}}
+WGMMA_D64_MIN_SEQLEN_K = 4096
+#: Fewer query rows than one program's 128 leave most of its rows idle: attn_fwd's smaller tiles serve those.
+WGMMA_MIN_SEQLEN_Q = 128
+
+
+def _wgmma_in_table(op, arch: str) -> tuple[int, int] | None:
+    """``(block_n, num_stages)`` when the table runs ``op`` on the Gluon prefill kernel, else None."""
+    from .attention_wgmma import blocker
+
+    tiles = WGMMA_TABLE.get(arch, {}).get(op.head_dim)
+    if tiles is None or op.seqlen_q < WGMMA_MIN_SEQLEN_Q or blocker(op, arch) is not None:
+        return None
+    if op.head_dim == 64 and (op.mask_mod is not None or op.seqlen_k < WGMMA_D64_MIN_SEQLEN_K):
+        return None
+    return tiles
+
+
 def _tma_in_table(op, arch: str) -> bool:
     """Whether the table asks for TMA loads: dense fp16/bf16 prefill with D > 128 on ``TMA_TABLE``
     archs, head dims whose contiguous rows are whole 16-byte units (else every call would fall back)."""
@@ -311,10 +364,18 @@ def _tma_in_table(op, arch: str) -> bool:
 def fit(op, cfg: AttnConfig, arch: str) -> AttnConfig:
     """Shrink stages, then key tiles, then query tiles until the shared-memory estimate fits.
 
-    Then clears ``tma`` and ``warp_specialize`` where ``op`` or ``arch`` cannot use them (paged or
+    A ``wgmma`` configuration keeps its key tile and ring depth where the Gluon kernel serves ``op``
+    and becomes the ``attn_fwd`` table configuration elsewhere. Then clears ``tma`` and ``warp_specialize`` where ``op`` or ``arch`` cannot use them (paged or
     varlen keys, packed decode tiles, architectures without TMA, the cases of ``ws_blocker``), so a
     fitted configuration always passes ``check_tma``.
     """
+    if cfg.wgmma:
+        from .attention_wgmma import blocker
+
+        if blocker(op, arch) is None:
+            return replace(cfg, block_m=128, num_warps=4, num_stages=max(2, cfg.num_stages), pack=1, num_splits=1,
+                           tma=False, warp_specialize=False, lazy_rescale=False)
+        return choose(op, arch, wgmma=False)
     cfg = _fit_smem(op, cfg, arch)
     if cfg.tma and (not tma_applies(op, cfg) or (arch != "interp" and arch not in TMA_ARCHS)):
         cfg = replace(cfg, tma=False, warp_specialize=False)
@@ -403,11 +464,16 @@ def candidates(op, arch: str, num_sms: int) -> list[AttnConfig]:
                     out.append(cand)
         # pdl as the table's (SPLIT_PDL_TABLE): checked on the H200 by the GPU tests and conformance
         return out
+    for bn, st in ((64, 3), (128, 2), (64, 4)):   # the Gluon kernel, where it serves op
+        c = fit(op, AttnConfig(128, bn, 4, st, wgmma=True), arch)
+        if c.wgmma and c not in out:
+            out.append(c)
+    base = choose(op, arch, num_sms, wgmma=False)
     for bm, bn, w, st in ((128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3)):
         c = fit(op, replace(base, block_m=bm, block_n=bn, num_warps=w, num_stages=st), arch)
         if c not in out:
             out.append(c)
-    out += [replace(c, lazy_rescale=True) for c in out[:2]]   # the conditional rescale
+    out += [replace(c, lazy_rescale=True) for c in [c for c in out if not c.wgmma][:2]]   # the conditional rescale
     # TMA loads on the table tile (both ways); the warp-specialised walk stays out: it crashed on the
     # H200 (session 3, illegal address) and attention.build refuses it on GPUs
     for c in tma_candidates(op, base, arch) + [replace(base, tma=not base.tma)]:

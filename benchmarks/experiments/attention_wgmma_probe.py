@@ -16,15 +16,16 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))   # benchmarks/ for attention.py
 import harness  # noqa: E402
-from attention import bench_ms, prefill, sdpa_fns, table_config  # noqa: E402
+from attention import bench_ms, prefill, sdpa_fns  # noqa: E402
 from portakern.backends.triton import attention as A  # noqa: E402
 from portakern.backends.triton import attention_wgmma as W  # noqa: E402
+from portakern.backends.triton import tuning  # noqa: E402
+from portakern.backends.triton.tuning import AttnConfig  # noqa: E402
 from portakern.devices import torch_device  # noqa: E402
 from portakern.ir import Attention, DType  # noqa: E402
 from portakern.ir import expr as E  # noqa: E402
 
-CANDIDATES = [W.WgmmaConfig(), W.WgmmaConfig(block_n=64, stages=3), W.WgmmaConfig(block_n=64, stages=4),
-              W.WgmmaConfig(block_n=128, stages=2, consumer_regs=232)]
+CANDIDATES = [AttnConfig(128, bn, 4, st, wgmma=True) for bn, st in ((128, 2), (64, 3), (64, 4))]
 
 
 def reference(op: Attention, q, k, v):
@@ -55,8 +56,8 @@ def check(dev) -> list[dict]:
             out.fill_(float("nan"))
             lse.fill_(float("nan"))
             ref, ref_lse = reference(op, q, k, v)
-            for cfg in CANDIDATES[:3]:
-                W.build(op, cfg)(q, k, v, out, lse, aux)
+            for cfg in CANDIDATES:
+                A.build(op, dev, cfg)(q, k, v, out, lse, aux)
                 torch.cuda.synchronize()
                 err = (out.double() - ref).abs().max().item()
                 lerr = (lse.double() - ref_lse).abs().max().item()
@@ -64,7 +65,7 @@ def check(dev) -> list[dict]:
                 rows.append(dict(case=[B, Sq, Sk, Hq, Hkv, D, causal, dt.value], config=cfg.to_json(),
                                  max_err=err, lse_err=lerr, ok=ok))
                 print(f"check {B} {Sq:5d} {Sk:5d} {Hq}/{Hkv} D{D} causal={causal:d} {dt.value:8s} "
-                      f"BN{cfg.block_n} st{cfg.stages}: err {err:.2e} lse {lerr:.2e} {'ok' if ok else 'FAIL'}",
+                      f"BN{cfg.block_n} st{cfg.num_stages}: err {err:.2e} lse {lerr:.2e} {'ok' if ok else 'FAIL'}",
                       flush=True)
     return rows
 
@@ -77,7 +78,7 @@ def bench(dev) -> list[dict]:
                 op = prefill(B, S, H, D, causal)
                 flops = 4 * B * H * S * S * D / (2 if causal else 1)
                 q, k, v, out, lse, aux = A.random_inputs(op, torch.device("cuda"))
-                table = A.build(op, dev, table_config(op, dev))
+                table = A.build(op, dev, tuning.choose(op, *A._device_arch(dev), wgmma=False))   # attn_fwd
                 t_table = bench_ms(lambda: table(q, k, v, out, lse, aux)) * 1e3
                 ref = out.clone()
                 row = dict(shape=[B, S, H, D, causal], table_us=t_table, wgmma={})
@@ -85,12 +86,12 @@ def bench(dev) -> list[dict]:
                     f = sdpa_fns(op, [(q, k, v)], name)[0]
                     row[f"{name}_us"] = bench_ms(f) * 1e3
                 for cfg in CANDIDATES:
-                    kern = W.build(op, cfg)
+                    kern = A.build(op, dev, cfg)
                     out.fill_(float("nan"))
                     kern(q, k, v, out, lse, aux)
                     err = (out.float() - ref.float()).abs().max().item()
                     t = bench_ms(lambda: kern(q, k, v, out, lse, aux)) * 1e3 if err < 2e-2 else f"ERR {err:.3g}"
-                    row["wgmma"][f"BN{cfg.block_n}-st{cfg.stages}-r{cfg.consumer_regs}"] = t
+                    row["wgmma"][f"BN{cfg.block_n}-st{cfg.num_stages}"] = t
                 best = min((t for t in row["wgmma"].values() if isinstance(t, float)), default=float("nan"))
                 tf = lambda us: flops / (us * 1e-6) / 1e12  # noqa: E731
                 print(f"bench B{B} S{S:6d} D{D} causal={causal:d}: table {tf(t_table):5.0f} wgmma best {tf(best):5.0f} "
