@@ -32,14 +32,14 @@ PREFILL = dict(B=2, Sq=4096, Sk=4096, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16)
      r"dense K/V without seqlens_k"),
     ("sm_90", dict(has_seqlens_k=True), r"without seqlens_k"),
     ("sm_90", dict(dtype=DType.float32), r"bf16/fp16 only, not float32"),
-    ("sm_90", dict(D=96), r"head_dim == head_dim_v in \(64, 128\)"),
-    ("sm_90", dict(D=256), r"head_dim == head_dim_v"),
+    ("sm_90", dict(D=96), r"head_dim == head_dim_v in \(64, 128, 256\)"),
+    ("sm_90", dict(D=192), r"head_dim == head_dim_v"),
     ("sm_90", dict(Dv=64), r"head_dim == head_dim_v"),
     ("sm_90", dict(score_mod=E.softcap_score(30.0)), r"no score_mod and a positive scale"),
     ("sm_90", dict(scale=-0.1), r"positive scale"),
     ("sm_90", dict(mask_mod=E.window_mask(128, 0)), r"no mask or the causal mask only"),
     ("sm_90", dict(mask_mod=E.causal_mask(), Sq=4096, Sk=1024), r"causal with seqlen_k >= seqlen_q"),
-], ids=["sm80", "sm100", "paged", "seqlens-k", "fp32", "d96", "d256", "dv64", "score-mod", "negative-scale",
+], ids=["sm80", "sm100", "paged", "seqlens-k", "fp32", "d96", "d192", "dv64", "score-mod", "negative-scale",
         "window", "causal-short-keys"])
 def test_blocker_names_what_the_kernel_does_not_serve(arch, op_kw, match):
     from portakern.backends.triton import attention_wgmma as W
@@ -85,13 +85,15 @@ def test_sm90_table_runs_d128_prefill_and_d64_only_without_a_mask_from_4k_keys()
 
 @pytest.mark.parametrize("arch,op_kw,cfg_kw,match", [
     ("sm_80", {}, {}, r"does not serve this op \(needs sm_90 \(wgmma\), not sm_80\); use wgmma=False"),
-    ("sm_90", dict(D=96), {}, r"does not serve this op \(head_dim == head_dim_v in \(64, 128\) only\); use wgmma"),
-    ("sm_90", {}, dict(num_stages=1), r"needs num_stages >= 2 and block_n 64 or 128, not 1 / 64"),
-    ("sm_90", {}, dict(block_n=32), r"needs num_stages >= 2 and block_n 64 or 128, not 3 / 32"),
+    ("sm_90", dict(D=96), {}, r"does not serve this op \(head_dim == head_dim_v in \(64, 128, 256\) only\); use wgmma"),
+    ("sm_90", {}, dict(num_stages=1), r"needs num_stages >= 2 and block_n 32, 64 or 128, not 1 / 64"),
+    ("sm_90", {}, dict(block_n=16), r"needs num_stages >= 2 and block_n 32, 64 or 128, not 3 / 16"),
+    ("sm_90", dict(D=256), dict(num_stages=3), r"with block_n=64 and num_stages=3 needs 262144 bytes of shared "
+                                                r"memory, over sm_90's 232448"),
     ("sm_90", {}, dict(num_warps=8), r"runs block_m=128 with num_warps=4, not 128 / 8"),
     ("sm_90", {}, dict(tma=True), r"has its own TMA loads and schedule"),
     ("sm_90", {}, dict(num_splits=4), r"has its own TMA loads and schedule: .*num_splits stay off"),
-], ids=["sm80", "d96", "one-stage", "bn32", "8-warps", "tma", "splits"])
+], ids=["sm80", "d96", "one-stage", "bn16", "d256-smem", "8-warps", "tma", "splits"])
 def test_check_wgmma_refuses_with_the_reason_and_the_way_out(arch, op_kw, cfg_kw, match):
     from dataclasses import replace
 
@@ -110,6 +112,9 @@ def test_fit_keeps_the_kernel_where_it_serves_and_falls_back_to_the_attn_fwd_tab
     op = make_op(**PREFILL)
     got = tuning.fit(op, tuning.AttnConfig(64, 128, 8, 1, wgmma=True, tma=True), "sm_90")
     assert got == tuning.AttnConfig(128, 128, 4, 2, wgmma=True)
+    d256 = make_op(**{**PREFILL, "D": 256})   # 4 stages of 128 keys: too large; stages down to 2, then tiles
+    assert tuning.fit(d256, tuning.AttnConfig(128, 128, 4, 4, wgmma=True), "sm_90") == \
+        tuning.AttnConfig(128, 64, 4, 2, wgmma=True)
     for other, arch in ((make_op(**{**PREFILL, "D": 96}), "sm_90"), (op, "sm_80")):
         assert tuning.fit(other, tuning.AttnConfig(128, 64, 4, 3, wgmma=True), arch) == \
             tuning.choose(other, arch, wgmma=False)

@@ -5,7 +5,7 @@ launcher ``kernel(q, k, v, out, lse, aux)`` for an ``AttnConfig`` with ``wgmma``
 ``num_stages`` are the key tile and the K/V ring depth; 128 query rows and 4 + 4 + 1 warps are fixed);
 ``call_blocker`` checks what the signature cannot see (TMA's alignment rules on the call's tensors);
 ``compile_for_target`` lowers the kernel without a GPU. The kernel covers dense bf16/fp16 prefill with
-``head_dim == head_dim_v`` in {64, 128}, a positive scale, no score_mod, and no mask or exactly the
+``head_dim == head_dim_v`` in {64, 128, 256}, a positive scale, no score_mod, and no mask or exactly the
 library causal mask with ``seqlen_k >= seqlen_q``; everything else stays on ``attn_fwd``.
 
 Descriptors: q, K and V go as 3-D TMA descriptors over ``(B, S, H * D)`` views (heads adjacent,
@@ -22,7 +22,7 @@ from portakern.ir.ops import Attention, KVLayout
 from .backend import KERNEL_OPTIONS
 
 QUERY_ROWS = 64          # rows per consumer warpgroup; a program owns two such halves
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 CONSUMER_REGS = 240      # setmaxnreg of each consumer warpgroup (232 was no better on the H200, session 10)
 PRODUCER_REGS = 24       # setmaxnreg of the load warp
 

@@ -189,8 +189,11 @@ def check_wgmma(op, cfg: AttnConfig, arch: str) -> None:
         why = f"does not serve this op ({why})"
     elif (cfg.block_m, cfg.num_warps) != (128, 4):
         why = f"runs block_m=128 with num_warps=4, not {cfg.block_m} / {cfg.num_warps}"
-    if why is None and (cfg.num_stages < 2 or cfg.block_n not in (64, 128)):
-        why = f"needs num_stages >= 2 and block_n 64 or 128, not {cfg.num_stages} / {cfg.block_n}"
+    if why is None and (cfg.num_stages < 2 or cfg.block_n not in (32, 64, 128)):
+        why = f"needs num_stages >= 2 and block_n 32, 64 or 128, not {cfg.num_stages} / {cfg.block_n}"
+    if why is None and smem_bytes(op, 128, cfg.block_n, cfg.num_stages) > SMEM_LIMIT[arch]:
+        why = (f"with block_n={cfg.block_n} and num_stages={cfg.num_stages} needs "
+               f"{smem_bytes(op, 128, cfg.block_n, cfg.num_stages)} bytes of shared memory, over {arch}'s {SMEM_LIMIT[arch]}")
     if why is None and (cfg.tma or cfg.warp_specialize or cfg.lazy_rescale or cfg.pack > 1 or cfg.num_splits > 1):
         why = "has its own TMA loads and schedule: tma, warp_specialize, lazy_rescale, pack and num_splits stay off"
     if why:
@@ -372,10 +375,14 @@ def fit(op, cfg: AttnConfig, arch: str) -> AttnConfig:
     if cfg.wgmma:
         from .attention_wgmma import blocker
 
-        if blocker(op, arch) is None:
-            return replace(cfg, block_m=128, num_warps=4, num_stages=max(2, cfg.num_stages), pack=1, num_splits=1,
-                           tma=False, warp_specialize=False, lazy_rescale=False)
-        return choose(op, arch, wgmma=False)
+        if blocker(op, arch) is not None:
+            return choose(op, arch, wgmma=False)
+        cfg = replace(cfg, block_m=128, num_warps=4, num_stages=max(2, cfg.num_stages), pack=1, num_splits=1,
+                      tma=False, warp_specialize=False, lazy_rescale=False)
+        limit = SMEM_LIMIT[arch] - 8 * 1024
+        while smem_bytes(op, 128, cfg.block_n, cfg.num_stages) > limit and (cfg.num_stages > 2 or cfg.block_n > 32):
+            cfg = replace(cfg, **({"num_stages": cfg.num_stages - 1} if cfg.num_stages > 2 else {"block_n": cfg.block_n // 2}))
+        return cfg
     cfg = _fit_smem(op, cfg, arch)
     if cfg.tma and (not tma_applies(op, cfg) or (arch != "interp" and arch not in TMA_ARCHS)):
         cfg = replace(cfg, tma=False, warp_specialize=False)

@@ -2,7 +2,7 @@
 
 ``--phase check``: small dense cases (partial tiles, GQA, causal with seqlen_k > seqlen_q, LSE) against
 a float64 reference with an explicit mask. ``--phase bench``: the prefill rows of benchmarks/attention.py
-(D = 64, 128) timed for the table's attn_fwd, each WgmmaConfig candidate (checked against the table's
+(``--head-dims``, default 128 64) timed for the table's attn_fwd, each WgmmaConfig candidate (checked against the table's
 output first), cuDNN and flash SDPA in the same process; TFLOP/s and ratios to cuDNN. JSON under --out.
 """
 
@@ -25,7 +25,9 @@ from portakern.devices import torch_device  # noqa: E402
 from portakern.ir import Attention, DType  # noqa: E402
 from portakern.ir import expr as E  # noqa: E402
 
-CANDIDATES = [AttnConfig(128, bn, 4, st, wgmma=True) for bn, st in ((128, 2), (64, 3), (64, 4))]
+def candidates(D: int) -> list[AttnConfig]:
+    tiles = ((64, 2), (32, 3), (32, 4)) if D > 128 else ((128, 2), (64, 3), (64, 4))
+    return [AttnConfig(128, bn, 4, st, wgmma=True) for bn, st in tiles]
 
 
 def reference(op: Attention, q, k, v):
@@ -42,11 +44,12 @@ def reference(op: Attention, q, k, v):
     return (torch.softmax(s, -1) @ vd).transpose(1, 2), lse
 
 
-def check(dev) -> list[dict]:
+def check(dev, head_dims) -> list[dict]:
     cases = [(2, 300, 300, 4, 2, 128, False), (2, 300, 300, 4, 2, 128, True), (1, 200, 700, 8, 1, 128, True),
-             (2, 257, 513, 4, 4, 64, False), (1, 128, 128, 2, 2, 64, True), (1, 1000, 1000, 2, 1, 128, True)]
+             (2, 257, 513, 4, 4, 64, False), (1, 128, 128, 2, 2, 64, True), (1, 1000, 1000, 2, 1, 128, True),
+             (2, 300, 300, 4, 2, 256, False), (1, 200, 700, 8, 1, 256, True), (1, 1000, 1000, 2, 1, 256, True)]
     rows = []
-    for B, Sq, Sk, Hq, Hkv, D, causal in cases:
+    for B, Sq, Sk, Hq, Hkv, D, causal in (c for c in cases if c[5] in head_dims):
         for dt in (DType.bfloat16, DType.float16):
             op = Attention(batch=B, seqlen_q=Sq, seqlen_k=Sk, heads_q=Hq, heads_kv=Hkv, head_dim=D, head_dim_v=D,
                            dtype=dt, scale=1 / math.sqrt(D), mask_mod=E.causal_mask() if causal else None,
@@ -56,7 +59,7 @@ def check(dev) -> list[dict]:
             out.fill_(float("nan"))
             lse.fill_(float("nan"))
             ref, ref_lse = reference(op, q, k, v)
-            for cfg in CANDIDATES:
+            for cfg in candidates(D):
                 A.build(op, dev, cfg)(q, k, v, out, lse, aux)
                 torch.cuda.synchronize()
                 err = (out.double() - ref).abs().max().item()
@@ -70,9 +73,9 @@ def check(dev) -> list[dict]:
     return rows
 
 
-def bench(dev) -> list[dict]:
+def bench(dev, head_dims) -> list[dict]:
     rows = []
-    for D, H in ((128, 32), (64, 32)):
+    for D, H in ((d, 16 if d > 128 else 32) for d in head_dims):
         for S, B in ((4096, 4), (16384, 1), (1024, 16)):
             for causal in (False, True):
                 op = prefill(B, S, H, D, causal)
@@ -85,7 +88,7 @@ def bench(dev) -> list[dict]:
                 for name in ("cudnn", "flash"):
                     f = sdpa_fns(op, [(q, k, v)], name)[0]
                     row[f"{name}_us"] = bench_ms(f) * 1e3
-                for cfg in CANDIDATES:
+                for cfg in candidates(D):
                     kern = A.build(op, dev, cfg)
                     out.fill_(float("nan"))
                     kern(q, k, v, out, lse, aux)
@@ -100,15 +103,18 @@ def bench(dev) -> list[dict]:
                       + " ".join(f"{k} {v if isinstance(v, str) else round(tf(v))}" for k, v in row["wgmma"].items()),
                       flush=True)
                 rows.append(row)
-                del q, k, v, out, lse
     return rows
 
 
 def main() -> None:
-    args = harness.parse_args(__doc__, lambda ap: ap.add_argument("--phase", choices=("check", "bench"), required=True))
+    def extra(ap):
+        ap.add_argument("--phase", choices=("check", "bench"), required=True)
+        ap.add_argument("--head-dims", type=int, nargs="+", default=[128, 64])
+
+    args = harness.parse_args(__doc__, extra)
     dev = torch_device("cuda", 0)
     res = harness.header(__doc__, 0.0, rows=[])
-    res["rows"] = check(dev) if args.phase == "check" else bench(dev)
+    res["rows"] = check(dev, args.head_dims) if args.phase == "check" else bench(dev, args.head_dims)
     harness.write(res, args.out, f"attention-wgmma-{args.phase}", args.tag)
     if args.phase == "check" and not all(r["ok"] for r in res["rows"]):
         sys.exit(1)
