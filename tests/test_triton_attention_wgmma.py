@@ -50,7 +50,7 @@ def test_blocker_names_what_the_kernel_does_not_serve(arch, op_kw, match):
 
 
 def test_sm90_table_runs_d128_prefill_and_d64_only_without_a_mask_from_4k_keys():
-    """``WGMMA_TABLE``: D=128 (64-key tiles, 3 stages) at every prefill shape from 128 query rows, causal
+    """``WGMMA_TABLE``: D=128 (128-key tiles, 3 stages) at every prefill shape from 128 query rows, causal
     or not; D=64 (128-key tiles, 2 stages) only unmasked with >= 4096 keys; never on other families, for
     decode or under ``wgmma=False``; autotuning times the kernel's tiles, each passing ``check_wgmma``."""
     from portakern.backends.triton import tuning
@@ -61,7 +61,7 @@ def test_sm90_table_runs_d128_prefill_and_d64_only_without_a_mask_from_4k_keys()
     for kw in ({}, dict(mask_mod=E.causal_mask()), dict(Sq=1000, Sk=1000), dict(Sq=128, Sk=128, B=1),
                dict(dtype=DType.float16, return_lse=True)):
         c = cfg(**kw)
-        assert c.wgmma and (c.block_m, c.block_n, c.num_warps, c.num_stages) == (128, 64, 4, 3), (kw, c)
+        assert c.wgmma and (c.block_m, c.block_n, c.num_warps, c.num_stages) == (128, 128, 4, 3), (kw, c)
         assert not (c.tma or c.pack > 1 or c.num_splits > 1)
     c = cfg(D=64, Sk=4096)
     assert c.wgmma and (c.block_n, c.num_stages) == (128, 2)
@@ -75,7 +75,7 @@ def test_sm90_table_runs_d128_prefill_and_d64_only_without_a_mask_from_4k_keys()
     cands = tuning.candidates(op, "sm_90", 132)
     assert cands[0] == tuning.choose(op, "sm_90", 132)
     wg = [c for c in cands if c.wgmma]
-    assert {(c.block_n, c.num_stages) for c in wg} == {(64, 3), (128, 2), (64, 4)}
+    assert {(c.block_n, c.num_stages) for c in wg} == {(128, 3), (64, 3), (128, 2), (64, 4)}
     assert any(not c.wgmma for c in cands) and not any(c.wgmma and c.lazy_rescale for c in cands)
     for c in wg:
         tuning.check_wgmma(op, c, "sm_90")
@@ -88,7 +88,7 @@ def test_sm90_table_runs_d128_prefill_and_d64_only_without_a_mask_from_4k_keys()
     ("sm_90", dict(D=96), {}, r"does not serve this op \(head_dim == head_dim_v in \(64, 128, 256\) only\); use wgmma"),
     ("sm_90", {}, dict(num_stages=1), r"needs num_stages >= 2 and block_n 32, 64 or 128, not 1 / 64"),
     ("sm_90", {}, dict(block_n=16), r"needs num_stages >= 2 and block_n 32, 64 or 128, not 3 / 16"),
-    ("sm_90", dict(D=256), dict(num_stages=3), r"with block_n=64 and num_stages=3 needs 262144 bytes of shared "
+    ("sm_90", dict(D=256), dict(num_stages=3), r"with block_n=64 and num_stages=3 needs 263168 bytes of shared "
                                                 r"memory, over sm_90's 232448"),
     ("sm_90", {}, dict(num_warps=8), r"runs block_m=128 with num_warps=4, not 128 / 8"),
     ("sm_90", {}, dict(tma=True), r"has its own TMA loads and schedule"),
@@ -112,6 +112,8 @@ def test_fit_keeps_the_kernel_where_it_serves_and_falls_back_to_the_attn_fwd_tab
     op = make_op(**PREFILL)
     got = tuning.fit(op, tuning.AttnConfig(64, 128, 8, 1, wgmma=True, tma=True), "sm_90")
     assert got == tuning.AttnConfig(128, 128, 4, 2, wgmma=True)
+    assert tuning.fit(op, tuning.AttnConfig(128, 128, 4, 4, wgmma=True), "sm_90") == \
+        tuning.AttnConfig(128, 128, 4, 3, wgmma=True)                       # the table's 224 KiB ring fits
     d256 = make_op(**{**PREFILL, "D": 256})   # 4 stages of 128 keys: too large; stages down to 2, then tiles
     assert tuning.fit(d256, tuning.AttnConfig(128, 128, 4, 4, wgmma=True), "sm_90") == \
         tuning.AttnConfig(128, 64, 4, 2, wgmma=True)
@@ -158,7 +160,7 @@ def _gpu():
 
 @parent_only
 @pytest.mark.parametrize("case", [
-    dict(B=2, Sq=300, Sk=300, Hq=4, Hkv=2, D=128, causal=True, dtype=DType.bfloat16, cfg=(64, 3)),
+    dict(B=2, Sq=300, Sk=300, Hq=4, Hkv=2, D=128, causal=True, dtype=DType.bfloat16, cfg=(128, 3)),
     dict(B=2, Sq=300, Sk=300, Hq=4, Hkv=2, D=128, causal=False, dtype=DType.float16, cfg=(128, 2)),
     dict(B=1, Sq=200, Sk=700, Hq=8, Hkv=1, D=128, causal=True, dtype=DType.bfloat16, cfg=(64, 4)),
     dict(B=2, Sq=257, Sk=513, Hq=4, Hkv=4, D=64, causal=False, dtype=DType.bfloat16, cfg=(128, 2)),

@@ -25,6 +25,8 @@ QUERY_ROWS = 64          # rows per consumer warpgroup; a program owns two such 
 HEAD_DIMS = (64, 128, 256)
 CONSUMER_REGS = 240      # setmaxnreg of each consumer warpgroup (232 was no better on the H200, session 10)
 PRODUCER_REGS = 24       # setmaxnreg of the load warp
+#: the two consumers take turns issuing their MMAs (``kernels/attention_wgmma._take_turn``)
+PINGPONG = False
 
 
 def blocker(op: Attention, arch: str) -> str | None:
@@ -87,7 +89,7 @@ def constexprs(op: Attention, cfg) -> dict[str, Any]:
     with ``wgmma``: its ``block_n`` and ``num_stages`` are the key tile and the ring depth)."""
     return dict(QR=QUERY_ROWS, BN=cfg.block_n, D=op.head_dim, DV=op.head_dim_v, STAGES=cfg.num_stages,
                 CAUSAL=is_causal(op), RETURN_LSE=op.return_lse, CONSUMER_REGS=CONSUMER_REGS,
-                PRODUCER_REGS=PRODUCER_REGS)
+                PRODUCER_REGS=PRODUCER_REGS, PINGPONG=PINGPONG)
 
 
 def grid(op: Attention) -> tuple[int, int]:

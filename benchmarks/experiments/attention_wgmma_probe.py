@@ -25,9 +25,19 @@ from portakern.devices import torch_device  # noqa: E402
 from portakern.ir import Attention, DType  # noqa: E402
 from portakern.ir import expr as E  # noqa: E402
 
-def candidates(D: int) -> list[AttnConfig]:
-    tiles = ((64, 2), (32, 3), (32, 4)) if D > 128 else ((128, 2), (64, 3), (64, 4))
-    return [AttnConfig(128, bn, 4, st, wgmma=True) for bn, st in tiles]
+def candidates(D: int, pingpong=(False, True)) -> list[tuple[str, AttnConfig, bool]]:
+    """``(label, config, ping-pong)`` for head dim ``D``."""
+    tiles = ((64, 2), (32, 3), (32, 4)) if D > 128 else ((128, 2), (64, 3), (64, 4), (128, 3))
+    return [(f"BN{bn}-st{st}{'-pp' if pp else ''}", AttnConfig(128, bn, 4, st, wgmma=True), pp)
+            for pp in pingpong for bn, st in tiles]
+
+
+def build(op, dev, cfg, pingpong: bool):
+    W.PINGPONG = pingpong      # read by attention_wgmma.constexprs when the kernel is built
+    try:
+        return A.build(op, dev, cfg)
+    finally:
+        W.PINGPONG = False
 
 
 def reference(op: Attention, q, k, v):
@@ -59,16 +69,16 @@ def check(dev, head_dims) -> list[dict]:
             out.fill_(float("nan"))
             lse.fill_(float("nan"))
             ref, ref_lse = reference(op, q, k, v)
-            for cfg in candidates(D):
-                A.build(op, dev, cfg)(q, k, v, out, lse, aux)
+            for label, cfg, pp in candidates(D):
+                build(op, dev, cfg, pp)(q, k, v, out, lse, aux)
                 torch.cuda.synchronize()
                 err = (out.double() - ref).abs().max().item()
                 lerr = (lse.double() - ref_lse).abs().max().item()
                 ok = err < 2e-2 and lerr < 1e-3
                 rows.append(dict(case=[B, Sq, Sk, Hq, Hkv, D, causal, dt.value], config=cfg.to_json(),
-                                 max_err=err, lse_err=lerr, ok=ok))
+                                 pingpong=pp, max_err=err, lse_err=lerr, ok=ok))
                 print(f"check {B} {Sq:5d} {Sk:5d} {Hq}/{Hkv} D{D} causal={causal:d} {dt.value:8s} "
-                      f"BN{cfg.block_n} st{cfg.num_stages}: err {err:.2e} lse {lerr:.2e} {'ok' if ok else 'FAIL'}",
+                      f"{label}: err {err:.2e} lse {lerr:.2e} {'ok' if ok else 'FAIL'}",
                       flush=True)
     return rows
 
@@ -88,13 +98,13 @@ def bench(dev, head_dims) -> list[dict]:
                 for name in ("cudnn", "flash"):
                     f = sdpa_fns(op, [(q, k, v)], name)[0]
                     row[f"{name}_us"] = bench_ms(f) * 1e3
-                for cfg in candidates(D):
-                    kern = A.build(op, dev, cfg)
+                for label, cfg, pp in candidates(D):
+                    kern = build(op, dev, cfg, pp)
                     out.fill_(float("nan"))
                     kern(q, k, v, out, lse, aux)
                     err = (out.float() - ref.float()).abs().max().item()
                     t = bench_ms(lambda: kern(q, k, v, out, lse, aux)) * 1e3 if err < 2e-2 else f"ERR {err:.3g}"
-                    row["wgmma"][f"BN{cfg.block_n}-st{cfg.num_stages}"] = t
+                    row["wgmma"][label] = t
                 best = min((t for t in row["wgmma"].values() if isinstance(t, float)), default=float("nan"))
                 tf = lambda us: flops / (us * 1e-6) / 1e12  # noqa: E731
                 print(f"bench B{B} S{S:6d} D{D} causal={causal:d}: table {tf(t_table):5.0f} wgmma best {tf(best):5.0f} "
