@@ -136,7 +136,7 @@ def compile_for_target(op: Attention, cfg, cc: int) -> dict:
     from triton.runtime.jit import mangle_type
 
     from . import kernels
-    from .attention import _launch_scalars
+    from .attention import _as_launched, _launch_scalars
     from .backend import interpret_env
 
     fn = kernels.load("attention_wgmma").attn_fwd_wgmma
@@ -149,28 +149,12 @@ def compile_for_target(op: Attention, cfg, cc: int) -> dict:
     ints = {f"{a}_{x}": sc[f"stride_{b}{x}"] for a, b in (("so", "o"), ("sl", "l")) for x in "bsh"}
     ints.update(HQ=op.heads_q, GROUP=op.group_size, sq=op.seqlen_q, sk=op.seqlen_k)
     elt = {"float16": "fp16", "bfloat16": "bf16"}[op.dtype.value]
-    sig, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in consts:
-            sig[name] = "constexpr"
-        elif name.endswith("_desc"):
-            sig[name] = mangle_type({"q_desc": qd, "k_desc": kd, "v_desc": vd}[name])
-        elif name in ("O", "LSE"):
-            if name == "LSE" and not op.return_lse:
-                sig[name], consts[name] = "constexpr", None
-                continue
-            sig[name] = "*" + elt if name == "O" else "*fp32"
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif name == "scale":
-            sig[name] = "fp32"
-        else:
-            val = ints[name]
-            if val == 1:
-                sig[name], consts[name] = "constexpr", 1
-                continue
-            sig[name] = "i64" if abs(val) >= 1 << 31 else "i32"
-            if val % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
+    sig = {"q_desc": mangle_type(qd), "k_desc": mangle_type(kd), "v_desc": mangle_type(vd), "O": "*" + elt}
+    if op.return_lse:
+        sig["LSE"] = "*fp32"
+    else:
+        consts["LSE"] = None
+    sig, consts, attrs = _as_launched(fn, sig, consts, ints)
     with interpret_env(False):
         ck = triton.compile(GluonASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", cc, 32),
                             options=dict(num_warps=4, **KERNEL_OPTIONS))

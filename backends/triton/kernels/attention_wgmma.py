@@ -97,11 +97,12 @@ def _pass_turn(turn, half, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(half, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, turn, O, LSE,
+def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, turn, O, LSE,
               so_b, so_s, so_h, sl_b, sl_h, sl_s, b, h, m0, sq, sk, n_tiles, scale,
               QR: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, DV: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, PINGPONG: gl.constexpr):
-    """One warpgroup's ``QR`` rows: the key walk with scores one tile ahead of ``P V``, then the store."""
+    """Consumer warpgroup ``half`` (0: the default partition) and its ``QR`` rows: the key walk with
+    scores one tile ahead of ``P V``, then the store."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DV, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -176,28 +177,6 @@ def _consumer(half, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, t
 
 
 @gluon.jit
-def _consumer_1(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, turn, O, LSE,
-                so_b, so_s, so_h, sl_b, sl_h, sl_s, b, h, m0, sq, sk, n_tiles, scale,
-                QR: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, DV: gl.constexpr,
-                STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, PINGPONG: gl.constexpr):
-    """The second consumer warpgroup (rows ``QR .. 2 QR`` of the program)."""
-    _consumer(1, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, turn, O, LSE,
-              so_b, so_s, so_h, sl_b, sl_h, sl_s, b, h, m0, sq, sk, n_tiles, scale,
-              QR, BN, D, DV, STAGES, CAUSAL, RETURN_LSE, PINGPONG)
-
-
-@gluon.jit
-def _consumer_0(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, turn, O, LSE,
-                so_b, so_s, so_h, sl_b, sl_h, sl_s, b, h, m0, sq, sk, n_tiles, scale,
-                QR: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, DV: gl.constexpr,
-                STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, PINGPONG: gl.constexpr):
-    """The first consumer warpgroup (rows ``0 .. QR``), run by the default partition."""
-    _consumer(0, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, turn, O, LSE,
-              so_b, so_s, so_h, sl_b, sl_h, sl_s, b, h, m0, sq, sk, n_tiles, scale,
-              QR, BN, D, DV, STAGES, CAUSAL, RETURN_LSE, PINGPONG)
-
-
-@gluon.jit
 def attn_fwd_wgmma(q_desc, k_desc, v_desc, O, LSE,
                    so_b, so_s, so_h, sl_b, sl_h, sl_s,
                    HQ, GROUP, sq, sk, scale,
@@ -237,12 +216,12 @@ def attn_fwd_wgmma(q_desc, k_desc, v_desc, O, LSE,
         mbarrier.init(kv_empty.index(i), count=2)
 
     gl.warp_specialize([
-        (_consumer_0, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, turn, O, LSE,
-                       so_b, so_s, so_h, sl_b, sl_h, sl_s, b, h, m0, sq, sk, n_tiles, scale,
-                       QR, BN, D, DV, STAGES, CAUSAL, RETURN_LSE, PINGPONG)),
-        (_consumer_1, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, turn, O, LSE,
-                       so_b, so_s, so_h, sl_b, sl_h, sl_s, b, h, m0, sq, sk, n_tiles, scale,
-                       QR, BN, D, DV, STAGES, CAUSAL, RETURN_LSE, PINGPONG)),
+        (_consumer, (0, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, turn, O, LSE,
+                     so_b, so_s, so_h, sl_b, sl_h, sl_s, b, h, m0, sq, sk, n_tiles, scale,
+                     QR, BN, D, DV, STAGES, CAUSAL, RETURN_LSE, PINGPONG)),
+        (_consumer, (1, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, turn, O, LSE,
+                     so_b, so_s, so_h, sl_b, sl_h, sl_s, b, h, m0, sq, sk, n_tiles, scale,
+                     QR, BN, D, DV, STAGES, CAUSAL, RETURN_LSE, PINGPONG)),
         (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty,
                            b, h * D, (h // GROUP) * D, m0, n_tiles, QR, BN, STAGES))],
                        [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
