@@ -1,9 +1,11 @@
-"""TMA loads (``AttnConfig.tma``) and the warp-specialised walk (``AttnConfig.warp_specialize``).
+"""TMA loads of K and V in ``attn_fwd`` (``AttnConfig.tma``).
 
 Interpreter tests (Triton's interpreter runs tensor-descriptor loads, zero fill included) check
 the numbers against the float64 cpu kernel, in a child process with ``TRITON_INTERPRET=1`` as in
-``test_triton_attention.py``; compile-only tests check the sm_90a lowering (``cp.async.bulk.tensor``
-for TMA, ``setmaxnreg`` and 12 warps when Triton warp-specialised); the rest checks the refusals.
+``test_triton_attention.py``; a compile-only test checks the sm_90a lowering (``cp.async.bulk.tensor``);
+the rest checks the refusals, ``fit`` and the table. (The warp-specialised prefill is the Gluon kernel,
+``test_triton_attention_wgmma.py``; Triton's own warp-specialised walk of ``attn_fwd``, which faulted
+on the H200, was removed in session 10.)
 """
 
 from __future__ import annotations
@@ -106,41 +108,6 @@ def test_tma_seqlens_k_ignores_values_past_each_length():
     assert run_config(op, q, k, v, {"seqlens_k": lens}, tma=True) == []
 
 
-# -- interpreter: the warp-specialised walk ------------------------------------------------------------
-
-WS_VARIANTS = {
-    "plain": {},
-    "causal": {"mask_mod": E.causal_mask()},
-    "window": {"mask_mod": E.window_mask(9, 4)},
-    "custom": {"score_mod": E.softcap_score(2.0), "mask_mod": E.prefix_lm_mask(13)},
-}
-
-
-@interp
-@pytest.mark.parametrize("variant", list(WS_VARIANTS), ids=str)
-def test_warp_specialized_walk_matches_the_reference(variant):
-    """One loop over every visible tile with the mask on each, q/K/V from 2-D descriptors; Sq=45 is
-    not a multiple of the query tile, so the last tile's rows past Sq read the next batch's q."""
-    op = make_op(B=2, Sq=45, Sk=64, Hq=4, Hkv=2, D=64, dtype=DType.bfloat16, **WS_VARIANTS[variant])
-    assert run_config(op, *tensors(op, seed=4), tma=True, warp_specialize=True) == []
-
-
-@interp
-def test_warp_specialized_walk_with_key_splits():
-    op = make_op(B=1, Sq=20, Sk=128, Hq=2, Hkv=1, D=32, mask_mod=E.causal_mask())
-    assert run_config(op, *tensors(op), tma=True, warp_specialize=True, num_splits=3) == []
-
-
-@interp
-def test_warp_specialized_walk_falls_back_without_a_flat_view():
-    """q stored BHSD has no (B * S, H * D) view: the call runs the pointer kernel, same results."""
-    op = make_op(B=2, Sq=16, Sk=32, Hq=2, Hkv=2, D=32, mask_mod=E.causal_mask())
-    _, k, v = tensors(op)
-    q = torch.randn(2, 2, 16, 32, generator=torch.Generator().manual_seed(1)).half().transpose(1, 2)
-    warned = run_config(op, q, k, v, tma=True, warp_specialize=True)
-    assert len(warned) == 1 and "q with strides" in warned[0] and "(B * S, H * D) view" in warned[0]
-
-
 # -- lowering for sm_90a (no GPU) ------------------------------------------------------------------------
 
 def _lower(op, **cfg_kw):
@@ -155,23 +122,12 @@ def _lower(op, **cfg_kw):
 
 @parent_only
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_lowering_tma_and_warp_specialization_sm90a(causal):
-    """tma=True lowers K/V loads to cp.async.bulk.tensor; warp_specialize=True (4 warps) gives a
-    producer + 2 consumer warpgroups: setmaxnreg and 12 warps; the default kernel has neither."""
-    import triton
-
+def test_lowering_tma_sm90a(causal):
+    """tma=True lowers K/V loads to cp.async.bulk.tensor; the default kernel has none."""
     op = make_op(B=2, Sq=1024, Sk=1024, Hq=8, Hkv=2, D=128, dtype=DType.bfloat16, return_lse=False,
                  mask_mod=E.causal_mask() if causal else None)
-    plain = _lower(op)
-    assert "cp.async.bulk.tensor" not in plain["ptx"] and "setmaxnreg" not in plain["ptx"]
-    tma = _lower(op, tma=True)
-    assert "cp.async.bulk.tensor" in tma["ptx"] and "setmaxnreg" not in tma["ptx"]
-    block_ms = (64, 128) if triton.__version__.startswith("3.6.") else (64,)
-    for bm in block_ms:
-        ws = _lower(op, tma=True, warp_specialize=True, num_warps=4, num_stages=2, block_m=bm, block_n=128)
-        ptx = ws["ptx"]
-        assert ptx.count("setmaxnreg") >= 4 and "cp.async.bulk.tensor" in ptx and "wgmma" in ptx
-        assert ws["num_warps"] == 12 and ".reqntid 384" in ptx
+    assert "cp.async.bulk.tensor" not in _lower(op)["ptx"]
+    assert "cp.async.bulk.tensor" in _lower(op, tma=True)["ptx"]
 
 
 # -- refusals, fit, candidates ---------------------------------------------------------------------------
@@ -179,36 +135,13 @@ def test_lowering_tma_and_warp_specialization_sm90a(causal):
 PREFILL = dict(B=2, Sq=1024, Sk=1024, Hq=8, Hkv=2, D=128, dtype=DType.bfloat16)
 
 
-@pytest.mark.parametrize("arch,kw,match", [
-    ("sm_80", dict(tma=True), r"AttnConfig\(tma=True\) on sm_80: .*sm_90.*use tma=False"),
-    ("sm_90", dict(warp_specialize=True), r"warp_specialize=True, tma=False\).*set tma=True"),
-    ("sm_120", dict(tma=True, warp_specialize=True, num_warps=4), r"on sm_120: .*setmaxnreg"),
-    ("sm_90", dict(tma=True, warp_specialize=True, num_warps=8), r"num_warps=8.*num_warps=4"),
-    ("sm_90", dict(tma=True, warp_specialize=True, num_warps=4, lazy_rescale=True), r"lazy_rescale=True.*branch"),
-], ids=["tma-sm80", "ws-without-tma", "ws-sm120", "ws-8-warps", "ws-lazy"])
-def test_tma_and_warp_specialize_are_refused_where_they_cannot_run(arch, kw, match):
+def test_tma_is_refused_on_sm80():
     from portakern.backends.triton import tuning
 
     op = make_op(**PREFILL)
-    cfg = replace(tuning.choose(op, arch, 132), block_m=64, **kw)
-    with pytest.raises(ValueError, match=match):
-        tuning.check_tma(op, cfg, arch)
-
-
-@pytest.mark.parametrize("op_kw,match", [
-    (dict(PREFILL, dtype=DType.float32), r"float32: .*not wgmma"),
-    (dict(PREFILL, D=96), r"head_dim=96: .*power-of-two"),
-    (dict(PREFILL, Sk=1000), r"seqlen_k=1000, block_n=64: .*whole key tiles"),
-    (dict(PREFILL, has_seqlens_k=True), r"seqlens_k.*no seqlens_k"),
-], ids=["fp32", "d96", "tail-tile", "seqlens-k"])
-def test_warp_specialize_names_the_shape_it_cannot_walk(op_kw, match):
-    from portakern.backends.triton import tuning
-
-    op = make_op(**op_kw)
-    cfg = tuning.AttnConfig(64, 64, 4, 2, tma=True, warp_specialize=True)
-    with pytest.raises(ValueError, match=r"AttnConfig\(warp_specialize=True\) .*" + match):
-        tuning.check_tma(op, cfg, "sm_90")
-    assert tuning.fit(op, cfg, "sm_90") == replace(cfg, warp_specialize=False)   # tma stays
+    cfg = replace(tuning.choose(op, "sm_80", 132), tma=True)
+    with pytest.raises(ValueError, match=r"AttnConfig\(tma=True\) on sm_80: .*sm_90.*use tma=False"):
+        tuning.check_tma(op, cfg, "sm_80")
 
 
 def test_tma_is_refused_for_paged_and_packed_ops_and_fit_clears_it():
@@ -222,7 +155,7 @@ def test_tma_is_refused_for_paged_and_packed_ops_and_fit_clears_it():
         A.build(paged, CPU, cfg)
     with pytest.raises(ValueError, match=r"tma=True\) on sm_80"):
         A.compile_for_target(make_op(**PREFILL), "sm_80", tuning.AttnConfig(128, 64, 8, 2, tma=True))
-    assert tuning.fit(paged, replace(cfg, warp_specialize=True), "sm_90") == replace(cfg, tma=False)
+    assert tuning.fit(paged, cfg, "sm_90") == replace(cfg, tma=False)
     assert not tuning.fit(make_op(**PREFILL), tuning.AttnConfig(128, 64, 8, 2, tma=True), "sm_80").tma
     # one key: Triton specialises seqlen_k == 1 to a constant, and that TMA kernel crashes ptxas 3.6
     one_key = make_op(B=1, Sq=239, Sk=1, Hq=4, Hkv=1, D=256, dtype=DType.bfloat16)
@@ -235,14 +168,13 @@ def test_tma_is_refused_for_paged_and_packed_ops_and_fit_clears_it():
     assert tuning.choose(make_op(B=1, Sq=239, Sk=2, Hq=4, Hkv=1, D=256, dtype=DType.bfloat16), "sm_90", 132).tma
 
 
-def test_config_round_trips_table_and_autotuning_offer_tma_but_not_the_warp_specialized_walk(monkeypatch):
-    """tma / warp_specialize round-trip through JSON; the sm_90 table (``TMA_TABLE``) uses TMA for
-    dense fp16/bf16 prefill with D > 128 in whole 16-byte rows and more than one key, no other table
-    does; autotuning times TMA both ways but never the warp-specialised walk (refused on GPUs, see
-    the GPU test below)."""
+def test_config_round_trips_and_the_table_and_autotuning_offer_tma(monkeypatch):
+    """tma round-trips through JSON; the sm_90 table (``TMA_TABLE``) uses TMA for dense fp16/bf16
+    prefill with D > 128 in whole 16-byte rows and more than one key, no other table does; autotuning
+    times TMA both ways where it applies."""
     from portakern.backends.triton import tuning
 
-    cfg = tuning.AttnConfig(64, 128, 4, 2, tma=True, warp_specialize=True)
+    cfg = tuning.AttnConfig(64, 128, 4, 2, tma=True)
     assert tuning.AttnConfig(**cfg.to_json()) == cfg
     for D, want in ((64, False), (128, False), (256, True), (200, True), (130, False)):
         op = make_op(B=2, Sq=512, Sk=512, Hq=4, Hkv=2, D=D, dtype=DType.bfloat16, mask_mod=E.causal_mask())
@@ -256,27 +188,22 @@ def test_config_round_trips_table_and_autotuning_offer_tma_but_not_the_warp_spec
         for arch, sms in (("sm_80", 108), ("sm_100", 148), ("interp", 4)):
             assert not tuning.choose(op, arch, sms).tma
         cands = tuning.candidates(op, "sm_90", 132)
-        assert {c.tma for c in cands} == {False, True} and not any(c.warp_specialize for c in cands)
+        assert {c.tma for c in cands} == {False, True}
         for c in cands:
             tuning.check_tma(op, c, "sm_90")
         assert not any(c.tma for c in tuning.candidates(op, "sm_80", 108))
-    op = make_op(**PREFILL, mask_mod=E.causal_mask())
-    tc = tuning.tma_candidates(op, tuning.choose(op, "sm_90", 132, wgmma=False), "sm_90")
-    ws = [c for c in tc if c.warp_specialize]
-    assert ws and all(c.tma and c.num_warps == 4 and c.num_stages == 2 for c in ws)
     dec = make_op(B=1, Sq=1, Sk=32768, Hq=32, Hkv=8, D=256, dtype=DType.bfloat16)
     assert not tuning.choose(dec, "sm_90", 132).tma
-    assert not tuning.tma_candidates(dec, tuning.choose(dec, "sm_90", 132), "sm_90")
+    assert not any(c.tma for c in tuning.candidates(dec, "sm_90", 132))
 
 
 # -- on a CUDA device (sm_90+) --------------------------------------------------------------------------
 
 @parent_only
 @pytest.mark.parametrize("D,causal", [(128, False), (64, True), (256, False), (256, True)])
-def test_gpu_tma_matches_the_reference_and_the_warp_specialized_walk_is_refused(D, causal):
-    """On a CUDA device (sm_90+): tma=True on the table tile (real TMA zero fill, Sq not a multiple of
-    the tile), output poisoned first, against float64; warp_specialize=True raises
-    NotImplementedError naming the reason and the way out (it crashed on the H200, session 3)."""
+def test_gpu_tma_matches_the_reference(D, causal):
+    """On a CUDA device (sm_90+): tma=True on attn_fwd's table tile (real TMA zero fill, Sq not a
+    multiple of the tile), output poisoned first, against float64."""
     from portakern.backends.triton import attention as A
     from portakern.backends.triton import tuning
     from portakern.devices import detect_devices
@@ -302,6 +229,3 @@ def test_gpu_tma_matches_the_reference_and_the_warp_specialized_walk_is_refused(
     torch.cuda.synchronize()
     err = np.abs(out.double().cpu().numpy() - ref_out).max()
     assert err <= ATOL[op.dtype], f"max |out - ref| = {err:.3g}"
-    ws = replace(cfg, tma=True, warp_specialize=True, num_warps=4, num_stages=2, block_m=64, block_n=64)
-    with pytest.raises(NotImplementedError, match=r"warp_specialize=True\) on a GPU.*use warp_specialize=False"):
-        A.build(op, dev, ws)

@@ -20,9 +20,7 @@ streams would share it: serialise them.
 
 TMA (``AttnConfig.tma``, dense prefill on sm_90+): K and V go to the kernel as host-side
 ``TensorDescriptor``s, 4-D over the (B, Sk, Hkv, D) tensors with their own strides, built per call
-(small host objects; no device allocation). With ``warp_specialize`` q, K and V go as 2-D
-descriptors over their (B * S, H * D) views instead, which needs those views to exist (heads
-adjacent, batches adjacent; any contiguous tensor). TMA needs each base 16-byte aligned, every
+(small host objects; no device allocation). TMA needs each base 16-byte aligned, every
 stride but the last a multiple of 16 bytes and the last stride 1. A call whose tensors break
 those rules (e.g. fp16 K with an odd ``Hkv * D``, or a view at an unaligned offset) runs the
 pointer kernel instead, compiled on its first such call, with a RuntimeWarning naming the reason
@@ -127,7 +125,7 @@ def _constexprs(op: Attention, cfg: AttnConfig, interpret: bool, mods) -> dict[s
         HAS_SCORE_MOD=op.score_mod is not None, RETURN_LSE=op.return_lse,
         UPCAST=interpret and op.dtype.value == "bfloat16",
         DOT_PREC="ieee" if op.dtype.value == "float32" else "tf32",
-        PDL=cfg.pdl, LAZY_RESCALE=cfg.lazy_rescale, TMA=cfg.tma, WS=cfg.warp_specialize,
+        PDL=cfg.pdl, LAZY_RESCALE=cfg.lazy_rescale, TMA=cfg.tma,
         RAW_MAX=op.score_mod is None and op.scale > 0 and not cfg.lazy_rescale,
     )
 
@@ -138,17 +136,11 @@ def _pdl(cfg: AttnConfig) -> bool:
     return cfg.pdl and cfg.num_splits > 1 and not cfg.fused_combine
 
 
-def tma_blocker(cfg: AttnConfig, q, k, v) -> str | None:
-    """Why this call's tensors cannot go through TMA under ``cfg`` (None when they can; see the module
-    docstring for the rules)."""
-    named = (("k", k), ("v", v)) if not cfg.warp_specialize else (("q", q), ("k", k), ("v", v))
-    for name, a in named:
-        if cfg.warp_specialize:
-            B, S, H, D = a.shape
-            if H > 1 and a.stride(2) != D or B > 1 and a.stride(0) != S * a.stride(1):
-                return (f"{name} with strides {tuple(a.stride())} has no (B * S, H * D) view, which the "
-                        f"warp-specialised kernel's 2-D descriptors need")
-        why = _tma_rules(name, a, a.stride()[1:2] if cfg.warp_specialize else a.stride()[:-1])
+def tma_blocker(k, v) -> str | None:
+    """Why this call's K and V cannot go through TMA (None when they can; see the module docstring
+    for the rules)."""
+    for name, a in (("k", k), ("v", v)):
+        why = _tma_rules(name, a, a.stride()[:-1])
         if why:
             return why
     return None
@@ -168,20 +160,12 @@ def _tma_rules(name: str, a, strides) -> str | None:
     return None
 
 
-def _descriptors(cfg: AttnConfig, q, k, v, block_d: int, block_dv: int):
-    """Host TMA descriptors ``(q, k, v)``: 4-D K and V (q None), or 2-D q, K, V under warp_specialize."""
+def _descriptors(cfg: AttnConfig, k, v, block_d: int, block_dv: int):
+    """Host TMA descriptors ``(k, v)``, 4-D over the (B, Sk, Hkv, D) tensors."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    if not cfg.warp_specialize:
-        return (None,
-                TensorDescriptor(k, list(k.shape), list(k.stride()), [1, cfg.block_n, 1, block_d]),
-                TensorDescriptor(v, list(v.shape), list(v.stride()), [1, cfg.block_n, 1, block_dv]))
-
-    def flat(a, rows: int, cols: int):
-        B, S, H, D = a.shape
-        return TensorDescriptor(a, [B * S, H * D], [a.stride(1), 1], [rows, cols])
-
-    return flat(q, cfg.block_m, block_d), flat(k, cfg.block_n, block_d), flat(v, cfg.block_n, block_dv)
+    return (TensorDescriptor(k, list(k.shape), list(k.stride()), [1, cfg.block_n, 1, block_d]),
+            TensorDescriptor(v, list(v.shape), list(v.stride()), [1, cfg.block_n, 1, block_dv]))
 
 
 def _combine_constexprs(op: Attention, cfg: AttnConfig, block_dv: int) -> dict[str, Any]:
@@ -203,12 +187,6 @@ def compile(op: Attention, device: Device) -> Callable[..., None]:
     return build(op, device, cfg)
 
 
-#: Lets ``build`` launch the warp-specialised walk on a GPU (it refuses otherwise: an illegal memory
-#: access on the H200, session 3). Only ``benchmarks/experiments/attention_ws_probe.py`` sets it, in a
-#: process of its own per candidate, to diagnose the fault.
-WS_GPU_PROBE = False
-
-
 def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]:
     """The kernel for ``op`` with an explicit configuration (benchmarks and tuning sweep with this)."""
     from . import kernels
@@ -221,18 +199,11 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
     tuning.check_wgmma(op, cfg, arch)
     if cfg.wgmma:
         return _build_wgmma(op, device, cfg, arch)
-    if cfg.warp_specialize and not interpret and not WS_GPU_PROBE:
-        raise NotImplementedError(
-            "AttnConfig(warp_specialize=True) on a GPU: the warp-specialised walk lowers for sm_90a and "
-            "passes the interpreter tests, but on the H200 its 128-row tiles stop with an illegal memory "
-            "access and its 64-row tiles, though correct, ran 1.5-1.8x slower than the table's kernel "
-            "(sessions 3 and 9, benchmarks/attention_notes.md); use warp_specialize=False "
-            "(tma=True alone runs)")
     fwd = kernels.load("attention_fwd").attn_fwd
     combine = kernels.load("attention_combine").attn_combine
     consts = _constexprs(op, cfg, interpret, load_mods(op.score_mod, op.mask_mod, interpret))
     # calls whose tensors break TMA's rules (tma_blocker) run this pointer kernel, compiled on first use
-    ptr_consts = dict(consts, TMA=False, WS=False)
+    ptr_consts = dict(consts, TMA=False)
     shapes = op.shapes()
     varlen = op.kv_layout is KVLayout.VARLEN
     rows = cfg.block_m // cfg.pack
@@ -267,17 +238,17 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
             ws_o, ws_lse, locks = ws
         else:
             ws_o = ws_lse = locks = None
-        qd = kd = vd = None
+        kd = vd = None
         cx = consts
         if cfg.tma:
-            why = tma_blocker(cfg, q, k, v)
+            why = tma_blocker(k, v)
             if why is None:
-                qd, kd, vd = _descriptors(cfg, q, k, v, consts["BLOCK_D"], consts["BLOCK_DV"])
+                kd, vd = _descriptors(cfg, k, v, consts["BLOCK_D"], consts["BLOCK_DV"])
             else:
                 cx = ptr_consts
                 warnings.warn(f"portakern: triton attention with tma=True runs pointer loads for this call: "
                               f"{why} (same results, TMA's speed-up lost)", RuntimeWarning, stacklevel=2)
-        fwd[grid](q, k, v, out, lse, ws_o, ws_lse, locks, bt, sk, cu_q, cu_k, qd, kd, vd,
+        fwd[grid](q, k, v, out, lse, ws_o, ws_lse, locks, bt, sk, cu_q, cu_k, kd, vd,
                   *sq_, *sk_, *sv_, *so_, *sl_, *sbt,
                   op.batch, op.total_q if varlen else op.seqlen_q, op.seqlen_k, R,
                   op.scale, **cx, **launch_opts)
@@ -391,8 +362,7 @@ def compile_for_target(op: Attention, target: str, config: AttnConfig | None = N
 
     Returns ``{"target", "config", "kernels": {name: {"cubin": bytes, "ptx": str, "shared": int,
     "num_warps": int}}}``; ``attn_combine`` is included when the configuration splits the keys
-    without fusing the merge. ``num_warps`` is the launch's warp count (``3 * config.num_warps``
-    when Triton warp-specialised the key loop). With ``config.tma`` the TMA kernel is lowered (the
+    without fusing the merge. ``num_warps`` is the launch's warp count. With ``config.tma`` the TMA kernel is lowered (the
     pointer fallback of calls with misaligned K/V is ``tma=False``); with ``config.wgmma`` the Gluon
     kernel ``attn_fwd_wgmma`` (12 warps), whose fallback is ``tuning.choose(..., wgmma=False)``.
     """
@@ -514,14 +484,10 @@ def _as_launched(fn, sig: dict[str, str], consts: dict[str, Any], scalars: dict[
 
 
 def _desc_signature(cfg: AttnConfig, elt: str, bd: int, bdv: int) -> dict[str, str]:
-    """ASTSource types of ``Q_DESC``/``K_DESC``/``V_DESC`` (the blocks of ``_descriptors``)."""
-    if cfg.warp_specialize:
-        return {"Q_DESC": f"tensordesc<{elt}[{cfg.block_m},{bd}]>", "K_DESC": f"tensordesc<{elt}[{cfg.block_n},{bd}]>",
-                "V_DESC": f"tensordesc<{elt}[{cfg.block_n},{bdv}]>"}
+    """ASTSource types of ``K_DESC``/``V_DESC`` (the blocks of ``_descriptors``)."""
     if cfg.tma:
-        return {"Q_DESC": "constexpr", "K_DESC": f"tensordesc<{elt}[1,{cfg.block_n},1,{bd}]>",
-                "V_DESC": f"tensordesc<{elt}[1,{cfg.block_n},1,{bdv}]>"}
-    return {"Q_DESC": "constexpr", "K_DESC": "constexpr", "V_DESC": "constexpr"}
+        return {"K_DESC": f"tensordesc<{elt}[1,{cfg.block_n},1,{bd}]>", "V_DESC": f"tensordesc<{elt}[1,{cfg.block_n},1,{bdv}]>"}
+    return {"K_DESC": "constexpr", "V_DESC": "constexpr"}
 
 
 def _artifact(ck, num_warps: int) -> dict:

@@ -69,14 +69,6 @@ class AttnConfig:
     #: the pointer kernel instead, compiled on first need (see ``attention.build``). ``fit`` clears it
     #: for ops it cannot serve (paged, varlen, packed decode). In no table yet: unmeasured (v4)
     tma: bool = False
-    #: warp-specialise the key walk (needs ``tma``; sm_90+, ``num_warps=4``): Triton splits the program
-    #: into a producer warpgroup issuing the TMA loads and two consumer warpgroups (``num_warps`` 4
-    #: becomes 12 warps at launch). Triton 3.6 does this only for a kernel with one key loop and no
-    #: branch in its body, so this variant walks every visible tile in one loop with the mask on each
-    #: (no unmasked band), loads q through TMA too, and needs power-of-two head dims, whole key tiles
-    #: (``seqlen_k % block_n == 0``), no ``seqlens_k`` and no ``lazy_rescale`` (``check_tma``).
-    #: In no table yet: unmeasured (v4)
-    warp_specialize: bool = False
     #: run the Gluon prefill kernel for sm_90 (``kernels/attention_wgmma.py``: a TMA load warp and two
     #: 64-row consumer warpgroups with their own schedule) with ``block_n`` keys per tile and a ring of
     #: ``num_stages >= 2`` K/V buffers; ``block_m`` 128 and ``num_warps`` 4 (12 at launch) are fixed.
@@ -99,24 +91,8 @@ def check_pdl(cfg, arch: str) -> None:
                          f"{', '.join(PDL_ARCHS)} (and a compiled kernel, not the interpreter); use pdl=False")
 
 
-#: Architecture families with the tensor-memory accelerator (TMA descriptors, ``tma``) and with the
-#: register reallocation (``setmaxnreg``) that Triton's warp specialisation needs (``warp_specialize``).
+#: Architecture families with the tensor-memory accelerator (TMA descriptors, ``tma``).
 TMA_ARCHS = ("sm_90", "sm_100", "sm_120")
-WS_ARCHS = ("sm_90", "sm_100")
-#: ``warp_specialize`` lowers to a producer + consumer split only at this many warps (sm_90a, Triton
-#: 3.6: with 8 the loop stays unspecialised, no setmaxnreg), so other counts are refused
-WS_NUM_WARPS = 4
-#: Largest ``block_m`` the warp specialiser lowers, per Triton minor version (sm_90a). Triton 3.6 (the
-#: GPU machine's) takes 128; 3.9 splits the 128-row q descriptor load between the two consumer
-#: warpgroups and then fails ("descriptor block and tensor must have the same number of
-#: elements"), while 64 rows lower. Versions not listed get the smaller bound.
-WS_MAX_BLOCK_M = {"3.6": 128}
-
-
-def _triton_minor() -> str:
-    import triton
-
-    return ".".join(triton.__version__.split(".")[:2])
 
 
 def tma_applies(op, cfg: AttnConfig) -> bool:
@@ -127,41 +103,8 @@ def tma_applies(op, cfg: AttnConfig) -> bool:
     return op.kv_layout.value == "dense" and cfg.pack == 1 and op.seqlen_k > 1
 
 
-def ws_blocker(op, cfg: AttnConfig, arch: str) -> str | None:
-    """Why ``warp_specialize`` cannot serve ``op`` under ``cfg`` on ``arch`` (None when it can; ``tma``
-    itself is checked separately). Each reason is a shape Triton 3.6's warp specialiser rejects or
-    that the single-loop walk cannot mask (see ``kernels/attention_fwd.py``)."""
-    if arch != "interp" and arch not in WS_ARCHS:
-        return f"on {arch}: warp specialisation needs setmaxnreg, one of {', '.join(WS_ARCHS)}"
-    if cfg.num_warps != WS_NUM_WARPS:
-        return (f"with num_warps={cfg.num_warps}: Triton splits the loop into producer and consumer "
-                f"warpgroups only at num_warps={WS_NUM_WARPS} ({3 * WS_NUM_WARPS} warps at launch)")
-    max_m = WS_MAX_BLOCK_M.get(_triton_minor(), 64) if arch != "interp" else cfg.block_m
-    if cfg.block_m > max_m:
-        return (f"with block_m={cfg.block_m} on Triton {_triton_minor()}: its warp specialiser fails to lower "
-                f"the {cfg.block_m}-row q tile (lowered up to block_m={max_m})")
-    if op.dtype.value == "float32":
-        return ("for float32: its dots are not wgmma (ieee precision), and Triton then leaves the loop "
-                "unspecialised")
-    if cfg.lazy_rescale:
-        return ("with lazy_rescale=True: its conditional rescale is a branch in the loop body, and Triton then "
-                "leaves the loop unspecialised")
-    for field, d in (("head_dim", op.head_dim), ("head_dim_v", op.head_dim_v)):
-        if d < 16 or d != next_pow2(d):
-            return (f"with {field}={d}: the 2-D descriptors of the warp-specialised walk need power-of-two "
-                    f"head dimensions >= 16")
-    if op.has_seqlens_k or op.seqlen_k % cfg.block_n:
-        return (f"with seqlen_k={op.seqlen_k}{' and seqlens_k' if op.has_seqlens_k else ''}, block_n={cfg.block_n}: "
-                f"the warp-specialised walk needs whole key tiles of one length (seqlen_k % block_n == 0, "
-                f"no seqlens_k)")
-    return None
-
-
 def check_tma(op, cfg: AttnConfig, arch: str) -> None:
-    """Raise when ``cfg`` asks for TMA loads or warp specialisation where they cannot run."""
-    if cfg.warp_specialize and not cfg.tma:
-        raise ValueError("AttnConfig(warp_specialize=True, tma=False): Triton warp-specialises the key loop "
-                         "only when its loads are tensor-descriptor loads; set tma=True as well")
+    """Raise when ``cfg`` asks for TMA loads where they cannot run."""
     if not cfg.tma:
         return
     if arch != "interp" and arch not in TMA_ARCHS:
@@ -172,10 +115,6 @@ def check_tma(op, cfg: AttnConfig, arch: str) -> None:
                          f"and seqlen_k={op.seqlen_k}: the TMA path serves dense keys with one head per tile "
                          f"(prefill) and more than one key; use tma=False "
                          f"or pass the config through tuning.fit")
-    why = ws_blocker(op, cfg, arch) if cfg.warp_specialize else None
-    if why:
-        raise ValueError(f"AttnConfig(warp_specialize=True) {why}; use warp_specialize=False or pass the "
-                         f"config through tuning.fit")
 
 
 def check_wgmma(op, cfg: AttnConfig, arch: str) -> None:
@@ -195,8 +134,8 @@ def check_wgmma(op, cfg: AttnConfig, arch: str) -> None:
         why = (f"with block_n={cfg.block_n} and num_stages={cfg.num_stages} needs "
                f"{smem_bytes(op, 128, cfg.block_n, cfg.num_stages) + WGMMA_SMEM_EXTRA} bytes of shared memory, "
                f"over {arch}'s {SMEM_LIMIT[arch]}")
-    if why is None and (cfg.tma or cfg.warp_specialize or cfg.lazy_rescale or cfg.pack > 1 or cfg.num_splits > 1):
-        why = "has its own TMA loads and schedule: tma, warp_specialize, lazy_rescale, pack and num_splits stay off"
+    if why is None and (cfg.tma or cfg.lazy_rescale or cfg.pack > 1 or cfg.num_splits > 1):
+        why = "has its own TMA loads and schedule: tma, lazy_rescale, pack and num_splits stay off"
     if why:
         raise ValueError(f"AttnConfig(wgmma=True): the Gluon prefill kernel {why}; use wgmma=False "
                          f"or pass the config through tuning.fit")
@@ -236,17 +175,11 @@ def decode_rows(op) -> int | None:
     return rows if rows <= 16 and rows * op.group_size <= 128 else None
 
 
-#: Shared memory the warp-specialised kernel uses beyond ``smem_bytes``' estimate (sm_90a, Triton 3.6:
-#: 16,544 bytes at every D in 64-256, BLOCK_N 64/128, 1-3 stages; its barriers and exchange buffers)
-WS_SMEM_EXTRA = 16544
-
-
-def smem_bytes(op, block_m: int, block_n: int, stages: int, warp_specialize: bool = False) -> int:
-    """Estimate of shared memory: pipelined K and V tiles plus the q tile (plus ``WS_SMEM_EXTRA``)."""
+def smem_bytes(op, block_m: int, block_n: int, stages: int) -> int:
+    """Estimate of shared memory: pipelined K and V tiles plus the q tile."""
     elt = 4 if op.dtype.value == "float32" else 2
     bd, bdv = max(16, next_pow2(op.head_dim)), max(16, next_pow2(op.head_dim_v))
-    extra = WS_SMEM_EXTRA if warp_specialize else 0
-    return stages * block_n * (bd + bdv) * elt + block_m * bd * elt + extra
+    return stages * block_n * (bd + bdv) * elt + block_m * bd * elt
 
 
 def _base_table(op, arch: str) -> tuple[int, int, int, int]:
@@ -375,9 +308,9 @@ def fit(op, cfg: AttnConfig, arch: str) -> AttnConfig:
     """Shrink stages, then key tiles, then query tiles until the shared-memory estimate fits.
 
     A ``wgmma`` configuration keeps its key tile and ring depth where the Gluon kernel serves ``op``
-    and becomes the ``attn_fwd`` table configuration elsewhere. Then clears ``tma`` and ``warp_specialize`` where ``op`` or ``arch`` cannot use them (paged or
-    varlen keys, packed decode tiles, architectures without TMA, the cases of ``ws_blocker``), so a
-    fitted configuration always passes ``check_tma``.
+    and becomes the ``attn_fwd`` table configuration elsewhere. Then clears ``tma`` where ``op`` or
+    ``arch`` cannot use it (paged or varlen keys, packed decode tiles, one key, architectures without
+    TMA), so a fitted configuration always passes ``check_tma``.
     """
     if cfg.wgmma:
         from .attention_wgmma import blocker
@@ -385,23 +318,21 @@ def fit(op, cfg: AttnConfig, arch: str) -> AttnConfig:
         if blocker(op, arch) is not None:
             return choose(op, arch, wgmma=False)
         cfg = replace(cfg, block_m=128, num_warps=4, num_stages=max(2, cfg.num_stages), pack=1, num_splits=1,
-                      tma=False, warp_specialize=False, lazy_rescale=False)
+                      tma=False, lazy_rescale=False)
         limit = SMEM_LIMIT[arch] - WGMMA_SMEM_EXTRA
         while smem_bytes(op, 128, cfg.block_n, cfg.num_stages) > limit and (cfg.num_stages > 2 or cfg.block_n > 32):
             cfg = replace(cfg, **({"num_stages": cfg.num_stages - 1} if cfg.num_stages > 2 else {"block_n": cfg.block_n // 2}))
         return cfg
     cfg = _fit_smem(op, cfg, arch)
     if cfg.tma and (not tma_applies(op, cfg) or (arch != "interp" and arch not in TMA_ARCHS)):
-        cfg = replace(cfg, tma=False, warp_specialize=False)
-    if cfg.warp_specialize and (not cfg.tma or ws_blocker(op, cfg, arch)):
-        cfg = replace(cfg, warp_specialize=False)
+        cfg = replace(cfg, tma=False)
     return cfg
 
 
 def _fit_smem(op, cfg: AttnConfig, arch: str) -> AttnConfig:
     """Shrink stages, then key tiles, then query tiles until the shared-memory estimate fits."""
     limit = SMEM_LIMIT.get(arch, 99 * 1024) - 8 * 1024
-    while smem_bytes(op, cfg.block_m, cfg.block_n, cfg.num_stages, cfg.warp_specialize) > limit:
+    while smem_bytes(op, cfg.block_m, cfg.block_n, cfg.num_stages) > limit:
         if cfg.num_stages > 1:
             cfg = replace(cfg, num_stages=cfg.num_stages - 1)
         elif cfg.block_n > 16:
@@ -488,28 +419,9 @@ def candidates(op, arch: str, num_sms: int) -> list[AttnConfig]:
         if c not in out:
             out.append(c)
     out += [replace(c, lazy_rescale=True) for c in [c for c in out if not c.wgmma][:2]]   # the conditional rescale
-    # TMA loads on the table tile (both ways); the warp-specialised walk stays out: it crashed on the
-    # H200 (session 3, illegal address) and attention.build refuses it on GPUs
-    for c in tma_candidates(op, base, arch) + [replace(base, tma=not base.tma)]:
+    for c in (replace(base, tma=True), replace(base, tma=False)):   # TMA loads on the table tile, both ways
         c = fit(op, c, arch)
-        if not c.warp_specialize and c not in out:
-            out.append(c)
-    return out
-
-
-def tma_candidates(op, base: AttnConfig, arch: str) -> list[AttnConfig]:
-    """The TMA variants worth timing for a prefill ``op`` (v4; on the H200 the warp-specialised ones
-    crashed with an illegal memory access, so ``attention.build`` refuses those on GPUs): TMA loads on ``base``'s
-    tile, and the warp-specialised walk at 4 warps, 2 stages, BM 128 / 64 x BN 128 / 64. ``fit``
-    drops what ``op``, ``arch`` or this Triton cannot run (none for decode, paged or varlen)."""
-    tries = [replace(base, tma=True)]
-    for bm, bn in ((128, 128), (128, 64), (64, 128), (64, 64)):
-        tries.append(replace(base, block_m=bm, block_n=bn, num_warps=WS_NUM_WARPS, num_stages=2, tma=True,
-                             warp_specialize=True))
-    out = []
-    for want in tries:
-        c = fit(op, want, arch)
-        if c.tma and c.warp_specialize == want.warp_specialize and c not in out:
+        if c not in out:
             out.append(c)
     return out
 

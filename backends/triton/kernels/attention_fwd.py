@@ -19,14 +19,6 @@ bounds are never visited.
 pointer tiles; the tensor-memory accelerator fills rows past Sk and columns past D with zeros, so
 masked tiles only need the score mask (V rows past a ``SEQLENS_K`` length are zeroed explicitly).
 
-``WS`` (with TMA): Triton warp-specialises the key loop (a producer warpgroup issues the TMA loads,
-two consumer warpgroups run the dots and the softmax). Triton 3.6's Hopper warp specialiser only
-accepts one shape of kernel, so this walk differs: q, K and V all come from 2-D descriptors over
-the (B * S, H * D) views (``Q_DESC``/``K_DESC``/``V_DESC``, blocks [BLOCK_M, D] / [BLOCK_N, D]),
-and every visible tile goes through ONE loop with no branch in its body, the mask (if any)
-evaluated on every tile. The host guarantees what that needs: power-of-two head dimensions, whole
-key tiles (Sk % BLOCK_N == 0), no SEQLENS_K, no LAZY_RESCALE, collapsible strides.
-
 Under split-KV (NUM_SPLITS > 1) each program writes its normalised partial output and LSE to the
 workspace; with FUSED_COMBINE the last split of a query tile to arrive (an int32 counter per tile,
 incremented acq_rel after a CTA barrier) merges them in ``_merge_splits``, otherwise
@@ -88,13 +80,13 @@ def _attend_tiles(acc, l_i, m_i, q, t_begin, t_end,
                   D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                   BLOCK_N: tl.constexpr, LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr,
                   HAS_MASK: tl.constexpr, HAS_SCORE_MOD: tl.constexpr, UPCAST: tl.constexpr,
-                  DOT_PREC: tl.constexpr, LAZY_RESCALE: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
+                  DOT_PREC: tl.constexpr, LAZY_RESCALE: tl.constexpr, TMA: tl.constexpr,
                   RAW_MAX: tl.constexpr):
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     if LAYOUT == PAGED:
         page = _page_ids(BLOCK_TABLE, bt_base, t_begin, sk, stride_btp, BLOCK_N, PAGE_SIZE)
-    for t in tl.range(t_begin, t_end, warp_specialize=WS):
+    for t in tl.range(t_begin, t_end):
         n = t * BLOCK_N + tl.arange(0, BLOCK_N)
         # -- locate the keys of this tile; the next tile's page ids are fetched while this one runs
         if TMA:
@@ -109,10 +101,7 @@ def _attend_tiles(acc, l_i, m_i, q, t_begin, t_end,
             k_rows = k_base + pos * stride_ks
             v_rows = v_base + pos * stride_vs
         # -- compute qk
-        if WS:
-            # 2-D (B * Sk, Hkv * D) view: whole tiles of this sequence (sk == Sk, Sk % BLOCK_N == 0)
-            kt = tl.trans(K_DESC.load([b * sk + t * BLOCK_N, kvh * D]))
-        elif TMA:
+        if TMA:
             # rows past the tensor's Sk and columns past D arrive as zeros
             kt = tl.trans(K_DESC.load([b, t * BLOCK_N, kvh, 0]).reshape(BLOCK_N, BLOCK_D))
         elif MASKED:
@@ -139,12 +128,9 @@ def _attend_tiles(acc, l_i, m_i, q, t_begin, t_end,
         else:
             c = 1.0
         if MASKED:
-            if WS:  # whole key tiles: the mask alone
-                keep = MASK_MOD(b, h[:, None], qrow[:, None], n[None, :], sq, sk)
-            else:
-                keep = (n < sk)[None, :]
-                if HAS_MASK:
-                    keep = keep & MASK_MOD(b, h[:, None], qrow[:, None], n[None, :], sq, sk)
+            keep = (n < sk)[None, :]
+            if HAS_MASK:
+                keep = keep & MASK_MOD(b, h[:, None], qrow[:, None], n[None, :], sq, sk)
             s = tl.where(keep, s, NEG_INF)
         # -- update m_i and l_i (base-2 online softmax; rows with nothing visible yet stay at 0)
         if LAZY_RESCALE:
@@ -167,9 +153,7 @@ def _attend_tiles(acc, l_i, m_i, q, t_begin, t_end,
             p = tl.math.exp2(s * c - m_use[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
         # -- accumulate P V
-        if WS:
-            v = V_DESC.load([b * sk + t * BLOCK_N, kvh * DV])
-        elif TMA:
+        if TMA:
             v = V_DESC.load([b, t * BLOCK_N, kvh, 0]).reshape(BLOCK_N, BLOCK_DV)
             if MASKED:  # rows past a seqlens_k length lie inside the tensor: p is 0 there, v may not be
                 v = tl.where((n < sk)[:, None], v, 0.0)
@@ -191,7 +175,7 @@ def _attend_tiles(acc, l_i, m_i, q, t_begin, t_end,
 
 @triton.jit
 def attn_fwd(
-    Q, K, V, O, LSE, WS_O, WS_LSE, LOCKS, BLOCK_TABLE, SEQLENS_K, CU_Q, CU_K, Q_DESC, K_DESC, V_DESC,
+    Q, K, V, O, LSE, WS_O, WS_LSE, LOCKS, BLOCK_TABLE, SEQLENS_K, CU_Q, CU_K, K_DESC, V_DESC,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
@@ -208,7 +192,7 @@ def attn_fwd(
     HAS_LEFT: tl.constexpr, WIN_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, WIN_RIGHT: tl.constexpr,
     HAS_MASK: tl.constexpr, MASK_ALL: tl.constexpr, NEVER: tl.constexpr, HAS_SCORE_MOD: tl.constexpr,
     RETURN_LSE: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr,
-    LAZY_RESCALE: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr, RAW_MAX: tl.constexpr,
+    LAZY_RESCALE: tl.constexpr, TMA: tl.constexpr, RAW_MAX: tl.constexpr,
 ):
     ROWS: tl.constexpr = BLOCK_M // PACK          # query rows per tile
     if PDL:
@@ -270,11 +254,8 @@ def attn_fwd(
     offs_dv = tl.arange(0, BLOCK_DV)
 
     # -- load q: it stays in registers for the whole walk
-    if WS:  # 2-D (B * Sq, Hq * D) view; rows past sq are never stored
-        q = Q_DESC.load([b * sq + blk * ROWS, hb * D])
-    else:
-        q_rows = q_base + qrow.to(tl.int64) * stride_qs + h.to(tl.int64) * stride_qh
-        q = tl.load(Q + q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & (offs_d < D)[None, :], other=0.0)
+    q_rows = q_base + qrow.to(tl.int64) * stride_qs + h.to(tl.int64) * stride_qh
+    q = tl.load(Q + q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & (offs_d < D)[None, :], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
 
@@ -313,14 +294,14 @@ def attn_fwd(
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + NEG_INF
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    if WS or MASK_ALL:
-        # one loop over every visible tile, the mask (if any) on each of them: the warp-specialised walk,
-        # or a mask with terms the kernel cannot reason about (MASK_ALL implies HAS_MASK)
+    if MASK_ALL:
+        # one loop over every visible tile with the mask on each: a mask with terms the kernel cannot
+        # reason about (MASK_ALL implies HAS_MASK)
         acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, t_lo, t_hi, K, V, K_DESC, V_DESC, BLOCK_TABLE, k_base,
                                       v_base, bt_base, kv_row0, kvh, stride_kb, stride_ks, stride_vb, stride_vs,
                                       stride_btp, scale, b, h, qrow, sq, sk, SCORE_MOD, MASK_MOD, HAS_MASK,
                                       D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, LAYOUT, PAGE_SIZE,
-                                      HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC, LAZY_RESCALE, TMA, WS, RAW_MAX)
+                                      HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC, LAZY_RESCALE, TMA, RAW_MAX)
     else:
         if HAS_LEFT:
             # stage 1: masked tiles before the fully visible band (sliding window's left edge)
@@ -328,19 +309,19 @@ def attn_fwd(
                                           v_base, bt_base, kv_row0, kvh, stride_kb, stride_ks, stride_vb, stride_vs,
                                           stride_btp, scale, b, h, qrow, sq, sk, SCORE_MOD, MASK_MOD, True,
                                           D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, LAYOUT, PAGE_SIZE,
-                                          HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC, LAZY_RESCALE, TMA, False, RAW_MAX)
+                                          HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC, LAZY_RESCALE, TMA, RAW_MAX)
         # stage 2: the fully visible band, no mask
         acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, t_flo, t_fhi, K, V, K_DESC, V_DESC, BLOCK_TABLE, k_base,
                                       v_base, bt_base, kv_row0, kvh, stride_kb, stride_ks, stride_vb, stride_vs,
                                       stride_btp, scale, b, h, qrow, sq, sk, SCORE_MOD, MASK_MOD, False,
                                       D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, LAYOUT, PAGE_SIZE,
-                                      HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC, LAZY_RESCALE, TMA, False, RAW_MAX)
+                                      HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC, LAZY_RESCALE, TMA, RAW_MAX)
         # stage 3: masked tiles after it (causal diagonal, window's right edge, key-length tail)
         acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, t_fhi, t_hi, K, V, K_DESC, V_DESC, BLOCK_TABLE, k_base,
                                       v_base, bt_base, kv_row0, kvh, stride_kb, stride_ks, stride_vb, stride_vs,
                                       stride_btp, scale, b, h, qrow, sq, sk, SCORE_MOD, MASK_MOD, True,
                                       D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, LAYOUT, PAGE_SIZE,
-                                      HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC, LAZY_RESCALE, TMA, False, RAW_MAX)
+                                      HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC, LAZY_RESCALE, TMA, RAW_MAX)
 
     # -- epilogue: normalise; rows that saw no key get 0 and lse = -inf
     seen = l_i > 0.0
