@@ -11,17 +11,17 @@ schedule is ours:
   (``k_ready``/``v_ready`` per stage, ``kv_empty`` released by both consumers);
 * the consumers share nothing but the ring, so they drift apart and one's softmax runs while the
   other's wgmma uses the tensor cores;
-* ``PINGPONG`` (off: measured mixed, -4% to +10% on the H200, session 10) makes the consumers take turns
+* ``PINGPONG`` (off: measured mixed, -8% to +10% on the H200, session 10) makes the consumers take turns
   issuing their MMAs through two mbarriers, FA3's inter-warpgroup schedule;
-* within a consumer, tile t's scores ``q k_t^T`` and tile t-1's ``P v_{t-1}`` are both in flight
-  while the softmax of tile t-1's successor waits only for the scores (FA3's intra-warpgroup
-  overlap): issue S_t, issue PV_{t-1}, wait S_t, softmax(S_t), wait PV_{t-1}, rescale.
+* within a consumer, tile t's scores ``q k_t^T`` and tile t-1's ``P v_{t-1}`` are both in flight,
+  and the softmax of tile t waits only for its scores while ``P v_{t-1}`` runs (FA3's
+  intra-warpgroup overlap): issue S_t, issue PV_{t-1}, wait S_t, softmax(S_t), wait PV_{t-1}, rescale.
 
 Row maximum on the raw scores (positive ``scale``): ``p = exp2(s * c - m * c)`` with
 ``c = scale * log2(e)``. Causal is bottom-right aligned (key n visible to row r iff
 ``n <= r + seqlen_k - seqlen_q``); the host admits it only for ``seqlen_k >= seqlen_q``, so every
-program sees at least one key. Keys past ``seqlen_k`` (the last tile, and rows of the next batch
-that a 3-D descriptor never returns: it zero-fills past each batch's end) are masked to -inf.
+program sees at least one key. Keys past ``seqlen_k`` in the last tile are masked to -inf (the 3-D
+descriptors zero-fill past each batch's end, so no tile reads the next batch's rows).
 """
 
 from triton.experimental import gluon
