@@ -111,6 +111,13 @@ def sweep_candidates(op, dev):
                     if cand not in out:
                         out.append(cand)
         return out
+    for bn, st in ((128, 3), (64, 3), (128, 2), (64, 4)):   # the Gluon kernel's tiles, where it serves op
+        c = tuning.fit(op, tuning.AttnConfig(128, bn, 4, st, wgmma=True), arch)
+        if c.wgmma and c not in out:
+            out.append(c)
+    base = tuning.choose(op, arch, sms, wgmma=False)          # attn_fwd's tiles below
+    if base not in out:
+        out.append(base)
     big = op.head_dim > 128
     grid = ((128, 64, 8, 2), (128, 64, 8, 1), (128, 32, 8, 3), (64, 64, 4, 2)) if big else \
         ((128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 8, 4), (128, 64, 8, 4), (64, 64, 4, 3),
@@ -119,10 +126,9 @@ def sweep_candidates(op, dev):
         c = tuning.fit(op, replace(base, block_m=bm, block_n=bn, num_warps=w, num_stages=st), arch)
         if c not in out:
             out.append(c)
-    # the conditional rescale (AttnConfig.lazy_rescale) on the table's tile and the next one
-    out += [replace(c, lazy_rescale=True) for c in out[:2]]
-    # v4: TMA K/V loads on the table tile, both ways (checked against the table's output in run_sweep);
-    # the warp-specialised walk crashed on the H200 (session 3) and is refused on GPUs
+    # the conditional rescale (AttnConfig.lazy_rescale) on attn_fwd's table tile and the next one
+    out += [replace(c, lazy_rescale=True) for c in [c for c in out if not c.wgmma][:2]]
+    # v4: TMA K/V loads on attn_fwd's table tile, both ways (checked against the table's output in run_sweep)
     flip = tuning.fit(op, replace(base, tma=not base.tma), arch)
     out += [flip] if flip != base and flip not in out else []
     # 128-key tiles with a third stage: past fit's 8 KiB margin, inside the card's 227 KiB (D=128: 224 KiB)
