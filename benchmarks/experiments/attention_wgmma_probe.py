@@ -1,9 +1,10 @@
 """Gluon sm_90 prefill (kernels/attention_wgmma.py) against float64, the table's attn_fwd and cuDNN.
 
 ``--phase check``: small dense cases (partial tiles, GQA, causal with seqlen_k > seqlen_q, LSE) against
-a float64 reference with an explicit mask. ``--phase bench``: the prefill rows of benchmarks/attention.py
-(``--head-dims``, default 128 64) timed for the table's attn_fwd, each WgmmaConfig candidate (checked against the table's
-output first), cuDNN and flash SDPA in the same process; TFLOP/s and ratios to cuDNN. JSON under --out.
+the cpu backend's float64 kernel, outputs poisoned before every candidate. ``--phase bench``: the
+prefill rows of benchmarks/attention.py (``--head-dims``, default 128 64) timed for attn_fwd's table
+tile, each Gluon tile with and without ping-pong (checked against attn_fwd's output first), cuDNN and
+flash SDPA in the same process; TFLOP/s and ratios to cuDNN. JSON under --out.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import math
 import os
 import sys
 
+import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))   # benchmarks/ for attention.py
 import harness  # noqa: E402
 from attention import bench_ms, prefill, sdpa_fns  # noqa: E402
+from portakern.backends.cpu.attention import attention_kernel  # noqa: E402
 from portakern.backends.triton import attention as A  # noqa: E402
 from portakern.backends.triton import attention_wgmma as W  # noqa: E402
 from portakern.backends.triton import tuning  # noqa: E402
@@ -41,17 +44,11 @@ def build(op, dev, cfg, pingpong: bool):
 
 
 def reference(op: Attention, q, k, v):
-    """float64 output (B, Sq, Hq, D) and LSE (B, Hq, Sq) with the causal mask spelled out."""
-    g = op.group_size
-    qd, kd, vd = (t.double().transpose(1, 2) for t in (q, k, v))
-    kd, vd = kd.repeat_interleave(g, 1), vd.repeat_interleave(g, 1)
-    s = qd @ kd.transpose(-1, -2) * op.scale
-    if op.mask_mod is not None:
-        m = torch.arange(op.seqlen_q, device=q.device)[:, None]
-        n = torch.arange(op.seqlen_k, device=q.device)[None, :]
-        s = s.masked_fill(~(n <= m + op.seqlen_k - op.seqlen_q), float("-inf"))
-    lse = torch.logsumexp(s, -1)
-    return (torch.softmax(s, -1) @ vd).transpose(1, 2), lse
+    """The cpu backend's float64 output (B, Sq, Hq, D) and LSE (B, Hq, Sq), on ``q``'s device."""
+    shapes = op.shapes()
+    out, lse = np.zeros(shapes["out"]), np.zeros(shapes["lse"])
+    attention_kernel(op)(*(t.double().cpu().numpy() for t in (q, k, v)), out, lse, {})
+    return torch.from_numpy(out).to(q.device), torch.from_numpy(lse).to(q.device)
 
 
 def check(dev, head_dims) -> list[dict]:
@@ -66,10 +63,10 @@ def check(dev, head_dims) -> list[dict]:
                            return_lse=True)
             assert W.blocker(op, "sm_90") is None, W.blocker(op, "sm_90")
             q, k, v, out, lse, aux = A.random_inputs(op, torch.device("cuda"), seed=1)
-            out.fill_(float("nan"))
-            lse.fill_(float("nan"))
             ref, ref_lse = reference(op, q, k, v)
             for label, cfg, pp in candidates(D):
+                out.fill_(float("nan"))       # poisoned before every candidate
+                lse.fill_(float("nan"))
                 build(op, dev, cfg, pp)(q, k, v, out, lse, aux)
                 torch.cuda.synchronize()
                 err = (out.double() - ref).abs().max().item()
