@@ -14,6 +14,7 @@ last stride 1), so a tile that runs past a batch's last row reads zeros, never t
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any, Callable
 
@@ -52,10 +53,6 @@ def blocker(op: Attention, arch: str) -> str | None:
     return None
 
 
-def is_causal(op: Attention) -> bool:
-    return op.mask_mod is not None
-
-
 def call_blocker(q, k, v) -> str | None:
     """Why these tensors cannot go through the kernel's 3-D descriptors (None when they can)."""
     for name, a in (("q", q), ("k", k), ("v", v)):
@@ -68,27 +65,33 @@ def call_blocker(q, k, v) -> str | None:
     return None
 
 
-def descriptors(q, k, v, block_n: int):
+@functools.lru_cache(maxsize=None)
+def _smem_layout(rows: int, d: int, dtype: str):
+    """The swizzled shared-memory layout of a ``(1, rows, d)`` tile (computed once, not per call)."""
+    from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout.get_default_for([1, rows, d], {"bfloat16": gl.bfloat16, "float16": gl.float16}[dtype])
+
+
+def descriptors(op: Attention, q, k, v, block_n: int):
     """The 3-D host descriptors of ``attn_fwd_wgmma``: q with ``(1, QUERY_ROWS, D)`` blocks, K and V
     with ``(1, block_n, D)``."""
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     def desc(a, rows):
         B, S, H, D = a.shape
-        elt = gl.bfloat16 if str(a.dtype) == "torch.bfloat16" else gl.float16
-        block = [1, rows, D]
-        lay = gl.NVMMASharedLayout.get_default_for(block, elt)
-        return TensorDescriptor(a, [B, S, H * D], [a.stride(0), a.stride(1), 1], block, lay)
+        return TensorDescriptor(a, [B, S, H * D], [a.stride(0), a.stride(1), 1], [1, rows, D],
+                                _smem_layout(rows, D, op.dtype.value))
 
     return desc(q, QUERY_ROWS), desc(k, block_n), desc(v, block_n)
 
 
 def constexprs(op: Attention, cfg) -> dict[str, Any]:
     """The compile-time arguments of ``attn_fwd_wgmma`` for ``op`` under ``cfg`` (an ``AttnConfig``
-    with ``wgmma``: its ``block_n`` and ``num_stages`` are the key tile and the ring depth)."""
+    with ``wgmma``: its ``block_n`` and ``num_stages`` are the key tile and the ring depth). A mask is
+    the causal mask here: ``blocker`` admits no other."""
     return dict(QR=QUERY_ROWS, BN=cfg.block_n, D=op.head_dim, DV=op.head_dim_v, STAGES=cfg.num_stages,
-                CAUSAL=is_causal(op), RETURN_LSE=op.return_lse, CONSUMER_REGS=CONSUMER_REGS,
+                CAUSAL=op.mask_mod is not None, RETURN_LSE=op.return_lse, CONSUMER_REGS=CONSUMER_REGS,
                 PRODUCER_REGS=PRODUCER_REGS, PINGPONG=PINGPONG)
 
 
@@ -117,7 +120,7 @@ def build(op: Attention, cfg, check: Callable[..., None], fallback: Callable[[],
                           f"this call: {why} (same results, slower)", RuntimeWarning, stacklevel=2)
             slow[0](q, k, v, out, lse, aux)
             return
-        qd, kd, vd = descriptors(q, k, v, cfg.block_n)
+        qd, kd, vd = descriptors(op, q, k, v, cfg.block_n)
         sl = lse.stride() if lse is not None else (0, 0, 0)
         fn[g](qd, kd, vd, out, lse, out.stride(0), out.stride(1), out.stride(2), *sl,
               op.heads_q, op.group_size, op.seqlen_q, op.seqlen_k, op.scale,
@@ -144,7 +147,7 @@ def compile_for_target(op: Attention, cfg, cc: int) -> dict:
     dt = getattr(torch, op.dtype.value)
     shapes = op.shapes()
     # contiguous stand-ins without storage: a descriptor's type needs shapes and strides, not data
-    qd, kd, vd = descriptors(*(torch.empty(shapes[n], dtype=dt, device="meta") for n in "qkv"), cfg.block_n)
+    qd, kd, vd = descriptors(op, *(torch.empty(shapes[n], dtype=dt, device="meta") for n in "qkv"), cfg.block_n)
     sc = _launch_scalars(op)
     ints = {f"{a}_{x}": sc[f"stride_{b}{x}"] for a, b in (("so", "o"), ("sl", "l")) for x in "bsh"}
     ints.update(HQ=op.heads_q, GROUP=op.group_size, sq=op.seqlen_q, sk=op.seqlen_k)

@@ -30,6 +30,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 NEG_INF = gl.constexpr(float("-inf"))
 LN2 = gl.constexpr(0.6931471805599453)
+LOG2E = gl.constexpr(1.4426950408889634)
 
 if hasattr(tma, "async_load"):       # Triton 3.9 (3.6's name below was removed there)
     @gluon.jit
@@ -107,7 +108,7 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_ready, v_read
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DV, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    c = scale * 1.4426950408889634
+    c = scale * LOG2E
     r0 = m0 + half * QR
     delta = sk - sq
     # tiles that need a mask: the last partial one, and (causal) those crossing this half's diagonal
