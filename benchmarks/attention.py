@@ -111,10 +111,7 @@ def sweep_candidates(op, dev):
                     if cand not in out:
                         out.append(cand)
         return out
-    for bn, st in ((128, 3), (64, 3), (128, 2), (64, 4)):   # the Gluon kernel's tiles, where it serves op
-        c = tuning.fit(op, tuning.AttnConfig(128, bn, 4, st, wgmma=True), arch)
-        if c.wgmma and c not in out:
-            out.append(c)
+    out += [c for c in tuning.wgmma_candidates(op, arch) if c not in out]   # the Gluon kernel's tiles
     base = tuning.choose(op, arch, sms, wgmma=False)          # attn_fwd's tiles below
     if base not in out:
         out.append(base)

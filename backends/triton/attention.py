@@ -362,8 +362,9 @@ def compile_for_target(op: Attention, target: str, config: AttnConfig | None = N
 
     Returns ``{"target", "config", "kernels": {name: {"cubin": bytes, "ptx": str, "shared": int,
     "num_warps": int}}}``; ``attn_combine`` is included when the configuration splits the keys
-    without fusing the merge. ``num_warps`` is the launch's warp count. With ``config.tma`` the TMA kernel is lowered (the
-    pointer fallback of calls with misaligned K/V is ``tma=False``); with ``config.wgmma`` the Gluon
+    without fusing the merge. ``num_warps`` is the launch's warp count. With ``config.tma`` the TMA
+    kernel is lowered (the pointer fallback of calls with misaligned K/V is ``tma=False``); with
+    ``config.wgmma`` the Gluon
     kernel ``attn_fwd_wgmma`` (12 warps), whose fallback is ``tuning.choose(..., wgmma=False)``.
     """
     try:
@@ -486,7 +487,8 @@ def _as_launched(fn, sig: dict[str, str], consts: dict[str, Any], scalars: dict[
 def _desc_signature(cfg: AttnConfig, elt: str, bd: int, bdv: int) -> dict[str, str]:
     """ASTSource types of ``K_DESC``/``V_DESC`` (the blocks of ``_descriptors``)."""
     if cfg.tma:
-        return {"K_DESC": f"tensordesc<{elt}[1,{cfg.block_n},1,{bd}]>", "V_DESC": f"tensordesc<{elt}[1,{cfg.block_n},1,{bdv}]>"}
+        return {"K_DESC": f"tensordesc<{elt}[1,{cfg.block_n},1,{bd}]>",
+                "V_DESC": f"tensordesc<{elt}[1,{cfg.block_n},1,{bdv}]>"}
     return {"K_DESC": "constexpr", "V_DESC": "constexpr"}
 
 

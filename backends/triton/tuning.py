@@ -321,7 +321,8 @@ def fit(op, cfg: AttnConfig, arch: str) -> AttnConfig:
                       tma=False, lazy_rescale=False)
         limit = SMEM_LIMIT[arch] - WGMMA_SMEM_EXTRA
         while smem_bytes(op, 128, cfg.block_n, cfg.num_stages) > limit and (cfg.num_stages > 2 or cfg.block_n > 32):
-            cfg = replace(cfg, **({"num_stages": cfg.num_stages - 1} if cfg.num_stages > 2 else {"block_n": cfg.block_n // 2}))
+            shrink = {"num_stages": cfg.num_stages - 1} if cfg.num_stages > 2 else {"block_n": cfg.block_n // 2}
+            cfg = replace(cfg, **shrink)
         return cfg
     cfg = _fit_smem(op, cfg, arch)
     if cfg.tma and (not tma_applies(op, cfg) or (arch != "interp" and arch not in TMA_ARCHS)):
@@ -409,10 +410,7 @@ def candidates(op, arch: str, num_sms: int) -> list[AttnConfig]:
                     out.append(cand)
         # pdl as the table's (SPLIT_PDL_TABLE): checked on the H200 by the GPU tests and conformance
         return out
-    for bn, st in ((128, 3), (64, 3), (128, 2), (64, 4)):   # the Gluon kernel, where it serves op
-        c = fit(op, AttnConfig(128, bn, 4, st, wgmma=True), arch)
-        if c.wgmma and c not in out:
-            out.append(c)
+    out += [c for c in wgmma_candidates(op, arch) if c not in out]
     base = choose(op, arch, num_sms, wgmma=False)
     for bm, bn, w, st in ((128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3)):
         c = fit(op, replace(base, block_m=bm, block_n=bn, num_warps=w, num_stages=st), arch)
@@ -422,6 +420,20 @@ def candidates(op, arch: str, num_sms: int) -> list[AttnConfig]:
     for c in (replace(base, tma=True), replace(base, tma=False)):   # TMA loads on the table tile, both ways
         c = fit(op, c, arch)
         if c not in out:
+            out.append(c)
+    return out
+
+
+#: The Gluon kernel's ``(block_n, num_stages)`` that autotuning and the benchmark sweep time
+WGMMA_CANDIDATE_TILES = ((128, 3), (64, 3), (128, 2), (64, 4))
+
+
+def wgmma_candidates(op, arch: str) -> list[AttnConfig]:
+    """The Gluon kernel's tiles worth timing for ``op`` after ``fit`` (none where it does not serve ``op``)."""
+    out: list[AttnConfig] = []
+    for bn, st in WGMMA_CANDIDATE_TILES:
+        c = fit(op, AttnConfig(128, bn, 4, st, wgmma=True), arch)
+        if c.wgmma and c not in out:
             out.append(c)
     return out
 
