@@ -125,6 +125,20 @@ def test_fit_keeps_the_kernel_where_it_serves_and_falls_back_to_the_attn_fwd_tab
         A.build(make_op(B=1, Sq=16, Sk=16, Hq=2, Hkv=2, D=64), CPU, tuning.AttnConfig(128, 64, 4, 3, wgmma=True))
 
 
+def test_call_blocker_names_tensors_the_descriptors_cannot_take():
+    """Per-call reasons for the attn_fwd fallback: heads not adjacent, and TMA's alignment rules."""
+    from portakern.backends.triton.attention_wgmma import call_blocker
+
+    a = torch.empty(2, 300, 4, 128, dtype=torch.bfloat16)
+    assert call_blocker(a, a, a) is None
+    wide = torch.empty(2, 300, 4, 136, dtype=torch.bfloat16)[..., :128]
+    assert call_blocker(wide, a, a) == ("q with strides (163200, 544, 136, 1) has no (B, S, H * D) view "
+                                        "(heads adjacent, last stride 1)")
+    shifted = torch.empty(a.numel() + 1, dtype=torch.bfloat16)[1:].view(2, 300, 4, 128)   # 2 bytes in
+    assert call_blocker(a, a, shifted).startswith("v starts at address") and "not 16-byte aligned" in \
+        call_blocker(a, a, shifted)
+
+
 @parent_only
 @pytest.mark.parametrize("D,causal,lse", [(128, True, True), (64, False, False)], ids=["d128-causal-lse", "d64"])
 def test_lowering_for_sm90a_has_tma_a_load_warp_and_scores_one_tile_ahead(D, causal, lse):

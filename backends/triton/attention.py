@@ -364,8 +364,8 @@ def compile_for_target(op: Attention, target: str, config: AttnConfig | None = N
     "num_warps": int}}}``; ``attn_combine`` is included when the configuration splits the keys
     without fusing the merge. ``num_warps`` is the launch's warp count. With ``config.tma`` the TMA
     kernel is lowered (the pointer fallback of calls with misaligned K/V is ``tma=False``); with
-    ``config.wgmma`` the Gluon
-    kernel ``attn_fwd_wgmma`` (12 warps), whose fallback is ``tuning.choose(..., wgmma=False)``.
+    ``config.wgmma`` the Gluon kernel ``attn_fwd_wgmma`` (12 warps), whose fallback is
+    ``tuning.choose(..., wgmma=False)``.
     """
     try:
         cc = _TARGETS[target]

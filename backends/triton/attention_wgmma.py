@@ -54,14 +54,17 @@ def blocker(op: Attention, arch: str) -> str | None:
 
 
 def call_blocker(q, k, v) -> str | None:
-    """Why these tensors cannot go through the kernel's 3-D descriptors (None when they can)."""
+    """Why these tensors cannot go through the kernel's 3-D descriptors (None when they can): heads
+    adjacent with the last stride 1, and TMA's alignment rules (``attention._tma_rules``)."""
+    from .attention import _tma_rules
+
     for name, a in (("q", q), ("k", k), ("v", v)):
         B, S, H, D = a.shape
-        elt = a.element_size()
         if a.stride(3) != 1 or (H > 1 and a.stride(2) != D):
             return f"{name} with strides {tuple(a.stride())} has no (B, S, H * D) view (heads adjacent, last stride 1)"
-        if a.data_ptr() % 16 or any((st * elt) % 16 for st in (a.stride(0), a.stride(1))):
-            return f"{name} breaks TMA's 16-byte alignment (base {a.data_ptr():#x}, strides {tuple(a.stride())})"
+        why = _tma_rules(name, a, a.stride()[:2])
+        if why:
+            return why
     return None
 
 
