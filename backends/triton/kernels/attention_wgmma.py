@@ -93,6 +93,7 @@ def _take_turn(turn, half, event, PINGPONG: gl.constexpr):
 
 @gluon.jit
 def _pass_turn(turn, half, PINGPONG: gl.constexpr):
+    """Ping-pong: let the other consumer issue its next MMAs."""
     if PINGPONG:
         mbarrier.arrive(turn.index(1 - half))
 
