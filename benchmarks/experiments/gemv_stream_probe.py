@@ -1,0 +1,190 @@
+"""The stream-K TMA GEMV (kernels/gemv_stream.py) at M = 1: checked against float64, timed against the table.
+
+    python benchmarks/experiments/gemv_stream_probe.py [--phase check|bench|both] [--configs ...]
+
+check: packings (native asym / sym, AWQ, GPTQ), fp16 / bf16 x, odd N, K from 512 to 16384, and grids of
+1, 7, 132 and 1000 programs (so segments cover whole tiles, parts of tiles, and tiles are shared by many
+programs), each launched twice on a NaN-poisoned output (the arrival counters reset themselves).
+bench: per shape, the tuning table's kernel and every stream configuration, tinygemm and the floor, in
+CUDA graphs over input sets rotated past 4x the L2 (``benchmarks/gemv.py``'s method).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
+
+import gemv as B                                        # noqa: E402
+from experiments import harness                         # noqa: E402
+from gemv_cases import weight                           # noqa: E402
+
+from portakern.backends.triton import gemv_stream as S  # noqa: E402
+from portakern.backends.triton import quant_gemv as Q   # noqa: E402
+from portakern.devices import torch_device              # noqa: E402
+from portakern.ir.packing import dequantize             # noqa: E402
+from portakern.validate import quant_gemv_op            # noqa: E402
+
+#: (block_n, stages, warps, warp_rows)
+CONFIGS = [(256, 4, 8, 4), (256, 6, 8, 4), (256, 4, 16, 8), (128, 8, 4, 4), (128, 6, 8, 8), (256, 8, 8, 4)]
+CHECK_CASES = [  # (packing, sym, N, K, dtype)
+    ("native", False, 40, 512, "bfloat16"), ("native", True, 300, 1024, "float16"),
+    ("awq", False, 520, 2048, "bfloat16"), ("gptq", False, 256, 4096, "float16"),
+    ("native", False, 4096, 4096, "bfloat16"), ("native", False, 1000, 14336, "bfloat16"),
+    ("native", True, 640, 16384, "bfloat16"),
+]
+BENCH_SHAPES = [(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336), (28672, 4096), (8192, 8192),
+                (28672, 8192), (16384, 16384), (128256, 4096)]
+
+
+def check(cfgs, res):
+    dev = torch_device("cuda", 0)
+    fails = 0
+    for packing, sym, N, K, dt in CHECK_CASES:
+        case = (f"{packing}-{N}x{K}", packing, 4, 128, sym, 1, N, K, dt, {})
+        w = weight(case)
+        x = torch.randn(1, K, device="cuda", dtype=torch.float64).to(getattr(torch, dt))
+        wd = w.with_tensors({k: torch.as_tensor(v).to("cuda") for k, v in w.tensors.items()})
+        op, _ = quant_gemv_op(x, wd)
+        p = Q.prepare_weight(None, w, dev)
+        ref = x.double().cpu().numpy() @ dequantize(w.fmt, w.tensors, w.N, w.K).T
+        for bn, st, nw, wr in cfgs:
+            why = S.blocker(op, p, "sm_90", bn, st, wr)
+            if why:
+                res["check"].append(dict(case=case[0], cfg=[bn, st, nw, wr], skipped=why))
+                continue
+            for programs in (1, 7, 132, 1000):
+                ln = S.Launcher(op, p, bn, st, nw, wr, programs, "cuda")
+                out = torch.empty(1, N, device="cuda", dtype=x.dtype)
+                errs = []
+                for _ in range(2):
+                    out.fill_(float("nan"))
+                    ln(x, p, out)
+                    torch.cuda.synchronize()
+                    errs.append(float(np.abs(out.double().cpu().numpy() - ref).max() / np.abs(ref).max()))
+                ok = all(e <= {"bfloat16": 1e-2, "float16": 2e-3}[dt] for e in errs)
+                fails += not ok
+                res["check"].append(dict(case=case[0], dtype=dt, cfg=[bn, st, nw, wr], programs=ln.programs,
+                                         errs=errs, ok=ok))
+                print(f"check {case[0]:18s} {dt:8s} {bn},{st},{nw},{wr} P={ln.programs:5d} "
+                      f"{'ok ' if ok else 'BAD'} {max(errs):.2e}", flush=True)
+    return fails
+
+
+def bench(cfgs, res, shapes):
+    dev = torch_device("cuda", 0)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for N, K in shapes:
+        op = B.gemv_op(1, N, K)
+        floor_us = B.floor_bytes(op) / (res["copy_TBps"] * 1e12) * 1e6
+        copies = B.copies_for(B.floor_bytes(op))
+        row = dict(N=N, K=K, floor_us=floor_us)
+        fns, _ = B.ours(op, None, copies)
+        row["table_us"] = B.graph_us(fns)
+        sets = [(torch.randn(1, K, device="cuda").to(torch.bfloat16),
+                 B.random_prepared(N, K, 4, 128, False), torch.empty(1, N, device="cuda", dtype=torch.bfloat16))
+                for _ in range(copies)]
+        row["stream"] = {}
+        for bn, st, nw, wr in cfgs:
+            key = f"{bn}x{st}x{nw}x{wr}"
+            why = S.blocker(op, sets[0][1], "sm_90", bn, st, wr)
+            if why:
+                row["stream"][key] = why
+                continue
+            try:
+                ln = S.Launcher(op, sets[0][1], bn, st, nw, wr, sms, "cuda")
+                row["stream"][key] = B.graph_us([(lambda s=s: ln(*s)) for s in sets])
+            except Exception as e:   # a configuration that does not compile is reported, not fatal
+                row["stream"][key] = f"{type(e).__name__}: {str(e)[:200]}"
+        del sets
+        try:
+            row["tinygemm_us"] = B.graph_us(B.tinygemm(1, N, K, 128, copies))
+        except Exception as e:
+            row["tinygemm_us"] = f"{type(e).__name__}: {e}"
+        best = min((v for v in row["stream"].values() if isinstance(v, float)), default=float("nan"))
+        row["best_stream_us"] = best
+        res["bench"].append(row)
+        tg = row["tinygemm_us"] if isinstance(row["tinygemm_us"], float) else float("nan")
+        print(f"{N:6d}x{K:<6d} floor {floor_us:6.2f} table {row['table_us']:6.2f} ({floor_us / row['table_us']:.0%}) "
+              f"stream {best:6.2f} ({floor_us / best:.0%}) tinygemm {tg:6.2f} | "
+              + " ".join(f"{k}:{v:.2f}" if isinstance(v, float) else f"{k}:x" for k, v in row["stream"].items()),
+              flush=True)
+        torch.cuda.empty_cache()
+
+
+def anatomy(cfgs, res, shapes):
+    """Each configuration with 1 and 2 programs per SM, in modes 0 (the kernel), 1 (words read, no
+    arithmetic) and 2 (ring, barriers and copies alone)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for N, K in shapes:
+        op = B.gemv_op(1, N, K)
+        floor_us = B.floor_bytes(op) / (res["copy_TBps"] * 1e12) * 1e6
+        copies = B.copies_for(B.floor_bytes(op))
+        sets = [(torch.randn(1, K, device="cuda").to(torch.bfloat16),
+                 B.random_prepared(N, K, 4, 128, False), torch.empty(1, N, device="cuda", dtype=torch.bfloat16))
+                for _ in range(copies)]
+        for bn, st, nw, wr in cfgs:
+            for per_sm in (1, 2):
+                row = dict(N=N, K=K, floor_us=floor_us, cfg=[bn, st, nw, wr], programs_per_sm=per_sm)
+                for mode in (0, 1, 2):
+                    try:
+                        ln = S.Launcher(op, sets[0][1], bn, st, nw, wr, per_sm * sms, "cuda", mode=mode)
+                        row[f"mode{mode}_us"] = B.graph_us([(lambda s=s: ln(*s)) for s in sets])
+                    except Exception as e:
+                        row[f"mode{mode}_us"] = f"{type(e).__name__}: {str(e)[:160]}"
+                res["anatomy"].append(row)
+                print(f"anatomy {N:6d}x{K:<6d} {bn},{st},{nw},{wr} x{per_sm} floor {floor_us:6.2f} | "
+                      + " ".join(f"m{m}:{row[f'mode{m}_us']:.2f}" if isinstance(row[f"mode{m}_us"], float)
+                                 else f"m{m}:x" for m in (0, 1, 2)), flush=True)
+        del sets
+        torch.cuda.empty_cache()
+
+
+def profile(cfg, N, K):
+    """One launch of the stream kernel and one of the table's between cudaProfilerStart/Stop (ncu)."""
+    op = B.gemv_op(1, N, K)
+    x = torch.randn(1, K, device="cuda").to(torch.bfloat16)
+    w = B.random_prepared(N, K, 4, 128, False)
+    out = torch.empty(1, N, device="cuda", dtype=torch.bfloat16)
+    ln = S.Launcher(op, w, *cfg, torch.cuda.get_device_properties(0).multi_processor_count, "cuda")
+    table = Q.compile(op, torch_device("cuda", 0))
+    for f in (lambda: ln(x, w, out), lambda: table(x, w, out)):
+        f()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        f()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+
+
+def main():
+    args = harness.parse_args(__doc__, lambda ap: (
+        ap.add_argument("--phase", choices=("check", "bench", "both", "anatomy", "profile"), default="both"),
+        ap.add_argument("--configs", nargs="+", default=None, help="bn,stages,warps,warp_rows ..."),
+        ap.add_argument("--shapes", nargs="+", default=None, help="NxK ..."),
+        ap.add_argument("--check-configs", type=int, default=3, help="check the first N configurations")))
+    cfgs = [tuple(int(v) for v in c.split(",")) for c in args.configs] if args.configs else CONFIGS
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes] if args.shapes else BENCH_SHAPES
+    if args.phase == "profile":
+        return profile(cfgs[0], *shapes[0])
+    res = harness.header(__doc__, B.copy_bandwidth_TBps(), check=[], bench=[], anatomy=[])
+    fails = 0
+    try:
+        if args.phase in ("check", "both"):
+            fails = check(cfgs[:args.check_configs], res)
+        if args.phase in ("bench", "both"):
+            bench(cfgs, res, shapes)
+        if args.phase == "anatomy":
+            anatomy(cfgs, res, shapes)
+    finally:
+        harness.write(res, args.out, "gemv-stream-probe", args.tag)
+    sys.exit(1 if fails else 0)
+
+
+if __name__ == "__main__":
+    main()
