@@ -1,53 +1,46 @@
-"""Int4 GEMV for one row of x (M = 1) on sm_90+: a TMA ring of weight tiles and a stream-K grid (Gluon).
+"""Int4 GEMV for one row of x (M = 1): a stream-K grid, x staged once per program, lean arithmetic (Gluon).
 
-The CUDA-core kernel (``gemv_quant.gemv_fma_kernel``) keeps its next tile of words in registers, so
-the bytes each SM has in flight are bounded by the registers its warps can spare: on the H200 the
-large shapes ran with ~3.5 warps per scheduler, DRAM 64% busy and the issue slots 57% busy
-(``benchmarks/gemv_notes.md``, v11). Here the copy engine fetches the words into a ring of shared
-memory, which costs no registers, and the warps only compute:
+The CUDA-core kernel of the tables (``gemv_quant.gemv_fma_kernel``) launches many small split-K
+programs, re-reads and re-scales x for every tile and spends ~3.4 instructions per code
+(``benchmarks/gemv_notes.md`` v11). This kernel:
 
-* a **unit** is one group (``TR = GS / 8`` word rows) of ``BN`` columns: a ``(TR, BN)`` int32 tile, its
-  ``(1, BN)`` scales and zeros, three TMA copies on one mbarrier;
-* the grid is one program per SM; the ``T = tiles * G`` units, column tile major, are cut into
-  equal contiguous ranges (stream-K), so every SM streams the same number of bytes, and a
-  program's range crosses at most two column tiles partially;
-* every thread of the program is a consumer; after all threads are done with a ring slot (a CTA
-  barrier) one thread refills it with the unit ``STAGES`` ahead;
-* x is staged once per program into shared memory, as fp32 in the words' order and already
-  multiplied by the power of two that turns a masked code into its product (below), with the sums
-  of x per group and warp row for the zero points.
+* runs ``P`` programs (one or two per SM) over the ``T = tiles * G`` **units** (one group, ``TR = GS / 8``
+  word rows, of ``BN`` columns), column tile major, each program an equal contiguous range
+  (stream-K): every SM streams the same bytes, and a program's range crosses at most two column
+  tiles partially;
+* stages x once per program in shared memory, as fp32 in the words' order and already multiplied
+  by the power of two that turns a masked code into its product (below), with the sums of x per
+  word row for the zero points;
+* keeps the next units' words, scales and zeros in flight: in registers (``RING = False``: no
+  shared memory written in the loop, so the warps never wait for each other) or through a ring of
+  shared memory filled by ``cp.async`` (``RING = True``: each thread copies exactly what it reads
+  later, but the compiler still puts a CTA barrier after each wait);
+* costs per code one LOP3 and one FFMA (DQ=3 of ``gemv_quant._codes``): the four bits of code ``e``,
+  masked in place (codes 5..7 after one 16-bit shift of the word), read as fp32 are the subnormal
+  ``q * 2^(pos - 149)``; x carries ``2^(149 - pos - 64)``, so every product is ``x q 2^-64`` (normal for
+  ``|x q| >= 2^-62``), scaled back once per segment.
 
-Codes (DQ=3 of ``gemv_quant._codes``): the four bits of code ``e``, masked in place (codes 5..7 after
-one 16-bit shift of the word), read as fp32 are the subnormal ``q * 2^(pos - 149)``; x carries
-``2^(149 - pos - 64)``, so each code costs one LOP3 and one FFMA, and every product is
-``x q 2^-64`` (normal for ``|x q| >= 2^-62``); the sum is scaled back once per column tile.
+Tile layout: ``(WR, RPT, BN)``, ``WR`` warps along the word rows (``RPT`` rows each, in one thread) and
+``WC`` warps along the columns (4 adjacent columns per thread: one 16-byte load per row). A unit's
+row sum stays in the thread; the sum over the warp rows is done once per segment.
 
-Tile layout: ``(WR, RPT, BN)`` with ``WR`` warps along the word rows (``RPT`` rows each, in one
-thread) and ``WC`` warps along the columns (4 adjacent columns per thread, one 16-byte shared load
-per row); the row sum of a unit stays in the thread, the sum over warps is done once per
-segment. A segment (one program's units of one column tile) that covers the whole tile stores the
-output; otherwise its partial goes to slot ``2 pid + (0: the program's first segment, 1: its last)``
-of the workspace, and the last of the tile's programs to arrive (arrival counter per tile, reset
-by that program) adds the partials in program order and stores: deterministic, no zeroed buffer.
+Segments (one program's units of one column tile): one that covers its tile stores the output; the
+others publish their partial sums at the end of the program's range (slot ``2 pid`` for the range's
+first segment, ``2 pid + 1`` for its last) and count arrivals per tile; the last program to arrive
+adds the tile's partials in program order and stores (deterministic; the counter is reset by that
+program, so no launch needs a zeroed buffer).
 """
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 
 #: products come out as ``x q 2^-DENORM_C`` (``gemv_quant.DENORM_C``)
 DENORM_C = gl.constexpr(64)
 #: code positions per word (int4)
 EPW = gl.constexpr(8)
-
-if hasattr(tma, "async_load"):       # Triton 3.9
-    @gluon.jit
-    def _tma_load(desc, row, col, bar, dst):
-        tma.async_load(desc, [row, col], bar, dst)
-else:                                # Triton 3.6
-    @gluon.jit
-    def _tma_load(desc, row, col, bar, dst):
-        tma.async_copy_global_to_shared(desc, [row, col], bar, dst)
+#: partials the last program of a tile loads at once
+FIXUP_LOADS = gl.constexpr(8)
 
 if hasattr(gl, "thread_barrier"):    # Triton 3.6
     @gluon.jit
@@ -60,18 +53,74 @@ else:                                # Triton 3.9
 
 
 @gluon.jit
-def _issue(w_desc, s_desc, z_desc, w_ring, s_ring, z_ring, ready, i, u,
-           G: gl.constexpr, TR: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, HAS_Z: gl.constexpr):
-    """Start the copies of unit ``u`` (the program's ``i``-th) into ring slot ``i % STAGES``."""
-    st = i % STAGES
+def _wait_for_producer(PDL: gl.constexpr):
+    """PDL: wait for the previous kernel in the stream (its writes visible), then let the next one
+    launch (as ``gemv_quant._wait_for_producer``); only the constant weight is read before this."""
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+
+@gluon.jit
+def _unit_offsets(u, stride_qk, G: gl.constexpr, TR: gl.constexpr, BN: gl.constexpr, WR: gl.constexpr,
+                  RPT: gl.constexpr, L3: gl.constexpr):
+    """Unit ``u``'s word offsets ``(WR, RPT, BN)`` and column mask, and its scale/zero offsets ``(WR, BN)``
+    (the group's row, once per warp row) and their mask (columns past the padded row are not read)."""
+    ROWS: gl.constexpr = gl.SliceLayout(1, L3)
     t = u // G
     g = u - t * G
-    NBYTES: gl.constexpr = w_desc.block_type.nbytes + s_desc.block_type.nbytes * (2 if HAS_Z else 1)
-    mbarrier.expect(ready.index(st), NBYTES)
-    _tma_load(w_desc, g * TR, t * BN, ready.index(st), w_ring.index(st))
-    _tma_load(s_desc, g, t * BN, ready.index(st), s_ring.index(st))
+    wr = gl.arange(0, WR, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
+    r = gl.arange(0, RPT, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+    c = gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+    row = g * TR + gl.expand_dims(gl.expand_dims(wr * RPT, 1) + gl.expand_dims(r, 0), 2)
+    col = t * BN + gl.expand_dims(gl.expand_dims(c, 0), 1)
+    c2 = t * BN + gl.expand_dims(gl.arange(0, BN, layout=gl.SliceLayout(0, ROWS)), 0)
+    wr2 = gl.expand_dims(gl.arange(0, WR, layout=gl.SliceLayout(1, ROWS)), 1)
+    return row * stride_qk + col, col < stride_qk, g * stride_qk + c2 + 0 * wr2, (c2 < stride_qk) & (wr2 >= 0)
+
+
+@gluon.jit
+def _load_unit(qw_ptr, s_ptr, z_ptr, u, ok, stride_qk, G: gl.constexpr, TR: gl.constexpr, BN: gl.constexpr,
+               WR: gl.constexpr, RPT: gl.constexpr, HAS_Z: gl.constexpr, L3: gl.constexpr):
+    """Unit ``u``'s words, scales and zeros into registers (nothing read where ``ok`` is false)."""
+    wo, wm, so, sm = _unit_offsets(u, stride_qk, G, TR, BN, WR, RPT, L3)
+    w = gl.load(qw_ptr + wo, mask=wm & ok, other=0)
+    s = gl.load(s_ptr + so, mask=sm & ok, other=0.0)
     if HAS_Z:
-        _tma_load(z_desc, g, t * BN, ready.index(st), z_ring.index(st))
+        z = gl.load(z_ptr + so, mask=sm & ok, other=0.0)
+    else:
+        z = s
+    return w, s, z
+
+
+@gluon.jit
+def _copy_unit(qw_ptr, s_ptr, z_ptr, w_ring, s_ring, z_ring, st, u, stride_qk, G: gl.constexpr, TR: gl.constexpr,
+               BN: gl.constexpr, WR: gl.constexpr, RPT: gl.constexpr, HAS_Z: gl.constexpr, L3: gl.constexpr):
+    """Start the copies of unit ``u`` into ring slot ``st``: each thread copies what it reads later (16
+    bytes per word row, 8 per scale row; the scale row once per warp row)."""
+    P3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+    P2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    wo, wm, so, sm = _unit_offsets(u, stride_qk, G, TR, BN, WR, RPT, L3)
+    cp.async_copy_global_to_shared(w_ring.index(st)._reinterpret(gl.int32, [WR, RPT, BN], P3), qw_ptr + wo, mask=wm)
+    cp.async_copy_global_to_shared(s_ring.index(st)._reinterpret(s_ring.dtype, [WR, BN], P2), s_ptr + so, mask=sm)
+    if HAS_Z:
+        cp.async_copy_global_to_shared(z_ring.index(st)._reinterpret(z_ring.dtype, [WR, BN], P2), z_ptr + so, mask=sm)
+
+
+@gluon.jit
+def _read_slot(w_ring, s_ring, z_ring, st, WR: gl.constexpr, RPT: gl.constexpr, BN: gl.constexpr,
+               HAS_Z: gl.constexpr, L3: gl.constexpr):
+    """Ring slot ``st`` into registers, in the layouts ``_load_unit`` returns."""
+    P3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+    P2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    w = w_ring.index(st)._reinterpret(gl.int32, [WR, RPT, BN], P3).load(L3)
+    s = s_ring.index(st)._reinterpret(s_ring.dtype, [WR, BN], P2).load(gl.SliceLayout(1, L3))
+    if HAS_Z:
+        z = z_ring.index(st)._reinterpret(z_ring.dtype, [WR, BN], P2).load(gl.SliceLayout(1, L3))
+    else:
+        z = s
+    return w, s, z
 
 
 @gluon.jit
@@ -92,153 +141,200 @@ def _axis(n: gl.constexpr, dim: gl.constexpr, layout: gl.constexpr):
 
 
 @gluon.jit
-def _stage_x(x_ptr, x_smem, xs_smem, G: gl.constexpr, GP: gl.constexpr, TR: gl.constexpr, WR: gl.constexpr,
-             RPT: gl.constexpr, IW: gl.constexpr, NW: gl.constexpr):
-    """x into ``x_smem[g EPW + e, wr, r]`` (fp32, times ``2^(149 - pos_e - 64)``: the factor of code
-    position e) for word row ``j = g TR + wr RPT + r``, and ``xs_smem[g, wr, r]`` = the sum of x over that
-    row's codes times ``2^-64``. Word row j's code e is column ``(j // IW) IW 8 + e IW + j % IW`` of K.
-    One load and one store for all ``GP`` (G rounded up to a power of two) groups: staged in pieces,
+def _stage_x(x_ptr, x_smem, xs_smem, u0, n, G: gl.constexpr, XS: gl.constexpr, BY_UNIT: gl.constexpr,
+             TR: gl.constexpr, WR: gl.constexpr, RPT: gl.constexpr, IW: gl.constexpr, NW: gl.constexpr):
+    """x of the groups this program reads into ``x_smem[slot EPW + e, wr, r]`` (fp32, times
+    ``2^(149 - pos_e - 64)``: the factor of code position e) for word row ``j = g TR + wr RPT + r`` of the
+    slot's group g, and ``xs_smem[slot, wr, r]`` = the sum of x over that row's codes times ``2^-64``.
+    ``BY_UNIT``: slot i holds the group of the program's i-th unit (``XS`` >= its units, which are at
+    most G, so no group twice); else slot g holds group g (``XS`` >= G). Word row j's code e is column
+    ``(j // IW) IW 8 + e IW + j % IW`` of K. One load and one store for all slots: staged in pieces,
     each piece would wait for its loads behind the barrier the previous piece's stores need."""
     XL: gl.constexpr = gl.BlockedLayout([1, 1, 1, RPT], [1, EPW, 32 // EPW, 1], [NW, 1, 1, 1], [3, 2, 1, 0])
     e = _axis(EPW, 1, XL)
-    gg = _axis(GP, 0, XL)
+    slot = _axis(XS, 0, XL)
+    if BY_UNIT:
+        gg = (u0 + slot) % G
+        used = slot < n
+    else:
+        gg = slot
+        used = slot < G
     j = gg * TR + _axis(WR, 2, XL) * RPT + _axis(RPT, 3, XL)
     k = (j // IW) * (IW * EPW) + e * IW + j % IW
-    xv = gl.load(x_ptr + k, mask=gg < G, other=0.0).to(gl.float32)
+    xv = gl.load(x_ptr + k, mask=used, other=0.0).to(gl.float32)
     # the power of two of code position e: positions 0..4 sit at bit 4e, 5..7 at 4e - 16 (shifted)
     pos = gl.where(e < 5, e * 4, e * 4 - 16)
     fac = ((149 - DENORM_C + 127 - pos) << 23).to(gl.float32, bitcast=True)
     # the buffers seen with a layout of full rank (the same bytes: unswizzled, row-major)
     F3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
-    x_smem._reinterpret(gl.float32, [GP * EPW, WR, RPT], F3).store(gl.reshape(xv * fac, [GP * EPW, WR, RPT]))
-    xs_smem._reinterpret(gl.float32, [GP, WR, RPT], F3).store(gl.sum(xv, axis=1) * (2.0 ** -DENORM_C))
+    x_smem._reinterpret(gl.float32, [XS * EPW, WR, RPT], F3).store(gl.reshape(xv * fac, [XS * EPW, WR, RPT]))
+    xs_smem._reinterpret(gl.float32, [XS, WR, RPT], F3).store(gl.sum(xv, axis=1) * (2.0 ** -DENORM_C))
 
 
 @gluon.jit
-def _unit(acc, w_slot, s_slot, z_slot, x_smem, g, xs_g, ZP: gl.constexpr, HAS_Z: gl.constexpr, WR: gl.constexpr,
-          RPT: gl.constexpr, BN: gl.constexpr, L3: gl.constexpr, MODE: gl.constexpr):
-    """``acc (WR, BN) += s (sum over the unit's rows of x q - z sum x)`` for one unit in a ring slot.
-    ``MODE`` (measurement only): 1 = read the words and fold them into acc without arithmetic,
-    2 = touch nothing (the ring, barriers and copies alone)."""
-    P3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
-    P1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
-    COLS: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, L3))
-    # -- words of the unit (one 16-byte load per row and thread), the high halves once per word
-    if MODE == 2:
-        return acc
-    w = w_slot._reinterpret(gl.int32, [WR, RPT, BN], P3).load(L3)
-    if MODE == 1:
-        return acc + gl.sum(w, axis=1).to(gl.float32, bitcast=True)
+def _row_sums(w, x_smem, xslot, L3: gl.constexpr):
+    """``(WR, BN)``: per column, the sum over this thread's word rows of ``x q 2^-64`` for one unit's words
+    ``w`` (x in slot ``xslot``): one LOP3 and one FFMA per code, x of a code position one broadcast load."""
     whi = w >> 16
-    dot = gl.zeros([WR, RPT, BN], gl.float32, L3)
-    # -- per code position: one LOP3 and one FFMA per code
+    dot = gl.zeros(w.shape, gl.float32, L3)
     for e in gl.static_range(EPW):
-        xe = x_smem.index(g * EPW + e).load(gl.SliceLayout(2, L3))
+        xe = x_smem.index(xslot * EPW + e).load(gl.SliceLayout(2, L3))
         if e < 5:
             q = (w & (15 << (4 * e))).to(gl.float32, bitcast=True)
         else:
             q = (whi & (15 << (4 * e - 16))).to(gl.float32, bitcast=True)
         dot += gl.expand_dims(xe, 2) * q
-    # -- the unit's scale and zero point, once per column
-    rs = gl.sum(dot, axis=1)
+    return gl.sum(dot, axis=1)
+
+
+@gluon.jit
+def _scale_unit(acc, rs, s, z, xs_g, ZP: gl.constexpr, HAS_Z: gl.constexpr, L3: gl.constexpr):
+    """``acc += s (rs - z sum x)`` with the unit's row sums ``rs``."""
     xs = gl.sum(xs_g.load(gl.SliceLayout(2, L3)), axis=1)
-    xs = gl.convert_layout(xs, gl.SliceLayout(1, gl.SliceLayout(1, L3)))
-    s = s_slot._reinterpret(s_slot.dtype, [BN], P1).load(COLS).to(gl.float32)
+    xs = gl.expand_dims(gl.convert_layout(xs, gl.SliceLayout(1, gl.SliceLayout(1, L3))), 1)
     if HAS_Z:
-        z = z_slot._reinterpret(z_slot.dtype, [BN], P1).load(COLS).to(gl.float32)
-        acc += gl.expand_dims(s, 0) * (rs - gl.expand_dims(z, 0) * gl.expand_dims(xs, 1))
+        return acc + s.to(gl.float32) * (rs - z.to(gl.float32) * xs)
     else:
-        acc += gl.expand_dims(s, 0) * (rs - ZP * gl.expand_dims(xs, 1))
-    return acc
+        return acc + s.to(gl.float32) * (rs - ZP * xs)
 
 
 @gluon.jit
-def _segment_end(acc, t, seg_start, u_last, u0, pid, P, T, N, out_ptr, ws_ptr, cnt_ptr,
-                 G: gl.constexpr, BN: gl.constexpr, L3: gl.constexpr):
-    """Finish this program's segment of column tile ``t`` (units ``seg_start .. u_last``): store the
-    tile, or publish the partial and, if last to arrive, add the tile's partials and store."""
-    COLS: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, L3))
-    res = gl.sum(acc, axis=0) * (2.0 ** DENORM_C)
-    offs = gl.arange(0, BN, layout=COLS)
-    cols = t * BN + offs
-    cmask = cols < N
-    if (seg_start == t * G) & (u_last + 1 == (t + 1) * G):
-        gl.store(out_ptr + cols, res.to(out_ptr.dtype.element_ty), mask=cmask)
-    else:
-        # -- publish: slot 0 for the program's first segment, 1 for its last
-        slot = gl.where(seg_start == u0, 0, 1)
-        gl.store(ws_ptr + (pid * 2 + slot) * BN + offs, res)
-        _cta_barrier()
-        arrived = gl.atomic_add(cnt_ptr + t, 1, sem="acq_rel")
-        # programs whose ranges meet the tile: c(u) = ((u + 1) P - 1) // T owns unit u
-        c_first = ((t * G + 1) * P - 1) // T
-        c_last = ((t + 1) * G * P - 1) // T
-        if arrived == c_last - c_first:
-            tot = gl.zeros([BN], gl.float32, COLS)
-            for cc in range(c_first, c_last + 1):
-                first = (cc * T) // P >= t * G          # cc's range starts inside the tile
-                sl = gl.where(first, 0, 1)
-                tot += gl.load(ws_ptr + (cc * 2 + sl) * BN + offs, cache_modifier=".cg")
-            gl.store(out_ptr + cols, tot.to(out_ptr.dtype.element_ty), mask=cmask)
-            gl.atomic_xchg(cnt_ptr + t, 0)
+def _tile_sum(acc, L3: gl.constexpr):
+    """A segment's ``(BN,)`` result: the sum over the warp rows, scaled back from ``2^-64``."""
+    return gl.sum(acc, axis=0) * (2.0 ** DENORM_C)
 
 
 @gluon.jit
-def gemv_stream_kernel(x_ptr, w_desc, s_desc, z_desc, out_ptr, ws_ptr, cnt_ptr, N, n_tiles,
-                       G: gl.constexpr, GP: gl.constexpr, TR: gl.constexpr, BN: gl.constexpr, WR: gl.constexpr, WC: gl.constexpr,
-                       STAGES: gl.constexpr, IW: gl.constexpr, ZP: gl.constexpr, HAS_Z: gl.constexpr,
-                       MODE: gl.constexpr = 0):
-    """``out (1, N) = x (1, K) @ dequant(W)^T`` for int4 words in ``(KWP, NP)`` (``gemv_quant``'s layout),
-    groups of ``8 TR`` columns; ``G`` groups (K = 8 TR G, specialised; ``GP``: G rounded up to a power of
-    two); one program per SM."""
+def _store_tile(res, t, N, out_ptr, BN: gl.constexpr, L3: gl.constexpr):
+    cols = t * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+    gl.store(out_ptr + cols, res.to(out_ptr.dtype.element_ty), mask=cols < N)
+
+
+@gluon.jit
+def _publish(res, ws_ptr, slot, BN: gl.constexpr, L3: gl.constexpr):
+    """A partial ``(BN,)`` into workspace slot ``slot``."""
+    gl.store(ws_ptr + slot * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3))), res)
+
+
+@gluon.jit
+def _arrive(t, P, T, N, out_ptr, ws_ptr, cnt_ptr, G: gl.constexpr, BN: gl.constexpr, L3: gl.constexpr):
+    """Count this program's (published) partial of tile ``t``; the last of the tile's programs adds the
+    partials in program order, stores the tile and resets the counter."""
+    arrived = gl.atomic_add(cnt_ptr + t, 1, sem="acq_rel")
+    # programs whose ranges meet the tile: c(u) = ((u + 1) P - 1) // T owns unit u
+    c_first = ((t * G + 1) * P - 1) // T
+    c_last = ((t + 1) * G * P - 1) // T
+    if arrived == c_last - c_first:
+        offs = gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+        tot = gl.zeros([BN], gl.float32, gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+        for c0 in range(c_first, c_last + 1, FIXUP_LOADS):
+            for k in gl.static_range(FIXUP_LOADS):   # independent loads: one latency per FIXUP_LOADS partials
+                cc = c0 + k
+                sl = gl.where((cc * T) // P >= t * G, 0, 1)   # 0: cc's range starts inside the tile
+                tot += gl.load(ws_ptr + (cc * 2 + sl) * BN + offs, mask=(offs >= 0) & (cc <= c_last), other=0.0,
+                               cache_modifier=".cg")
+        _store_tile(tot, t, N, out_ptr, BN, L3)
+        gl.atomic_xchg(cnt_ptr + t, 0, sem="relaxed")
+
+
+@gluon.jit
+def gemv_stream_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, cnt_ptr, N, n_tiles, stride_qk,
+                       G: gl.constexpr, XS: gl.constexpr, BY_UNIT: gl.constexpr, TR: gl.constexpr, BN: gl.constexpr, WR: gl.constexpr,
+                       WC: gl.constexpr, STAGES: gl.constexpr, RING: gl.constexpr, IW: gl.constexpr,
+                       ZP: gl.constexpr, HAS_Z: gl.constexpr, PDL: gl.constexpr, MODE: gl.constexpr):
+    """``out (1, N) = x (1, K) @ dequant(W)^T`` for int4 words in ``(KWP, NP)`` (``gemv_quant``'s layout,
+    ``stride_qk`` = NP), groups of ``8 TR`` columns; ``G`` groups (K = 8 TR G, specialised); ``XS`` slots of
+    staged x (``_stage_x``). ``STAGES``: units in flight plus one. ``MODE`` (measurement only,
+    0 in use): 1 = words folded into the result without arithmetic, 2 = no arithmetic, 3 = x not
+    staged, 4 = every segment stored as if it covered its tile (no partials, wrong results)."""
     NW: gl.constexpr = WR * WC
     RPT: gl.constexpr = TR // WR
     L3: gl.constexpr = gl.BlockedLayout([1, RPT, 4], [1, 1, 32], [WR, 1, WC], [2, 1, 0])
-    X3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])   # per (row of) the leading index
+    X3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])   # per leading index
     pid = gl.program_id(0)
     P = gl.num_programs(0)
     # -- this program's units [u0, u1) of the T = tiles x groups, column tile major
     T = n_tiles * G
     u0 = (pid * T) // P
-    u1 = ((pid + 1) * T) // P
-    n = u1 - u0
+    n = ((pid + 1) * T) // P - u0
+    x_smem = gl.allocate_shared_memory(gl.float32, [XS * EPW, WR, RPT], X3)
+    xs_smem = gl.allocate_shared_memory(gl.float32, [XS, WR, RPT], X3)
 
-    w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, TR, BN], w_desc.layout)
-    s_ring = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 1, BN], s_desc.layout)
-    z_ring = gl.allocate_shared_memory(z_desc.dtype, [STAGES, 1, BN], z_desc.layout)
-    x_smem = gl.allocate_shared_memory(gl.float32, [GP * EPW, WR, RPT], X3)
-    xs_smem = gl.allocate_shared_memory(gl.float32, [GP, WR, RPT], X3)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-
-    # -- phase 1: the first STAGES units in flight, then x staged while they arrive
-    for i in gl.static_range(STAGES):
-        if i < n:
-            _issue(w_desc, s_desc, z_desc, w_ring, s_ring, z_ring, ready, i, u0 + i, G, TR, BN, STAGES, HAS_Z)
-    _stage_x(x_ptr, x_smem, xs_smem, G, GP, TR, WR, RPT, IW, NW)
+    # -- phase 1: the first units in flight (the weight is constant: before waiting for the
+    #    previous kernel), then x staged while they arrive
+    if RING:
+        w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, TR, BN], X3)
+        s_ring = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES, WR, BN], X3)
+        z_ring = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES, WR if HAS_Z else 1, BN], X3)
+        for i in gl.static_range(STAGES - 1):
+            if i < n:
+                _copy_unit(qw_ptr, s_ptr, z_ptr, w_ring, s_ring, z_ring, i, u0 + i, stride_qk, G, TR, BN, WR, RPT,
+                           HAS_Z, L3)
+            cp.commit_group()
+    else:
+        w0, s0, z0 = _load_unit(qw_ptr, s_ptr, z_ptr, u0, 0 < n, stride_qk, G, TR, BN, WR, RPT, HAS_Z, L3)
+        if STAGES > 2:
+            w1, s1, z1 = _load_unit(qw_ptr, s_ptr, z_ptr, u0 + 1, 1 < n, stride_qk, G, TR, BN, WR, RPT, HAS_Z, L3)
+    _wait_for_producer(PDL)
+    if MODE != 3:
+        _stage_x(x_ptr, x_smem, xs_smem, u0, n, G, XS, BY_UNIT, TR, WR, RPT, IW, NW)
     _cta_barrier()
 
-    # -- phase 2: the units; a slot is refilled once every thread is done with it
+    # -- phase 2: the units, the next ones' loads in flight
     acc = gl.zeros([WR, BN], gl.float32, gl.SliceLayout(1, L3))
+    head = gl.zeros([BN], gl.float32, gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+    t_head = -1          # the range's first segment, when partial: published at the end
     seg_start = u0
     for i in range(n):
         u = u0 + i
-        st = i % STAGES
         t = u // G
         g = u - t * G
-        mbarrier.wait(ready.index(st), (i // STAGES) & 1)
-        acc = _unit(acc, w_ring.index(st), s_ring.index(st), z_ring.index(st), x_smem, g, xs_smem.index(g),
-                    ZP, HAS_Z, WR, RPT, BN, L3, MODE)
-        _cta_barrier()
-        if i + STAGES < n:
-            _issue(w_desc, s_desc, z_desc, w_ring, s_ring, z_ring, ready, i + STAGES, u + STAGES, G, TR, BN,
-                   STAGES, HAS_Z)
-        # -- phase 3: at the end of a column tile or of the range, the segment's result
+        if RING:
+            if i + STAGES - 1 < n:
+                _copy_unit(qw_ptr, s_ptr, z_ptr, w_ring, s_ring, z_ring, (i + STAGES - 1) % STAGES, u + STAGES - 1,
+                           stride_qk, G, TR, BN, WR, RPT, HAS_Z, L3)
+            cp.commit_group()
+            cp.wait_group(STAGES - 1)
+            w, s, z = _read_slot(w_ring, s_ring, z_ring, i % STAGES, WR, RPT, BN, HAS_Z, L3)
+        else:
+            wn, sn, zn = _load_unit(qw_ptr, s_ptr, z_ptr, u + STAGES - 1, i + STAGES - 1 < n, stride_qk, G, TR, BN,
+                                    WR, RPT, HAS_Z, L3)
+            w, s, z = w0, s0, z0
+            if STAGES > 2:
+                w0, s0, z0 = w1, s1, z1
+                w1, s1, z1 = wn, sn, zn
+            else:
+                w0, s0, z0 = wn, sn, zn
+        if MODE != 1:
+            xslot = i if BY_UNIT else g
+            acc = _scale_unit(acc, _row_sums(w, x_smem, xslot, L3), s, z, xs_smem.index(xslot), ZP, HAS_Z, L3)
+        elif MODE == 1:
+            acc += gl.sum(w, axis=1).to(gl.float32, bitcast=True)
+        # -- phase 3: a segment ends at its tile's end or the range's
         if (g == G - 1) | (i == n - 1):
-            _segment_end(acc, t, seg_start, u, u0, pid, P, T, N, out_ptr, ws_ptr, cnt_ptr, G, BN, L3)
+            res = _tile_sum(acc, L3)
+            whole = (seg_start == t * G) & (u + 1 == (t + 1) * G)
+            if MODE == 4:
+                whole = u >= 0                                              # measurement: no partials
+            if whole:
+                _store_tile(res, t, N, out_ptr, BN, L3)                     # the whole tile: no partials
+            elif seg_start == u0:
+                head = res                                                  # published at the end
+                t_head = t
+            else:
+                _publish(res, ws_ptr, 2 * pid + 1, BN, L3)
+                if t_head >= 0:
+                    _publish(head, ws_ptr, 2 * pid, BN, L3)
+                _cta_barrier()
+                if t_head >= 0:
+                    _arrive(t_head, P, T, N, out_ptr, ws_ptr, cnt_ptr, G, BN, L3)
+                _arrive(t, P, T, N, out_ptr, ws_ptr, cnt_ptr, G, BN, L3)
+                t_head = -1
             acc = gl.zeros([WR, BN], gl.float32, gl.SliceLayout(1, L3))
             seg_start = u + 1
+    # -- a range of one partial segment: its partial is the head
+    if t_head >= 0:
+        _publish(head, ws_ptr, 2 * pid, BN, L3)
+        _cta_barrier()
+        _arrive(t_head, P, T, N, out_ptr, ws_ptr, cnt_ptr, G, BN, L3)
 
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(i))
