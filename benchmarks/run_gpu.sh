@@ -7,7 +7,9 @@
 #   install         pip install -e . without dependencies (the machine has torch and Triton)
 #   conformance     triton on cuda:0, gpu tier (which includes every cpu-tier case), all cores;
 #                   $CASES (comma-separated globs) restricts it to some cases
-#   gemv-tests      the GPU tests of the quantized GEMV (every packing, forced configs, graphs)
+#   gemv-tests      the GPU tests of the quantized GEMV (every packing, forced configs, graphs, stream-K)
+#   stream-probe    benchmarks/experiments/gemv_stream_probe.py: the M=1 stream-K kernel against float64, then
+#                   its configurations against the CUDA-core table, tinygemm and the floor
 #   attention-tests the GPU tests of the attention kernels (split decode replayed in a CUDA graph, TMA,
 #                   the Gluon prefill kernel)
 #   wgmma-probe     benchmarks/experiments/attention_wgmma_probe.py: the Gluon prefill kernel against
@@ -60,7 +62,10 @@ for s in "$@"; do
         conformance) step conformance python3 -m portakern conformance --backend triton --device cuda:0 \
             --tier gpu --jobs 0 --no-progress ${CASES:+--cases "$CASES"} --report "$RES/conformance-triton-h200-gpu$TAG.json" \
             --markdown "$RES/conformance-triton-h200-gpu$TAG.md" ;;
-        gemv-tests) step gemv-tests python3 -m pytest -q -p no:cacheprovider tests/test_triton_gemv.py -k gpu ;;
+        gemv-tests) step gemv-tests python3 -m pytest -q -p no:cacheprovider tests/test_triton_gemv.py \
+            tests/test_triton_gemv_stream.py -k gpu ;;
+        stream-probe) step stream-probe python3 benchmarks/experiments/gemv_stream_probe.py --phase both \
+            --tag="$TAG" --out "$RES" ;;
         attention-tests) step attention-tests python3 -m pytest -q -p no:cacheprovider tests/test_triton_attention.py \
             tests/test_triton_attention_tma.py tests/test_triton_attention_wgmma.py -k gpu ;;
         wgmma-probe) step wgmma-probe bash -c "python3 benchmarks/experiments/attention_wgmma_probe.py --phase check \

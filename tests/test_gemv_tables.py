@@ -29,7 +29,7 @@ def test_tables_use_group_resident_tiles_for_large_regular_int4_m1_and_fit_guard
     want = {(14336, 4096): (8, 16), (4096, 14336): (16, 32), (8192, 8192): (8, 32), (28672, 8192): (8, 16),
             (16384, 16384): (8, 16), (6144, 4096): (16, 16)}
     for (N, K), (bkw, split) in want.items():
-        cfg = T.choose(lay(N, K), 1, N, "sm_90", 132)
+        cfg = T.choose(lay(N, K), 1, N, "sm_90", 132, stream=False)   # sm_90 takes kind "stream" there
         assert (cfg.group_rows, cfg.block_n, cfg.block_kw, cfg.num_warps, cfg.split_k, cfg.pdl) == \
             (True, 256, bkw, 2, split, True), (N, K, cfg)
         assert T.choose(lay(N, K), 1, N, "sm_80", 108).group_rows
@@ -52,7 +52,7 @@ def test_tables_use_group_resident_tiles_for_large_regular_int4_m1_and_fit_guard
     with pytest.raises(ValueError, match=r"prefetch=2, group_rows=True"):
         T.fit(replace(rows, prefetch=2), lay(4096, 4096), 1)
     # autotuning offers both tile families at M=1 (the table's choice first), only plain ones otherwise
-    cands = T.candidates(lay(8192, 8192), 1, 8192, "sm_90", 132)
+    cands = T.candidates(lay(8192, 8192), 1, 8192, "sm_80", 108)
     assert cands[0].group_rows and {c.group_rows for c in cands} == {False, True}
     assert not any(c.group_rows for c in T.candidates(lay(8192, 8192, M=16), 16, 8192, "sm_90", 132))
     assert not any(c.group_rows for c in T.candidates(lay(8192, 8192, packing="gptq", act=True), 1, 8192, "sm_90", 132))
@@ -75,7 +75,8 @@ def test_tables_use_pdl_for_the_cuda_core_kernel_on_sm90_and_later_only():
             assert cfg.pdl == (cfg.kind == "fma" and arch in ("sm_90", "sm_100", "sm_120")), (arch, cfg)
         cands = T.candidates(lay, M, 4096, "sm_90", 132)
         assert cands[0] == T.choose(lay, M, 4096, "sm_90", 132)
-        assert all(c.pdl == cands[0].pdl and c.prefetch == 1 for c in cands)
+        assert all(c.pdl == cands[0].pdl and c.prefetch == 1 for c in cands if c.kind != "stream")
+        assert all(c.pdl for c in cands if c.kind == "stream") and (M == 1) == any(c.kind == "stream" for c in cands)
 
 
 def test_tables_use_the_group_scaled_tensor_core_kernel_where_it_applies_and_fit_guards_it():
@@ -111,7 +112,8 @@ def test_tables_use_the_group_scaled_tensor_core_kernel_where_it_applies_and_fit
         for other in (lay(bits=8), lay(G=32), lay(packing="gptq", act=True)):
             assert T.choose(other, 16, 8192, arch, 132).kind == "dot", other.__dict__
         assert T.choose(lay(G=100), 16, 8192, arch, 132).kind == "fma"   # per-element groups
-    assert T.choose(lay(1), 1, 8192, "sm_90", 132).kind == "fma"
+    assert T.choose(lay(1), 1, 8192, "sm_90", 132).kind == "stream"   # M=1 int4 from STREAM_MIN_N
+    assert T.choose(lay(1), 1, 8192, "sm_80", 108).kind == "fma"
     cfg = T.choose(lay(), 16, 8192, "sm_90", 132)   # 128 column tiles, 4 slices: 3.9 programs per SM
     assert (cfg.block_n, cfg.block_kw, cfg.num_warps, cfg.num_stages, cfg.split_k, cfg.x_runs, cfg.pdl) == \
         (64, 16, 4, 3, 4, True, False)

@@ -1,56 +1,19 @@
-"""Host side of the stream-K TMA GEMV (``kernels/gemv_stream.py``): who it serves, its descriptors, launch.
+"""Host side of the stream-K int4 GEMV (``kernels/gemv_stream.py``, kind "stream"): who it serves, its
+compile-time arguments, its launch.
 
-``blocker(op, layout, arch)`` names why an op or prepared weight cannot run on it (None: it can);
-``Launcher`` holds the constexprs, the grid and the workspace of one signature and launches the kernel.
+``usable(layout, M, dtype)`` names why a prepared weight and op cannot run on it (None: it can);
+``Launcher`` holds the constexprs, the grid and the split-K workspace of one signature and launches
+the kernel (``quant_gemv`` builds one per signature; the benchmarks build their own variants).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-#: the architectures with asynchronous copies to shared memory (cp.async)
-ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120")
-#: shared memory a program may take (H200: 227 KiB per block), less the compiler's reduction scratch
-SMEM_BUDGET = 227 * 1024 - 8 * 1024
-#: column tiles: 4 columns per thread, 32 threads, one or two warps along the columns
-MAX_BLOCK_N = 256
-
-
-def smem_bytes(K: int, group_size: int, block_n: int, stages: int, warp_rows: int, scale_bytes: int,
-               has_z: bool) -> int:
-    """Shared memory of one program: the ring (words, and a row of scales and of zeros per warp row and
-    stage), x and its sums."""
-    tr = group_size // 8
-    per_stage = tr * block_n * 4 + block_n * scale_bytes * warp_rows * (2 if has_z else 1)
-    gp = 1 << (K // group_size - 1).bit_length()     # x is staged for a power of two of groups
-    return stages * per_stage + gp * group_size * 4 + gp * tr * 4 + stages * 8
-
-
-def blocker(op, layout, arch: str, block_n: int = 256, stages: int = 4, warp_rows: int = 4) -> str | None:
-    """Why ``op`` with prepared weight ``layout`` cannot run on the stream-K kernel (None: it can)."""
-    f = op.fmt
-    if arch not in ARCHS:
-        return f"needs cp.async (sm_80 and later), not {arch}"
-    if op.M != 1:
-        return f"serves M = 1, not M = {op.M}"
-    if op.dtype.value not in ("bfloat16", "float16"):
-        return f"serves bfloat16 / float16 x, not {op.dtype.value}"
-    if f.bits != 4:
-        return f"serves int4 weights, not {f.bits} bits"
-    if layout.has_perm or layout.kgroup is not None:
-        return "serves weights without act-order (g_idx)"
-    if f.group_size % 64 or (f.group_size // 8) % warp_rows:
-        return f"needs groups of a multiple of 64 columns split over {warp_rows} warp rows, not {f.group_size}"
-    if layout.interleave not in (1, 2, 4, 8):
-        return f"needs an interleave of 1, 2, 4 or 8 word rows, not {layout.interleave}"
-    if op.K % f.group_size or layout.KWP * 8 != op.K:
-        return f"needs K a multiple of {8 * 64} (whole word-row tiles), not {op.K}"
-    if block_n > MAX_BLOCK_N or block_n % 128:
-        return f"block_n must be 128 or 256, not {block_n}"
-    need = smem_bytes(op.K, f.group_size, block_n, stages, warp_rows, 2, layout.has_z)
-    if need > SMEM_BUDGET:
-        return f"K = {op.K} needs {need} bytes of shared memory with {stages} stages (budget {SMEM_BUDGET})"
-    return None
+#: warps along the word rows of a unit (each thread holds ``group_size / 8 / WARP_ROWS`` rows)
+WARP_ROWS = 4
+#: shared memory a program may take on sm_80 and later (the smallest per-block limit, sm_86/89: 99 KiB)
+SMEM_BUDGET = 99 * 1024
 
 
 def x_slots(groups: int, units: int, programs: int) -> tuple[int, bool]:
@@ -63,34 +26,62 @@ def x_slots(groups: int, units: int, programs: int) -> tuple[int, bool]:
     return 1 << (n - 1).bit_length(), by_unit
 
 
-def constexprs(op, layout, block_n: int, stages: int, warps: int, warp_rows: int, programs: int,
-               pdl: bool = False, ring: bool = False, mode: int = 0) -> dict[str, Any]:
-    """The compile-time arguments of ``gemv_stream_kernel`` for a grid of ``programs``."""
-    tr = op.fmt.group_size // 8
-    g = op.K // op.fmt.group_size
-    xs, by_unit = x_slots(g, -(-op.N // block_n) * g, programs)
-    return dict(G=g, XS=xs, BY_UNIT=by_unit, TR=tr, BN=block_n, WR=warp_rows, WC=warps // warp_rows,
-                STAGES=stages, IW=layout.interleave, ZP=layout.zero_point, HAS_Z=layout.has_z, PDL=pdl, RING=ring,
-                MODE=mode)
+def smem_bytes(group_size: int, slots: int) -> int:
+    """Shared memory of one program: x (fp32) and its per-row sums for ``slots`` groups."""
+    return slots * group_size * 4 + slots * (group_size // 8) * 4
+
+
+def usable(layout, M: int, dtype: str | None = None) -> str | None:
+    """Why the stream-K kernel cannot serve ``layout`` (a ``PreparedGemvWeight`` or its stand-in) at ``M``
+    rows of ``dtype`` x, or None if it can. ``dtype`` None accepts any activation dtype."""
+    if M != 1:
+        return f"M={M} (the kernel serves one row of x)"
+    if layout.bits != 4:
+        return f"bits={layout.bits} (int4 only)"
+    if layout.has_perm or getattr(layout, "kgroup", None) is not None:
+        return "an act-order permutation (x is staged in the words' plain order)"
+    gs = layout.group_size
+    if gs % (8 * WARP_ROWS) or layout.K % gs:
+        return f"group_size={gs} with K={layout.K} (needs groups of a multiple of 32 columns dividing K)"
+    need = smem_bytes(gs, 1 << (layout.K // gs - 1).bit_length())
+    if need > SMEM_BUDGET:
+        return f"K={layout.K} (x of every group takes {need} bytes of shared memory, over {SMEM_BUDGET})"
+    if dtype is not None and dtype not in ("float16", "bfloat16", "float32"):
+        return f"dtype={dtype}"
+    return None
+
+
+def constexprs(op, layout, cfg, programs: int, mode: int = 0) -> dict[str, Any]:
+    """The compile-time arguments of ``gemv_stream_kernel`` for ``cfg`` (a fitted ``GemvConfig`` of kind
+    "stream") over a grid of ``programs``; ``mode`` selects a measurement variant (kernel docstring)."""
+    g = op.K // layout.group_size
+    xs, by_unit = x_slots(g, -(-op.N // cfg.block_n) * g, programs)
+    return dict(G=g, XS=xs, BY_UNIT=by_unit, TR=layout.group_size // 8, BN=cfg.block_n, WR=WARP_ROWS,
+                WC=cfg.num_warps // WARP_ROWS, AHEAD=cfg.prefetch, IW=layout.interleave, ZP=layout.zero_point,
+                HAS_Z=layout.has_z, PDL=cfg.pdl, MODE=mode)
+
+
+def grid_programs(op, layout, cfg, num_sms: int) -> int:
+    """Programs of the launch: ``per_sm`` per SM, at most one per unit."""
+    return min(cfg.per_sm * num_sms, -(-op.N // cfg.block_n) * (op.K // layout.group_size))
 
 
 class Launcher:
-    """The stream-K kernel for one op and weight layout: one program per SM, its workspace and counters."""
+    """The stream-K kernel for one op and weight layout, its split-K workspace (two partials of
+    ``block_n`` per program) and arrival counters (one per column tile, reset by the kernel)."""
 
-    def __init__(self, op, layout, block_n: int, stages: int, warps: int, warp_rows: int, programs: int,
-                 tdev: str, mode: int = 0, pdl: bool = False, ring: bool = False):
+    def __init__(self, op, layout, cfg, num_sms: int, tdev: str, mode: int = 0, programs: int | None = None):
         import torch
 
         from . import kernels
 
         self.fn = kernels.load("gemv_stream").gemv_stream_kernel
-        self.block_n, self.warps = block_n, warps
-        self.n_tiles = -(-op.N // block_n)
-        self.programs = min(programs, self.n_tiles * (op.K // op.fmt.group_size))
-        self.consts = constexprs(op, layout, block_n, stages, warps, warp_rows, self.programs, pdl, ring, mode)
-        self.opts = dict(num_warps=warps, launch_pdl=True) if pdl else dict(num_warps=warps)
+        self.programs = programs or grid_programs(op, layout, cfg, num_sms)
+        self.consts = constexprs(op, layout, cfg, self.programs, mode)
+        self.opts = dict(num_warps=cfg.num_warps, launch_pdl=True) if cfg.pdl else dict(num_warps=cfg.num_warps)
+        self.n_tiles = -(-op.N // cfg.block_n)
         self.N = op.N
-        self.ws = torch.empty((self.programs * 2, block_n), dtype=torch.float32, device=tdev)
+        self.ws = torch.empty((self.programs * 2, cfg.block_n), dtype=torch.float32, device=tdev)
         self.cnt = torch.zeros((self.n_tiles,), dtype=torch.int32, device=tdev)
 
     def __call__(self, x, w, out) -> None:

@@ -38,7 +38,7 @@ FMA_MAX_M = {"sm_80": 1, "sm_90": 1, "sm_100": 1, "sm_120": 1, "interp": 2}
 #: tiles: M=16 155 us vs 169 us with 4 slices), so it splits only to fill each SM once. H200 session 5:
 #: the "mma" kernel's sweep winners held 3.9 (4096 x 14336, 4096^2: 8 slices of 64 tiles) and 6.8
 #: (28672 x 8192: 2 slices of 448 tiles, 77.9 us vs 128.8 unsplit) programs per SM.
-PROGRAMS_PER_SM = {"fma": 4, "dot": 1, "mma": 3.5, "frag": 27}
+PROGRAMS_PER_SM = {"fma": 4, "dot": 1, "mma": 3.5, "frag": 27, "stream": 2}
 MAX_SPLIT_K = 8
 #: Group-resident tiles (``GemvConfig.group_rows``) run few warps per program over wide column
 #: tiles: split K until the grid holds this many warps per multiprocessor, up to MAX_SPLIT_K_ROWS.
@@ -72,6 +72,16 @@ FRAG_TALL_MIN_NK = 1 << 28
 FRAG_MIN_M = 2
 
 
+#: Kind "stream" (``kernels/gemv_stream.py``, M = 1 int4, Gluon): H200 session 11 (``benchmarks/gemv_notes.md``
+#: v12) at M=1, 256 columns, 8 warps, one unit ahead, two programs per SM, pdl, against the group-resident
+#: "fma" entry: 28672x8192 36.4-37.1 vs 38.7 us, 16384^2 40.7-41.2 vs 43.3, 128256x4096 79.2 vs 84.7,
+#: 28672x4096 20.5-20.9 vs 22.4, 14336x4096 12.9 vs 13.4, 6144x4096 7.8 vs 8.5, 8192^2 a tie (14.5 vs 14.4),
+#: slower at N = 4096 (4096^2 7.1 vs 6.3, 4096x14336 15.3 vs 14.1): the sm_90 table takes it from this N
+STREAM_MIN_N = 6144
+#: The architectures whose table takes kind "stream" (measured there; the kernel lowers for sm_80 and later)
+STREAM_ARCHS = ("sm_90",)
+
+
 #: Dequantization variants the kernels implement (``GemvConfig.dq``, ``kernels.gemv_quant._codes``).
 DQ_VARIANTS = (0, 1, 2, 3)
 
@@ -82,9 +92,11 @@ class GemvConfig:
 
     kind       "fma" (CUDA cores, small M), "dot" (tensor cores, M tile of 16), "mma" (tensor cores,
                int4 with one group per K tile: codes dequantized as 16-bit pairs, scales applied
-               after the MMA; ``mma_eligible``) or "frag" (tensor cores, int4 words in the MMA's
-               fragment layout, bf16 x, M <= 16; ``frag_usable``; Gluon)
-    block_n    rows of W per program ("frag": 16 x num_warps x units per warp)
+               after the MMA; ``mma_eligible``), "frag" (tensor cores, int4 words in the MMA's
+               fragment layout, bf16 x, M <= 16; ``frag_usable``; Gluon) or "stream" (CUDA cores,
+               int4, M = 1, a stream-K grid of ``per_sm`` programs per SM; ``stream_usable``; Gluon)
+    block_n    rows of W per program ("frag": 16 x num_warps x units per warp; "stream": 128 or 256,
+               with 4 warps per 128)
     block_kw   32-bit words of K per row and iteration (8 int4 or 4 int8 codes each)
     num_warps  Triton launch option
     num_stages Triton launch option; for kind "fma", > 1 streams the word tiles through Triton's
@@ -95,9 +107,9 @@ class GemvConfig:
                codes, the GPU tables' choice for the CUDA-core kernel; the tensor-core kernel and
                per-element groups run it as 2)
     swap_ab    (tensor-core kernel) dequantized weights as the MMA's A operand, x as B
-    prefetch   (CUDA-core kernel, num_stages 1) tiles of words loaded ahead into registers: 1 or 2
-               (2: more bytes in flight per SM for 8 more registers; H200 session 3: slower on every
-               swept shape, in no table)
+    prefetch   (CUDA-core kernels: "fma" with num_stages 1, "stream") tiles of words loaded ahead into
+               registers: 1 or 2 ("fma", H200 session 3: 2 slower on every swept shape; "stream",
+               session 11: 1 and 2 within 2%)
     pdl        programmatic dependent launch (sm_90+, compiled kernels only): the kernel may start
                while the previous kernel in the stream drains; it requests its first weight tiles,
                then waits for that kernel (``griddepcontrol.wait``) before touching x or the output.
@@ -109,6 +121,7 @@ class GemvConfig:
                each row per thread). Ignored (cleared by ``fit``) for per-element groups
     x_runs     (kind "mma") x read as it lies in runs of 8 columns, one MMA per code position, instead
                of one tile per group re-laid in registers (``kernels.gemv_mma.gemv_mma_kernel``)
+    per_sm     (kind "stream") programs per multiprocessor
     """
 
     kind: str
@@ -123,6 +136,7 @@ class GemvConfig:
     pdl: bool = False
     group_rows: bool = False
     x_runs: bool = False
+    per_sm: int = 2
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -244,6 +258,26 @@ def frag_usable(layout, M: int, dtype: str | None = None) -> str | None:
     return None
 
 
+def stream_usable(layout, M: int, dtype: str | None = None) -> str | None:
+    """Why kind "stream" cannot serve ``layout`` at ``M`` rows of ``dtype`` x, or None if it can (the
+    kernel's own rules: ``gemv_stream.usable``)."""
+    from .gemv_stream import usable
+
+    return usable(layout, M, dtype)
+
+
+def _fit_stream(cfg: GemvConfig, layout, M: int) -> GemvConfig:
+    """``fit`` for kind "stream": 128 or 256 columns with 4 warps per 128, one or two units ahead, 1 to 4
+    programs per SM; one group per unit (block_kw: the group's words)."""
+    why = stream_usable(layout, M)
+    if why is not None:
+        raise ValueError(f"GemvConfig(kind='stream') cannot serve this weight: {why}; use kind='fma'")
+    bn = 128 if cfg.block_n <= 128 else 256
+    return replace(cfg, block_n=bn, num_warps=bn // 32, block_kw=layout.group_size // 8, num_stages=1, split_k=1,
+                   dq=3, swap_ab=False, prefetch=min(max(cfg.prefetch, 1), 2), group_rows=False, x_runs=False,
+                   per_sm=min(max(cfg.per_sm, 1), 4))
+
+
 def _fit_frag(cfg: GemvConfig, layout, M: int) -> GemvConfig:
     """``fit`` for kind "frag": 1, 2, 4 or 8 warps of 1, 2 or 4 units (16 rows each) per program,
     at most 256 rows, dividing the padded rows ``stride_qk``; one chunk (32 words) per step."""
@@ -264,9 +298,9 @@ def fit(cfg: GemvConfig, layout, M: int) -> GemvConfig:
     An unknown ``dq`` is an error (it would silently run another variant)."""
     if cfg.dq not in DQ_VARIANTS:
         raise ValueError(f"GemvConfig(dq={cfg.dq!r}): the gemv kernels implement dq in {DQ_VARIANTS}")
-    if cfg.prefetch not in (1, 2) or (cfg.prefetch == 2 and cfg.kind != "fma"):
+    if cfg.prefetch not in (1, 2) or (cfg.prefetch == 2 and cfg.kind not in ("fma", "stream")):
         raise ValueError(f"GemvConfig(kind={cfg.kind!r}, prefetch={cfg.prefetch!r}): prefetch is 1, or 2 for the "
-                         f"CUDA-core kernel (kind='fma'); use prefetch=1")
+                         f"CUDA-core kernels (kind='fma' or 'stream'); use prefetch=1")
     if cfg.x_runs and cfg.kind != "mma":
         raise ValueError(f"GemvConfig(kind={cfg.kind!r}, x_runs=True): x_runs is an option of the 'mma' kernel; "
                          f"use kind='mma' or x_runs=False")
@@ -280,6 +314,8 @@ def fit(cfg: GemvConfig, layout, M: int) -> GemvConfig:
         raise ValueError(f"GemvConfig(kind={cfg.kind!r}): the kinds are {', '.join(PROGRAMS_PER_SM)}")
     if cfg.kind == "frag":
         return _fit_frag(cfg, layout, M)
+    if cfg.kind == "stream":
+        return _fit_stream(cfg, layout, M)
     if cfg.kind == "mma":
         why = mma_eligible(layout)
         if why is not None:
@@ -335,13 +371,17 @@ def _fit_mma(cfg: GemvConfig, layout) -> GemvConfig:
 
 
 def choose(layout, M: int, N: int, arch: str, num_sms: int | None = None, group_rows: bool = True,
-           dtype: str = "bfloat16") -> GemvConfig:
+           dtype: str = "bfloat16", stream: bool = True) -> GemvConfig:
     """The table's configuration for ``layout`` (a ``PreparedGemvWeight``), M rows of x in ``dtype``,
-    on ``arch``. ``group_rows=False``: the table as it is without group-resident tiles (comparisons)."""
+    on ``arch``. ``group_rows=False``: the table as it is without group-resident tiles; ``stream=False``:
+    without the stream-K kernel (comparisons)."""
     num_sms = num_sms or DEFAULT_SMS.get(arch, 132)
     kind = "fma" if (M <= FMA_MAX_M.get(arch, 2) or layout.per_elem_group) else "dot"
     if arch != "interp" and M >= FRAG_MIN_M and frag_usable(layout, M, dtype) is None:
         kind = "frag"
+    elif stream and arch in STREAM_ARCHS and N >= STREAM_MIN_N and stream_usable(layout, M, dtype) is None:
+        return fit(GemvConfig("stream", block_n=256, block_kw=16, num_warps=8, prefetch=1, per_sm=2,
+                              pdl=arch in PDL_ARCHS), layout, M)
     elif kind == "dot" and mma_eligible(layout, dtype) is None:
         kind = "mma"
     rows_ok = group_rows and not layout.per_elem_group and not layout.has_perm
@@ -365,6 +405,16 @@ def candidates(layout, M: int, N: int, arch: str, num_sms: int, dtype: str = "bf
     """Configurations worth timing (the table's choice first)."""
     base = choose(layout, M, N, arch, num_sms, dtype=dtype)
     out = [base]
+    if base.kind == "stream" or (arch in STREAM_ARCHS and stream_usable(layout, M, dtype) is None):
+        # the stream-K kernel next to the CUDA-core tiles: columns, units ahead, programs per SM
+        for bn, ahead, per_sm in itertools.product((256, 128), (1, 2), (1, 2, 4)):
+            cand = fit(GemvConfig("stream", block_n=bn, block_kw=16, prefetch=ahead, per_sm=per_sm,
+                                  pdl=arch in PDL_ARCHS), layout, M)
+            if cand not in out:
+                out.append(cand)
+        if base.kind == "stream":   # and the table's choice without it, whose neighbours follow
+            base = choose(layout, M, N, arch, num_sms, dtype=dtype, stream=False)
+            out.append(base)
     if base.kind == "frag":  # rows per program (warps x units) and the split around the table's
         for bn, w in ((64, 2), (64, 4), (128, 4), (128, 2), (256, 4), (128, 8)):
             c = fit(replace(base, block_n=bn, num_warps=w), layout, M)

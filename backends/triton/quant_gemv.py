@@ -261,10 +261,16 @@ def supports(op: QuantGemv, device: Device) -> Support:
 class _Launcher:
     """One kernel, its constexprs, grid and (split-K) workspace, for one op and weight layout."""
 
-    def __init__(self, op: QuantGemv, layout, cfg: tuning.GemvConfig, interpret: bool, tdev: str):
+    def __init__(self, op: QuantGemv, layout, cfg: tuning.GemvConfig, interpret: bool, tdev: str,
+                 num_sms: int = 132):
         import torch
 
         self.cfg = cfg
+        if cfg.kind == "stream":   # its own launcher (gemv_stream.py)
+            from .gemv_stream import Launcher
+
+            self.kind, self.stream = cfg.kind, Launcher(op, layout, cfg, num_sms, tdev)
+            return
         self.fn = _kernel_fn(cfg)
         self.kind = cfg.kind
         self.consts = _consts_for(op, layout, cfg, interpret)
@@ -294,7 +300,9 @@ class _Launcher:
         lock = w.qweight if self.lock is None else self.lock
         z = w.scales if w.zeros is None else w.zeros
         perm = w.qweight if w.perm is None else w.perm
-        if self.kind == "frag":
+        if self.kind == "stream":
+            self.stream(x, w, out)
+        elif self.kind == "frag":
             kc, kcs, su, sc = self.frag_dims
             self.fn[self.grid](x, w.frag, w.scales, z, out, ws, lock, M, N, K, kc, sqk, x.stride(0), out.stride(0),
                                kcs, su, sc, **self.consts, **self.opts)
@@ -340,6 +348,9 @@ def compile(op: QuantGemv, device: Device, config: tuning.GemvConfig | None = No
 
     if config is not None:
         tuning.check_pdl(config, arch)
+        if interpret and config.kind in ("stream", "frag"):
+            raise UnsupportedError(f"GemvConfig(kind={config.kind!r}) is a Gluon kernel, which Triton's interpreter "
+                                   "cannot run; force it on a CUDA device, or use kind='fma' or 'dot' here")
 
     def build(x, w: PreparedGemvWeight, out) -> _Launcher:
         if (w.N, w.K) != (op.N, op.K):
@@ -349,17 +360,20 @@ def compile(op: QuantGemv, device: Device, config: tuning.GemvConfig | None = No
             why = tuning.frag_usable(w, op.M, op.dtype.value) if cfg.kind == "frag" else None
             if why is not None:
                 raise UnsupportedError(f"GemvConfig(kind='frag') cannot run this op: {why}; use kind='mma' or 'dot'")
+            why = tuning.stream_usable(w, op.M, op.dtype.value) if cfg.kind == "stream" else None
+            if why is not None:
+                raise UnsupportedError(f"GemvConfig(kind='stream') cannot run this op: {why}; use kind='fma'")
         elif tuning.autotune_enabled() and not interpret:
             import triton.testing
 
             def timer(c):
-                ln = _Launcher(op, w, tuning.fit(c, w, op.M), interpret, tdev)
+                ln = _Launcher(op, w, tuning.fit(c, w, op.M), interpret, tdev, num_sms)
                 return triton.testing.do_bench(lambda: ln(x, w, out), warmup=5, rep=25, return_mode="median")
 
             cfg = tuning.tuned(w, op.M, op.N, op.dtype.value, device, arch, num_sms, timer)
         else:
             cfg = tuning.choose(w, op.M, op.N, arch, num_sms, dtype=op.dtype.value)
-        return _Launcher(op, w, cfg, interpret, tdev)
+        return _Launcher(op, w, cfg, interpret, tdev, num_sms)
 
     def kernel(x, w: PreparedGemvWeight, out) -> None:
         key = w.key()
@@ -425,13 +439,22 @@ def compile_for_target(op: QuantGemv, target: str, config: tuning.GemvConfig | N
         cfg = tuning.fit(config, lay, op.M)
     else:
         cfg = tuning.choose(lay, op.M, op.N, arch, tuning.DEFAULT_SMS.get(arch, 132), dtype=op.dtype.value)
-    consts = _consts_for(op, lay, cfg)   # exactly what a launch passes
     fn = _kernel_fn(cfg)
     act = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[op.dtype.value]
     outp = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[op.result_dtype.value]
     sdt = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[op.fmt.scale_dtype.value]
     ptrs = {"x_ptr": act, "qw_ptr": "*i32", "fw_ptr": "*i32", "s_ptr": sdt, "z_ptr": sdt, "perm_ptr": "*i32",
-            "kg_ptr": "*i32", "out_ptr": outp, "ws_ptr": "*fp32", "lock_ptr": "*i32"}
+            "kg_ptr": "*i32", "out_ptr": outp, "ws_ptr": "*fp32", "lock_ptr": "*i32", "cnt_ptr": "*i32"}
+    if cfg.kind == "stream":
+        why = tuning.stream_usable(lay, op.M, op.dtype.value)
+        if why is not None:
+            raise UnsupportedError(f"compile_for_target: GemvConfig(kind='stream') cannot lower this op: {why}")
+        from .gemv_stream import constexprs, grid_programs
+
+        programs = grid_programs(op, lay, cfg, tuning.DEFAULT_SMS.get(arch, 132))
+        return _compile_gluon_for_target(op, target, cc, cfg, fn, constexprs(op, lay, cfg, programs), ptrs,
+                                         {"stride_qk"} | ({"N"} if op.N % 16 == 0 else set()))
+    consts = _consts_for(op, lay, cfg)   # exactly what a launch passes
     if cfg.kind == "frag":
         why = tuning.frag_usable(lay, op.M, op.dtype.value)
         if why is not None:
@@ -463,12 +486,19 @@ def compile_for_target(op: QuantGemv, target: str, config: tuning.GemvConfig | N
 def _compile_frag_for_target(op: QuantGemv, target: str, cc: int, cfg: tuning.GemvConfig, fn, consts: dict,
                              ptrs: dict) -> dict:
     """``compile_for_target`` for the Gluon kernel of kind "frag" (``kernels/gemv_frag.py``)."""
+    return _compile_gluon_for_target(op, target, cc, cfg, fn, consts, ptrs, {"stride_s", "stride_u", "stride_c", "K"})
+
+
+def _compile_gluon_for_target(op: QuantGemv, target: str, cc: int, cfg: tuning.GemvConfig, fn, consts: dict,
+                              ptrs: dict, aligned_ints: set[str]) -> dict:
+    """``compile_for_target`` for a Gluon kernel (kinds "frag", "stream"): ``aligned_ints`` are the integer
+    arguments a launch specialises as multiples of 16 (strides of padded layouts)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in fn.arg_names}
-    aligned = set(ptrs) | {"stride_s", "stride_u", "stride_c", "K"}
+    aligned = set(ptrs) | aligned_ints
     aligned |= {"stride_xm"} if op.K % 16 == 0 else set()
     aligned |= {"stride_om"} if op.N % 16 == 0 else set()
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if a in aligned}
@@ -487,6 +517,8 @@ def _kernel_fn(cfg: tuning.GemvConfig):
 
     if cfg.kind == "frag":
         return kernels.load("gemv_frag").gemv_frag_kernel
+    if cfg.kind == "stream":
+        return kernels.load("gemv_stream").gemv_stream_kernel
     if cfg.kind == "mma":
         return kernels.load("gemv_mma").gemv_mma_kernel
     mod = kernels.load("gemv_quant")
@@ -498,6 +530,9 @@ def _consts_for(op: QuantGemv, layout, cfg: tuning.GemvConfig, interpret: bool =
     ``interpret``: Triton's CPU interpreter (which computes bf16 wrongly and runs no PTX)."""
     even_k = layout.KWP * layout.codes_per_word == op.K
     f32 = op.dtype is DType.float32 or (interpret and op.dtype is DType.bfloat16)
+    if cfg.kind == "stream":
+        raise ValueError("_consts_for(kind='stream'): the stream kernel's constexprs depend on the grid; "
+                         "use gemv_stream.constexprs")
     if cfg.kind == "frag":
         return dict(BM=tuning.block_m(cfg.kind, op.M), W=cfg.num_warps, NT=cfg.block_n // (16 * cfg.num_warps),
                     GS=layout.group_size, HAS_Z=layout.has_z, ZP=layout.zero_point, SPLIT_K=cfg.split_k)

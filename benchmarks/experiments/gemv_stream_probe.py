@@ -1,11 +1,12 @@
-"""The stream-K TMA GEMV (kernels/gemv_stream.py) at M = 1: checked against float64, timed against the table.
+"""The stream-K int4 GEMV (kernels/gemv_stream.py) at M = 1: checked against float64, timed against the fma table.
 
     python benchmarks/experiments/gemv_stream_probe.py [--phase check|bench|both] [--configs ...]
 
 check: packings (native asym / sym, AWQ, GPTQ), fp16 / bf16 x, odd N, K from 512 to 16384, and grids of
 1, 7, 132 and 1000 programs (so segments cover whole tiles, parts of tiles, and tiles are shared by many
 programs), each launched twice on a NaN-poisoned output (the arrival counters reset themselves).
-bench: per shape, the tuning table's kernel and every stream configuration, tinygemm and the floor, in
+bench: per shape, the table's CUDA-core kernel (``choose(stream=False)``) and every stream configuration,
+tinygemm and the floor, in
 CUDA graphs over input sets rotated past 4x the L2 (``benchmarks/gemv.py``'s method).
 """
 
@@ -25,14 +26,18 @@ from experiments import harness                         # noqa: E402
 from gemv_cases import weight                           # noqa: E402
 
 from portakern.backends.triton import gemv_stream as S  # noqa: E402
+from portakern.backends.triton import gemv_tuning as T  # noqa: E402
 from portakern.backends.triton import quant_gemv as Q   # noqa: E402
 from portakern.devices import torch_device              # noqa: E402
 from portakern.ir.packing import dequantize             # noqa: E402
 from portakern.validate import quant_gemv_op            # noqa: E402
 
-#: (block_n, stages, warps, warp_rows, ring, programs per SM)
-CONFIGS = [(256, 2, 8, 4, 0, 2), (256, 3, 8, 4, 0, 2), (128, 2, 4, 4, 0, 4), (256, 4, 8, 4, 1, 2),
-           (256, 2, 8, 4, 0, 1), (128, 3, 4, 4, 0, 4)]
+#: (block_n, units ahead, programs per SM)
+CONFIGS = [(256, 1, 2), (256, 2, 2), (256, 1, 1), (128, 1, 4), (128, 2, 4), (256, 1, 3)]
+
+
+def _cfg(layout, bn, ahead, per_sm):
+    return T.fit(T.GemvConfig("stream", bn, 16, prefetch=ahead, per_sm=per_sm, pdl=True), layout, 1)
 CHECK_CASES = [  # (packing, sym, N, K, dtype)
     ("native", False, 40, 512, "bfloat16"), ("native", True, 300, 1024, "float16"),
     ("awq", False, 520, 2048, "bfloat16"), ("gptq", False, 256, 4096, "float16"),
@@ -54,13 +59,9 @@ def check(cfgs, res):
         op, _ = quant_gemv_op(x, wd)
         p = Q.prepare_weight(None, w, dev)
         ref = x.double().cpu().numpy() @ dequantize(w.fmt, w.tensors, w.N, w.K).T
-        for bn, st, nw, wr, ring, _ in cfgs:
-            why = S.blocker(op, p, "sm_90", bn, st, wr)
-            if why:
-                res["check"].append(dict(case=case[0], cfg=[bn, st, nw, wr, ring], skipped=why))
-                continue
+        for bn, ahead, per_sm in cfgs:
             for programs in (1, 7, 132, 1000):
-                ln = S.Launcher(op, p, bn, st, nw, wr, programs, "cuda", pdl=True, ring=bool(ring))
+                ln = S.Launcher(op, p, _cfg(p, bn, ahead, per_sm), 132, "cuda", programs=programs)
                 out = torch.empty(1, N, device="cuda", dtype=x.dtype)
                 errs = []
                 for _ in range(2):
@@ -70,9 +71,9 @@ def check(cfgs, res):
                     errs.append(float(np.abs(out.double().cpu().numpy() - ref).max() / np.abs(ref).max()))
                 ok = all(e <= {"bfloat16": 1e-2, "float16": 2e-3}[dt] for e in errs)
                 fails += not ok
-                res["check"].append(dict(case=case[0], dtype=dt, cfg=[bn, st, nw, wr, ring], programs=ln.programs,
+                res["check"].append(dict(case=case[0], dtype=dt, cfg=[bn, ahead], programs=ln.programs,
                                          errs=errs, ok=ok))
-                print(f"check {case[0]:18s} {dt:8s} {bn},{st},{nw},{wr},{ring} P={ln.programs:5d} "
+                print(f"check {case[0]:18s} {dt:8s} {bn},{ahead} P={ln.programs:5d} "
                       f"{'ok ' if ok else 'BAD'} {max(errs):.2e}", flush=True)
     return fails
 
@@ -85,20 +86,16 @@ def bench(cfgs, res, shapes):
         floor_us = B.floor_bytes(op) / (res["copy_TBps"] * 1e12) * 1e6
         copies = B.copies_for(B.floor_bytes(op))
         row = dict(N=N, K=K, floor_us=floor_us)
-        fns, _ = B.ours(op, None, copies)
+        fns, _ = B.ours(op, T.choose(B.random_prepared(N, K, 4, 128, False), 1, N, "sm_90", sms, stream=False), copies)
         row["table_us"] = B.graph_us(fns)
         sets = [(torch.randn(1, K, device="cuda").to(torch.bfloat16),
                  B.random_prepared(N, K, 4, 128, False), torch.empty(1, N, device="cuda", dtype=torch.bfloat16))
                 for _ in range(copies)]
         row["stream"] = {}
-        for bn, st, nw, wr, ring, per_sm in cfgs:
-            key = f"{bn}x{st}x{nw}x{wr}x{ring}x{per_sm}"
-            why = S.blocker(op, sets[0][1], "sm_90", bn, st, wr)
-            if why:
-                row["stream"][key] = why
-                continue
+        for bn, ahead, per_sm in cfgs:
+            key = f"{bn}x{ahead}x{per_sm}"
             try:
-                ln = S.Launcher(op, sets[0][1], bn, st, nw, wr, per_sm * sms, "cuda", pdl=True, ring=bool(ring))
+                ln = S.Launcher(op, sets[0][1], _cfg(sets[0][1], bn, ahead, per_sm), sms, "cuda")
                 row["stream"][key] = B.graph_us([(lambda s=s: ln(*s)) for s in sets])
             except Exception as e:   # a configuration that does not compile is reported, not fatal
                 row["stream"][key] = f"{type(e).__name__}: {str(e)[:200]}"
@@ -124,8 +121,7 @@ MODES = (0, 1, 3, 4)
 
 
 def anatomy(cfgs, res, shapes):
-    """The table's kernel, then each configuration (with 1 and 2 programs per SM where it has at most 4
-    warps), without and with programmatic dependent launch, in every mode of ``MODES``."""
+    """The table's kernel, then each configuration in every mode of ``MODES``."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for N, K in shapes:
         op = B.gemv_op(1, N, K)
@@ -135,24 +131,22 @@ def anatomy(cfgs, res, shapes):
                  B.random_prepared(N, K, 4, 128, False), torch.empty(1, N, device="cuda", dtype=torch.bfloat16))
                 for _ in range(copies)]
         row = dict(N=N, K=K, floor_us=floor_us)
-        fns, _ = B.ours(op, None, copies)
+        fns, _ = B.ours(op, T.choose(B.random_prepared(N, K, 4, 128, False), 1, N, "sm_90", sms, stream=False), copies)
         row["table_us"] = B.graph_us(fns)
         print(f"anatomy {N:6d}x{K:<6d} table {row['table_us']:.2f}", flush=True)
         res["anatomy"].append(row)
-        for bn, st, nw, wr, ring, per_sm in cfgs:
-            for pdl in (True,):
-                    row = dict(N=N, K=K, floor_us=floor_us, cfg=[bn, st, nw, wr, ring], programs_per_sm=per_sm, pdl=pdl)
-                    for mode in MODES:
-                        try:
-                            ln = S.Launcher(op, sets[0][1], bn, st, nw, wr, per_sm * sms, "cuda", mode=mode, pdl=pdl,
-                                            ring=bool(ring))
-                            row[f"mode{mode}_us"] = B.graph_us([(lambda s=s: ln(*s)) for s in sets])
-                        except Exception as e:
-                            row[f"mode{mode}_us"] = f"{type(e).__name__}: {str(e)[:160]}"
-                    res["anatomy"].append(row)
-                    print(f"anatomy {N:6d}x{K:<6d} {bn},{st},{nw},{wr},{ring} x{per_sm} pdl{int(pdl)} floor {floor_us:6.2f} | "
-                          + " ".join(f"m{m}:{row[f'mode{m}_us']:.2f}" if isinstance(row[f"mode{m}_us"], float)
-                                     else f"m{m}:x" for m in MODES), flush=True)
+        for bn, ahead, per_sm in cfgs:
+            row = dict(N=N, K=K, floor_us=floor_us, cfg=[bn, ahead, per_sm])
+            for mode in MODES:
+                try:
+                    ln = S.Launcher(op, sets[0][1], _cfg(sets[0][1], bn, ahead, per_sm), sms, "cuda", mode=mode)
+                    row[f"mode{mode}_us"] = B.graph_us([(lambda s=s: ln(*s)) for s in sets])
+                except Exception as e:
+                    row[f"mode{mode}_us"] = f"{type(e).__name__}: {str(e)[:160]}"
+            res["anatomy"].append(row)
+            print(f"anatomy {N:6d}x{K:<6d} {bn},{ahead},{per_sm} floor {floor_us:6.2f} | "
+                  + " ".join(f"m{m}:{row[f'mode{m}_us']:.2f}" if isinstance(row[f"mode{m}_us"], float)
+                             else f"m{m}:x" for m in MODES), flush=True)
         del sets
         torch.cuda.empty_cache()
 
@@ -163,9 +157,7 @@ def profile(cfg, N, K):
     x = torch.randn(1, K, device="cuda").to(torch.bfloat16)
     w = B.random_prepared(N, K, 4, 128, False)
     out = torch.empty(1, N, device="cuda", dtype=torch.bfloat16)
-    bn, st, nw, wr, ring, per_sm = cfg
-    ln = S.Launcher(op, w, bn, st, nw, wr, per_sm * torch.cuda.get_device_properties(0).multi_processor_count,
-                    "cuda", pdl=True, ring=bool(ring))
+    ln = S.Launcher(op, w, _cfg(w, *cfg), torch.cuda.get_device_properties(0).multi_processor_count, "cuda")
     table = Q.compile(op, torch_device("cuda", 0))
     for f in (lambda: ln(x, w, out), lambda: table(x, w, out)):
         f()
@@ -179,7 +171,7 @@ def profile(cfg, N, K):
 def main():
     args = harness.parse_args(__doc__, lambda ap: (
         ap.add_argument("--phase", choices=("check", "bench", "both", "anatomy", "profile"), default="both"),
-        ap.add_argument("--configs", nargs="+", default=None, help="bn,stages,warps,warp_rows,ring,programs_per_sm ..."),
+        ap.add_argument("--configs", nargs="+", default=None, help="block_n,units_ahead,programs_per_sm ..."),
         ap.add_argument("--shapes", nargs="+", default=None, help="NxK ..."),
         ap.add_argument("--check-configs", type=int, default=3, help="check the first N configurations")))
     cfgs = [tuple(int(v) for v in c.split(",")) for c in args.configs] if args.configs else CONFIGS

@@ -11,10 +11,9 @@ programs, re-reads and re-scales x for every tile and spends ~3.4 instructions p
 * stages x once per program in shared memory, as fp32 in the words' order and already multiplied
   by the power of two that turns a masked code into its product (below), with the sums of x per
   word row for the zero points;
-* keeps the next units' words, scales and zeros in flight: in registers (``RING = False``: no
-  shared memory written in the loop, so the warps never wait for each other) or through a ring of
-  shared memory filled by ``cp.async`` (``RING = True``: each thread copies exactly what it reads
-  later, but the compiler still puts a CTA barrier after each wait);
+* keeps the next ``AHEAD`` units' words, scales and zeros in flight in registers; no shared memory is
+  written in the loop, so the warps of a program never wait for each other (a ring of shared memory
+  filled by ``cp.async`` measured the same on the H200, session 11, and needs a CTA barrier per unit);
 * costs per code one LOP3 and one FFMA (DQ=3 of ``gemv_quant._codes``): the four bits of code ``e``,
   masked in place (codes 5..7 after one 16-bit shift of the word), read as fp32 are the subnormal
   ``q * 2^(pos - 149)``; x carries ``2^(149 - pos - 64)``, so every product is ``x q 2^-64`` (normal for
@@ -33,7 +32,6 @@ program, so no launch needs a zeroed buffer).
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 
 #: products come out as ``x q 2^-DENORM_C`` (``gemv_quant.DENORM_C``)
 DENORM_C = gl.constexpr(64)
@@ -41,6 +39,15 @@ DENORM_C = gl.constexpr(64)
 EPW = gl.constexpr(8)
 #: partials the last program of a tile loads at once
 FIXUP_LOADS = gl.constexpr(8)
+
+if hasattr(gl.shared_memory_descriptor, "reinterpret"):   # Triton 3.9
+    @gluon.jit
+    def _view(smem, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+        return smem.reinterpret(dtype, shape, layout)
+else:                                                        # Triton 3.6
+    @gluon.jit
+    def _view(smem, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+        return smem._reinterpret(dtype, shape, layout)
 
 if hasattr(gl, "thread_barrier"):    # Triton 3.6
     @gluon.jit
@@ -95,35 +102,6 @@ def _load_unit(qw_ptr, s_ptr, z_ptr, u, ok, stride_qk, G: gl.constexpr, TR: gl.c
 
 
 @gluon.jit
-def _copy_unit(qw_ptr, s_ptr, z_ptr, w_ring, s_ring, z_ring, st, u, stride_qk, G: gl.constexpr, TR: gl.constexpr,
-               BN: gl.constexpr, WR: gl.constexpr, RPT: gl.constexpr, HAS_Z: gl.constexpr, L3: gl.constexpr):
-    """Start the copies of unit ``u`` into ring slot ``st``: each thread copies what it reads later (16
-    bytes per word row, 8 per scale row; the scale row once per warp row)."""
-    P3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
-    P2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    wo, wm, so, sm = _unit_offsets(u, stride_qk, G, TR, BN, WR, RPT, L3)
-    cp.async_copy_global_to_shared(w_ring.index(st)._reinterpret(gl.int32, [WR, RPT, BN], P3), qw_ptr + wo, mask=wm)
-    cp.async_copy_global_to_shared(s_ring.index(st)._reinterpret(s_ring.dtype, [WR, BN], P2), s_ptr + so, mask=sm)
-    if HAS_Z:
-        cp.async_copy_global_to_shared(z_ring.index(st)._reinterpret(z_ring.dtype, [WR, BN], P2), z_ptr + so, mask=sm)
-
-
-@gluon.jit
-def _read_slot(w_ring, s_ring, z_ring, st, WR: gl.constexpr, RPT: gl.constexpr, BN: gl.constexpr,
-               HAS_Z: gl.constexpr, L3: gl.constexpr):
-    """Ring slot ``st`` into registers, in the layouts ``_load_unit`` returns."""
-    P3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
-    P2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    w = w_ring.index(st)._reinterpret(gl.int32, [WR, RPT, BN], P3).load(L3)
-    s = s_ring.index(st)._reinterpret(s_ring.dtype, [WR, BN], P2).load(gl.SliceLayout(1, L3))
-    if HAS_Z:
-        z = z_ring.index(st)._reinterpret(z_ring.dtype, [WR, BN], P2).load(gl.SliceLayout(1, L3))
-    else:
-        z = s
-    return w, s, z
-
-
-@gluon.jit
 def _axis(n: gl.constexpr, dim: gl.constexpr, layout: gl.constexpr):
     """``arange(n)`` along dimension ``dim`` of a rank-4 ``layout``, expanded to rank 4."""
     if dim == 0:
@@ -167,8 +145,8 @@ def _stage_x(x_ptr, x_smem, xs_smem, u0, n, G: gl.constexpr, XS: gl.constexpr, B
     fac = ((149 - DENORM_C + 127 - pos) << 23).to(gl.float32, bitcast=True)
     # the buffers seen with a layout of full rank (the same bytes: unswizzled, row-major)
     F3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
-    x_smem._reinterpret(gl.float32, [XS * EPW, WR, RPT], F3).store(gl.reshape(xv * fac, [XS * EPW, WR, RPT]))
-    xs_smem._reinterpret(gl.float32, [XS, WR, RPT], F3).store(gl.sum(xv, axis=1) * (2.0 ** -DENORM_C))
+    _view(x_smem, gl.float32, [XS * EPW, WR, RPT], F3).store(gl.reshape(xv * fac, [XS * EPW, WR, RPT]))
+    _view(xs_smem, gl.float32, [XS, WR, RPT], F3).store(gl.sum(xv, axis=1) * (2.0 ** -DENORM_C))
 
 
 @gluon.jit
@@ -240,11 +218,11 @@ def _arrive(t, P, T, N, out_ptr, ws_ptr, cnt_ptr, G: gl.constexpr, BN: gl.conste
 @gluon.jit
 def gemv_stream_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, cnt_ptr, N, n_tiles, stride_qk,
                        G: gl.constexpr, XS: gl.constexpr, BY_UNIT: gl.constexpr, TR: gl.constexpr, BN: gl.constexpr, WR: gl.constexpr,
-                       WC: gl.constexpr, STAGES: gl.constexpr, RING: gl.constexpr, IW: gl.constexpr,
+                       WC: gl.constexpr, AHEAD: gl.constexpr, IW: gl.constexpr,
                        ZP: gl.constexpr, HAS_Z: gl.constexpr, PDL: gl.constexpr, MODE: gl.constexpr):
     """``out (1, N) = x (1, K) @ dequant(W)^T`` for int4 words in ``(KWP, NP)`` (``gemv_quant``'s layout,
     ``stride_qk`` = NP), groups of ``8 TR`` columns; ``G`` groups (K = 8 TR G, specialised); ``XS`` slots of
-    staged x (``_stage_x``). ``STAGES``: units in flight plus one. ``MODE`` (measurement only,
+    staged x (``_stage_x``). ``AHEAD``: units loaded ahead (1 or 2). ``MODE`` (measurement only,
     0 in use): 1 = words folded into the result without arithmetic, 2 = no arithmetic, 3 = x not
     staged, 4 = every segment stored as if it covered its tile (no partials, wrong results)."""
     NW: gl.constexpr = WR * WC
@@ -262,19 +240,9 @@ def gemv_stream_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, cnt_ptr, N,
 
     # -- phase 1: the first units in flight (the weight is constant: before waiting for the
     #    previous kernel), then x staged while they arrive
-    if RING:
-        w_ring = gl.allocate_shared_memory(gl.int32, [STAGES, TR, BN], X3)
-        s_ring = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES, WR, BN], X3)
-        z_ring = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES, WR if HAS_Z else 1, BN], X3)
-        for i in gl.static_range(STAGES - 1):
-            if i < n:
-                _copy_unit(qw_ptr, s_ptr, z_ptr, w_ring, s_ring, z_ring, i, u0 + i, stride_qk, G, TR, BN, WR, RPT,
-                           HAS_Z, L3)
-            cp.commit_group()
-    else:
-        w0, s0, z0 = _load_unit(qw_ptr, s_ptr, z_ptr, u0, 0 < n, stride_qk, G, TR, BN, WR, RPT, HAS_Z, L3)
-        if STAGES > 2:
-            w1, s1, z1 = _load_unit(qw_ptr, s_ptr, z_ptr, u0 + 1, 1 < n, stride_qk, G, TR, BN, WR, RPT, HAS_Z, L3)
+    w0, s0, z0 = _load_unit(qw_ptr, s_ptr, z_ptr, u0, 0 < n, stride_qk, G, TR, BN, WR, RPT, HAS_Z, L3)
+    if AHEAD > 1:
+        w1, s1, z1 = _load_unit(qw_ptr, s_ptr, z_ptr, u0 + 1, 1 < n, stride_qk, G, TR, BN, WR, RPT, HAS_Z, L3)
     _wait_for_producer(PDL)
     if MODE != 3:
         _stage_x(x_ptr, x_smem, xs_smem, u0, n, G, XS, BY_UNIT, TR, WR, RPT, IW, NW)
@@ -289,22 +257,15 @@ def gemv_stream_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, cnt_ptr, N,
         u = u0 + i
         t = u // G
         g = u - t * G
-        if RING:
-            if i + STAGES - 1 < n:
-                _copy_unit(qw_ptr, s_ptr, z_ptr, w_ring, s_ring, z_ring, (i + STAGES - 1) % STAGES, u + STAGES - 1,
-                           stride_qk, G, TR, BN, WR, RPT, HAS_Z, L3)
-            cp.commit_group()
-            cp.wait_group(STAGES - 1)
-            w, s, z = _read_slot(w_ring, s_ring, z_ring, i % STAGES, WR, RPT, BN, HAS_Z, L3)
+        # -- the loads of unit i + AHEAD go out before unit i is multiplied
+        wn, sn, zn = _load_unit(qw_ptr, s_ptr, z_ptr, u + AHEAD, i + AHEAD < n, stride_qk, G, TR, BN, WR, RPT,
+                                HAS_Z, L3)
+        w, s, z = w0, s0, z0
+        if AHEAD > 1:
+            w0, s0, z0 = w1, s1, z1
+            w1, s1, z1 = wn, sn, zn
         else:
-            wn, sn, zn = _load_unit(qw_ptr, s_ptr, z_ptr, u + STAGES - 1, i + STAGES - 1 < n, stride_qk, G, TR, BN,
-                                    WR, RPT, HAS_Z, L3)
-            w, s, z = w0, s0, z0
-            if STAGES > 2:
-                w0, s0, z0 = w1, s1, z1
-                w1, s1, z1 = wn, sn, zn
-            else:
-                w0, s0, z0 = wn, sn, zn
+            w0, s0, z0 = wn, sn, zn
         if MODE != 1:
             xslot = i if BY_UNIT else g
             acc = _scale_unit(acc, _row_sums(w, x_smem, xslot, L3), s, z, xs_smem.index(xslot), ZP, HAS_Z, L3)
