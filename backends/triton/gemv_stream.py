@@ -68,7 +68,8 @@ def grid_programs(op, layout, cfg, num_sms: int) -> int:
 
 class Launcher:
     """The stream-K kernel for one op and weight layout, its split-K workspace (two partials of
-    ``block_n`` per program) and arrival counters (one per column tile, reset by the kernel)."""
+    ``block_n`` per program) and arrival counters (one per column tile, reset by the kernel).
+    ``programs`` (tests, measurements) overrides the grid; it is capped at the units."""
 
     def __init__(self, op, layout, cfg, num_sms: int, tdev: str, mode: int = 0, programs: int | None = None):
         import torch
@@ -76,7 +77,9 @@ class Launcher:
         from . import kernels
 
         self.fn = kernels.load("gemv_stream").gemv_stream_kernel
-        self.programs = programs or grid_programs(op, layout, cfg, num_sms)
+        units = -(-op.N // cfg.block_n) * (op.K // layout.group_size)
+        # every program owns at least one unit: the arrival count of a tile counts the programs meeting it
+        self.programs = min(programs or grid_programs(op, layout, cfg, num_sms), units)
         self.consts = constexprs(op, layout, cfg, self.programs, mode)
         self.opts = dict(num_warps=cfg.num_warps, launch_pdl=True) if cfg.pdl else dict(num_warps=cfg.num_warps)
         self.n_tiles = -(-op.N // cfg.block_n)

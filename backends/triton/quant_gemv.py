@@ -295,14 +295,14 @@ class _Launcher:
             self.opts.pop("num_stages", None)
 
     def __call__(self, x, w: PreparedGemvWeight, out) -> None:
+        if self.kind == "stream":
+            return self.stream(x, w, out)
         M, N, K, KWP, sqk = self.dims
         ws = out if self.ws is None else self.ws
         lock = w.qweight if self.lock is None else self.lock
         z = w.scales if w.zeros is None else w.zeros
         perm = w.qweight if w.perm is None else w.perm
-        if self.kind == "stream":
-            self.stream(x, w, out)
-        elif self.kind == "frag":
+        if self.kind == "frag":
             kc, kcs, su, sc = self.frag_dims
             self.fn[self.grid](x, w.frag, w.scales, z, out, ws, lock, M, N, K, kc, sqk, x.stride(0), out.stride(0),
                                kcs, su, sc, **self.consts, **self.opts)
