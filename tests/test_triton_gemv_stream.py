@@ -93,6 +93,20 @@ def test_x_is_staged_per_unit_when_a_range_is_shorter_than_k():
 
 
 @parent_only
+def test_grids_hold_per_sm_programs_and_never_more_than_the_units():
+    """Every program must own a unit (a tile's arrival count counts the programs whose ranges meet it):
+    a grid of ``per_sm`` per SM, or a forced size, is capped at the units."""
+    from portakern.backends.triton import gemv_tuning as T
+    from portakern.backends.triton.gemv_stream import grid_programs
+
+    cfg = T.fit(T.GemvConfig("stream", 256, 16, per_sm=2), _lay(), 1)
+    assert grid_programs(_op(), _lay(), cfg, 132) == 264
+    assert grid_programs(_op(N=40, K=512), _lay(N=40, K=512), cfg, 132) == 4          # 1 tile x 4 groups
+    assert grid_programs(_op(N=40, K=512), _lay(N=40, K=512), cfg, 132, programs=1000) == 4
+    assert grid_programs(_op(), _lay(), cfg, 132, programs=7) == 7
+
+
+@parent_only
 def test_a_forced_stream_config_is_refused_on_the_cpu_with_the_way_out():
     from portakern.backends.triton import quant_gemv as Q
     from portakern.backends.triton.gemv_tuning import GemvConfig

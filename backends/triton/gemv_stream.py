@@ -61,9 +61,11 @@ def constexprs(op, layout, cfg, programs: int, mode: int = 0) -> dict[str, Any]:
                 HAS_Z=layout.has_z, PDL=cfg.pdl, MODE=mode)
 
 
-def grid_programs(op, layout, cfg, num_sms: int) -> int:
-    """Programs of the launch: ``per_sm`` per SM, at most one per unit."""
-    return min(cfg.per_sm * num_sms, -(-op.N // cfg.block_n) * (op.K // layout.group_size))
+def grid_programs(op, layout, cfg, num_sms: int, programs: int | None = None) -> int:
+    """Programs of the launch: ``programs`` if given, else ``per_sm`` per SM; at most one per unit (every
+    program owns a unit: a tile's arrival count counts the programs whose ranges meet it)."""
+    units = -(-op.N // cfg.block_n) * (op.K // layout.group_size)
+    return min(programs or cfg.per_sm * num_sms, units)
 
 
 class Launcher:
@@ -75,13 +77,12 @@ class Launcher:
         import torch
 
         from . import kernels
+        from .backend import KERNEL_OPTIONS
 
         self.fn = kernels.load("gemv_stream").gemv_stream_kernel
-        units = -(-op.N // cfg.block_n) * (op.K // layout.group_size)
-        # every program owns at least one unit: the arrival count of a tile counts the programs meeting it
-        self.programs = min(programs or grid_programs(op, layout, cfg, num_sms), units)
+        self.programs = grid_programs(op, layout, cfg, num_sms, programs)
         self.consts = constexprs(op, layout, cfg, self.programs, mode)
-        self.opts = dict(num_warps=cfg.num_warps, launch_pdl=True) if cfg.pdl else dict(num_warps=cfg.num_warps)
+        self.opts = dict(num_warps=cfg.num_warps, launch_pdl=cfg.pdl, **KERNEL_OPTIONS)
         self.n_tiles = -(-op.N // cfg.block_n)
         self.N = op.N
         self.ws = torch.empty((self.programs * 2, cfg.block_n), dtype=torch.float32, device=tdev)
