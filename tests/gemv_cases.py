@@ -215,6 +215,29 @@ FRAG_CASES = [
 TOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 
 
+def check_graph_replays(kern, x, prepared, out, w, tol, replays=3):
+    """Capture ``kern(x, prepared, out)`` (already called once: launcher and workspace built) in a CUDA
+    graph, then replay it with new x on a NaN-poisoned ``out``: every replay must match float64
+    ``x @ dequant(w).T`` within ``tol`` (relative to the largest output)."""
+    import numpy as np
+    import torch
+
+    from portakern.ir.packing import dequantize
+
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        kern(x, prepared, out)
+    deq = dequantize(w.fmt, w.tensors, w.N, w.K)
+    for _ in range(replays):
+        x.copy_(torch.randn_like(x))
+        out.fill_(float("nan"))
+        g.replay()
+        ref = x.double().cpu().numpy() @ deq.T
+        err = np.abs(out.double().cpu().numpy() - ref).max() / np.abs(ref).max()
+        assert err < tol, err
+
+
 def weight(case, seed=0):
     """A ``QuantizedWeight`` with random codes, scales and zeros in the case's packing."""
     import numpy as np

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gemv_cases import CASES, COMPILE_CASES, FRAG_CASES, TARGETS, weight  # noqa: E402  (tests/ is on sys.path)
+from gemv_cases import CASES, COMPILE_CASES, FRAG_CASES, TARGETS, check_graph_replays, weight  # noqa: E402
 
 pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
@@ -363,7 +363,6 @@ def test_gpu_cuda_graph_replay_with_new_inputs(dev, split):
     _need(dev)
     from portakern.backends.triton import quant_gemv as Q
     from portakern.backends.triton.gemv_tuning import GemvConfig
-    from portakern.ir.packing import dequantize
     from portakern.validate import quant_gemv_op
 
     case = ("g", "native", 4, 128, False, 1, 4096, 4096, "bfloat16", {})
@@ -374,18 +373,7 @@ def test_gpu_cuda_graph_replay_with_new_inputs(dev, split):
     p = Q.prepare_weight(None, w, dev)
     out = torch.full((1, 4096), float("nan"), device="cuda", dtype=torch.bfloat16)
     kern(x, p, out)  # first call builds the launcher (and workspace)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        kern(x, p, out)
-    deq = dequantize(w.fmt, w.tensors, w.N, w.K)
-    for _ in range(3):
-        x.copy_(torch.randn_like(x))
-        out.fill_(float("nan"))
-        g.replay()
-        ref = x.double().cpu().numpy() @ deq.T
-        err = np.abs(out.double().cpu().numpy() - ref).max() / np.abs(ref).max()
-        assert err < 1e-2
+    check_graph_replays(kern, x, p, out, w, 1e-2)
 
 
 @gpu_param

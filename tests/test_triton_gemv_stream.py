@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from gemv_cases import TOL, weight  # noqa: E402  (tests/ is on sys.path)
+from gemv_cases import TOL, check_graph_replays, weight  # noqa: E402  (tests/ is on sys.path)
 from test_triton_attention import parent_only  # noqa: E402
 
 from portakern.ir import DType, Packing, QuantFormat  # noqa: E402
@@ -199,7 +199,6 @@ def test_gpu_table_choice_replays_in_a_cuda_graph_with_new_inputs():
     if tuple(dev.capability) != (9, 0):
         pytest.skip(f"the sm_90 table takes the stream kernel; this device is {dev.arch}")
     from portakern.backends.triton import quant_gemv as Q
-    from portakern.ir.packing import dequantize
     from portakern.validate import quant_gemv_op
 
     N, K = 6144, 2048
@@ -211,14 +210,4 @@ def test_gpu_table_choice_replays_in_a_cuda_graph_with_new_inputs():
     out = torch.full((1, N), float("nan"), device="cuda", dtype=torch.bfloat16)
     kern(x, p, out)
     assert next(iter(kern.launchers.values())).kind == "stream"
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        kern(x, p, out)
-    deq = dequantize(w.fmt, w.tensors, w.N, w.K)
-    for _ in range(3):
-        x.copy_(torch.randn_like(x))
-        out.fill_(float("nan"))
-        g.replay()
-        ref = x.double().cpu().numpy() @ deq.T
-        assert np.abs(out.double().cpu().numpy() - ref).max() / np.abs(ref).max() < TOL["bfloat16"]
+    check_graph_replays(kern, x, p, out, w, TOL["bfloat16"])

@@ -79,7 +79,6 @@ def check(cfgs, res):
 
 
 def bench(cfgs, res, shapes):
-    dev = torch_device("cuda", 0)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for N, K in shapes:
         op = B.gemv_op(1, N, K)
