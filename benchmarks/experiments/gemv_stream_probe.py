@@ -115,7 +115,7 @@ def bench(cfgs, res, shapes):
 
 
 #: kernel variants of the anatomy: 0 the kernel, 1 words read without arithmetic,
-#: 3 x not staged, 4 no partial sums (every segment stored as a whole tile)
+#: 3 x not staged, 4 no partial sums (every segment stored as a whole tile); 1, 3, 4 give wrong results
 MODES = (0, 1, 3, 4)
 
 

@@ -8,7 +8,7 @@ programs, re-reads and re-scales x for every tile and spends ~3.4 instructions p
   word rows, of ``BN`` columns), column tile major, each program an equal contiguous range
   (stream-K): every SM streams the same bytes, and a program's range crosses at most two column
   tiles partially;
-* stages x once per program in shared memory, as fp32 in the words' order and already multiplied
+* stages x of the program's groups in shared memory, as fp32 in the words' order and already multiplied
   by the power of two that turns a masked code into its product (below), with the sums of x per
   word row for the zero points;
 * keeps the next ``AHEAD`` units' words, scales and zeros in flight in registers; no shared memory is
@@ -17,7 +17,8 @@ programs, re-reads and re-scales x for every tile and spends ~3.4 instructions p
 * costs per code one LOP3 and one FFMA (DQ=3 of ``gemv_quant._codes``): the four bits of code ``e``,
   masked in place (codes 5..7 after one 16-bit shift of the word), read as fp32 are the subnormal
   ``q * 2^(pos - 149)``; x carries ``2^(149 - pos - 64)``, so every product is ``x q 2^-64`` (normal for
-  ``|x q| >= 2^-62``), scaled back once per segment.
+  ``|x q| >= 2^-62``), scaled back once per segment. As for that variant, ``|x|`` must stay below 2^43
+  (the scaled x finite).
 
 Tile layout: ``(WR, RPT, BN)``, ``WR`` warps along the word rows (``RPT`` rows each, in one thread) and
 ``WC`` warps along the columns (4 adjacent columns per thread: one 16-byte load per row). A unit's
@@ -184,6 +185,7 @@ def _tile_sum(acc, L3: gl.constexpr):
 
 @gluon.jit
 def _store_tile(res, t, N, out_ptr, BN: gl.constexpr, L3: gl.constexpr):
+    """Column tile ``t`` of the output (columns past N not written)."""
     cols = t * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
     gl.store(out_ptr + cols, res.to(out_ptr.dtype.element_ty), mask=cols < N)
 
@@ -217,14 +219,15 @@ def _arrive(t, P, T, N, out_ptr, ws_ptr, cnt_ptr, G: gl.constexpr, BN: gl.conste
 
 @gluon.jit
 def gemv_stream_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, cnt_ptr, N, n_tiles, stride_qk,
-                       G: gl.constexpr, XS: gl.constexpr, BY_UNIT: gl.constexpr, TR: gl.constexpr, BN: gl.constexpr, WR: gl.constexpr,
-                       WC: gl.constexpr, AHEAD: gl.constexpr, IW: gl.constexpr,
+                       G: gl.constexpr, XS: gl.constexpr, BY_UNIT: gl.constexpr, TR: gl.constexpr,
+                       BN: gl.constexpr, WR: gl.constexpr, WC: gl.constexpr, AHEAD: gl.constexpr, IW: gl.constexpr,
                        ZP: gl.constexpr, HAS_Z: gl.constexpr, PDL: gl.constexpr, MODE: gl.constexpr):
     """``out (1, N) = x (1, K) @ dequant(W)^T`` for int4 words in ``(KWP, NP)`` (``gemv_quant``'s layout,
     ``stride_qk`` = NP), groups of ``8 TR`` columns; ``G`` groups (K = 8 TR G, specialised); ``XS`` slots of
     staged x (``_stage_x``). ``AHEAD``: units loaded ahead (1 or 2). ``MODE`` (measurement only,
-    0 in use): 1 = words folded into the result without arithmetic, 2 = no arithmetic, 3 = x not
-    staged, 4 = every segment stored as if it covered its tile (no partials, wrong results)."""
+    ``experiments/gemv_stream_probe.py --phase anatomy``; 0 in use): 1 = words folded into the result
+    without arithmetic, 3 = x not staged, 4 = every segment stored as if it covered its tile (no
+    partials); 1, 3 and 4 give wrong results."""
     NW: gl.constexpr = WR * WC
     RPT: gl.constexpr = TR // WR
     L3: gl.constexpr = gl.BlockedLayout([1, RPT, 4], [1, 1, 32], [WR, 1, WC], [2, 1, 0])
@@ -269,7 +272,7 @@ def gemv_stream_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, cnt_ptr, N,
         if MODE != 1:
             xslot = i if BY_UNIT else g
             acc = _scale_unit(acc, _row_sums(w, x_smem, xslot, L3), s, z, xs_smem.index(xslot), ZP, HAS_Z, L3)
-        elif MODE == 1:
+        else:
             acc += gl.sum(w, axis=1).to(gl.float32, bitcast=True)
         # -- phase 3: a segment ends at its tile's end or the range's
         if (g == G - 1) | (i == n - 1):
