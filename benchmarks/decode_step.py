@@ -95,7 +95,7 @@ class PortakernStep:
                 return Q.compile(op, dev)
             sms = torch.cuda.get_device_properties(0).multi_processor_count
             return Q.compile(op, dev, T.choose(Q._LayoutStub(op), 1, N, T.arch_family(dev.capability), sms,
-                                               group_rows=False))
+                                               group_rows=False, stream=False))
 
         self.kern = {n: compiled(N, K) for n, (N, K) in {**shapes, "lm": (VOCAB, HID)}.items()}
         self.layers = [{n: random_prepared(N, K, 4, 128, False) for n, (N, K) in shapes.items()}
@@ -353,7 +353,7 @@ def main():
                     help="also time portakern's step's GEMVs, attention and glue each alone in its own graph")
     ap.add_argument("--compare-tiles", action="store_true",
                     help="also time portakern's step with the per-word-row GEMV tile everywhere (the table "
-                         "without GemvConfig.group_rows), as int4_portakern_word_rows")
+                         "without GemvConfig.group_rows and without the stream-K kernel), as int4_portakern_word_rows")
     ap.add_argument("--prefetch", nargs="+", default=["none"], metavar="MODE[:MB]",
                     help="portakern step variants with an L2 prefetch of the next GEMV's weight from a side "
                          "stream: none, after (once the current GEMV is done), during (alongside it); "
