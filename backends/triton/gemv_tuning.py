@@ -453,4 +453,5 @@ def tuned(layout, M: int, N: int, dtype: str, device, arch: str, num_sms: int, t
 
     return cached_best("triton-gemv", device, bucket(layout, M, N, dtype),
                        candidates(layout, M, N, arch, num_sms, dtype), timer,
-                       default=lambda: choose(layout, M, N, arch, num_sms, dtype=dtype), restore=lambda d: fit(GemvConfig(**d), layout, M))
+                       default=lambda: choose(layout, M, N, arch, num_sms, dtype=dtype),
+                       restore=lambda d: fit(GemvConfig(**d), layout, M))
