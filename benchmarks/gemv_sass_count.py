@@ -15,7 +15,9 @@ counted instead (marked ``"unit": "ptx"``).
 ``--tiles``: the per-word-row tile of the table (``word-rows``, the default) and/or the group-resident
 tile (``group-rows``: ``--cols`` columns per thread, so ``block_n = 32 * cols * warps``, and ``--rows``
 word rows per tile); ``tensor-core``: the M=16 kernels instead, session 4's "dot" (swapped operands)
-and the "mma" kernel with either x path, 64 / 128 columns, 1 / 3 stages (``--dq`` ignored).
+and the "mma" kernel with either x path, 64 / 128 columns, 1 / 3 stages (``--dq`` ignored); ``stream``:
+the M=1 stream-K kernel (kind "stream"), whose loop body holds its rare segment end inline, so the
+path an ordinary unit takes is counted (``sass_hot_path``).
 
 Prints one line per (variant, configuration) and writes the JSON (default
 ``benchmarks/results/gemv-sass-count-<date>.json``).
@@ -129,6 +131,37 @@ def sass_loop(sass: str) -> dict:
             "loops_found": len(loops)}
 
 
+def sass_hot_path(sass: str) -> dict:
+    """Opcode counts of the largest loop's common path: from its head to the first branch that jumps to its
+    latch block (the one holding the backward branch), plus that block. For loops whose body carries a rare
+    block inline (the stream kernel's segment end), this is what an ordinary iteration executes."""
+    ins, labels = [], {}
+    for line in sass.splitlines():
+        lab = re.match(r"\s*(\.L\w+):", line)
+        if lab:
+            labels[lab.group(1)] = len(ins)
+            continue
+        m = _SASS.search(line)
+        if m:
+            ins.append((m.group(3), m.group(4)))
+    loops = []
+    for i, (op, args) in enumerate(ins):
+        t = re.search(r"(\.L\w+)", args)
+        if op.startswith("BRA") and t and t.group(1) in labels and labels[t.group(1)] <= i:
+            loops.append((i - labels[t.group(1)], labels[t.group(1)], i))
+    if not loops:
+        raise RuntimeError("no backward branch found in the SASS")
+    _, head, back = max(loops)
+    latch = max((pos, name) for name, pos in labels.items() if head < pos <= back)
+    skip = next((k for k in range(head, back) if ins[k][0].startswith("BRA") and f"{latch[1]})" in ins[k][1]
+                 or ins[k][0].startswith("BRA") and re.search(re.escape(latch[1]) + r"\b", ins[k][1])), None)
+    if skip is None:
+        raise RuntimeError("the loop has no branch to its latch block")
+    body = [op.split(".")[0] for op, _ in ins[head:skip + 1] + ins[latch[0]:back + 1]]
+    return {"instructions": len(body), "by_opcode": dict(collections.Counter(body).most_common()),
+            "loops_found": len(loops)}
+
+
 def ptx_loop(ptx: str) -> dict:
     """Fallback: PTX instructions between the loop's label and its backward ``bra``."""
     lines = [ln.strip() for ln in ptx.splitlines()]
@@ -149,12 +182,14 @@ def ptx_loop(ptx: str) -> dict:
 
 
 def count(op: QuantGemv, cfg: tuning.GemvConfig) -> dict:
+    """Static counts of ``cfg``'s main loop (kind "stream": its common path, ``sass_hot_path``)."""
     r = Q.compile_for_target(op, TARGET, cfg)
     (name, k), = r["kernels"].items()
     cubin, ptx = k["cubin"], k["ptx"] or ""
     codes = cfg.block_kw * cfg.block_n * (32 // op.fmt.bits) // (32 * cfg.num_warps)
     sass, tool = disassemble(cubin) if cubin else ("", "")
-    loop, unit = (sass_loop(sass), "sass") if sass else (ptx_loop(ptx), "ptx")
+    walk = sass_hot_path if cfg.kind == "stream" else sass_loop
+    loop, unit = (walk(sass), "sass") if sass else (ptx_loop(ptx), "ptx")
     return {"kernel": name, "config": r["config"], "unit": unit, "tool": os.path.basename(tool) if tool else None,
             "codes_per_thread_per_iteration": codes, "loop_instructions": loop["instructions"],
             "per_code": round(loop["instructions"] / codes, 3), "by_opcode": loop["by_opcode"],
@@ -183,6 +218,25 @@ def tensor_core_rows(N: int, K: int, dtype: str) -> list[dict]:
     return out
 
 
+def stream_rows(N: int, K: int, dtype: str) -> list[dict]:
+    """Static counts of the M=1 stream-K kernel (int4 g128, asymmetric and symmetric): 256 and 128
+    columns, one and two units ahead (per unit: the common path of its loop)."""
+    out = []
+    for sym in (False, True):
+        op = QuantGemv(M=1, N=N, K=K, dtype=DType(dtype), fmt=QuantFormat(bits=4, group_size=128, symmetric=sym))
+        lay = Q._LayoutStub(op)
+        for bn, ahead in ((256, 1), (256, 2), (128, 1)):
+            cfg = tuning.fit(tuning.GemvConfig("stream", bn, 16, prefetch=ahead, pdl=True), lay, 1)
+            r = count(op, cfg)
+            r.update({"M": 1, "N": N, "K": K, "dtype": dtype, "bits": 4, "symmetric": sym, "tiles": "stream",
+                      "table_config": cfg == tuning.choose(lay, 1, N, "sm_90", 132)})
+            out.append(r)
+            print(f"stream {'sym ' if sym else 'asym'} bn{bn} ahead{ahead}: {r['loop_instructions']:4d} {r['unit']} "
+                  f"instr / {r['codes_per_thread_per_iteration']} codes = {r['per_code']:.2f}/code  "
+                  f"regs {r['registers']}", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=f"benchmarks/results/gemv-sass-count-{datetime.date.today().isoformat()}.json")
@@ -191,7 +245,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16", "float32"])
     ap.add_argument("--warps", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--bits", type=int, nargs="+", default=[4], choices=[4, 8])
-    ap.add_argument("--tiles", nargs="+", default=["word-rows"], choices=["word-rows", "group-rows", "tensor-core"])
+    ap.add_argument("--tiles", nargs="+", default=["word-rows"],
+                    choices=["word-rows", "group-rows", "tensor-core", "stream"])
     ap.add_argument("--cols", type=int, nargs="+", default=[4, 8], help="group-rows: columns per thread")
     ap.add_argument("--rows", type=int, nargs="+", default=[8, 16], help="group-rows: word rows per tile")
     args = ap.parse_args()
@@ -199,13 +254,16 @@ def main() -> None:
     rows = []
     if "tensor-core" in args.tiles:
         rows += tensor_core_rows(N, K, args.dtype)
+    if "stream" in args.tiles:
+        rows += stream_rows(N, K, args.dtype)
     for bits, sym in [(b, s) for b in args.bits for s in (False, True)]:
         op = QuantGemv(M=1, N=N, K=K, dtype=DType(args.dtype), fmt=QuantFormat(bits=bits, group_size=128, symmetric=sym))
         arch = tuning.arch_family(Q._TARGETS[TARGET])
         lay = Q._LayoutStub(op)
         table = tuning.choose(lay, 1, N, arch, tuning.DEFAULT_SMS[arch])
-        for tiles in [t for t in args.tiles if t != "tensor-core"]:
-            base = tuning.choose(lay, 1, N, arch, tuning.DEFAULT_SMS[arch], group_rows=tiles == "group-rows")
+        for tiles in [t for t in args.tiles if t not in ("tensor-core", "stream")]:
+            base = tuning.choose(lay, 1, N, arch, tuning.DEFAULT_SMS[arch], group_rows=tiles == "group-rows",
+                                 stream=False)
             shapes = ([(w, base.block_n, base.block_kw) for w in args.warps] if not base.group_rows else
                       [(w, 32 * c * w, r) for w in args.warps for c in args.cols for r in args.rows])
             for w, bn, bkw in shapes:
