@@ -78,18 +78,25 @@ def check(cfgs, res):
     return fails
 
 
+def _problem(N, K, sms, res):
+    """``(op, copies, sets, row)`` of shape (N, K): input sets rotated past 4x the L2, and the row with the
+    floor and the CUDA-core table kernel's time (``choose(stream=False)``) in the same process."""
+    op = B.gemv_op(1, N, K)
+    copies = B.copies_for(B.floor_bytes(op))
+    row = dict(N=N, K=K, floor_us=B.floor_bytes(op) / (res["copy_TBps"] * 1e12) * 1e6)
+    fns, _ = B.ours(op, T.choose(B.random_prepared(N, K, 4, 128, False), 1, N, "sm_90", sms, stream=False), copies)
+    row["table_us"] = B.graph_us(fns)
+    sets = [(torch.randn(1, K, device="cuda").to(torch.bfloat16),
+             B.random_prepared(N, K, 4, 128, False), torch.empty(1, N, device="cuda", dtype=torch.bfloat16))
+            for _ in range(copies)]
+    return op, copies, sets, row
+
+
 def bench(cfgs, res, shapes):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for N, K in shapes:
-        op = B.gemv_op(1, N, K)
-        floor_us = B.floor_bytes(op) / (res["copy_TBps"] * 1e12) * 1e6
-        copies = B.copies_for(B.floor_bytes(op))
-        row = dict(N=N, K=K, floor_us=floor_us)
-        fns, _ = B.ours(op, T.choose(B.random_prepared(N, K, 4, 128, False), 1, N, "sm_90", sms, stream=False), copies)
-        row["table_us"] = B.graph_us(fns)
-        sets = [(torch.randn(1, K, device="cuda").to(torch.bfloat16),
-                 B.random_prepared(N, K, 4, 128, False), torch.empty(1, N, device="cuda", dtype=torch.bfloat16))
-                for _ in range(copies)]
+        op, copies, sets, row = _problem(N, K, sms, res)
+        floor_us = row["floor_us"]
         row["stream"] = {}
         for bn, ahead, per_sm in cfgs:
             key = f"{bn}x{ahead}x{per_sm}"
@@ -123,15 +130,8 @@ def anatomy(cfgs, res, shapes):
     """The table's kernel, then each configuration in every mode of ``MODES``."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for N, K in shapes:
-        op = B.gemv_op(1, N, K)
-        floor_us = B.floor_bytes(op) / (res["copy_TBps"] * 1e12) * 1e6
-        copies = B.copies_for(B.floor_bytes(op))
-        sets = [(torch.randn(1, K, device="cuda").to(torch.bfloat16),
-                 B.random_prepared(N, K, 4, 128, False), torch.empty(1, N, device="cuda", dtype=torch.bfloat16))
-                for _ in range(copies)]
-        row = dict(N=N, K=K, floor_us=floor_us)
-        fns, _ = B.ours(op, T.choose(B.random_prepared(N, K, 4, 128, False), 1, N, "sm_90", sms, stream=False), copies)
-        row["table_us"] = B.graph_us(fns)
+        op, _, sets, row = _problem(N, K, sms, res)
+        floor_us = row["floor_us"]
         print(f"anatomy {N:6d}x{K:<6d} table {row['table_us']:.2f}", flush=True)
         res["anatomy"].append(row)
         for bn, ahead, per_sm in cfgs:
