@@ -107,15 +107,17 @@ def test_grids_hold_per_sm_programs_and_never_more_than_the_units():
 
 
 @parent_only
-def test_a_forced_stream_config_is_refused_on_the_cpu_with_the_way_out():
+@pytest.mark.parametrize("kind", ["stream", "frag"])
+def test_a_forced_gluon_config_is_refused_on_the_cpu_with_the_way_out(kind):
+    """Both Gluon kinds ("stream", and "frag" for M > 1) are refused before anything is built on the CPU."""
     from portakern.backends.triton import quant_gemv as Q
     from portakern.backends.triton.gemv_tuning import GemvConfig
     from portakern.devices import CPU
     from portakern.errors import UnsupportedError
 
-    with pytest.raises(UnsupportedError, match=r"GemvConfig\(kind='stream'\) is a Gluon kernel, which Triton's "
+    with pytest.raises(UnsupportedError, match=rf"GemvConfig\(kind='{kind}'\) is a Gluon kernel, which Triton's "
                                                r"interpreter cannot run; .* use kind='fma' or 'dot' here"):
-        Q.compile(_op(N=64, K=512), CPU, GemvConfig("stream", 256, 16))
+        Q.compile(_op(N=64, K=512, M=1 if kind == "stream" else 4), CPU, GemvConfig(kind, 256, 16))
 
 
 @parent_only
