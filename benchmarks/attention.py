@@ -63,11 +63,7 @@ HEAD_DIMS = [64, 128, 256]
 #: ``--prefill-only``: no decode or paged rows
 PREFILL_ONLY = False
 #: ``--decode-warps`` / ``--decode-splits`` / ``--decode-merges``: what the packed-decode sweep varies
-DECODE_SWEEP = {"warps": (4,), "splits": (4, 8, 12, 16, 24, 32, 48, 64), "merges": "all",
-                "kernels": ("attn_fwd", "warp_split")}
-#: (block_n, num_stages, num_warps) of the warp-split decode candidates (``AttnConfig.warp_split``: each
-#: warp walks block_n / num_warps keys of every tile with its own softmax)
-WARP_SPLIT_TILES = ((64, 4, 4), (64, 3, 4), (128, 3, 4), (128, 3, 8), (128, 2, 8), (256, 2, 8))
+DECODE_SWEEP = {"warps": (4,), "splits": (4, 8, 12, 16, 24, 32, 48, 64), "merges": "all"}
 
 
 def prefill_shapes(quick):
@@ -97,19 +93,11 @@ def sweep_candidates(op, dev):
     arch, sms = A._device_arch(dev)
     out = [base, replace(base, fused_combine=False)] if base.num_splits > 1 else [base]
     if base.pack > 1:
-        tiles = []
-        if "attn_fwd" in DECODE_SWEEP["kernels"]:
-            tiles += [(bn, st, w, False) for (bn, st), w in
-                      itertools.product(((64, 3), (64, 4), (128, 3), (128, 4)), DECODE_SWEEP["warps"])]
-        if "warp_split" in DECODE_SWEEP["kernels"]:
-            tiles += [(bn, st, w, True) for bn, st, w in WARP_SPLIT_TILES]
-        for bn, st, w, ws in tiles:
-            c = tuning.fit(op, replace(base, block_n=bn, num_stages=st, num_warps=w, warp_split=ws), arch)
-            if c.warp_split != ws:
-                continue
-            n_tiles = -(-op.seqlen_k // c.block_n)
+        for (bn, st), w in itertools.product(((64, 3), (64, 4), (128, 3), (128, 4)), DECODE_SWEEP["warps"]):
+            c = tuning.fit(op, replace(base, block_n=bn, num_stages=st, num_warps=w), arch)
+            tiles = -(-op.seqlen_k // c.block_n)
             for splits in DECODE_SWEEP["splits"] if base.num_splits > 1 else (1, 2):
-                if splits > n_tiles:
+                if splits > tiles:
                     continue
                 # the fused merge lost at every split count on the H200 (session 2) at 8k and more:
                 # swept up to 16 splits (short contexts, where the second kernel is a larger share)
@@ -117,7 +105,7 @@ def sweep_candidates(op, dev):
                     if DECODE_SWEEP["merges"] == "table" else \
                     ((False, False), (False, True)) + (((True, False),) if base.fused_combine or splits <= 16 else ())
                 for fused, pdl in merges:
-                    if pdl and arch not in tuning.PDL_ARCHS or fused and splits > 1 and c.warp_split:
+                    if pdl and arch not in tuning.PDL_ARCHS:
                         continue
                     cand = replace(c, num_splits=splits, fused_combine=fused, pdl=pdl)
                     if cand not in out:
@@ -399,13 +387,8 @@ def main():
                         help=f"--sweep: {what} of the packed-decode candidates (default {DECODE_SWEEP[opt]})")
     ap.add_argument("--decode-merges", choices=("all", "table"), default="all",
                     help="--sweep: every merge variant of a split decode candidate, or the table's only")
-    ap.add_argument("--decode-kernels", nargs="+", choices=("attn_fwd", "warp_split"),
-                    default=list(DECODE_SWEEP["kernels"]),
-                    help="--sweep: the packed-decode kernels whose candidates are timed (warp_split: "
-                         "AttnConfig.warp_split, tiles WARP_SPLIT_TILES)")
     a = ap.parse_args()
-    DECODE_SWEEP.update(warps=tuple(a.decode_warps), splits=tuple(a.decode_splits), merges=a.decode_merges,
-                        kernels=tuple(a.decode_kernels))
+    DECODE_SWEEP.update(warps=tuple(a.decode_warps), splits=tuple(a.decode_splits), merges=a.decode_merges)
     HEAD_DIMS[:] = a.head_dims
     global PREFILL_ONLY
     PREFILL_ONLY = a.prefill_only

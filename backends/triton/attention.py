@@ -127,18 +127,7 @@ def _constexprs(op: Attention, cfg: AttnConfig, interpret: bool, mods) -> dict[s
         DOT_PREC="ieee" if op.dtype.value == "float32" else "tf32",
         PDL=cfg.pdl, LAZY_RESCALE=cfg.lazy_rescale, TMA=cfg.tma,
         RAW_MAX=op.score_mod is None and op.scale > 0 and not cfg.lazy_rescale,
-        **({"WARPS": cfg.num_warps} if cfg.warp_split else {}),
     )
-
-
-def _walk_kernel(cfg: AttnConfig):
-    """The tile-walk kernel ``cfg`` runs: ``attn_decode`` (warp-split decode) or ``attn_fwd``; both take
-    the same arguments (``attn_decode`` one constexpr more, ``WARPS``)."""
-    from . import kernels
-
-    if cfg.warp_split:
-        return kernels.load("attention_decode").attn_decode
-    return kernels.load("attention_fwd").attn_fwd
 
 
 def _pdl(cfg: AttnConfig) -> bool:
@@ -208,10 +197,9 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
     tuning.check_pdl(cfg, arch)
     tuning.check_tma(op, cfg, arch)
     tuning.check_wgmma(op, cfg, arch)
-    tuning.check_warp_split(op, cfg)
     if cfg.wgmma:
         return _build_wgmma(op, device, cfg, arch)
-    fwd = _walk_kernel(cfg)
+    fwd = kernels.load("attention_fwd").attn_fwd
     combine = kernels.load("attention_combine").attn_combine
     consts = _constexprs(op, cfg, interpret, load_mods(op.score_mod, op.mask_mod, interpret))
     # calls whose tensors break TMA's rules (tma_blocker) run this pointer kernel, compiled on first use
@@ -391,7 +379,6 @@ def compile_for_target(op: Attention, target: str, config: AttnConfig | None = N
         tuning.check_pdl(config, arch)
         tuning.check_tma(op, config, arch)
         tuning.check_wgmma(op, config, arch)
-        tuning.check_warp_split(op, config)
     if kernels.interpreted():  # this process's triton library is the interpreter's: lower elsewhere
         return _compile_in_subprocess(op, target, config)
     import triton
@@ -406,7 +393,7 @@ def compile_for_target(op: Attention, target: str, config: AttnConfig | None = N
 
         return {"target": target, "config": cfg.to_json(), "kernels": attention_wgmma.compile_for_target(op, cfg, cc)}
     consts = _constexprs(op, cfg, False, load_mods(op.score_mod, op.mask_mod, False))
-    fwd = _walk_kernel(cfg)
+    fwd = kernels.load("attention_fwd").attn_fwd
     combine = kernels.load("attention_combine").attn_combine
     elt = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}[op.dtype.value]
     ptr = "*" + elt
@@ -429,7 +416,7 @@ def compile_for_target(op: Attention, target: str, config: AttnConfig | None = N
     result = {"target": target, "config": cfg.to_json(), "kernels": {}}
     with interpret_env(False):  # lowering never interprets
         ck = triton.compile(ASTSource(fwd, sig, fconsts, attrs), target=target_obj, options=options)
-        result["kernels"][fwd.__name__] = _artifact(ck, getattr(ck.metadata, "num_warps", cfg.num_warps))
+        result["kernels"]["attn_fwd"] = _artifact(ck, getattr(ck.metadata, "num_warps", cfg.num_warps))
         if cfg.num_splits > 1 and not cfg.fused_combine:
             csig = {"WS_O": "*fp32", "WS_LSE": "*fp32", "O": ptr, "LSE": "*fp32" if op.return_lse else "constexpr"}
             cconst = _combine_constexprs(op, cfg, consts["BLOCK_DV"])

@@ -74,11 +74,6 @@ class AttnConfig:
     #: ``num_stages >= 2`` K/V buffers; ``block_m`` 128 and ``num_warps`` 4 (12 at launch) are fixed.
     #: ``attention_wgmma.blocker`` says which ops it serves (``check_wgmma``, ``fit``)
     wgmma: bool = False
-    #: packed decode (``pack > 1``, ``block_m <= 16``): run ``kernels/attention_decode.py``, where each of
-    #: the ``num_warps`` warps keeps its own online softmax over its ``block_n / num_warps`` keys of every
-    #: tile and the warps merge once at the end, instead of ``attn_fwd``'s tile shared by all warps.
-    #: ``warp_split_blocker`` says which ops and shapes it serves (``check_warp_split``, ``fit``)
-    warp_split: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -143,34 +138,6 @@ def check_wgmma(op, cfg: AttnConfig, arch: str) -> None:
         why = "has its own TMA loads and schedule: tma, lazy_rescale, pack and num_splits stay off"
     if why:
         raise ValueError(f"AttnConfig(wgmma=True): the Gluon prefill kernel {why}; use wgmma=False "
-                         f"or pass the config through tuning.fit")
-
-
-#: Keys per warp and tile of the warp-split decode kernel: at least one MMA's K (16)
-WARP_SPLIT_MIN_KEYS = 16
-
-
-def warp_split_blocker(op, cfg: AttnConfig) -> str | None:
-    """Why the warp-split decode kernel cannot run ``op`` under ``cfg`` (None when it can): it serves
-    packed decode tiles (``pack > 1``, at most 16 rows) over dense or paged keys, at least
-    ``WARP_SPLIT_MIN_KEYS`` keys per warp and tile, no TMA, conditional rescale or fused merge."""
-    if op.kv_layout.value == "varlen":
-        return "varlen keys run attn_fwd"
-    if cfg.pack == 1 or cfg.block_m > 16:
-        return f"it serves packed decode tiles of at most 16 rows, not pack={cfg.pack}, block_m={cfg.block_m}"
-    if cfg.block_n % cfg.num_warps or cfg.block_n // cfg.num_warps < WARP_SPLIT_MIN_KEYS:
-        return (f"block_n={cfg.block_n} must give each of the {cfg.num_warps} warps a multiple of "
-                f"{WARP_SPLIT_MIN_KEYS} keys")
-    if cfg.tma or cfg.lazy_rescale or (cfg.fused_combine and cfg.num_splits > 1):
-        return "tma, lazy_rescale and fused_combine stay off (splits merge in attn_combine)"
-    return None
-
-
-def check_warp_split(op, cfg: AttnConfig) -> None:
-    """Raise when ``cfg`` asks for the warp-split decode kernel where it cannot run."""
-    why = warp_split_blocker(op, cfg) if cfg.warp_split else None
-    if why:
-        raise ValueError(f"AttnConfig(warp_split=True): {why}; use warp_split=False "
                          f"or pass the config through tuning.fit")
 
 
@@ -275,12 +242,8 @@ def choose(op, arch: str, num_sms: int | None = None, wgmma: bool = True) -> Att
             and op.page_size % bn == 0:
         cfg = fit(op, replace(cfg, block_n=bn), arch)
         splits = num_splits(op, cfg, num_sms)
-    cfg = replace(cfg, num_splits=splits, fused_combine=FUSED_COMBINE.get(arch, False),
-                  pdl=splits > 1 and arch in SPLIT_PDL_TABLE)
-    if rows is not None and arch in WARP_SPLIT_TABLE:
-        ws = fit(op, replace(cfg, warp_split=True), arch)
-        cfg = ws if ws.warp_split else cfg
-    return cfg
+    return replace(cfg, num_splits=splits, fused_combine=FUSED_COMBINE.get(arch, False),
+                   pdl=splits > 1 and arch in SPLIT_PDL_TABLE)
 
 
 #: Key tile of paged decode whose query tiles leave SMs idle (so the keys are split), per family. H200
@@ -289,9 +252,6 @@ def choose(op, arch: str, num_sms: int | None = None, wgmma: bool = True) -> Att
 #: B=1 32k in 55.6 us (a page id per key) vs 47.8 with 128. Unsplit batches (B=64 4k) keep 128: 64 lost
 #: 7% (session 2).
 SPLIT_PAGED_BN = {"sm_90": 64, "sm_100": 64}
-#: Families whose table runs packed decode on the warp-split kernel (``AttnConfig.warp_split``) where it
-#: serves the op. Empty until measured.
-WARP_SPLIT_TABLE: tuple[str, ...] = ()
 #: Families whose table launches split decode (``attn_fwd`` + ``attn_combine``) as programmatic
 #: dependents. H200 session 6 sweep (B=1, CUDA graph): pdl won or tied at every shape, by 0.1-0.9 us
 #: (dense 4k 11.7 vs 11.8, 8k 15.6 vs 15.7, 32k 43.0 vs 43.1; paged 2k 9.9 vs 10.7 at 12 splits, 8k
@@ -367,10 +327,6 @@ def fit(op, cfg: AttnConfig, arch: str) -> AttnConfig:
     cfg = _fit_smem(op, cfg, arch)
     if cfg.tma and (not tma_applies(op, cfg) or (arch != "interp" and arch not in TMA_ARCHS)):
         cfg = replace(cfg, tma=False)
-    if cfg.warp_split:
-        cfg = replace(cfg, fused_combine=False)
-        if warp_split_blocker(op, cfg) is not None:
-            cfg = replace(cfg, warp_split=False)
     return cfg
 
 

@@ -72,45 +72,6 @@ def _page_ids(BLOCK_TABLE, bt_base, t, sk, stride_btp, BLOCK_N: tl.constexpr, PA
 
 
 @triton.jit
-def _tile_range(q0, sq, sk, split, HAS_LEFT: tl.constexpr, WIN_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                WIN_RIGHT: tl.constexpr, NEVER: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-                NUM_SPLITS: tl.constexpr):
-    """Key tiles ``(t_lo, t_flo, t_fhi, t_hi)`` of the query rows ``[q0, q0 + ROWS)`` in split ``split``:
-    tiles ``[t_lo, t_hi)`` may hold visible keys, ``[t_flo, t_fhi)`` only keys every row sees."""
-    # -- key range of the rows: [lo, hi) may be visible, [full_lo, full_hi) is visible to every row
-    q1 = tl.minimum(q0 + ROWS, sq) - 1
-    off = sk - sq
-    lo = 0
-    hi = sk
-    full_lo = 0
-    full_hi = sk
-    if HAS_LEFT:
-        lo = tl.maximum(q0 + off - WIN_LEFT, 0)
-        full_lo = tl.maximum(q1 + off - WIN_LEFT, 0)
-    if HAS_RIGHT:
-        hi = tl.minimum(q1 + off + WIN_RIGHT + 1, sk)
-        full_hi = tl.minimum(q0 + off + WIN_RIGHT + 1, sk)
-    if NEVER:
-        hi = lo
-    hi = tl.maximum(hi, lo)
-    t_lo = lo // BLOCK_N
-    t_hi = tl.cdiv(hi, BLOCK_N)
-    t_flo = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N), t_lo), t_hi)
-    t_fhi = tl.maximum(tl.minimum(full_hi // BLOCK_N, t_hi), t_flo)
-    if NUM_SPLITS > 1:
-        # split the visible tiles evenly (floor / ceil shares, adapting to each sequence's own length):
-        # every split has work while the tiles are at least NUM_SPLITS, so the grid stays full
-        n_t = t_hi - t_lo
-        s_lo = t_lo + (split * n_t) // NUM_SPLITS
-        s_hi = t_lo + ((split + 1) * n_t) // NUM_SPLITS
-        t_lo = tl.maximum(t_lo, s_lo)
-        t_flo = tl.minimum(tl.maximum(t_flo, s_lo), s_hi)
-        t_fhi = tl.minimum(tl.maximum(t_fhi, s_lo), s_hi)
-        t_hi = tl.minimum(t_hi, s_hi)
-    return t_lo, t_flo, t_fhi, t_hi
-
-
-@triton.jit
 def _attend_tiles(acc, l_i, m_i, q, t_begin, t_end,
                   K, V, K_DESC, V_DESC, BLOCK_TABLE, k_base, v_base, bt_base, kv_row0, kvh,
                   stride_kb, stride_ks, stride_vb, stride_vs, stride_btp,
@@ -298,8 +259,37 @@ def attn_fwd(
     if UPCAST:
         q = q.to(tl.float32)
 
-    t_lo, t_flo, t_fhi, t_hi = _tile_range(blk * ROWS, sq, sk, split, HAS_LEFT, WIN_LEFT, HAS_RIGHT, WIN_RIGHT,
-                                           NEVER, ROWS, BLOCK_N, NUM_SPLITS)
+    # -- key range of this tile: [lo, hi) may be visible, [full_lo, full_hi) is visible to every row
+    q0 = blk * ROWS
+    q1 = tl.minimum(q0 + ROWS, sq) - 1
+    off = sk - sq
+    lo = 0
+    hi = sk
+    full_lo = 0
+    full_hi = sk
+    if HAS_LEFT:
+        lo = tl.maximum(q0 + off - WIN_LEFT, 0)
+        full_lo = tl.maximum(q1 + off - WIN_LEFT, 0)
+    if HAS_RIGHT:
+        hi = tl.minimum(q1 + off + WIN_RIGHT + 1, sk)
+        full_hi = tl.minimum(q0 + off + WIN_RIGHT + 1, sk)
+    if NEVER:
+        hi = lo
+    hi = tl.maximum(hi, lo)
+    t_lo = lo // BLOCK_N
+    t_hi = tl.cdiv(hi, BLOCK_N)
+    t_flo = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N), t_lo), t_hi)
+    t_fhi = tl.maximum(tl.minimum(full_hi // BLOCK_N, t_hi), t_flo)
+    if NUM_SPLITS > 1:
+        # split the visible tiles evenly (floor / ceil shares, adapting to each sequence's own length):
+        # every split has work while the tiles are at least NUM_SPLITS, so the grid stays full
+        n_t = t_hi - t_lo
+        s_lo = t_lo + (split * n_t) // NUM_SPLITS
+        s_hi = t_lo + ((split + 1) * n_t) // NUM_SPLITS
+        t_lo = tl.maximum(t_lo, s_lo)
+        t_flo = tl.minimum(tl.maximum(t_flo, s_lo), s_hi)
+        t_fhi = tl.minimum(tl.maximum(t_fhi, s_lo), s_hi)
+        t_hi = tl.minimum(t_hi, s_hi)
 
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + NEG_INF
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -333,28 +323,7 @@ def attn_fwd(
                                       D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, LAYOUT, PAGE_SIZE,
                                       HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC, LAZY_RESCALE, TMA, RAW_MAX)
 
-    _store_rows(acc, l_i, m_i, O, LSE, WS_O, WS_LSE, o_base, l_base, grow0, qrow, h, row_ok, split, total_rows,
-                stride_os, stride_oh, stride_ls, stride_lh, HQ, DV, BLOCK_DV, NUM_SPLITS, RETURN_LSE)
-    if NUM_SPLITS > 1:
-        if FUSED_COMBINE:
-            # the last split of this tile to finish merges all of them (no second launch)
-            tl.debug_barrier()
-            group = pid_h * (tl.num_programs(0) // NUM_SPLITS) + pid_m // NUM_SPLITS
-            done = tl.atomic_add(LOCKS + group, 1, sem="acq_rel", scope="gpu")
-            if done == NUM_SPLITS - 1:
-                tl.store(LOCKS + group, 0)  # ready for the next launch
-                _merge_splits(WS_O, WS_LSE, O, LSE, o_base, l_base, grow0, qrow, h, row_ok, total_rows,
-                              stride_os, stride_oh, stride_ls, stride_lh,
-                              HQ, DV, BLOCK_M, BLOCK_DV, NUM_SPLITS, RETURN_LSE)
-
-
-@triton.jit
-def _store_rows(acc, l_i, m_i, O, LSE, WS_O, WS_LSE, o_base, l_base, grow0, qrow, h, row_ok, split, total_rows,
-                stride_os, stride_oh, stride_ls, stride_lh, HQ: tl.constexpr, DV: tl.constexpr,
-                BLOCK_DV: tl.constexpr, NUM_SPLITS: tl.constexpr, RETURN_LSE: tl.constexpr):
-    """Normalise a tile's rows and store them: into ``O``/``LSE`` unsplit, else as split ``split``'s
-    float32 partial and LSE in the workspace. Rows that saw no key get 0 and lse = -inf."""
-    offs_dv = tl.arange(0, BLOCK_DV)
+    # -- epilogue: normalise; rows that saw no key get 0 and lse = -inf
     seen = l_i > 0.0
     l_safe = tl.where(seen, l_i, 1.0)
     out = acc / l_safe[:, None]
@@ -369,6 +338,16 @@ def _store_rows(acc, l_i, m_i, O, LSE, WS_O, WS_LSE, o_base, l_base, grow0, qrow
         ws_rows = (split * total_rows + grow0 + qrow).to(tl.int64) * HQ + h
         tl.store(WS_O + ws_rows[:, None] * DV + offs_dv[None, :], out, mask=row_ok[:, None] & dv_ok)
         tl.store(WS_LSE + ws_rows, lse, mask=row_ok)
+        if FUSED_COMBINE:
+            # the last split of this tile to finish merges all of them (no second launch)
+            tl.debug_barrier()
+            group = pid_h * (tl.num_programs(0) // NUM_SPLITS) + pid_m // NUM_SPLITS
+            done = tl.atomic_add(LOCKS + group, 1, sem="acq_rel", scope="gpu")
+            if done == NUM_SPLITS - 1:
+                tl.store(LOCKS + group, 0)  # ready for the next launch
+                _merge_splits(WS_O, WS_LSE, O, LSE, o_base, l_base, grow0, qrow, h, row_ok, total_rows,
+                              stride_os, stride_oh, stride_ls, stride_lh,
+                              HQ, DV, BLOCK_M, BLOCK_DV, NUM_SPLITS, RETURN_LSE)
 
 
 @triton.jit
