@@ -103,7 +103,8 @@ def sweep_candidates(op, dev):
                 # swept up to 16 splits (short contexts, where the second kernel is a larger share)
                 merges = ((True, False),) if splits == 1 else ((base.fused_combine, base.pdl),) \
                     if DECODE_SWEEP["merges"] == "table" else \
-                    ((False, False), (False, True)) + (((True, False),) if base.fused_combine or splits <= 16 else ())
+                    ((False, False), (False, True)) + (((True, False), (True, True))
+                                                       if base.fused_combine or splits <= 16 else ())
                 for fused, pdl in merges:
                     if pdl and arch not in tuning.PDL_ARCHS:
                         continue

@@ -357,29 +357,29 @@ def _merge_splits(WS_O, WS_LSE, O, LSE, o_base, l_base, grow0, qrow, h, row_ok, 
                   NUM_SPLITS: tl.constexpr, RETURN_LSE: tl.constexpr):
     """out = sum_s exp(lse_s - lse) O_s with lse = log sum_s exp(lse_s), over the split partials.
 
-    Every load is independent of the others (the weights come from one 2-D load of all the LSEs,
-    the partial outputs from an unrolled loop), so they are all in flight at once: the merge costs
-    about one L2 round trip, not NUM_SPLITS of them.
+    Every load is independent of the others (unrolled over the splits), so they are all in flight at
+    once: the merge costs about one L2 round trip, not NUM_SPLITS of them. Each split's LSEs are
+    loaded in the rows' own layout, so the maximum and the weights are element-wise: no reduction
+    crosses the warps. (Session 12: the 2-D load of all LSEs that this replaced reduced over the
+    splits once per split -- 89 CTA barriers in the merge's SASS -- and cost the fused merge 3-6 us.)
     """
-    SPLITS_P2: tl.constexpr = triton.next_power_of_2(NUM_SPLITS)
     offs_dv = tl.arange(0, BLOCK_DV)
     mask = row_ok[:, None] & (offs_dv < DV)[None, :]
-    # -- weights of the splits, all LSEs in one (SPLITS_P2, BLOCK_M) load
-    # (.cg: read the other programs' partials from L2, never a stale L1 line)
-    sp = tl.arange(0, SPLITS_P2)
-    rows_all = (sp[:, None] * total_rows + grow0 + qrow[None, :]).to(tl.int64) * HQ + h[None, :]
-    lse_all = tl.load(WS_LSE + rows_all, mask=(sp < NUM_SPLITS)[:, None] & row_ok[None, :], other=NEG_INF,
-                      cache_modifier=".cg")
-    m = tl.max(lse_all, 0)
-    m_use = tl.where(m == NEG_INF, 0.0, m)
-    w_all = tl.math.exp2((lse_all - m_use[None, :]) * LOG2E)
-    den = tl.sum(w_all, 0)
-    # -- weighted sum of the partial outputs (unrolled: the loads do not wait for each other)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    # -- the rows' largest LSE over the splits (.cg: the other programs' partials from L2, never L1)
+    m = tl.zeros([BLOCK_M], dtype=tl.float32) + NEG_INF
     for s in tl.static_range(NUM_SPLITS):
-        w_s = tl.sum(tl.where(sp[:, None] == s, w_all, 0.0), 0)
         rows = (s * total_rows + grow0 + qrow).to(tl.int64) * HQ + h
+        m = tl.maximum(m, tl.load(WS_LSE + rows, mask=row_ok, other=NEG_INF, cache_modifier=".cg"))
+    m_use = tl.where(m == NEG_INF, 0.0, m)
+    # -- weighted sum of the partial outputs
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    den = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        rows = (s * total_rows + grow0 + qrow).to(tl.int64) * HQ + h
+        w_s = tl.math.exp2((tl.load(WS_LSE + rows, mask=row_ok, other=NEG_INF, cache_modifier=".cg") - m_use)
+                           * LOG2E)
         o_s = tl.load(WS_O + rows[:, None] * DV + offs_dv[None, :], mask=mask, other=0.0, cache_modifier=".cg")
+        den += w_s
         acc += w_s[:, None] * o_s
     seen = den > 0.0
     den_safe = tl.where(seen, den, 1.0)
