@@ -437,7 +437,7 @@ def test_split_count_is_not_rounded_to_equal_shares():
 def test_split_paged_decode_table():
     """Paged decode that splits its keys takes 64-key tiles (pages of a multiple of 64 keys) and
     programmatic dependent launches on sm_90 (H200 session 6); a batch that fills the SMs unsplit,
-    and pages of 16, keep 128-key tiles."""
+    and pages of 16, keep 128-key tiles; pages of 16 split merge in the last split (session 12)."""
     from portakern.backends.triton import tuning
 
     def paged(B, pages):
@@ -451,7 +451,11 @@ def test_split_paged_decode_table():
     assert not tuning.choose(paged(1, 33), "sm_80", 108).pdl
     p16 = make_op(B=1, Sq=1, Sk=32768, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16, kv_layout=KVLayout.PAGED,
                   page_size=16, num_pages=2049, has_seqlens_k=True)
-    assert tuning.choose(p16, "sm_90", 132).block_n == 128    # a page id per key at 64: slower
+    small = tuning.choose(p16, "sm_90", 132)
+    assert small.block_n == 128                               # a page id per key at 64: slower
+    # tiles over several pages merge in the last split, still launched with pdl (session 12)
+    assert (small.num_splits, small.fused_combine, small.pdl) == (16, True, True)
+    assert not tuning.choose(p16, "sm_80", 108).fused_combine
 
 
 def test_pdl_is_refused_where_it_cannot_run():
@@ -469,12 +473,13 @@ def test_pdl_is_refused_where_it_cannot_run():
 
 
 @parent_only
-@pytest.mark.parametrize("pdl", [False, True], ids=["plain-merge", "pdl-merge"])
-def test_gpu_split_decode_replayed_in_a_cuda_graph(pdl):
+@pytest.mark.parametrize("pdl,fused", [(False, False), (True, False), (True, True)],
+                         ids=["plain-merge", "pdl-merge", "pdl-fused-merge"])
+def test_gpu_split_decode_replayed_in_a_cuda_graph(pdl, fused):
     """On a CUDA device: decode with the separate merge kernel (optionally both kernels as
-    programmatic dependent launches), captured in a graph behind the copies that write its q, k and
-    v (so a dependent launch that read before waiting would see stale inputs), replayed with new
-    inputs, against float64."""
+    programmatic dependent launches) or merged by the last split (its counters reset for the next
+    replay), captured in a graph behind the copies that write its q, k and v (so a dependent launch
+    that read before waiting would see stale inputs), replayed with new inputs, against float64."""
     from dataclasses import replace
 
     from portakern.backends.triton import attention as A
@@ -488,7 +493,7 @@ def test_gpu_split_decode_replayed_in_a_cuda_graph(pdl):
         pytest.skip(f"programmatic dependent launch needs sm_90+, this device is {dev.arch}")
     op = make_op(B=1, Sq=1, Sk=4096, Hq=8, Hkv=2, D=128, dtype=DType.bfloat16, mask_mod=E.causal_mask(),
                  return_lse=True)
-    cfg = replace(A._config(op, dev), num_splits=16, fused_combine=False, pdl=pdl)
+    cfg = replace(A._config(op, dev), num_splits=16, fused_combine=fused, pdl=pdl)
     kern = A.build(op, dev, cfg)
     cuda = torch.device(str(dev))
     q, k, v = (t.to(cuda) for t in tensors(op, seed=1))

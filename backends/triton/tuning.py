@@ -242,8 +242,9 @@ def choose(op, arch: str, num_sms: int | None = None, wgmma: bool = True) -> Att
             and op.page_size % bn == 0:
         cfg = fit(op, replace(cfg, block_n=bn), arch)
         splits = num_splits(op, cfg, num_sms)
-    return replace(cfg, num_splits=splits, fused_combine=FUSED_COMBINE.get(arch, False),
-                   pdl=splits > 1 and arch in SPLIT_PDL_TABLE)
+    fused = FUSED_COMBINE.get(arch, False) or (splits > 1 and rows is not None and arch in SPLIT_SMALL_PAGE_FUSED
+                                               and op.kv_layout.value == "paged" and op.page_size < cfg.block_n)
+    return replace(cfg, num_splits=splits, fused_combine=fused, pdl=splits > 1 and arch in SPLIT_PDL_TABLE)
 
 
 #: Key tile of paged decode whose query tiles leave SMs idle (so the keys are split), per family. H200
@@ -252,6 +253,13 @@ def choose(op, arch: str, num_sms: int | None = None, wgmma: bool = True) -> Att
 #: B=1 32k in 55.6 us (a page id per key) vs 47.8 with 128. Unsplit batches (B=64 4k) keep 128: 64 lost
 #: 7% (session 2).
 SPLIT_PAGED_BN = {"sm_90": 64, "sm_100": 64}
+#: Families whose table merges split paged decode in the last split (``fused_combine``) when a key tile
+#: spans several pages (a page id per key). H200 session 12 (B=1, 32/8 heads, D=128, pages of 16,
+#: 128-key tiles, 16 splits, CUDA graph; `attention-2026-12-04-s12-p16.json`, `-s12-merge.json`): fused
+#: with pdl 18.9 / 47.3 / 84.2 us at 8k / 32k / 64k keys against 20.0 / 48.8 / 86.7 for the separate merge
+#: with pdl (47.1 vs 48.8 at 32k in the other run); dense keys and whole-tile pages (64) keep the
+#: separate merge, where the fused one lost 1-2.5 us in the same runs.
+SPLIT_SMALL_PAGE_FUSED = ("sm_90",)
 #: Families whose table launches split decode (``attn_fwd`` + ``attn_combine``) as programmatic
 #: dependents. H200 session 6 sweep (B=1, CUDA graph): pdl won or tied at every shape, by 0.1-0.9 us
 #: (dense 4k 11.7 vs 11.8, 8k 15.6 vs 15.7, 32k 43.0 vs 43.1; paged 2k 9.9 vs 10.7 at 12 splits, 8k
