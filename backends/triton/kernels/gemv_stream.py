@@ -71,48 +71,34 @@ def _wait_for_producer(PDL: gl.constexpr):
 
 
 @gluon.jit
-def _thread_offsets(stride_qk, BN: gl.constexpr, WR: gl.constexpr, RPT: gl.constexpr, L3: gl.constexpr):
-    """The loop-invariant part of every unit's offsets: this thread's words ``(WR, RPT, BN)`` relative to
-    the unit's first word, its scales/zeros ``(WR, BN)`` relative to the group's first, and the columns
-    of both (for the mask of the last tile)."""
+def _unit_offsets(u, stride_qk, G: gl.constexpr, TR: gl.constexpr, BN: gl.constexpr, WR: gl.constexpr,
+                  RPT: gl.constexpr, L3: gl.constexpr):
+    """Unit ``u``'s word offsets ``(WR, RPT, BN)`` and column mask, and its scale/zero offsets ``(WR, BN)``
+    (the group's row, once per warp row) and their mask (columns past the padded row are not read)."""
     ROWS: gl.constexpr = gl.SliceLayout(1, L3)
+    t = u // G
+    g = u - t * G
     wr = gl.arange(0, WR, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
     r = gl.arange(0, RPT, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
-    c = gl.expand_dims(gl.expand_dims(gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3))), 0), 1)
-    row = gl.expand_dims(gl.expand_dims(wr * RPT, 1) + gl.expand_dims(r, 0), 2)
-    c2 = gl.expand_dims(gl.arange(0, BN, layout=gl.SliceLayout(0, ROWS)), 0)
+    c = gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+    row = g * TR + gl.expand_dims(gl.expand_dims(wr * RPT, 1) + gl.expand_dims(r, 0), 2)
+    col = t * BN + gl.expand_dims(gl.expand_dims(c, 0), 1)
+    c2 = t * BN + gl.expand_dims(gl.arange(0, BN, layout=gl.SliceLayout(0, ROWS)), 0)
     wr2 = gl.expand_dims(gl.arange(0, WR, layout=gl.SliceLayout(1, ROWS)), 1)
-    return row * stride_qk + c, c + 0 * row, c2 + 0 * wr2
+    return row * stride_qk + col, col < stride_qk, g * stride_qk + c2 + 0 * wr2, (c2 < stride_qk) & (wr2 >= 0)
 
 
 @gluon.jit
-def _load_unit(qw_ptr, s_ptr, z_ptr, u, stride_qk, w_off, w_col, s_off, G: gl.constexpr, TR: gl.constexpr,
-               BN: gl.constexpr, HAS_Z: gl.constexpr, EVEN_N: gl.constexpr):
-    """Unit ``u``'s words, scales and zeros into registers. ``u`` must be a unit of the weight (callers
-    clamp the units past their range to the last one: read, never used), so only columns past the
-    padded row ``stride_qk`` are masked, and only when its tiles are not whole (``EVEN_N`` false): an
-    unmasked load needs no zeroing of its registers. The unit's position is scalar arithmetic, added to
-    the thread's loop-invariant offsets (``_thread_offsets``)."""
-    t = u // G
-    g = u - t * G
-    col0 = t * BN
-    w_ptrs = qw_ptr + (g * TR * stride_qk + col0) + w_off
-    s_row = g * stride_qk + col0
-    if EVEN_N:
-        w = gl.load(w_ptrs)
-        s = gl.load(s_ptr + s_row + s_off)
-        if HAS_Z:
-            z = gl.load(z_ptr + s_row + s_off)
-        else:
-            z = s
+def _load_unit(qw_ptr, s_ptr, z_ptr, u, ok, stride_qk, G: gl.constexpr, TR: gl.constexpr, BN: gl.constexpr,
+               WR: gl.constexpr, RPT: gl.constexpr, HAS_Z: gl.constexpr, L3: gl.constexpr):
+    """Unit ``u``'s words, scales and zeros into registers (nothing read where ``ok`` is false)."""
+    wo, wm, so, sm = _unit_offsets(u, stride_qk, G, TR, BN, WR, RPT, L3)
+    w = gl.load(qw_ptr + wo, mask=wm & ok, other=0)
+    s = gl.load(s_ptr + so, mask=sm & ok, other=0.0)
+    if HAS_Z:
+        z = gl.load(z_ptr + so, mask=sm & ok, other=0.0)
     else:
-        left = stride_qk - col0             # columns of the row from this tile's first
-        w = gl.load(w_ptrs, mask=w_col < left, other=0)
-        s = gl.load(s_ptr + s_row + s_off, mask=s_off < left, other=0.0)
-        if HAS_Z:
-            z = gl.load(z_ptr + s_row + s_off, mask=s_off < left, other=0.0)
-        else:
-            z = s
+        z = s
     return w, s, z
 
 
@@ -169,10 +155,8 @@ def _row_sums(w, x_smem, xslot, L3: gl.constexpr):
     """``(WR, BN)``: per column, the sum over this thread's word rows of ``x q 2^-64`` for one unit's words
     ``w`` (x in slot ``xslot``): one LOP3 and one FFMA per code, x of a code position one broadcast load."""
     whi = w >> 16
-    # code position 0 starts the sums (a product, not 0 + product: no zeroing instructions)
-    dot = gl.expand_dims(x_smem.index(xslot * EPW).load(gl.SliceLayout(2, L3)), 2) * \
-        (w & 15).to(gl.float32, bitcast=True)
-    for e in gl.static_range(1, EPW):
+    dot = gl.zeros(w.shape, gl.float32, L3)
+    for e in gl.static_range(EPW):
         xe = x_smem.index(xslot * EPW + e).load(gl.SliceLayout(2, L3))
         if e < 5:
             q = (w & (15 << (4 * e))).to(gl.float32, bitcast=True)
@@ -234,51 +218,10 @@ def _arrive(t, P, T, N, out_ptr, ws_ptr, cnt_ptr, G: gl.constexpr, BN: gl.conste
 
 
 @gluon.jit
-def _unit(i, w, s, z, acc, head, t_head, seg_start, u0, n, pid, P, T, N, x_smem, xs_smem, out_ptr, ws_ptr, cnt_ptr,
-          G: gl.constexpr, BN: gl.constexpr, WR: gl.constexpr, BY_UNIT: gl.constexpr, ZP: gl.constexpr,
-          HAS_Z: gl.constexpr, MODE: gl.constexpr, L3: gl.constexpr):
-    """The program's ``i``-th unit (its words ``w``, scales ``s``, zeros ``z`` already loaded) into ``acc``;
-    at a segment's end (its tile's last group or the range's last unit) the segment is stored, kept as
-    the range's head, or published with the head and counted (``_arrive``). Returns the loop state."""
-    u = u0 + i
-    t = u // G
-    g = u - t * G
-    if MODE != 1:
-        xslot = i if BY_UNIT else g
-        acc = _scale_unit(acc, _row_sums(w, x_smem, xslot, L3), s, z, xs_smem.index(xslot), ZP, HAS_Z, L3)
-    else:
-        acc += gl.sum(w, axis=1).to(gl.float32, bitcast=True)
-    # -- phase 3: a segment ends at its tile's end or the range's
-    if (g == G - 1) | (i == n - 1):
-        res = _tile_sum(acc, L3)
-        whole = (seg_start == t * G) & (u + 1 == (t + 1) * G)
-        if MODE == 4:
-            whole = u >= 0                                              # measurement: no partials
-        if whole:
-            _store_tile(res, t, N, out_ptr, BN, L3)                     # the whole tile: no partials
-        elif seg_start == u0:
-            head = res                                                  # published at the end
-            t_head = t
-        else:
-            _publish(res, ws_ptr, 2 * pid + 1, BN, L3)
-            if t_head >= 0:
-                _publish(head, ws_ptr, 2 * pid, BN, L3)
-            _cta_barrier()
-            if t_head >= 0:
-                _arrive(t_head, P, T, N, out_ptr, ws_ptr, cnt_ptr, G, BN, L3)
-            _arrive(t, P, T, N, out_ptr, ws_ptr, cnt_ptr, G, BN, L3)
-            t_head = -1
-        acc = gl.zeros([WR, BN], gl.float32, gl.SliceLayout(1, L3))
-        seg_start = u + 1
-    return acc, head, t_head, seg_start
-
-
-@gluon.jit
 def gemv_stream_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, cnt_ptr, N, n_tiles, stride_qk,
                        G: gl.constexpr, XS: gl.constexpr, BY_UNIT: gl.constexpr, TR: gl.constexpr,
                        BN: gl.constexpr, WR: gl.constexpr, WC: gl.constexpr, AHEAD: gl.constexpr, IW: gl.constexpr,
-                       ZP: gl.constexpr, HAS_Z: gl.constexpr, PDL: gl.constexpr, MODE: gl.constexpr,
-                       EVEN_N: gl.constexpr):
+                       ZP: gl.constexpr, HAS_Z: gl.constexpr, PDL: gl.constexpr, MODE: gl.constexpr):
     """``out (1, N) = x (1, K) @ dequant(W)^T`` for int4 words in ``(KWP, NP)`` (``gemv_quant``'s layout,
     ``stride_qk`` = NP), groups of ``8 TR`` columns; ``G`` groups (K = 8 TR G, specialised); ``XS`` slots of
     staged x (``_stage_x``). ``AHEAD``: units loaded ahead (1 or 2). ``MODE`` (measurement only,
@@ -299,14 +242,10 @@ def gemv_stream_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, cnt_ptr, N,
     xs_smem = gl.allocate_shared_memory(gl.float32, [XS, WR, RPT], X3)
 
     # -- phase 1: the first units in flight (the weight is constant: before waiting for the
-    #    previous kernel), then x staged while they arrive; units past the range are clamped to the
-    #    weight's last (read, never used)
-    w_off, w_col, s_off = _thread_offsets(stride_qk, BN, WR, RPT, L3)
-    last = T - 1
-    w0, s0, z0 = _load_unit(qw_ptr, s_ptr, z_ptr, u0, stride_qk, w_off, w_col, s_off, G, TR, BN, HAS_Z, EVEN_N)
+    #    previous kernel), then x staged while they arrive
+    w0, s0, z0 = _load_unit(qw_ptr, s_ptr, z_ptr, u0, 0 < n, stride_qk, G, TR, BN, WR, RPT, HAS_Z, L3)
     if AHEAD > 1:
-        w1, s1, z1 = _load_unit(qw_ptr, s_ptr, z_ptr, gl.minimum(u0 + 1, last), stride_qk, w_off, w_col, s_off,
-                                G, TR, BN, HAS_Z, EVEN_N)
+        w1, s1, z1 = _load_unit(qw_ptr, s_ptr, z_ptr, u0 + 1, 1 < n, stride_qk, G, TR, BN, WR, RPT, HAS_Z, L3)
     _wait_for_producer(PDL)
     if MODE != 3:
         _stage_x(x_ptr, x_smem, xs_smem, u0, n, G, XS, BY_UNIT, TR, WR, RPT, IW, NW)
@@ -317,36 +256,46 @@ def gemv_stream_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, cnt_ptr, N,
     head = gl.zeros([BN], gl.float32, gl.SliceLayout(0, gl.SliceLayout(1, L3)))
     t_head = -1          # the range's first segment, when partial: published at the end
     seg_start = u0
-    if AHEAD == 1:
-        # two units per iteration, each one's buffers named in the code: no register copies between
-        # iterations (a one-unit loop rotating its buffers spent ~22 MOVs per unit)
-        for j in range(n // 2):
-            i = 2 * j
-            wb, sb, zb = _load_unit(qw_ptr, s_ptr, z_ptr, u0 + i + 1, stride_qk, w_off, w_col, s_off, G, TR, BN,
-                                    HAS_Z, EVEN_N)
-            acc, head, t_head, seg_start = _unit(i, w0, s0, z0, acc, head, t_head, seg_start, u0, n, pid, P, T, N,
-                                                 x_smem, xs_smem, out_ptr, ws_ptr, cnt_ptr, G, BN, WR, BY_UNIT, ZP,
-                                                 HAS_Z, MODE, L3)
-            w0, s0, z0 = _load_unit(qw_ptr, s_ptr, z_ptr, gl.minimum(u0 + i + 2, last), stride_qk, w_off, w_col,
-                                    s_off, G, TR, BN, HAS_Z, EVEN_N)
-            acc, head, t_head, seg_start = _unit(i + 1, wb, sb, zb, acc, head, t_head, seg_start, u0, n, pid, P, T,
-                                                 N, x_smem, xs_smem, out_ptr, ws_ptr, cnt_ptr, G, BN, WR, BY_UNIT, ZP,
-                                                 HAS_Z, MODE, L3)
-        if n % 2 == 1:
-            acc, head, t_head, seg_start = _unit(n - 1, w0, s0, z0, acc, head, t_head, seg_start, u0, n, pid, P, T,
-                                                 N, x_smem, xs_smem, out_ptr, ws_ptr, cnt_ptr, G, BN, WR, BY_UNIT, ZP,
-                                                 HAS_Z, MODE, L3)
-    else:
-        for i in range(n):
-            # -- the loads of unit i + 2 go out before unit i is multiplied
-            wn, sn, zn = _load_unit(qw_ptr, s_ptr, z_ptr, gl.minimum(u0 + i + 2, last), stride_qk, w_off, w_col,
-                                    s_off, G, TR, BN, HAS_Z, EVEN_N)
-            w, s, z = w0, s0, z0
+    for i in range(n):
+        u = u0 + i
+        t = u // G
+        g = u - t * G
+        # -- the loads of unit i + AHEAD go out before unit i is multiplied
+        wn, sn, zn = _load_unit(qw_ptr, s_ptr, z_ptr, u + AHEAD, i + AHEAD < n, stride_qk, G, TR, BN, WR, RPT,
+                                HAS_Z, L3)
+        w, s, z = w0, s0, z0
+        if AHEAD > 1:
             w0, s0, z0 = w1, s1, z1
             w1, s1, z1 = wn, sn, zn
-            acc, head, t_head, seg_start = _unit(i, w, s, z, acc, head, t_head, seg_start, u0, n, pid, P, T, N,
-                                                 x_smem, xs_smem, out_ptr, ws_ptr, cnt_ptr, G, BN, WR, BY_UNIT, ZP,
-                                                 HAS_Z, MODE, L3)
+        else:
+            w0, s0, z0 = wn, sn, zn
+        if MODE != 1:
+            xslot = i if BY_UNIT else g
+            acc = _scale_unit(acc, _row_sums(w, x_smem, xslot, L3), s, z, xs_smem.index(xslot), ZP, HAS_Z, L3)
+        else:
+            acc += gl.sum(w, axis=1).to(gl.float32, bitcast=True)
+        # -- phase 3: a segment ends at its tile's end or the range's
+        if (g == G - 1) | (i == n - 1):
+            res = _tile_sum(acc, L3)
+            whole = (seg_start == t * G) & (u + 1 == (t + 1) * G)
+            if MODE == 4:
+                whole = u >= 0                                              # measurement: no partials
+            if whole:
+                _store_tile(res, t, N, out_ptr, BN, L3)                     # the whole tile: no partials
+            elif seg_start == u0:
+                head = res                                                  # published at the end
+                t_head = t
+            else:
+                _publish(res, ws_ptr, 2 * pid + 1, BN, L3)
+                if t_head >= 0:
+                    _publish(head, ws_ptr, 2 * pid, BN, L3)
+                _cta_barrier()
+                if t_head >= 0:
+                    _arrive(t_head, P, T, N, out_ptr, ws_ptr, cnt_ptr, G, BN, L3)
+                _arrive(t, P, T, N, out_ptr, ws_ptr, cnt_ptr, G, BN, L3)
+                t_head = -1
+            acc = gl.zeros([WR, BN], gl.float32, gl.SliceLayout(1, L3))
+            seg_start = u + 1
     # -- a range of one partial segment: its partial is the head
     if t_head >= 0:
         _publish(head, ws_ptr, 2 * pid, BN, L3)
