@@ -99,8 +99,8 @@ def sweep_candidates(op, dev):
             for splits in DECODE_SWEEP["splits"] if base.num_splits > 1 else (1, 2):
                 if splits > tiles:
                     continue
-                # the fused merge lost at every split count on the H200 (session 2) at 8k and more:
-                # swept up to 16 splits (short contexts, where the second kernel is a larger share)
+                # the fused merge lost on dense keys at every split count on the H200 (sessions 2, 7, 12)
+                # and won on pages of 16 (session 12): swept up to 16 splits, with and without pdl
                 merges = ((True, False),) if splits == 1 else ((base.fused_combine, base.pdl),) \
                     if DECODE_SWEEP["merges"] == "table" else \
                     ((False, False), (False, True)) + (((True, False), (True, True))
