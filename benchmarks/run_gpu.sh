@@ -21,6 +21,8 @@
 #   gemv-mma-sweep  benchmarks/gemv.py --sweep at M 4 and 16 over the group-scaled tensor-core kernel
 #                   (kind "mma"), then the main table with the winners
 #   gemv-mma-m1-sweep  the same kernel at M=1 (pdl) against both CUDA-core tile families, three shapes
+#   decode-anatomy  benchmarks/experiments/decode_anatomy.py (B=1 split decode against the same walk with
+#                   the softmax, then the MMAs, removed, and an empty kernel on its grid)
 #   decode-sweep    benchmarks/attention.py --sweep --bench --decode-only
 #   decode-bench    benchmarks/attention.py --bench --decode-only (the tables)
 #   attention-bench benchmarks/attention.py --bench (prefill and decode, tables)
@@ -83,6 +85,7 @@ for s in "$@"; do
         gemv-mma-m1-sweep) step gemv-mma-m1-sweep python3 benchmarks/gemv.py --sweep --ms 1 --dq 3 --pdl 1 \
             --group-rows 1 --mma 1 --no-table --sweep-shapes 4096x4096 6144x4096 28672x8192 \
             --tag="-mma-m1-sweep$TAG" --out "$RES" ;;
+        decode-anatomy) step decode-anatomy python3 benchmarks/experiments/decode_anatomy.py --tag="$TAG" --out "$RES" ;;
         decode-sweep) step decode-sweep python3 benchmarks/attention.py --sweep --bench --decode-only \
             --tag="-decode-sweep$TAG" --out "$RES" ;;
         decode-bench) step decode-bench python3 benchmarks/attention.py --bench --decode-only \
