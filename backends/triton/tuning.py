@@ -238,12 +238,12 @@ def choose(op, arch: str, num_sms: int | None = None, wgmma: bool = True) -> Att
     cfg = fit(op, cfg, arch)
     splits = num_splits(op, cfg, num_sms)
     bn = SPLIT_PAGED_BN.get(arch, cfg.block_n)
-    if splits > 1 and rows is not None and op.kv_layout.value == "paged" and bn < cfg.block_n \
-            and op.page_size % bn == 0:
-        cfg = fit(op, replace(cfg, block_n=bn), arch)
-        splits = num_splits(op, cfg, num_sms)
-    fused = FUSED_COMBINE.get(arch, False) or (splits > 1 and rows is not None and arch in SPLIT_SMALL_PAGE_FUSED
-                                               and op.kv_layout.value == "paged" and op.page_size < cfg.block_n)
+    if splits > 1 and rows is not None and op.kv_layout.value == "paged" and bn < cfg.block_n:
+        per_sm = PROGRAMS_PER_SM if op.page_size % bn == 0 else SPLIT_SMALL_PAGE_PROGRAMS_PER_SM.get(arch)
+        if per_sm:
+            cfg = fit(op, replace(cfg, block_n=bn), arch)
+            splits = num_splits(op, cfg, num_sms, per_sm)
+    fused = FUSED_COMBINE.get(arch, False)
     return replace(cfg, num_splits=splits, fused_combine=fused, pdl=splits > 1 and arch in SPLIT_PDL_TABLE)
 
 
@@ -253,13 +253,13 @@ def choose(op, arch: str, num_sms: int | None = None, wgmma: bool = True) -> Att
 #: B=1 32k in 55.6 us (a page id per key) vs 47.8 with 128. Unsplit batches (B=64 4k) keep 128: 64 lost
 #: 7% (session 2).
 SPLIT_PAGED_BN = {"sm_90": 64, "sm_100": 64}
-#: Families whose table merges split paged decode in the last split (``fused_combine``) when a key tile
-#: spans several pages (a page id per key). H200 session 12 (B=1, 32/8 heads, D=128, pages of 16,
-#: 128-key tiles, 16 splits, CUDA graph; `attention-2026-12-04-s12-p16.json`, `-s12-merge.json`): fused
-#: with pdl 18.9 / 47.3 / 84.2 us at 8k / 32k / 64k keys against 20.0 / 48.8 / 86.7 for the separate merge
-#: with pdl (47.1 vs 48.8 at 32k in the other run); dense keys and whole-tile pages (64) keep the
-#: separate merge, where the fused one lost 1-2.5 us in the same runs.
-SPLIT_SMALL_PAGE_FUSED = ("sm_90",)
+#: Programs per SM of split paged decode whose pages are smaller than the family's ``SPLIT_PAGED_BN`` tile
+#: (a page id per key), which then takes that tile too; families not listed keep the 128-key tile. H200
+#: session 13 (B=1, 32/8 heads, D=128, pages of 16, CUDA graph, `attention-2026-12-04-s13-p16.json`):
+#: 64-key tiles with 3 stages (96 KiB: two programs fit an SM) at 32 splits and the separate merge with
+#: pdl ran 18.2 / 46.0 us at 8k / 32k keys, against 18.9 / 46.7 for session 12's table (128-key tiles, 16
+#: splits, merged in the last split) and 19.6 / 55.4 for 64-key tiles at one program per SM.
+SPLIT_SMALL_PAGE_PROGRAMS_PER_SM = {"sm_90": 2}
 #: Families whose table launches split decode (``attn_fwd`` + ``attn_combine``) as programmatic
 #: dependents. H200 session 6 sweep (B=1, CUDA graph): pdl won or tied at every shape, by 0.1-0.9 us
 #: (dense 4k 11.7 vs 11.8, 8k 15.6 vs 15.7, 32k 43.0 vs 43.1; paged 2k 9.9 vs 10.7 at 12 splits, 8k
@@ -361,8 +361,8 @@ def query_tiles(op, cfg: AttnConfig) -> int:
     return -(-op.seqlen_q // rows) * (op.batch * op.heads_q // cfg.pack)
 
 
-def num_splits(op, cfg: AttnConfig, num_sms: int) -> int:
-    """KV splits so that the grid fills ``PROGRAMS_PER_SM * num_sms`` programs (1 for prefill).
+def num_splits(op, cfg: AttnConfig, num_sms: int, per_sm: int = PROGRAMS_PER_SM) -> int:
+    """KV splits so that the grid fills ``per_sm * num_sms`` programs (1 for prefill).
 
     Bounded by ``MAX_SPLITS`` and by ``MIN_TILES_PER_SPLIT`` key tiles per split.
     """
@@ -370,7 +370,7 @@ def num_splits(op, cfg: AttnConfig, num_sms: int) -> int:
     tiles = -(-op.seqlen_k // cfg.block_n)
     # rounded down: one program past a full wave costs a whole tile walk (H200, B=1 32k with 8 KV
     # heads: 17 splits = 136 programs on 132 SMs ran 49.7 us, 16 splits 42.9 us)
-    want = max(1, PROGRAMS_PER_SM * num_sms // base)
+    want = max(1, per_sm * num_sms // base)
     # the kernel shares the tiles out evenly (floor / ceil), so any count up to tiles // MIN keeps
     # every split busy; before session 6 it gave each split cdiv(tiles, splits) and the count was
     # rounded to that (B=1 decode of 2049 keys in pages of 64: 6 splits of 8 wanted, 48 programs)

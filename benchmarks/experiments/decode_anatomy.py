@@ -42,7 +42,7 @@ def kv_walk(Q, K, V, OUT, stride_ks, stride_kh, stride_vs, stride_vh, seqlen_k,
             NUM_SPLITS: tl.constexpr, MODE: tl.constexpr, PDL: tl.constexpr):
     """Split decode's walk over one KV head's keys (B=1, dense) with parts left out (module docstring):
     MODE 0 sums K and V over their keys (products with ones), MODE 1 runs attn_fwd's two dots on the raw
-    scores."""
+    scores, MODE 2 is MODE 0 over contiguous rows (the same bytes per program, no head interleave)."""
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -58,12 +58,19 @@ def kv_walk(Q, K, V, OUT, stride_ks, stride_kh, stride_vs, stride_vh, seqlen_k,
     q = tl.load(Q + (kvh * GROUP + r)[:, None] * D + offs_d[None, :], mask=(r < GROUP)[:, None], other=0.0)
     k_base = K + kvh.to(tl.int64) * stride_kh
     v_base = V + kvh.to(tl.int64) * stride_vh
+    if MODE == 2:
+        # -- the same number of 256-byte rows, contiguous: the cache read as (Hkv * L) rows of one head's
+        #    width, program (split, kvh) taking rows kvh L + [t_lo, t_hi) BLOCK_N (contiguous inputs only)
+        k_base = K + kvh.to(tl.int64) * seqlen_k * D
+        v_base = V + kvh.to(tl.int64) * seqlen_k * D
+        stride_ks = D
+        stride_vs = D
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     for t in tl.range(t_lo, t_hi):
         n = t * BLOCK_N + offs_n
         keep = n < seqlen_k
         v = tl.load(v_base + n.to(tl.int64)[:, None] * stride_vs + offs_d[None, :], mask=keep[:, None], other=0.0)
-        if MODE == 0:
+        if MODE != 1:
             # -- stream only: both tiles summed over their keys by a product with ones (a dot, so the
             #    loads are pipelined through shared memory like attn_fwd's, not register loads)
             k = tl.load(k_base + n.to(tl.int64)[:, None] * stride_ks + offs_d[None, :], mask=keep[:, None],
@@ -111,13 +118,19 @@ def smoke() -> None:
     want = cfg.block_m * torch.tensor([[(k[0, a:b, h].double() + v[0, a:b, h].double()).sum().item()
                                         for h in range(HKV)] for a, b in bounds])
     err0 = ((out.view(splits, HKV).double() - want).abs().max() / want.abs().max()).item()
+    walk_fns([(q, k, v)], out, cfg, 2)[0]()
+    # MODE 2 reads the cache as (HKV L) rows: program (split, h) takes rows h L + [a, b)
+    want2 = cfg.block_m * torch.tensor([[(k[0].reshape(-1, D)[h * L + a:h * L + b].double()
+                                          + v[0].reshape(-1, D)[h * L + a:h * L + b].double()).sum().item()
+                                         for h in range(HKV)] for a, b in bounds])
+    err2 = ((out.view(splits, HKV).double() - want2).abs().max() / want2.abs().max()).item()
     walk_fns([(q, k, v)], out, cfg, 1)[0]()
     G = HQ // HKV
     want = torch.tensor([[((q[0, 0, h * G:(h + 1) * G].double() @ k[0, a:b, h].double().T).half().double()
                            @ v[0, a:b, h].double()).sum().item() for h in range(HKV)] for a, b in bounds])
     rel1 = ((out.view(splits, HKV).double() - want).abs().max() / want.abs().max()).item()
-    print(f"read: max relative err {err0:.3g}; dots: max relative err {rel1:.3g}")
-    assert err0 < 1e-2 and rel1 < 1e-2, "kv_walk disagrees with torch"
+    print(f"read: max relative err {err0:.3g}; contiguous read {err2:.3g}; dots {rel1:.3g}")
+    assert err0 < 1e-2 and err2 < 1e-2 and rel1 < 1e-2, "kv_walk disagrees with torch"
 
 
 def main() -> None:
