@@ -205,12 +205,24 @@ def precompile(jobs, workers):
 
 # -- timing -------------------------------------------------------------------------------------------
 
-def copy_bandwidth(nbytes=1 << 30):
-    """Device-to-device copy rate in bytes/s, counting bytes read plus bytes written (per copy in a
-    graph of back-to-back copies, as the calls it is the floor of)."""
+def copy_bandwidth(nbytes=1 << 30, copies=10):
+    """Device-to-device copy rate in bytes/s, counting bytes read plus bytes written: ``copies``
+    back-to-back eager copies timed with events (no flush between them, like the calls in a graph it
+    is the floor of). Not in a graph: there the copy is a memcpy node run at 2.7 TB/s (session 13,
+    ``results/timing-method-2026-12-04-s13.json``)."""
     src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    return 2 * nbytes / (graph_ms([lambda: dst.copy_(src)]) * 1e-3)
+    dst.copy_(src)
+    rates = []
+    for _ in range(3):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(copies):
+            dst.copy_(src)
+        e1.record()
+        torch.cuda.synchronize()
+        rates.append(2 * nbytes * copies / (e0.elapsed_time(e1) * 1e-3))
+    return sorted(rates)[1]
 
 
 def n_sets(bytes_per_set, l2):

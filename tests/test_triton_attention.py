@@ -454,9 +454,13 @@ def test_split_paged_decode_table():
     p16 = make_op(B=1, Sq=1, Sk=32768, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16, kv_layout=KVLayout.PAGED,
                   page_size=16, num_pages=2049, has_seqlens_k=True)
     small = tuning.choose(p16, "sm_90", 132)
-    # 2 x 132 programs over 8 KV heads: 33 splits of 64-key tiles, 3 stages (two programs' rings fit an SM)
+    # 2 x 132 programs over 8 KV heads: 33 splits wanted, 32 give each of the 512 key tiles' splits as
+    # many (16); 64-key tiles, 3 stages (two programs' rings fit an SM)
     assert (small.block_n, small.num_stages, small.num_splits, small.fused_combine, small.pdl) == \
-        (64, 3, 33, False, True)
+        (64, 3, 32, False, True)
+    odd = make_op(B=1, Sq=1, Sk=8192 + 5 * 64, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16, kv_layout=KVLayout.PAGED,
+                  page_size=16, num_pages=600, has_seqlens_k=True)
+    assert tuning.choose(odd, "sm_90", 132).num_splits == 27     # 133 tiles: 5 per split in 27 (or in 33)
     assert 2 * tuning.smem_bytes(p16, small.block_m, small.block_n, small.num_stages) <= 228 * 1024
     sm100 = tuning.choose(p16, "sm_100", 148)
     assert (sm100.block_n, sm100.num_splits, sm100.fused_combine) == (128, 18, False)

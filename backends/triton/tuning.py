@@ -243,6 +243,10 @@ def choose(op, arch: str, num_sms: int | None = None, wgmma: bool = True) -> Att
         if per_sm:
             cfg = fit(op, replace(cfg, block_n=bn), arch)
             splits = num_splits(op, cfg, num_sms, per_sm)
+            if per_sm != PROGRAMS_PER_SM:
+                # the fewest splits with the same longest split (32 rather than 33 at 32k keys: 39.9 vs 40.4 us)
+                tiles = -(-op.seqlen_k // cfg.block_n)
+                splits = -(-tiles // -(-tiles // splits))
     fused = FUSED_COMBINE.get(arch, False)
     return replace(cfg, num_splits=splits, fused_combine=fused, pdl=splits > 1 and arch in SPLIT_PDL_TABLE)
 
@@ -258,7 +262,9 @@ SPLIT_PAGED_BN = {"sm_90": 64, "sm_100": 64}
 #: session 13 (B=1, 32/8 heads, D=128, pages of 16, CUDA graph, `attention-2026-12-04-s13-p16.json`):
 #: 64-key tiles with 3 stages (96 KiB: two programs fit an SM) at 32 splits and the separate merge with
 #: pdl ran 18.2 / 46.0 us at 8k / 32k keys, against 18.9 / 46.7 for session 12's table (128-key tiles, 16
-#: splits, merged in the last split) and 19.6 / 55.4 for 64-key tiles at one program per SM.
+#: splits, merged in the last split) and 19.6 / 55.4 for 64-key tiles at one program per SM. Timed again
+#: with ``benchmarks/attention.py``'s long graphs (`-s13-p16b.json`): 32 splits 16.7 / 39.9 us, 33 splits
+#: 16.7 / 40.4, session 12's table 17.8 / 41.2.
 SPLIT_SMALL_PAGE_PROGRAMS_PER_SM = {"sm_90": 2}
 #: Families whose table launches split decode (``attn_fwd`` + ``attn_combine``) as programmatic
 #: dependents. H200 session 6 sweep (B=1, CUDA graph): pdl won or tied at every shape, by 0.1-0.9 us
