@@ -439,7 +439,8 @@ def test_split_paged_decode_table():
     programmatic dependent launches on sm_90 (H200 session 6); a batch that fills the SMs unsplit keeps
     128-key tiles; pages of 16 take 64-key tiles at two programs per SM with the separate merge on sm_90
     (session 13: 46.0 us at 32k keys against 46.7 for session 12's 128-key tiles merged in the last split)
-    and keep 128-key tiles where the table has no such rule."""
+    and keep 128-key tiles where the table has no such rule; pages of 64 also run two programs per SM on
+    sm_90 once the keys are long enough to fill them (32k: 38.6 vs 40.2 us)."""
     from portakern.backends.triton import tuning
 
     def paged(B, pages):
@@ -447,7 +448,10 @@ def test_split_paged_decode_table():
                        kv_layout=KVLayout.PAGED, page_size=64, num_pages=B * pages + 1, has_seqlens_k=True)
 
     step = tuning.choose(paged(1, 33), "sm_90", 132)     # the decode step's cache at 2049 keys
-    assert (step.block_n, step.num_splits, step.pdl, step.fused_combine) == (64, 16, True, False)
+    assert (step.block_n, step.num_splits, step.pdl, step.fused_combine) == (64, 16, True, False)  # 2 tiles each
+    long = tuning.choose(paged(1, 512), "sm_90", 132)    # 32k keys: two programs per SM (session 13)
+    assert (long.block_n, long.num_stages, long.num_splits) == (64, 3, 32)
+    assert tuning.choose(paged(1, 512), "sm_100", 148).num_splits == 18
     big = tuning.choose(paged(64, 64), "sm_90", 132)
     assert (big.block_n, big.num_splits, big.pdl) == (128, 1, False)
     assert not tuning.choose(paged(1, 33), "sm_80", 108).pdl

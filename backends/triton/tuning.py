@@ -239,12 +239,12 @@ def choose(op, arch: str, num_sms: int | None = None, wgmma: bool = True) -> Att
     splits = num_splits(op, cfg, num_sms)
     bn = SPLIT_PAGED_BN.get(arch, cfg.block_n)
     if splits > 1 and rows is not None and op.kv_layout.value == "paged" and bn < cfg.block_n:
-        per_sm = PROGRAMS_PER_SM if op.page_size % bn == 0 else SPLIT_SMALL_PAGE_PROGRAMS_PER_SM.get(arch)
-        if per_sm:
+        per_sm = SPLIT_PAGED_PROGRAMS_PER_SM.get(arch, PROGRAMS_PER_SM)
+        if op.page_size % bn == 0 or arch in SPLIT_PAGED_PROGRAMS_PER_SM:
             cfg = fit(op, replace(cfg, block_n=bn), arch)
             splits = num_splits(op, cfg, num_sms, per_sm)
-            if per_sm != PROGRAMS_PER_SM:
-                # the fewest splits with the same longest split (32 rather than 33 at 32k keys: 39.9 vs 40.4 us)
+            if splits == per_sm * num_sms // query_tiles(op, cfg):
+                # the grid is full: the fewest splits with the same longest split (32, not 33, at 32k keys)
                 tiles = -(-op.seqlen_k // cfg.block_n)
                 splits = -(-tiles // -(-tiles // splits))
     fused = FUSED_COMBINE.get(arch, False)
@@ -257,15 +257,16 @@ def choose(op, arch: str, num_sms: int | None = None, wgmma: bool = True) -> Att
 #: B=1 32k in 55.6 us (a page id per key) vs 47.8 with 128. Unsplit batches (B=64 4k) keep 128: 64 lost
 #: 7% (session 2).
 SPLIT_PAGED_BN = {"sm_90": 64, "sm_100": 64}
-#: Programs per SM of split paged decode whose pages are smaller than the family's ``SPLIT_PAGED_BN`` tile
-#: (a page id per key), which then takes that tile too; families not listed keep the 128-key tile. H200
-#: session 13 (B=1, 32/8 heads, D=128, pages of 16, CUDA graph, `attention-2026-12-04-s13-p16.json`):
-#: 64-key tiles with 3 stages (96 KiB: two programs fit an SM) at 32 splits and the separate merge with
-#: pdl ran 18.2 / 46.0 us at 8k / 32k keys, against 18.9 / 46.7 for session 12's table (128-key tiles, 16
-#: splits, merged in the last split) and 19.6 / 55.4 for 64-key tiles at one program per SM. Timed again
-#: with ``benchmarks/attention.py``'s long graphs (`-s13-p16b.json`): 32 splits 16.7 / 39.9 us, 33 splits
-#: 16.7 / 40.4, session 12's table 17.8 / 41.2.
-SPLIT_SMALL_PAGE_PROGRAMS_PER_SM = {"sm_90": 2}
+#: Programs per SM of split paged decode on ``SPLIT_PAGED_BN`` tiles, per family; families listed also take
+#: that tile for pages smaller than it (a page id per key), the others keep 128-key tiles there. When the
+#: grid is full the splits are the fewest with the same longest split. H200 session 13 (B=1, 32/8 heads,
+#: D=128, 64-key tiles with 3 stages, 96 KiB: two programs fit an SM; CUDA graph, long graphs of
+#: ``benchmarks/attention.py``, `attention-2026-12-04-s13-sweep.json`): pages of 16 at 32 splits 16.7 / 40.3 us
+#: at 8k / 32k keys against 17.8 / 41.9 for session 12's table (128-key tiles, 16 splits, merged in the last
+#: split) and 18.5 / 43.9 for 64-key tiles at 16 splits; pages of 64 at 32 splits 15.3 / 38.6 against 15.2 /
+#: 40.2 at 16; 33 splits (2 x 132 / 8) 0.45 us slower than 32 at 32k (`-s13-p16b.json`). Dense keys keep one
+#: program per SM (36.9 vs 37.3 us at 32k).
+SPLIT_PAGED_PROGRAMS_PER_SM = {"sm_90": 2}
 #: Families whose table launches split decode (``attn_fwd`` + ``attn_combine``) as programmatic
 #: dependents. H200 session 6 sweep (B=1, CUDA graph): pdl won or tied at every shape, by 0.1-0.9 us
 #: (dense 4k 11.7 vs 11.8, 8k 15.6 vs 15.7, 32k 43.0 vs 43.1; paged 2k 9.9 vs 10.7 at 12 splits, 8k
