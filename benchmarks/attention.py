@@ -63,7 +63,8 @@ HEAD_DIMS = [64, 128, 256]
 #: ``--prefill-only``: no decode or paged rows
 PREFILL_ONLY = False
 #: ``--decode-warps`` / ``--decode-splits`` / ``--decode-merges``: what the packed-decode sweep varies
-DECODE_SWEEP = {"warps": (4,), "splits": (4, 8, 12, 16, 24, 32, 48, 64), "merges": "all"}
+DECODE_SWEEP = {"warps": (4,), "splits": (4, 8, 12, 16, 24, 32, 48, 64), "merges": "all",
+                "tiles": ((64, 3), (64, 4), (128, 3), (128, 4))}
 
 
 def prefill_shapes(quick):
@@ -93,7 +94,7 @@ def sweep_candidates(op, dev):
     arch, sms = A._device_arch(dev)
     out = [base, replace(base, fused_combine=False)] if base.num_splits > 1 else [base]
     if base.pack > 1:
-        for (bn, st), w in itertools.product(((64, 3), (64, 4), (128, 3), (128, 4)), DECODE_SWEEP["warps"]):
+        for (bn, st), w in itertools.product(DECODE_SWEEP["tiles"], DECODE_SWEEP["warps"]):
             c = tuning.fit(op, replace(base, block_n=bn, num_stages=st, num_warps=w), arch)
             tiles = -(-op.seqlen_k // c.block_n)
             for splits in DECODE_SWEEP["splits"] if base.num_splits > 1 else (1, 2):
@@ -419,10 +420,21 @@ def main():
     for opt, what in (("warps", "num_warps values"), ("splits", "split counts")):
         ap.add_argument(f"--decode-{opt}", type=int, nargs="+", default=list(DECODE_SWEEP[opt]),
                         help=f"--sweep: {what} of the packed-decode candidates (default {DECODE_SWEEP[opt]})")
+    ap.add_argument("--decode-tiles", nargs="+", metavar="BN:STAGES",
+                    help="--sweep: key tiles and stages of the packed-decode candidates (default "
+                         f"{' '.join(f'{bn}:{st}' for bn, st in DECODE_SWEEP['tiles'])})")
     ap.add_argument("--decode-merges", choices=("all", "table"), default="all",
                     help="--sweep: every merge variant of a split decode candidate, or the table's only")
     a = ap.parse_args()
     DECODE_SWEEP.update(warps=tuple(a.decode_warps), splits=tuple(a.decode_splits), merges=a.decode_merges)
+    if a.decode_tiles:
+        try:
+            DECODE_SWEEP["tiles"] = tuple(tuple(int(v) for v in t.split(":")) for t in a.decode_tiles)
+        except ValueError:
+            ap.error(f"--decode-tiles {' '.join(a.decode_tiles)}: each tile is BN:STAGES in integers, e.g. 64:3")
+        bad = [t for t in DECODE_SWEEP["tiles"] if len(t) != 2 or t[0] < 16 or t[0] & (t[0] - 1) or t[1] < 1]
+        if bad:
+            ap.error(f"--decode-tiles: {bad} -- BN must be a power of two >= 16 and STAGES >= 1")
     HEAD_DIMS[:] = a.head_dims
     global PREFILL_ONLY
     PREFILL_ONLY = a.prefill_only
