@@ -12,7 +12,7 @@ on a dense cache, eager glue.
 
 Floor = (weight bytes: codes + fp16 scale + fp16 zero per group; + K/V bytes read) / copy bandwidth.
 
-    python benchmarks/decode_step.py [--ctx 2048 8192] [--glue compile|compile-max|eager] [--compare-tiles]
+    python benchmarks/decode_step.py [--ctx 2048 8192] [--glue compile|compile-max|compile-combo|eager] [--compare-tiles]
         [--prefetch none after:24 during:24] [--out DIR]
 """
 
@@ -117,9 +117,12 @@ class PortakernStep:
         self.h = torch.randn(1, HID, device="cuda")
         self.zero = torch.zeros(1, HID, device="cuda")
         self.attention = attention
-        if glue in ("compile", "compile-max"):
-            opts = dict(fullgraph=True, dynamic=False,
-                        mode="max-autotune-no-cudagraphs" if glue == "compile-max" else None)
+        if glue in ("compile", "compile-max", "compile-combo"):
+            opts = dict(fullgraph=True, dynamic=False)
+            if glue == "compile-max":
+                opts["mode"] = "max-autotune-no-cudagraphs"
+            elif glue == "compile-combo":   # Inductor's combo kernels: independent kernels of one function in one launch
+                opts["options"] = {"combo_kernels": True}
             self.add_rmsnorm = torch.compile(add_rmsnorm, **opts)
             self.rope = torch.compile(rope, **opts)
             self.rope_append = torch.compile(rope_append, **opts)
@@ -343,9 +346,10 @@ def kernel_profile(step, replays: int = 3):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ctx", type=int, nargs="+", default=[2048, 8192])
-    ap.add_argument("--glue", choices=("compile", "compile-max", "eager"), default="compile",
+    ap.add_argument("--glue", choices=("compile", "compile-max", "compile-combo", "eager"), default="compile",
                     help="portakern's glue: torch.compile (default), torch.compile with Inductor's autotuning "
-                         "(mode max-autotune-no-cudagraphs), or plain torch ops")
+                         "(mode max-autotune-no-cudagraphs), torch.compile with Inductor's combo kernels (the "
+                         "kernels of one glue function that Inductor cannot fuse launched as one), or plain torch ops")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--tag", default="")
