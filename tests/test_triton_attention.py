@@ -452,6 +452,10 @@ def test_split_paged_decode_table():
     long = tuning.choose(paged(1, 512), "sm_90", 132)    # 32k keys: two programs per SM (session 13)
     assert (long.block_n, long.num_stages, long.num_splits) == (64, 3, 32)
     assert tuning.choose(paged(1, 512), "sm_100", 148).num_splits == 18
+    # two programs only where both rings fit one SM (227 KiB): at 120 KiB a program, one per SM
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tuning, "smem_bytes", lambda *a: 120 * 1024)
+        assert tuning.choose(paged(1, 512), "sm_90", 132).num_splits == 16
     big = tuning.choose(paged(64, 64), "sm_90", 132)
     assert (big.block_n, big.num_splits, big.pdl) == (128, 1, False)
     assert not tuning.choose(paged(1, 33), "sm_80", 108).pdl

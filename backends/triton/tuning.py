@@ -242,6 +242,8 @@ def choose(op, arch: str, num_sms: int | None = None, wgmma: bool = True) -> Att
         per_sm = SPLIT_PAGED_PROGRAMS_PER_SM.get(arch, PROGRAMS_PER_SM)
         if op.page_size % bn == 0 or arch in SPLIT_PAGED_PROGRAMS_PER_SM:
             cfg = fit(op, replace(cfg, block_n=bn), arch)
+            if per_sm * smem_bytes(op, cfg.block_m, cfg.block_n, cfg.num_stages) > SMEM_LIMIT.get(arch, 0):
+                per_sm = PROGRAMS_PER_SM            # their rings would not fit one SM together
             splits = num_splits(op, cfg, num_sms, per_sm)
             if splits == per_sm * num_sms // query_tiles(op, cfg):
                 # the grid is full: the fewest splits with the same longest split (32, not 33, at 32k keys)
