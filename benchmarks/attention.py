@@ -80,6 +80,8 @@ def prefill_shapes(quick):
 
 DECODE = [(1, 8192), (1, 32768), (1, 131072), (16, 8192), (64, 4096)]
 PAGED = [(1, 32768, 16), (1, 32768, 64), (64, 4096, 16), (64, 4096, 64)]
+#: the default rows' sweep skips shapes its neighbours cover; ``--decode-shapes`` sweeps every shape it names
+SWEEP_ALL_DECODE = False
 
 
 # -- configurations -----------------------------------------------------------------------------------
@@ -393,7 +395,7 @@ def sweep_ops(quick, decode_only=False):
             ops[f"prefill-d{D}-c{int(causal)}"] = prefill(4, 4096, H, D, causal)
     for B, L, *page in DECODE + PAGED if not PREFILL_ONLY else ():
         page = page[0] if page else 0
-        if B == 16 or (page and B == 64):  # covered by the neighbouring shapes
+        if not SWEEP_ALL_DECODE and (B == 16 or (page and B == 64)):  # covered by the neighbouring shapes
             continue
         ops[f"decode-b{B}-l{L}-p{page}"] = decode(B, L, page)
     return ops
@@ -436,7 +438,7 @@ def main():
         if bad:
             ap.error(f"--decode-tiles: {bad} -- BN must be a power of two >= 16 and STAGES >= 1")
     HEAD_DIMS[:] = a.head_dims
-    global PREFILL_ONLY
+    global PREFILL_ONLY, SWEEP_ALL_DECODE
     PREFILL_ONLY = a.prefill_only
     if a.decode_shapes:
         try:
@@ -447,6 +449,7 @@ def main():
             ap.error(f"--decode-shapes {' '.join(a.decode_shapes)}: each shape is B:L or B:L:PAGE")
         DECODE[:] = [t for t in shapes if len(t) == 2]
         PAGED[:] = [t for t in shapes if len(t) == 3]
+        SWEEP_ALL_DECODE = True
     if a.warm_conformance:
         warm_conformance(a.warm_conformance, a.workers)
         return
