@@ -436,8 +436,9 @@ def test_split_count_is_not_rounded_to_equal_shares():
 
 def test_split_paged_decode_table():
     """Paged decode that splits its keys takes 64-key tiles (pages of a multiple of 64 keys) and
-    programmatic dependent launches on sm_90 (H200 session 6); a batch that fills the SMs unsplit keeps
-    128-key tiles; pages of 16 take 64-key tiles at two programs per SM with the separate merge on sm_90
+    programmatic dependent launches on sm_90 (H200 session 6); a batch that fills the SMs unsplit takes
+    dense decode's 64-key, 4-stage tile on sm_90 (session 13: B=64 4k pages of 16 255.8 vs 278.6 us with
+    128-key tiles) and keeps 128 on sm_100; pages of 16 take 64-key tiles at two programs per SM with the separate merge on sm_90
     (session 13: 46.0 us at 32k keys against 46.7 for session 12's 128-key tiles merged in the last split)
     and keep 128-key tiles where the table has no such rule; pages of 64 also run two programs per SM on
     sm_90 once the keys are long enough to fill them (32k: 38.6 vs 40.2 us)."""
@@ -456,8 +457,9 @@ def test_split_paged_decode_table():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(tuning, "smem_bytes", lambda *a: 120 * 1024)
         assert tuning.choose(paged(1, 512), "sm_90", 132).num_splits == 16
-    big = tuning.choose(paged(64, 64), "sm_90", 132)
-    assert (big.block_n, big.num_splits, big.pdl) == (128, 1, False)
+    big = tuning.choose(paged(64, 64), "sm_90", 132)        # unsplit: the dense tile (session 13, B=64 4k)
+    assert (big.block_n, big.num_stages, big.num_splits, big.pdl) == (64, 4, 1, False)
+    assert tuning.choose(paged(64, 64), "sm_100", 148).block_n == 128
     assert not tuning.choose(paged(1, 33), "sm_80", 108).pdl
     p16 = make_op(B=1, Sq=1, Sk=32768, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16, kv_layout=KVLayout.PAGED,
                   page_size=16, num_pages=2049, has_seqlens_k=True)

@@ -206,9 +206,11 @@ def _decode_table(op, arch: str) -> tuple[int, int, int]:
     if op.dtype.value == "float32":
         return 32, 4, 2
     if arch in ("sm_90", "sm_100"):
-        # H200 sweeps (CUDA-graph timing): dense keys BN=64 with 4 stages; paged keys BN=128 with 3
-        # stages (B=1 32k page 16: 47.4 us, as good as BN=64 with 32 splits; B=64 4k: BN=64 lost 7%)
-        if op.kv_layout.value == "paged":
+        # H200 sweeps (CUDA-graph timing): dense keys BN=64 with 4 stages; on sm_100 paged keys keep
+        # session 2's BN=128 with 3 stages. On sm_90 paged keys take the dense tile too (session 13, B=64 4k,
+        # `attention-2026-12-04-s13-b64.json`: pages of 16 255.8 us vs 278.6 with 128-key tiles, pages of 64
+        # 250.2 vs 260.2, dense 246.3; 64-key tiles with 3 stages, session 2's comparison, 302.1 / 280.7)
+        if op.kv_layout.value == "paged" and arch != "sm_90":
             return (128, 4, 3) if d <= 128 else (64, 4, 3)
         return (64, 4, 4) if d <= 128 else (64, 4, 3)
     return (64, 4, 3) if d <= 128 else (32, 4, 2)
@@ -237,38 +239,49 @@ def choose(op, arch: str, num_sms: int | None = None, wgmma: bool = True) -> Att
     cfg = AttnConfig(block_m, block_n, warps, stages, pack, tma=rows is None and _tma_in_table(op, arch))
     cfg = fit(op, cfg, arch)
     splits = num_splits(op, cfg, num_sms)
-    bn = SPLIT_PAGED_BN.get(arch, cfg.block_n)
-    if splits > 1 and rows is not None and op.kv_layout.value == "paged" and bn < cfg.block_n:
-        per_sm = SPLIT_PAGED_PROGRAMS_PER_SM.get(arch, PROGRAMS_PER_SM)
-        if op.page_size % bn == 0 or arch in SPLIT_PAGED_PROGRAMS_PER_SM:
-            cfg = fit(op, replace(cfg, block_n=bn), arch)
-            if per_sm * smem_bytes(op, cfg.block_m, cfg.block_n, cfg.num_stages) > SMEM_LIMIT.get(arch, 0):
-                per_sm = PROGRAMS_PER_SM            # their rings would not fit one SM together
-            splits = num_splits(op, cfg, num_sms, per_sm)
-            if splits == per_sm * num_sms // query_tiles(op, cfg):
-                # the grid is full: the fewest splits with the same longest split (32, not 33, at 32k keys)
-                tiles = -(-op.seqlen_k // cfg.block_n)
-                splits = -(-tiles // -(-tiles // splits))
+    if splits > 1 and rows is not None and op.kv_layout.value == "paged":
+        cfg, splits = _split_paged(op, cfg, arch, num_sms, splits)
     fused = FUSED_COMBINE.get(arch, False)
     return replace(cfg, num_splits=splits, fused_combine=fused, pdl=splits > 1 and arch in SPLIT_PDL_TABLE)
 
 
-#: Key tile of paged decode whose query tiles leave SMs idle (so the keys are split), per family. H200
-#: session 6 (B=1, 32/8 heads, D=128, page 64, CUDA graph, 16 splits): 2k keys 10.1 us vs 12.2 with 128
-#: (9.9 at 12 splits), 8k 16.4 vs 18.5. Only pages holding whole tiles: page 16 with 64-key tiles ran
-#: B=1 32k in 55.6 us (a page id per key) vs 47.8 with 128. Unsplit batches (B=64 4k) keep 128: 64 lost
-#: 7% (session 2).
-SPLIT_PAGED_BN = {"sm_90": 64, "sm_100": 64}
-#: Programs per SM of split paged decode on ``SPLIT_PAGED_BN`` tiles, per family; families listed also take
-#: that tile for pages smaller than it (a page id per key), the others keep 128-key tiles there. When the
-#: grid is full the splits are the fewest with the same longest split. H200 session 13 (B=1, 32/8 heads,
+def _split_paged(op, cfg: AttnConfig, arch: str, num_sms: int, splits: int) -> tuple[AttnConfig, int]:
+    """Tile and split count of paged decode whose keys are split (``SPLIT_PAGED_TILE``, else
+    ``SPLIT_PAGED_BN``); once the grid is full, the fewest splits with the same longest split."""
+    tile = SPLIT_PAGED_TILE.get(arch) if op.dtype.value != "float32" else None
+    if tile:
+        bn, stages, per_sm = tile
+        cfg = fit(op, replace(cfg, block_n=bn, num_stages=stages), arch)
+        if per_sm * smem_bytes(op, cfg.block_m, cfg.block_n, cfg.num_stages) > SMEM_LIMIT.get(arch, 0):
+            per_sm = PROGRAMS_PER_SM                # their rings would not fit one SM together
+    else:
+        bn, per_sm = SPLIT_PAGED_BN.get(arch, cfg.block_n), PROGRAMS_PER_SM
+        if not (bn < cfg.block_n and op.page_size % bn == 0):
+            return cfg, splits
+        cfg = fit(op, replace(cfg, block_n=bn), arch)
+    splits = num_splits(op, cfg, num_sms, per_sm)
+    if splits == per_sm * num_sms // query_tiles(op, cfg):
+        # the grid is full: the fewest splits with the same longest split (32, not 33, at 32k keys)
+        tiles = -(-op.seqlen_k // cfg.block_n)
+        splits = -(-tiles // -(-tiles // splits))
+    return cfg, splits
+
+
+#: Key tile of paged decode whose query tiles leave SMs idle (so the keys are split), per family without a
+#: ``SPLIT_PAGED_TILE`` entry (one program per SM, pages holding whole tiles only). From the H200's session 6
+#: (sm_90 until session 13; B=1, 32/8 heads, D=128, page 64, CUDA graph, 16 splits): 2k keys 10.1 us vs 12.2
+#: with 128 (9.9 at 12 splits), 8k 16.4 vs 18.5; page 16 with 64-key tiles at one program per SM ran B=1 32k
+#: in 55.6 us (a page id per key) vs 47.8 with 128.
+SPLIT_PAGED_BN = {"sm_100": 64}
+#: ``(block_n, num_stages, programs per SM)`` of split paged decode (16-bit inputs, every page size), per
+#: family; the others take ``SPLIT_PAGED_BN`` for pages holding whole tiles. H200 session 13 (B=1, 32/8 heads,
 #: D=128, 64-key tiles with 3 stages, 96 KiB: two programs fit an SM; CUDA graph, long graphs of
 #: ``benchmarks/attention.py``, `attention-2026-12-04-s13-sweep.json`): pages of 16 at 32 splits 16.7 / 40.3 us
 #: at 8k / 32k keys against 17.8 / 41.9 for session 12's table (128-key tiles, 16 splits, merged in the last
 #: split) and 18.5 / 43.9 for 64-key tiles at 16 splits; pages of 64 at 32 splits 15.3 / 38.6 against 15.2 /
 #: 40.2 at 16; 33 splits (2 x 132 / 8) 0.45 us slower than 32 at 32k (`-s13-p16b.json`). Dense keys keep one
 #: program per SM (36.9 vs 37.3 us at 32k).
-SPLIT_PAGED_PROGRAMS_PER_SM = {"sm_90": 2}
+SPLIT_PAGED_TILE = {"sm_90": (64, 3, 2)}
 #: Families whose table launches split decode (``attn_fwd`` + ``attn_combine``) as programmatic
 #: dependents. H200 session 6 sweep (B=1, CUDA graph): pdl won or tied at every shape, by 0.1-0.9 us
 #: (dense 4k 11.7 vs 11.8, 8k 15.6 vs 15.7, 32k 43.0 vs 43.1; paged 2k 9.9 vs 10.7 at 12 splits, 8k
