@@ -246,7 +246,8 @@ GRAPH_REPLAY_MS = 4.0
 GRAPH_MAX_CALLS = 512
 
 
-def _capture(fns, calls):
+def capture(fns, calls):
+    """A CUDA graph of ``calls`` calls cycling over ``fns`` (warmed already)."""
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for i in range(calls):
@@ -259,9 +260,9 @@ def graph_ms(fns):
     long enough that the replay's own costs vanish (``GRAPH_REPLAY_MS``)."""
     warm_on_side_stream(fns)
     k = len(fns)
-    per_call = do_bench(_capture(fns, k).replay, warmup=5, rep=20, return_mode="median") / k
+    per_call = do_bench(capture(fns, k).replay, warmup=5, rep=20, return_mode="median") / k
     calls = k * max(1, min(GRAPH_MAX_CALLS // k, math.ceil(GRAPH_REPLAY_MS / max(per_call, 1e-6) / k)))
-    g = _capture(fns, calls)
+    g = capture(fns, calls)
     return do_bench(g.replay, warmup=10, rep=max(60.0, 10 * calls * per_call), return_mode="median") / calls
 
 

@@ -100,6 +100,19 @@ def walk_fns(sets, out, cfg, mode: int):
             for q, k, v, *_ in sets]
 
 
+def b1_decode(L: int, dev, l2: int):
+    """B=1 decode of ``L`` dense keys (32 query / 8 KV heads, D=128, bf16): its op, the table's
+    configuration, its K+V bytes and input sets rotated past 4x the L2 (as ``benchmarks/attention.py``)."""
+    import attention as AB  # noqa: E402  (benchmarks/attention.py)
+
+    from portakern.backends.triton import attention as A
+
+    op = AB.decode(1, L)
+    kv_bytes = 2 * L * HKV * D * 2
+    sets = [A.random_inputs(op, torch.device("cuda"), seed=i) for i in range(AB.n_sets(kv_bytes, l2))]
+    return op, AB.table_config(op, dev), kv_bytes, sets
+
+
 def smoke() -> None:
     """Both modes against torch on CPU tensors (run under TRITON_INTERPRET=1)."""
     from types import SimpleNamespace
@@ -147,7 +160,6 @@ def main() -> None:
     import attention as AB  # noqa: E402  (benchmarks/attention.py)
     from read_floor import empty_kernel  # noqa: E402
 
-    from portakern.backends.triton import attention as A
     from portakern.devices import torch_device
 
     dev = torch_device("cuda", 0)
@@ -155,10 +167,7 @@ def main() -> None:
     bw = AB.copy_bandwidth()
     res = Hs.header(__doc__, bw / 1e12, rows=[])
     for L in args.lengths:
-        op = AB.decode(1, L)
-        cfg = AB.table_config(op, dev)
-        kv_bytes = 2 * L * HKV * D * 2
-        sets = [A.random_inputs(op, torch.device("cuda"), seed=i) for i in range(AB.n_sets(kv_bytes, l2))]
+        op, cfg, kv_bytes, sets = b1_decode(L, dev, l2)
         sink = torch.empty(cfg.num_splits * HKV, device="cuda")
         row = {"L": L, "config": cfg.to_json(), "floor_us": kv_bytes / bw * 1e6,
                "table_us": AB.graph_ms(AB.ours(op, dev, cfg, sets)) * 1e3,

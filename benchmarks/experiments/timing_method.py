@@ -31,24 +31,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
 
-def graph_of(fns, calls: int) -> torch.cuda.CUDAGraph:
-    """A graph of ``calls`` calls cycling over ``fns``."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fns[i % len(fns)]()
-    return g
-
-
 def replay_us(fns, calls: int) -> float:
-    """Median microseconds of one replay of a graph of ``calls`` calls (do_bench: L2 zeroed before each)."""
-    g = graph_of(fns, calls)
+    """Median microseconds of one replay of a graph of ``calls`` calls cycling over ``fns`` (do_bench: L2
+    zeroed before each)."""
+    import attention as AB  # noqa: E402  (benchmarks/attention.py)
+    from cuda_graphs import warm_on_side_stream  # noqa: E402  (benchmarks/cuda_graphs.py)
+
+    warm_on_side_stream(fns)
+    g = AB.capture(fns, calls)
     return do_bench(g.replay, warmup=10, rep=150, return_mode="median") * 1e3
 
 
@@ -89,10 +79,9 @@ def main() -> None:
 
     args = Hs.parse_args(__doc__, extra)
     import attention as AB  # noqa: E402  (benchmarks/attention.py)
-    from decode_anatomy import D, HKV, walk_fns  # noqa: E402
+    from decode_anatomy import HKV, b1_decode, walk_fns  # noqa: E402
     from read_floor import empty_kernel  # noqa: E402
 
-    from portakern.backends.triton import attention as A
     from portakern.devices import torch_device
 
     dev = torch_device("cuda", 0)
@@ -109,10 +98,7 @@ def main() -> None:
     print(f"empty kernel: per replay {em['per_replay_us']:.2f} us, slope {em['slope_us']:.2f}, "
           f"intercept {em['intercept_us']:.2f}", flush=True)
     for L in args.lengths:
-        op = AB.decode(1, L)
-        cfg = AB.table_config(op, dev)
-        kv_bytes = 2 * L * HKV * D * 2
-        sets = [A.random_inputs(op, torch.device("cuda"), seed=i) for i in range(AB.n_sets(kv_bytes, l2))]
+        op, cfg, kv_bytes, sets = b1_decode(L, dev, l2)
         wsink = torch.empty(cfg.num_splits * HKV, device="cuda")
         work = {"table": AB.ours(op, dev, cfg, sets), "cudnn": AB.sdpa_fns(op, sets, "cudnn"),
                 "read": walk_fns(sets, wsink, cfg, 0), "read_contiguous": walk_fns(sets, wsink, cfg, 2)}
