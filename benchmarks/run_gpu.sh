@@ -23,6 +23,9 @@
 #   gemv-mma-m1-sweep  the same kernel at M=1 (pdl) against both CUDA-core tile families, three shapes
 #   decode-anatomy  benchmarks/experiments/decode_anatomy.py (B=1 split decode against the same walk with
 #                   the softmax, then the MMAs, removed, and an empty kernel on its grid)
+#   timing-method   benchmarks/experiments/timing_method.py (B=1 decode and the copy: the benchmarks' graph
+#                   figure before session 13 against the slope between graph lengths and graph_ms)
+#   paged-order     benchmarks/experiments/paged_order.py (paged decode, block table shuffled vs in order)
 #   decode-sweep    benchmarks/attention.py --sweep --bench --decode-only
 #   decode-bench    benchmarks/attention.py --bench --decode-only (the tables)
 #   attention-bench benchmarks/attention.py --bench (prefill and decode, tables)
@@ -86,6 +89,8 @@ for s in "$@"; do
             --group-rows 1 --mma 1 --no-table --sweep-shapes 4096x4096 6144x4096 28672x8192 \
             --tag="-mma-m1-sweep$TAG" --out "$RES" ;;
         decode-anatomy) step decode-anatomy python3 benchmarks/experiments/decode_anatomy.py --tag="$TAG" --out "$RES" ;;
+        timing-method) step timing-method python3 benchmarks/experiments/timing_method.py --tag="$TAG" --out "$RES" ;;
+        paged-order) step paged-order python3 benchmarks/experiments/paged_order.py --tag="$TAG" --out "$RES" ;;
         decode-sweep) step decode-sweep python3 benchmarks/attention.py --sweep --bench --decode-only \
             --tag="-decode-sweep$TAG" --out "$RES" ;;
         decode-bench) step decode-bench python3 benchmarks/attention.py --bench --decode-only \
