@@ -426,9 +426,15 @@ def main():
     ap.add_argument("--decode-tiles", nargs="+", metavar="BN:STAGES",
                     help="--sweep: key tiles and stages of the packed-decode candidates (default "
                          f"{' '.join(f'{bn}:{st}' for bn, st in DECODE_SWEEP['tiles'])})")
+    ap.add_argument("--plot", metavar="RESULT_JSON",
+                    help="only redraw the plot of a result file (writes RESULT.png beside it) and stop")
     ap.add_argument("--decode-merges", choices=("all", "table"), default="all",
                     help="--sweep: every merge variant of a split decode candidate, or the table's only")
     a = ap.parse_args()
+    if a.plot:
+        with open(a.plot) as f:
+            print(f"wrote {plot(json.load(f), os.path.splitext(a.plot)[0] + '.png')}")
+        return
     DECODE_SWEEP.update(warps=tuple(a.decode_warps), splits=tuple(a.decode_splits), merges=a.decode_merges)
     if a.decode_tiles:
         try:
@@ -517,15 +523,25 @@ def plot(res, path):
 
     pre = [r for r in res["bench"] if r["kind"] == "prefill"]
     dec = [r for r in res["bench"] if r["kind"] != "prefill"]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(15, 5), gridspec_kw={"width_ratios": [2, 1]})
+    if pre and dec:
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(15, 5), gridspec_kw={"width_ratios": [2, 1]})
+    else:   # one panel: a --prefill-only or --decode-only run
+        fig, a = plt.subplots(1, 1, figsize=(10 if pre else 7, 5))
+        a1, a2 = (a, None) if pre else (None, a)
     x = range(len(pre))
-    for i, (name, col) in enumerate((("portakern", "C0"), ("cudnn", "C1"), ("flash", "C2"))):
+    for i, (name, col) in enumerate((("portakern", "C0"), ("cudnn", "C1"), ("flash", "C2")) if pre else ()):
         a1.bar([j + (i - 1) * 0.27 for j in x], [r[f"{name}_tflops"] or 0 for r in pre], 0.27, label=name, color=col)
-    a1.set_xticks(list(x), [f"D{r['D']} S{r['S'] // 1024}k{' c' if r['causal'] else ''}" for r in pre],
-                  rotation=60, fontsize=8)
-    a1.set_ylabel("TFLOP/s (bf16)")
-    a1.set_title("prefill: portakern triton vs torch SDPA")
-    a1.legend()
+    if pre:
+        a1.set_xticks(list(x), [f"D{r['D']} S{r['S'] // 1024}k{' c' if r['causal'] else ''}" for r in pre],
+                      rotation=60, fontsize=8)
+        a1.set_ylabel("TFLOP/s (bf16)")
+        a1.set_title("prefill: portakern triton vs torch SDPA")
+        a1.legend()
+    if not dec:
+        fig.suptitle(f"{res['device'].get('name', '')}, triton {res['versions']['triton']}, {res['date']}")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        return path
     labels = [f"{r['kind'][0]} B{r['B']} {r['L'] // 1024}k{' p' + str(r['page']) if r['page'] else ''}" for r in dec]
     frac = lambda r, k: r["floor_us"] / r[k] if isinstance(r.get(k), float) else 0  # noqa: E731
     xs = range(len(dec))
