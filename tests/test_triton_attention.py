@@ -269,6 +269,37 @@ def test_paged(page, Sq):
     assert torch.all(out[1] == 0)
 
 
+@interp
+@pytest.mark.parametrize("page,block_n,splits", [(8, 32, 1), (16, 64, 1), (16, 64, 3), (16, 32, 4)])
+def test_paged_pages_smaller_than_a_tile(page, block_n, splits):
+    """Key tiles spanning several pages (the H200 table's 64-key tiles over pages of 16): a page id per key,
+    tails inside a page, an empty sequence, split and unsplit, against the float64 reference."""
+    from dataclasses import replace
+
+    from portakern.backends.triton import attention as A
+
+    B, max_pages, Hq, Hkv, D = 3, 12, 8, 2, 32
+    P = B * max_pages + 3
+    op = make_op(B=B, Sq=1, Sk=max_pages * page, Hq=Hq, Hkv=Hkv, D=D, kv_layout=KVLayout.PAGED,
+                 page_size=page, num_pages=P, has_seqlens_k=True, score_mod=E.softcap_score(3.0))
+    q, k, v = tensors(op, seed=page + block_n + splits)
+    g = torch.Generator().manual_seed(11)
+    aux = {"block_table": torch.randperm(P, generator=g)[: B * max_pages].reshape(B, max_pages).to(torch.int32),
+           "seqlens_k": torch.tensor([max_pages * page, 0, 3 * page + 5], dtype=torch.int32)}
+    cfg = replace(A._config(op, CPU), block_n=block_n, num_splits=splits, fused_combine=False)
+    s = op.shapes()
+    out = torch.full(s["out"], float("nan"), dtype=torch.float16)
+    lse = torch.full(s["lse"], float("nan"))
+    A.build(op, CPU, cfg)(q, k, v, out, lse, dict(aux))
+    ref_out, ref_lse = run_reference(op, q, k, v, aux)
+    assert not torch.isnan(out).any()
+    assert np.abs(out.double().numpy() - ref_out).max() < ATOL[op.dtype]
+    fin = np.isfinite(ref_lse)
+    assert np.array_equal(np.isneginf(lse.double().numpy()), np.isneginf(ref_lse))
+    assert np.abs(lse.double().numpy()[fin] - ref_lse[fin]).max() < LSE_ATOL
+    assert torch.all(out[1] == 0)
+
+
 # -- varlen ---------------------------------------------------------------------------------------------
 
 @interp
