@@ -237,9 +237,9 @@ def bench_ms(fn):
 
 
 #: A timed graph cycles over the input sets until one replay lasts about this long (at most
-#: GRAPH_MAX_CALLS calls), so what a replay costs once -- the graph's launch, ~4.3 us, and the write-back
-#: of the dirty L2 lines do_bench's flush leaves -- is under 1% of a call. Before session 13 the graph
-#: held one call per set (at most 8): B=1 decode at 32k keys (2 sets) carried ~2 us of it per call, an
+#: GRAPH_MAX_CALLS calls), so what a replay costs once -- 10-16 us: the graph's launch and what do_bench's
+#: flush leaves behind (dirty L2 lines, presumably) -- is under 1% of a call. Before session 13 the graph
+#: held one call per set (at most 8): B=1 decode at 32k keys (2 sets) carried ~6.5 us of it per call, an
 #: empty kernel "took" 2.9 us in a graph of 2 calls and 1.3 us in one of 8
 #: (``experiments/timing_method.py``, ``results/timing-method-*.json``).
 GRAPH_REPLAY_MS = 4.0

@@ -3,8 +3,8 @@
 ``benchmarks/attention.py`` times a graph holding one call per input set (at most 8 sets, rotated past 4x
 the L2) with ``triton.testing.do_bench``, which zeroes a 256 MB buffer before each replay, and divides by
 the calls. That figure carries ``1 / len(sets)`` of two costs of the replay, not of the call: the graph's
-own launch, and the write-back of the dirty L2 lines the zeroing leaves (up to the L2's size in extra DRAM
-writes). Session 13's decode anatomy showed the first: an empty kernel on split decode's grid "took" 1.30
+own launch, and what the zeroing leaves behind for the first reads (dirty L2 lines to write back, up to the
+L2's size, presumably). Session 13's decode anatomy showed the first: an empty kernel on split decode's grid "took" 1.30
 us per call in a graph of 8 calls and 2.90 us in a graph of 2. This measures, per workload:
 
 * ``per_replay_us`` -- the benchmarks' figure (graph of ``len(sets)`` calls, time / calls);
