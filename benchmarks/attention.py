@@ -2,9 +2,9 @@
 
 Same process, same inputs, bf16. Times are medians of ``triton.testing.do_bench`` (it flushes the
 L2 before every call) and, for decode, per call inside a CUDA graph of back-to-back calls cycling over
-rotated input sets (more than 4x the L2; ``graph_ms``). Prefill reports TFLOP/s (flops = 4 B H S^2 D, x0.5 causal) and the ratio to cuDNN;
-decode reports microseconds, the ratio to cuDNN and the fraction of the floor (K+V bytes over the
-copy bandwidth measured in the same run).
+rotated input sets (more than 4x the L2; ``graph_ms``). Prefill reports TFLOP/s (flops = 4 B H S^2 D,
+x0.5 causal) and the ratio to cuDNN; decode reports microseconds, the ratio to cuDNN and the fraction
+of the floor (K+V bytes over the copy bandwidth measured in the same run).
 
     python benchmarks/attention.py [--check] [--sweep] [--bench] [--quick] [--out DIR]
 
@@ -34,6 +34,7 @@ from triton.testing import do_bench
 from portakern.devices import torch_device
 from attention_check import run_check  # benchmarks/ is the script's folder
 from cuda_graphs import warm_on_side_stream
+from gemv import copy_bandwidth_TBps
 from portakern.backends.triton import attention as A
 from portakern.backends.triton import tuning
 from portakern.backends.triton.tuning import AttnConfig
@@ -208,24 +209,12 @@ def precompile(jobs, workers):
 
 # -- timing -------------------------------------------------------------------------------------------
 
-def copy_bandwidth(nbytes=1 << 30, copies=10):
-    """Device-to-device copy rate in bytes/s, counting bytes read plus bytes written: ``copies``
-    back-to-back eager copies timed with events (no flush between them, like the calls in a graph it
-    is the floor of). Not in a graph: there the copy is a memcpy node run at 2.7 TB/s (session 13,
+def copy_bandwidth():
+    """Device-to-device copy rate in bytes/s, counting bytes read plus bytes written: back-to-back eager
+    copies, as ``benchmarks/gemv.py`` measures it (no flush between them, like the calls in a graph it is
+    the floor of). Not in a graph: there the copy is a memcpy node run at 2.7 TB/s (session 13,
     ``results/timing-method-2026-12-04-s13.json``)."""
-    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    rates = []
-    for _ in range(3):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for _ in range(copies):
-            dst.copy_(src)
-        e1.record()
-        torch.cuda.synchronize()
-        rates.append(2 * nbytes * copies / (e0.elapsed_time(e1) * 1e-3))
-    return sorted(rates)[1]
+    return copy_bandwidth_TBps() * 1e12
 
 
 def n_sets(bytes_per_set, l2):
@@ -515,7 +504,7 @@ def main():
 
 
 def plot(res, path):
-    """Two panels: prefill TFLOP/s against SDPA, decode fraction of the bandwidth floor."""
+    """Prefill TFLOP/s against SDPA and decode fraction of the bandwidth floor: a panel for each the run has."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -528,30 +517,28 @@ def plot(res, path):
     else:   # one panel: a --prefill-only or --decode-only run
         fig, a = plt.subplots(1, 1, figsize=(10 if pre else 7, 5))
         a1, a2 = (a, None) if pre else (None, a)
-    x = range(len(pre))
-    for i, (name, col) in enumerate((("portakern", "C0"), ("cudnn", "C1"), ("flash", "C2")) if pre else ()):
-        a1.bar([j + (i - 1) * 0.27 for j in x], [r[f"{name}_tflops"] or 0 for r in pre], 0.27, label=name, color=col)
     if pre:
+        x = range(len(pre))
+        for i, (name, col) in enumerate((("portakern", "C0"), ("cudnn", "C1"), ("flash", "C2"))):
+            a1.bar([j + (i - 1) * 0.27 for j in x], [r[f"{name}_tflops"] or 0 for r in pre], 0.27, label=name,
+                   color=col)
         a1.set_xticks(list(x), [f"D{r['D']} S{r['S'] // 1024}k{' c' if r['causal'] else ''}" for r in pre],
                       rotation=60, fontsize=8)
         a1.set_ylabel("TFLOP/s (bf16)")
         a1.set_title("prefill: portakern triton vs torch SDPA")
         a1.legend()
-    if not dec:
-        fig.suptitle(f"{res['device'].get('name', '')}, triton {res['versions']['triton']}, {res['date']}")
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        return path
-    labels = [f"{r['kind'][0]} B{r['B']} {r['L'] // 1024}k{' p' + str(r['page']) if r['page'] else ''}" for r in dec]
-    frac = lambda r, k: r["floor_us"] / r[k] if isinstance(r.get(k), float) else 0  # noqa: E731
-    xs = range(len(dec))
-    a2.bar([j - 0.2 for j in xs], [frac(r, "portakern_graph_us") for r in dec], 0.4, label="portakern (graph)")
-    a2.bar([j + 0.2 for j in xs], [frac(r, "cudnn_graph_us") for r in dec], 0.4, label="cuDNN SDPA (graph)")
-    a2.axhline(1.0, color="k", lw=0.8)
-    a2.set_xticks(list(xs), labels, rotation=60, fontsize=8)
-    a2.set_ylabel("fraction of copy-bandwidth floor")
-    a2.set_title("decode (32q/8kv heads, D=128)")
-    a2.legend(fontsize=8)
+    if dec:
+        labels = [f"{r['kind'][0]} B{r['B']} {r['L'] // 1024}k{' p' + str(r['page']) if r['page'] else ''}"
+                  for r in dec]
+        frac = lambda r, k: r["floor_us"] / r[k] if isinstance(r.get(k), float) else 0  # noqa: E731
+        xs = range(len(dec))
+        a2.bar([j - 0.2 for j in xs], [frac(r, "portakern_graph_us") for r in dec], 0.4, label="portakern (graph)")
+        a2.bar([j + 0.2 for j in xs], [frac(r, "cudnn_graph_us") for r in dec], 0.4, label="cuDNN SDPA (graph)")
+        a2.axhline(1.0, color="k", lw=0.8)
+        a2.set_xticks(list(xs), labels, rotation=60, fontsize=8)
+        a2.set_ylabel("fraction of copy-bandwidth floor")
+        a2.set_title("decode (32q/8kv heads, D=128)")
+        a2.legend(fontsize=8)
     fig.suptitle(f"{res['device'].get('name', '')}, triton {res['versions']['triton']}, {res['date']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

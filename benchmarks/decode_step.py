@@ -13,8 +13,8 @@ on a dense cache, eager glue.
 
 Floor = (weight bytes: codes + fp16 scale + fp16 zero per group; + K/V bytes read) / copy bandwidth.
 
-    python benchmarks/decode_step.py [--ctx 2048 8192] [--glue compile|compile-max|compile-combo|eager] [--compare-tiles]
-        [--prefetch none after:24 during:24] [--out DIR]
+    python benchmarks/decode_step.py [--ctx 2048 8192] [--glue compile-combo|compile|compile-max|eager]
+        [--compare-tiles] [--prefetch none after:24 during:24] [--out DIR]
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class PortakernStep:
             opts = dict(fullgraph=True, dynamic=False)
             if glue == "compile-max":
                 opts["mode"] = "max-autotune-no-cudagraphs"
-            elif glue == "compile-combo":   # Inductor's combo kernels: independent kernels of one function in one launch
+            elif glue == "compile-combo":   # Inductor's combo kernels: a function's independent kernels, one launch
                 opts["options"] = {"combo_kernels": True}
             self.add_rmsnorm = torch.compile(add_rmsnorm, **opts)
             self.rope = torch.compile(rope, **opts)

@@ -452,61 +452,6 @@ def test_compile_for_target_lowers_what_a_contiguous_launch_runs():
     assert (wide["stride_qs"], wide["stride_kb"], wide["total_rows"]) == (32 * 128, 8192 * 8 * 128, 6)
 
 
-def test_split_count_is_not_rounded_to_equal_shares():
-    """The kernel shares key tiles out floor / ceil, so the split count is what fills the SMs (bounded
-    by two tiles per split), not rounded down to equal shares: B=1 decode over 17 tiles of 64 keys
-    takes 8 splits (64 programs), where equal shares of 3 tiles gave 6."""
-    from portakern.backends.triton import tuning
-
-    op = make_op(B=1, Sq=1, Sk=17 * 64, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16)
-    cfg = tuning.choose(op, "sm_90", 132)
-    assert (cfg.block_n, cfg.pack, cfg.num_splits) == (64, 4, 17 // tuning.MIN_TILES_PER_SPLIT)
-    long = make_op(B=1, Sq=1, Sk=8193, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16)
-    assert tuning.choose(long, "sm_90", 132).num_splits == 16       # 132 SMs // 8 KV heads
-
-
-def test_split_paged_decode_table():
-    """Paged decode that splits its keys takes 64-key tiles (pages of a multiple of 64 keys) and
-    programmatic dependent launches on sm_90 (H200 session 6); a batch that fills the SMs unsplit takes
-    dense decode's 64-key, 4-stage tile on sm_90 (session 13: B=64 4k pages of 16 255.8 vs 278.6 us with
-    128-key tiles) and keeps 128 on sm_100; pages of 16 take 64-key tiles at two programs per SM with the separate merge on sm_90
-    (session 13: 46.0 us at 32k keys against 46.7 for session 12's 128-key tiles merged in the last split)
-    and keep 128-key tiles where the table has no such rule; pages of 64 also run two programs per SM on
-    sm_90 once the keys are long enough to fill them (32k: 38.6 vs 40.2 us)."""
-    from portakern.backends.triton import tuning
-
-    def paged(B, pages):
-        return make_op(B=B, Sq=1, Sk=pages * 64, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16,
-                       kv_layout=KVLayout.PAGED, page_size=64, num_pages=B * pages + 1, has_seqlens_k=True)
-
-    step = tuning.choose(paged(1, 33), "sm_90", 132)     # the decode step's cache at 2049 keys
-    assert (step.block_n, step.num_splits, step.pdl, step.fused_combine) == (64, 16, True, False)  # 2 tiles each
-    long = tuning.choose(paged(1, 512), "sm_90", 132)    # 32k keys: two programs per SM (session 13)
-    assert (long.block_n, long.num_stages, long.num_splits) == (64, 3, 32)
-    assert tuning.choose(paged(1, 512), "sm_100", 148).num_splits == 18
-    # two programs only where both rings fit one SM (227 KiB): at 120 KiB a program, one per SM
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(tuning, "smem_bytes", lambda *a: 120 * 1024)
-        assert tuning.choose(paged(1, 512), "sm_90", 132).num_splits == 16
-    big = tuning.choose(paged(64, 64), "sm_90", 132)        # unsplit: the dense tile (session 13, B=64 4k)
-    assert (big.block_n, big.num_stages, big.num_splits, big.pdl) == (64, 4, 1, False)
-    assert tuning.choose(paged(64, 64), "sm_100", 148).block_n == 128
-    assert not tuning.choose(paged(1, 33), "sm_80", 108).pdl
-    p16 = make_op(B=1, Sq=1, Sk=32768, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16, kv_layout=KVLayout.PAGED,
-                  page_size=16, num_pages=2049, has_seqlens_k=True)
-    small = tuning.choose(p16, "sm_90", 132)
-    # 2 x 132 programs over 8 KV heads: 33 splits wanted, 32 give each of the 512 key tiles' splits as
-    # many (16); 64-key tiles, 3 stages (two programs' rings fit an SM)
-    assert (small.block_n, small.num_stages, small.num_splits, small.fused_combine, small.pdl) == \
-        (64, 3, 32, False, True)
-    odd = make_op(B=1, Sq=1, Sk=8192 + 5 * 64, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16, kv_layout=KVLayout.PAGED,
-                  page_size=16, num_pages=600, has_seqlens_k=True)
-    assert tuning.choose(odd, "sm_90", 132).num_splits == 27     # 133 tiles: 5 per split in 27 (or in 33)
-    assert 2 * tuning.smem_bytes(p16, small.block_m, small.block_n, small.num_stages) <= 228 * 1024
-    sm100 = tuning.choose(p16, "sm_100", 148)
-    assert (sm100.block_n, sm100.num_splits, sm100.fused_combine) == (128, 18, False)
-
-
 def test_pdl_is_refused_where_it_cannot_run():
     from dataclasses import replace
 
@@ -620,20 +565,3 @@ def test_lazy_rescale_matches_the_reference(case):
     fin = np.isfinite(ref_lse)
     assert np.array_equal(np.isfinite(got), fin)
     assert np.abs(got[fin] - ref_lse[fin]).max() <= LSE_ATOL
-
-
-def test_autotune_candidates_include_lazy_rescale_and_pdl_only_where_the_table_has_it():
-    """Autotuning (PORTAKERN_TRITON_AUTOTUNE=1) times lazy_rescale for prefill, so a device picks it
-    only when faster there; pdl stays as the table's: on for split decode on sm_90 (measured and
-    checked on the H200), off elsewhere."""
-    from portakern.backends.triton import tuning
-
-    pre = make_op(B=2, Sq=2048, Sk=2048, Hq=16, Hkv=16, D=128, dtype=DType.bfloat16, mask_mod=E.causal_mask())
-    cands = tuning.candidates(pre, "sm_90", 132)
-    assert cands[0] == tuning.choose(pre, "sm_90", 132) and not cands[0].lazy_rescale
-    assert sum(c.lazy_rescale for c in cands) == 2 and not any(c.pdl for c in cands)
-    dec = make_op(B=1, Sq=1, Sk=32768, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16)
-    for arch, sms in (("sm_90", 132), ("sm_80", 108)):
-        cands = tuning.candidates(dec, arch, sms)
-        assert len(cands) > 1 and not any(c.lazy_rescale for c in cands), arch
-        assert all(c.pdl == (arch == "sm_90" and c.num_splits > 1) for c in cands), arch

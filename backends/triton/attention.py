@@ -12,9 +12,8 @@ schedule; host side ``attention_wgmma.py``, ``AttnConfig.wgmma``, table ``tuning
 Split-KV (decode, when the query tiles alone do not fill the GPU): the keys of each query tile are
 split ``num_splits`` ways; each split writes a float32 partial output and LSE, and either the
 separate ``attn_combine`` kernel or the last split to finish (in the same launch) merges them
-(``AttnConfig.fused_combine``; per architecture in ``tuning.FUSED_COMBINE``). The workspace is allocated once per compiled
-signature and device
-and kept in the kernel's closure: ``4 * num_splits * R * Hq * (Dv + 1)`` bytes with ``R = B * Sq``
+(``AttnConfig.fused_combine``; per architecture in ``tuning.FUSED_COMBINE``). The workspace is
+allocated once per compiled signature and device and kept in the kernel's closure: ``4 * num_splits * R * Hq * (Dv + 1)`` bytes with ``R = B * Sq``
 (``total_q`` for varlen), plus one int32 arrival counter per query tile (``tuning.workspace_bytes``;
 ``num_splits <= tuning.MAX_SPLITS``). Two concurrent calls of one signature on different CUDA
 streams would share it: serialise them.
