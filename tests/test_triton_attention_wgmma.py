@@ -49,10 +49,11 @@ def test_blocker_names_what_the_kernel_does_not_serve(arch, op_kw, match):
     assert why is not None and __import__("re").search(match, why), why
 
 
-def test_sm90_table_runs_d128_prefill_and_d64_only_without_a_mask_from_4k_keys():
-    """``WGMMA_TABLE``: D=128 (128-key tiles, 3 stages) at every prefill shape from 128 query rows, causal
-    or not; D=64 (128-key tiles, 2 stages) only unmasked with >= 4096 keys; never on other families, for
-    decode or under ``wgmma=False``; autotuning times the kernel's tiles, each passing ``check_wgmma``."""
+def test_sm90_table_runs_d128_and_d256_prefill_and_d64_only_without_a_mask_from_4k_keys():
+    """``WGMMA_TABLE``: D=128 (128-key tiles, 2 stages) and D=256 (64-key tiles, 2 stages) at every prefill
+    shape from 128 query rows, causal or not; D=64 (128-key tiles, 2 stages) only unmasked with >= 4096
+    keys; never with other masks, on other families, for decode or under ``wgmma=False``; autotuning times
+    the kernel's tiles, each passing ``check_wgmma``."""
     from portakern.backends.triton import tuning
 
     def cfg(arch="sm_90", **kw):
@@ -61,8 +62,12 @@ def test_sm90_table_runs_d128_prefill_and_d64_only_without_a_mask_from_4k_keys()
     for kw in ({}, dict(mask_mod=E.causal_mask()), dict(Sq=1000, Sk=1000), dict(Sq=128, Sk=128, B=1),
                dict(dtype=DType.float16, return_lse=True)):
         c = cfg(**kw)
-        assert c.wgmma and (c.block_m, c.block_n, c.num_warps, c.num_stages) == (128, 128, 4, 3), (kw, c)
+        assert c.wgmma and (c.block_m, c.block_n, c.num_warps, c.num_stages) == (128, 128, 4, 2), (kw, c)
         assert not (c.tma or c.pack > 1 or c.num_splits > 1)
+        c = cfg(**{**kw, "D": 256})
+        assert c.wgmma and (c.block_m, c.block_n, c.num_warps, c.num_stages, c.k_stages) == (128, 64, 4, 2, 0), (kw, c)
+    d256_window = cfg(D=256, mask_mod=E.window_mask(8, 0))
+    assert not d256_window.wgmma and d256_window.tma          # attn_fwd's TMA tile serves windows at D > 128
     c = cfg(D=64, Sk=4096)
     assert c.wgmma and (c.block_n, c.num_stages) == (128, 2)
     for kw in (dict(D=64, mask_mod=E.causal_mask()), dict(D=64, Sq=1024, Sk=1024), dict(Sq=64, Sk=4096),
@@ -88,12 +93,15 @@ def test_sm90_table_runs_d128_prefill_and_d64_only_without_a_mask_from_4k_keys()
     ("sm_90", dict(D=96), {}, r"does not serve this op \(head_dim == head_dim_v in \(64, 128, 256\) only\); use wgmma"),
     ("sm_90", {}, dict(num_stages=1), r"needs num_stages >= 2 and block_n 32, 64 or 128, not 1 / 64"),
     ("sm_90", {}, dict(block_n=16), r"needs num_stages >= 2 and block_n 32, 64 or 128, not 3 / 16"),
-    ("sm_90", dict(D=256), dict(num_stages=3), r"with block_n=64 and num_stages=3 needs 263168 bytes of shared "
-                                                r"memory, over sm_90's 232448"),
+    ("sm_90", dict(D=256), dict(num_stages=3), r"with block_n=64, num_stages=3 and k_stages=0 needs 263168 bytes "
+                                                r"of shared memory, over sm_90's 232448"),
+    ("sm_90", dict(D=256), dict(num_stages=2, k_stages=4), r"with block_n=64, num_stages=2 and k_stages=4 needs "
+                                                          r"263168 bytes of shared memory, over sm_90's 232448"),
+    ("sm_90", {}, dict(k_stages=1), r"needs k_stages 0 \(num_stages\) or >= 2, not 1"),
     ("sm_90", {}, dict(num_warps=8), r"runs block_m=128 with num_warps=4, not 128 / 8"),
     ("sm_90", {}, dict(tma=True), r"has its own TMA loads and schedule"),
     ("sm_90", {}, dict(num_splits=4), r"has its own TMA loads and schedule: .*num_splits stay off"),
-], ids=["sm80", "d96", "one-stage", "bn16", "d256-smem", "8-warps", "tma", "splits"])
+], ids=["sm80", "d96", "one-stage", "bn16", "d256-smem", "d256-k-ring-smem", "k-ring-1", "8-warps", "tma", "splits"])
 def test_check_wgmma_refuses_with_the_reason_and_the_way_out(arch, op_kw, cfg_kw, match):
     from dataclasses import replace
 
@@ -106,6 +114,8 @@ def test_check_wgmma_refuses_with_the_reason_and_the_way_out(arch, op_kw, cfg_kw
 
 
 def test_fit_keeps_the_kernel_where_it_serves_and_falls_back_to_the_attn_fwd_table_elsewhere():
+    from dataclasses import replace
+
     from portakern.backends.triton import attention as A
     from portakern.backends.triton import tuning
 
@@ -117,6 +127,16 @@ def test_fit_keeps_the_kernel_where_it_serves_and_falls_back_to_the_attn_fwd_tab
     d256 = make_op(**{**PREFILL, "D": 256})   # 4 stages of 128 keys: too large; stages down to 2, then tiles
     assert tuning.fit(d256, tuning.AttnConfig(128, 128, 4, 4, wgmma=True), "sm_90") == \
         tuning.AttnConfig(128, 64, 4, 2, wgmma=True)
+    # a deeper K ring: kept where it fits (3 K + 2 V tiles of 64 keys beside D=256's 64 KiB query tile),
+    # shortened where it does not, dropped when no deeper than the V ring
+    k3 = tuning.AttnConfig(128, 64, 4, 2, wgmma=True, k_stages=3)
+    assert tuning.fit(d256, k3, "sm_90") == k3
+    assert tuning.fit(d256, replace(k3, k_stages=5), "sm_90") == k3
+    assert tuning.fit(d256, replace(k3, k_stages=2), "sm_90") == replace(k3, k_stages=0)
+    assert tuning.fit(d256, replace(k3, block_n=128, num_stages=3), "sm_90") == replace(k3, k_stages=0)
+    with pytest.raises(ValueError, match=r"AttnConfig\(k_stages=3\) without wgmma: a separate K ring depth is the "
+                                         r"Gluon prefill kernel's; use k_stages=0 or wgmma=True"):
+        tuning.check_wgmma(op, tuning.AttnConfig(128, 64, 8, 2, k_stages=3), "sm_90")
     for other, arch in ((make_op(**{**PREFILL, "D": 96}), "sm_90"), (op, "sm_80")):
         assert tuning.fit(other, tuning.AttnConfig(128, 64, 4, 3, wgmma=True), arch) == \
             tuning.choose(other, arch, wgmma=False)

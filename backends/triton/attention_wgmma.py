@@ -1,8 +1,9 @@
 """Host side of the Gluon prefill kernel for sm_90 (``kernels/attention_wgmma.py``).
 
 ``blocker(op, arch)`` says why an op cannot run there (None when it can); ``build`` returns the
-launcher ``kernel(q, k, v, out, lse, aux)`` for an ``AttnConfig`` with ``wgmma`` (its ``block_n`` and
-``num_stages`` are the key tile and the K/V ring depth; 128 query rows and 4 + 4 + 1 warps are fixed);
+launcher ``kernel(q, k, v, out, lse, aux)`` for an ``AttnConfig`` with ``wgmma`` (its ``block_n``,
+``num_stages`` and ``k_stages`` are the key tile and the V and K ring depths; 128 query rows and
+4 + 4 + 1 warps are fixed);
 ``call_blocker`` checks what the signature cannot see (TMA's alignment rules on the call's tensors);
 ``compile_for_target`` lowers the kernel without a GPU. The kernel covers dense bf16/fp16 prefill with
 ``head_dim == head_dim_v`` in {64, 128, 256}, a positive scale, no score_mod, and no mask or exactly the
@@ -91,11 +92,12 @@ def descriptors(op: Attention, q, k, v, block_n: int):
 
 def constexprs(op: Attention, cfg) -> dict[str, Any]:
     """The compile-time arguments of ``attn_fwd_wgmma`` for ``op`` under ``cfg`` (an ``AttnConfig``
-    with ``wgmma``: its ``block_n`` and ``num_stages`` are the key tile and the ring depth). A mask is
+    with ``wgmma``: its ``block_n`` is the key tile, ``num_stages`` the V ring's depth and ``k_stages``
+    the K ring's, 0 for the same). A mask is
     the causal mask here: ``blocker`` admits no other."""
     return dict(QR=QUERY_ROWS, BN=cfg.block_n, D=op.head_dim, DV=op.head_dim_v, STAGES=cfg.num_stages,
-                CAUSAL=op.mask_mod is not None, RETURN_LSE=op.return_lse, CONSUMER_REGS=CONSUMER_REGS,
-                PRODUCER_REGS=PRODUCER_REGS, PINGPONG=PINGPONG)
+                KSTAGES=cfg.k_stages or cfg.num_stages, CAUSAL=op.mask_mod is not None, RETURN_LSE=op.return_lse,
+                CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, PINGPONG=PINGPONG)
 
 
 def grid(op: Attention) -> tuple[int, int]:

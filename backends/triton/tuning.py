@@ -74,6 +74,11 @@ class AttnConfig:
     #: ``num_stages >= 2`` K/V buffers; ``block_m`` 128 and ``num_warps`` 4 (12 at launch) are fixed.
     #: ``attention_wgmma.blocker`` says which ops it serves (``check_wgmma``, ``fit``)
     wgmma: bool = False
+    #: the Gluon kernel's K ring depth where it differs from the V ring's ``num_stages`` (0: the same).
+    #: A K stage is free once the tile's scores are done, a tile before its V stage, so a deeper K ring
+    #: lets the loads run further ahead where shared memory has room for one more K tile but not a
+    #: K/V pair (D=256: 3 K + 2 V buffers of 64 keys beside the 64 KiB query tile)
+    k_stages: int = 0
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -120,6 +125,9 @@ def check_tma(op, cfg: AttnConfig, arch: str) -> None:
 def check_wgmma(op, cfg: AttnConfig, arch: str) -> None:
     """Raise when ``cfg`` asks for the Gluon prefill kernel where it cannot run or in a shape it has not."""
     if not cfg.wgmma:
+        if cfg.k_stages:
+            raise ValueError(f"AttnConfig(k_stages={cfg.k_stages}) without wgmma: a separate K ring depth is the "
+                             f"Gluon prefill kernel's; use k_stages=0 or wgmma=True")
         return
     from .attention_wgmma import blocker
 
@@ -130,10 +138,12 @@ def check_wgmma(op, cfg: AttnConfig, arch: str) -> None:
         why = f"runs block_m=128 with num_warps=4, not {cfg.block_m} / {cfg.num_warps}"
     if why is None and (cfg.num_stages < 2 or cfg.block_n not in (32, 64, 128)):
         why = f"needs num_stages >= 2 and block_n 32, 64 or 128, not {cfg.num_stages} / {cfg.block_n}"
-    if why is None and smem_bytes(op, 128, cfg.block_n, cfg.num_stages) > SMEM_LIMIT[arch] - WGMMA_SMEM_EXTRA:
-        why = (f"with block_n={cfg.block_n} and num_stages={cfg.num_stages} needs "
-               f"{smem_bytes(op, 128, cfg.block_n, cfg.num_stages) + WGMMA_SMEM_EXTRA} bytes of shared memory, "
-               f"over {arch}'s {SMEM_LIMIT[arch]}")
+    if why is None and cfg.k_stages and cfg.k_stages < 2:
+        why = f"needs k_stages 0 (num_stages) or >= 2, not {cfg.k_stages}"
+    need = smem_bytes(op, 128, cfg.block_n, cfg.num_stages, cfg.k_stages) + WGMMA_SMEM_EXTRA
+    if why is None and need > SMEM_LIMIT[arch]:
+        why = (f"with block_n={cfg.block_n}, num_stages={cfg.num_stages} and k_stages={cfg.k_stages} needs "
+               f"{need} bytes of shared memory, over {arch}'s {SMEM_LIMIT[arch]}")
     if why is None and (cfg.tma or cfg.lazy_rescale or cfg.pack > 1 or cfg.num_splits > 1):
         why = "has its own TMA loads and schedule: tma, lazy_rescale, pack and num_splits stay off"
     if why:
@@ -175,11 +185,11 @@ def decode_rows(op) -> int | None:
     return rows if rows <= 16 and rows * op.group_size <= 128 else None
 
 
-def smem_bytes(op, block_m: int, block_n: int, stages: int) -> int:
-    """Estimate of shared memory: pipelined K and V tiles plus the q tile."""
+def smem_bytes(op, block_m: int, block_n: int, stages: int, k_stages: int = 0) -> int:
+    """Estimate of shared memory: pipelined K and V tiles (``k_stages`` K tiles when not 0) plus the q tile."""
     elt = 4 if op.dtype.value == "float32" else 2
     bd, bdv = max(16, next_pow2(op.head_dim)), max(16, next_pow2(op.head_dim_v))
-    return stages * block_n * (bd + bdv) * elt + block_m * bd * elt
+    return ((k_stages or stages) * bd + stages * bdv) * block_n * elt + block_m * bd * elt
 
 
 def _base_table(op, arch: str) -> tuple[int, int, int, int]:
@@ -304,9 +314,13 @@ TMA_TABLE: tuple[str, ...] = ("sm_90",)
 #: 465, cuDNN 682 / 526 / 623 / 570), 473 / 338 at 1k (397 / 288); 64-key tiles with 3 stages 510-530.
 #: D=64 with 128-key tiles and 2 stages (``-s10.json``, ``-s10b.json``) wins only without a mask from 4k keys
 #: (430-462 vs 411-420); causal (357 vs 374-383 at 4k) and at 1k (322 vs 367-376) attn_fwd stays
-#: (``WGMMA_D64_MIN_SEQLEN_K``). D=256 (``-s10-d256.json``) ties attn_fwd's TMA tile (514 / 472 / 526 / 524
-#: vs 521 / 454 / 534 / 531): not in the table, the kernel admits it for autotuning.
-WGMMA_TABLE = {"sm_90": {128: (128, 3), 64: (128, 2)}}
+#: (``WGMMA_D64_MIN_SEQLEN_K``). Session 14 (``-s14.json``): with each K stage released once the tile's
+#: scores are done and K loaded a tile ahead of V, D=256 with 64-key tiles and 2 stages went from a tie with
+#: attn_fwd (514 / 472 / 526 / 524, session 10) to 626 / 607 / 643 / 637 (cuDNN 643 / 585 / 657 / 616;
+#: attn_fwd 518 / 455 / 535 / 528), 509 / 380 at 1k (cuDNN 595 / 467); a third K stage gained nothing
+#: (617 / 548 / 644 / 633). D=128 with 2 stages 654 / 518 / 613 / 611 against 3 stages' 581 / 541 / 522 /
+#: 583 (cuDNN 609 / 534 / 607 / 580), 468 / 336 vs 466 / 335 at 1k.
+WGMMA_TABLE = {"sm_90": {128: (128, 2), 64: (128, 2), 256: (64, 2)}}
 WGMMA_D64_MIN_SEQLEN_K = 4096
 #: Shared memory the Gluon kernel needs beyond ``smem_bytes`` (its barriers and reduction scratch: 352 bytes
 #: at D=128 with 128-key tiles and 3 stages, Triton 3.6), with margin; ``fit`` and ``check_wgmma`` add it.
@@ -350,6 +364,10 @@ def fit(op, cfg: AttnConfig, arch: str) -> AttnConfig:
         cfg = replace(cfg, block_m=128, num_warps=4, num_stages=max(2, cfg.num_stages), pack=1, num_splits=1,
                       tma=False, lazy_rescale=False)
         limit = SMEM_LIMIT[arch] - WGMMA_SMEM_EXTRA
+        if cfg.k_stages <= cfg.num_stages:          # 0, or no deeper than the V ring: one ring depth
+            cfg = replace(cfg, k_stages=0)
+        while smem_bytes(op, 128, cfg.block_n, cfg.num_stages, cfg.k_stages) > limit and cfg.k_stages:
+            cfg = replace(cfg, k_stages=cfg.k_stages - 1 if cfg.k_stages - 1 > cfg.num_stages else 0)
         while smem_bytes(op, 128, cfg.block_n, cfg.num_stages) > limit and (cfg.num_stages > 2 or cfg.block_n > 32):
             shrink = {"num_stages": cfg.num_stages - 1} if cfg.num_stages > 2 else {"block_n": cfg.block_n // 2}
             cfg = replace(cfg, **shrink)

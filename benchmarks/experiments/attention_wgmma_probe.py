@@ -28,11 +28,19 @@ from portakern.devices import torch_device  # noqa: E402
 from portakern.ir import Attention, DType  # noqa: E402
 from portakern.ir import expr as E  # noqa: E402
 
-def candidates(D: int, pingpong=(False, True)) -> list[tuple[str, AttnConfig, bool]]:
+#: ``(block_n, V ring, K ring)`` per head dim when --tiles is not given (K ring 0: the V ring's depth)
+DEFAULT_TILES = {"wide": ((64, 2, 0), (64, 2, 3), (32, 3, 0), (32, 4, 0), (32, 4, 5)),
+                 "narrow": ((128, 2, 0), (64, 3, 0), (64, 4, 0), (128, 3, 0), (128, 2, 4))}
+TILES: dict[int, tuple] = {}            # --tiles, per head dim
+PINGPONG = (False, True)                # --pingpong
+
+
+def candidates(D: int) -> list[tuple[str, AttnConfig, bool]]:
     """``(label, config, ping-pong)`` for head dim ``D``."""
-    tiles = ((64, 2), (32, 3), (32, 4)) if D > 128 else ((128, 2), (64, 3), (64, 4), (128, 3))
-    return [(f"BN{bn}-st{st}{'-pp' if pp else ''}", AttnConfig(128, bn, 4, st, wgmma=True), pp)
-            for pp in pingpong for bn, st in tiles]
+    tiles = TILES.get(D) or DEFAULT_TILES["wide" if D > 128 else "narrow"]
+    return [(f"BN{bn}-st{st}{f'-k{ks}' if ks else ''}{'-pp' if pp else ''}",
+             AttnConfig(128, bn, 4, st, wgmma=True, k_stages=ks), pp)
+            for pp in PINGPONG for bn, st, ks in tiles]
 
 
 def build(op, dev, cfg, pingpong: bool):
@@ -117,8 +125,18 @@ def main() -> None:
     def extra(ap):
         ap.add_argument("--phase", choices=("check", "bench"), required=True)
         ap.add_argument("--head-dims", type=int, nargs="+", default=[128, 64])
+        ap.add_argument("--tiles", nargs="+", default=[], metavar="D:BN:V[:K]",
+                        help="Gluon tiles to run for head dim D: key tile BN, V ring V, K ring K (default V's)")
+        ap.add_argument("--pingpong", choices=("off", "on", "both"), default="both")
 
     args = harness.parse_args(__doc__, extra)
+    global PINGPONG
+    PINGPONG = {"off": (False,), "on": (True,), "both": (False, True)}[args.pingpong]
+    for t in args.tiles:
+        parts = [int(x) for x in t.split(":")]
+        if len(parts) not in (3, 4):
+            sys.exit(f"--tiles {t}: expected D:BN:V or D:BN:V:K (head dim, key tile, V ring, K ring)")
+        TILES.setdefault(parts[0], []).append(tuple(parts[1:]) + (0,) * (4 - len(parts)))
     dev = torch_device("cuda", 0)
     res = harness.header(__doc__, 0.0, rows=[])
     res["rows"] = check(dev, args.head_dims) if args.phase == "check" else bench(dev, args.head_dims)

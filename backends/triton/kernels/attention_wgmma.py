@@ -7,8 +7,9 @@ schedule is ours:
 
 * one program = ``2 * QR`` query rows of one (batch, query head); partition 0 (the default, 4
   warps) and partition 1 (4 warps) each own ``QR = 64`` rows, partition 2 (one warp) issues every
-  TMA load: the two query halves once, then K and V tiles through a ring of ``STAGES`` buffers
-  (``k_ready``/``v_ready`` per stage, ``kv_empty`` released by both consumers);
+  TMA load: the two query halves once, then K and V tiles through two rings, ``KSTAGES`` K buffers
+  and ``STAGES`` V buffers (``k_ready``/``v_ready`` per stage; ``k_empty`` released by both consumers
+  once their scores of the tile are done, ``v_empty`` once their ``P V`` is), K one tile ahead of V;
 * the consumers share nothing but the ring, so they drift apart and one's softmax runs while the
   other's wgmma uses the tensor cores;
 * ``PINGPONG`` (off: measured mixed, -8% to +10% on the H200, session 10) makes the consumers take turns
@@ -43,21 +44,28 @@ else:                                # Triton 3.6
 
 
 @gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty,
-                    b, q_col, kv_col, m0, n_tiles, QR: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr):
-    """Producer: the program's two query halves, then K and V of every tile through the ring."""
-    # -- phase 1: queries (one barrier for both halves)
+def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                    b, q_col, kv_col, m0, n_tiles, QR: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                    KSTAGES: gl.constexpr):
+    """Producer: the program's two query halves, then K and V of every tile through their rings, K one
+    tile ahead of V (a consumer needs ``K_t`` a tile before ``V_t``)."""
+    # -- phase 1: queries (one barrier for both halves), then the first key tile
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
     _tma_load(q_desc, b, m0, q_col, q_bar, q_smem.index(0))
     _tma_load(q_desc, b, m0 + QR, q_col, q_bar, q_smem.index(1))
-    # -- phase 2: key/value tiles; a stage is refilled once both consumers released it
+    mbarrier.expect(k_ready.index(0), k_desc.block_type.nbytes)
+    _tma_load(k_desc, b, 0, kv_col, k_ready.index(0), k_smem.index(0))
+    # -- phase 2: K_{t+1}, then V_t; a stage is refilled once both consumers released it
     for t in range(n_tiles):
-        s = t % STAGES
-        mbarrier.wait(kv_empty.index(s), ((t // STAGES) & 1) ^ 1)
-        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-        _tma_load(k_desc, b, t * BN, kv_col, k_ready.index(s), k_smem.index(s))
-        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-        _tma_load(v_desc, b, t * BN, kv_col, v_ready.index(s), v_smem.index(s))
+        if t + 1 < n_tiles:
+            ks = (t + 1) % KSTAGES
+            mbarrier.wait(k_empty.index(ks), (((t + 1) // KSTAGES) & 1) ^ 1)
+            mbarrier.expect(k_ready.index(ks), k_desc.block_type.nbytes)
+            _tma_load(k_desc, b, (t + 1) * BN, kv_col, k_ready.index(ks), k_smem.index(ks))
+        vs = t % STAGES
+        mbarrier.wait(v_empty.index(vs), ((t // STAGES) & 1) ^ 1)
+        mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes)
+        _tma_load(v_desc, b, t * BN, kv_col, v_ready.index(vs), v_smem.index(vs))
 
 
 @gluon.jit
@@ -99,10 +107,11 @@ def _pass_turn(turn, half, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, turn, O, LSE,
+def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, O, LSE,
               so_b, so_s, so_h, sl_b, sl_h, sl_s, b, h, m0, sq, sk, n_tiles, scale,
               QR: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, DV: gl.constexpr,
-              STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, PINGPONG: gl.constexpr):
+              STAGES: gl.constexpr, KSTAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
+              PINGPONG: gl.constexpr):
     """Consumer warpgroup ``half`` (0: the default partition) and its ``QR`` rows: the key walk with
     scores one tile ahead of ``P V``, then the store."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
@@ -126,6 +135,7 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_ready, v_read
     s_tok = warpgroup_mma(q, k_smem.index(0).reshape([BN, D]).permute((1, 0)), zero_s, use_acc=False, is_async=True)
     _pass_turn(turn, half, PINGPONG)
     s = warpgroup_mma_wait(0, deps=(s_tok,))
+    mbarrier.arrive(k_empty.index(0))                        # K_0 read: its stage may refill
     if n_free < 1:
         s = _masked(s, 0, r0, sk, delta, QR, BN, CAUSAL, s_layout)
     m_i = gl.full([QR], NEG_INF, gl.float32, gl.SliceLayout(1, s_layout))
@@ -136,9 +146,9 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_ready, v_read
 
     # -- main loop: S_t and PV_{t-1} in flight together; softmax of S_t under PV_{t-1}
     for t in range(1, n_tiles):
-        st = t % STAGES
+        st = t % KSTAGES
         pt = (t - 1) % STAGES
-        mbarrier.wait(k_ready.index(st), (t // STAGES) & 1)
+        mbarrier.wait(k_ready.index(st), (t // KSTAGES) & 1)
         mbarrier.wait(v_ready.index(pt), ((t - 1) // STAGES) & 1)
         _take_turn(turn, half, t, PINGPONG)
         s_tok = warpgroup_mma(q, k_smem.index(st).reshape([BN, D]).permute((1, 0)), zero_s, use_acc=False,
@@ -146,11 +156,12 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_ready, v_read
         acc = warpgroup_mma(p_op, v_smem.index(pt).reshape([BN, DV]), acc, is_async=True)
         _pass_turn(turn, half, PINGPONG)
         s = warpgroup_mma_wait(1, deps=(s_tok,))
+        mbarrier.arrive(k_empty.index(st))                   # S_t done: K_t's stage may refill
         if t >= n_free:
             s = _masked(s, t, r0, sk, delta, QR, BN, CAUSAL, s_layout)
         p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, c)
         acc = warpgroup_mma_wait(0, deps=(acc,))
-        mbarrier.arrive(kv_empty.index(pt))
+        mbarrier.arrive(v_empty.index(pt))
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
         p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
 
@@ -161,7 +172,7 @@ def _consumer(half: gl.constexpr, q_smem, k_smem, v_smem, q_bar, k_ready, v_read
     acc = warpgroup_mma(p_op, v_smem.index(lt % STAGES).reshape([BN, DV]), acc, is_async=True)
     _pass_turn(turn, half, PINGPONG)
     acc = warpgroup_mma_wait(0, deps=(acc,))
-    mbarrier.arrive(kv_empty.index(lt % STAGES))
+    mbarrier.arrive(v_empty.index(lt % STAGES))
 
     # -- epilogue: normalise, store the rows inside seqlen_q
     l_o = gl.convert_layout(l_i, row_o)
@@ -183,7 +194,7 @@ def attn_fwd_wgmma(q_desc, k_desc, v_desc, O, LSE,
                    so_b, so_s, so_h, sl_b, sl_h, sl_s,
                    HQ, GROUP, sq, sk, scale,
                    QR: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, DV: gl.constexpr,
-                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
+                   STAGES: gl.constexpr, KSTAGES: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr,
                    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr):
     """Grid ``(cdiv(sq, 2 QR), B * HQ)``; ``q_desc`` is 3-D over ``(B, Sq, HQ * D)`` with block
     ``(1, QR, D)``, ``k_desc``/``v_desc`` over ``(B, Sk, HKV * D)`` with block ``(1, BN, D)``;
@@ -200,30 +211,33 @@ def attn_fwd_wgmma(q_desc, k_desc, v_desc, O, LSE,
 
     # -- shared memory: the query halves, the K/V ring, barriers
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [KSTAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [KSTAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [KSTAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)
     if PINGPONG:
         mbarrier.arrive(turn.index(0))          # consumer 0 issues first
-    for i in gl.static_range(STAGES):
+    for i in gl.static_range(KSTAGES):
         mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)             # both consumers release a stage
+    for i in gl.static_range(STAGES):
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(kv_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=2)
 
     gl.warp_specialize([
-        (_consumer, (0, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, turn, O, LSE,
+        (_consumer, (0, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, O, LSE,
                      so_b, so_s, so_h, sl_b, sl_h, sl_s, b, h, m0, sq, sk, n_tiles, scale,
-                     QR, BN, D, DV, STAGES, CAUSAL, RETURN_LSE, PINGPONG)),
-        (_consumer, (1, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, turn, O, LSE,
+                     QR, BN, D, DV, STAGES, KSTAGES, CAUSAL, RETURN_LSE, PINGPONG)),
+        (_consumer, (1, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty, turn, O, LSE,
                      so_b, so_s, so_h, sl_b, sl_h, sl_s, b, h, m0, sq, sk, n_tiles, scale,
-                     QR, BN, D, DV, STAGES, CAUSAL, RETURN_LSE, PINGPONG)),
-        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty,
-                           b, h * D, (h // GROUP) * D, m0, n_tiles, QR, BN, STAGES))],
+                     QR, BN, D, DV, STAGES, KSTAGES, CAUSAL, RETURN_LSE, PINGPONG)),
+        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
+                           v_empty, b, h * D, (h // GROUP) * D, m0, n_tiles, QR, BN, STAGES, KSTAGES))],
                        [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
