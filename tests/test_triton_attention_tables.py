@@ -25,40 +25,46 @@ def test_split_count_is_not_rounded_to_equal_shares():
 
 
 def test_split_paged_decode_table():
-    """The sm_90 table for paged decode (H200 sessions 6 and 13): split decode on 64-key tiles for every page
-    size, at two programs per SM where two rings fit (3 stages) and with the fewest splits of the same
-    longest split once the grid is full, launched with pdl and merged by ``attn_combine``; the step's 2049
-    keys keep 16 splits of two tiles; unsplit batches (B=64) take dense decode's 64-key, 4-stage tile;
-    sm_100 keeps session 6's rule (128-key tiles for pages of 16 and for unsplit batches)."""
+    """The sm_90 table for paged decode's attn_fwd kernel (H200 sessions 6 and 13; since session 14 the table
+    runs split paged decode on the Gluon kernel, ``test_triton_attention_decode_ws.py``, and these rules serve
+    ``wgmma=False`` and its fallback): split decode on 64-key tiles for every page size, at two programs per SM
+    where two rings fit (3 stages) and with the fewest splits of the same longest split once the grid is full,
+    launched with pdl and merged by ``attn_combine``; the step's 2049 keys keep 16 splits of two tiles; unsplit
+    batches (B=64) take dense decode's 64-key, 4-stage tile; sm_100 keeps session 6's rule (128-key tiles for
+    pages of 16 and for unsplit batches)."""
     from portakern.backends.triton import tuning
+
+    def fwd(op):
+        return tuning.choose(op, "sm_90", 132, wgmma=False)
 
     def paged(B, pages):
         return make_op(B=B, Sq=1, Sk=pages * 64, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16,
                        kv_layout=KVLayout.PAGED, page_size=64, num_pages=B * pages + 1, has_seqlens_k=True)
 
-    step = tuning.choose(paged(1, 33), "sm_90", 132)     # the decode step's cache at 2049 keys
+    step = fwd(paged(1, 33))                             # the decode step's cache at 2049 keys
     assert (step.block_n, step.num_splits, step.pdl, step.fused_combine) == (64, 16, True, False)  # 2 tiles each
-    long = tuning.choose(paged(1, 512), "sm_90", 132)    # 32k keys: two programs per SM (session 13)
+    long = fwd(paged(1, 512))                            # 32k keys: two programs per SM (session 13)
     assert (long.block_n, long.num_stages, long.num_splits) == (64, 3, 32)
     assert tuning.choose(paged(1, 512), "sm_100", 148).num_splits == 18
     # two programs only where both rings fit one SM (227 KiB): at 120 KiB a program, one per SM
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(tuning, "smem_bytes", lambda *a: 120 * 1024)
-        assert tuning.choose(paged(1, 512), "sm_90", 132).num_splits == 16
+        assert fwd(paged(1, 512)).num_splits == 16
     big = tuning.choose(paged(64, 64), "sm_90", 132)        # unsplit: the dense tile (session 13, B=64 4k)
+    assert not big.decode_ws and big == fwd(paged(64, 64))
     assert (big.block_n, big.num_stages, big.num_splits, big.pdl) == (64, 4, 1, False)
     assert tuning.choose(paged(64, 64), "sm_100", 148).block_n == 128
     assert not tuning.choose(paged(1, 33), "sm_80", 108).pdl
     p16 = make_op(B=1, Sq=1, Sk=32768, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16, kv_layout=KVLayout.PAGED,
                   page_size=16, num_pages=2049, has_seqlens_k=True)
-    small = tuning.choose(p16, "sm_90", 132)
+    small = fwd(p16)
     # 2 x 132 programs over 8 KV heads: 33 splits wanted, 32 give each of the 512 key tiles' splits as
     # many (16); 64-key tiles, 3 stages (two programs' rings fit an SM)
     assert (small.block_n, small.num_stages, small.num_splits, small.fused_combine, small.pdl) == \
         (64, 3, 32, False, True)
     odd = make_op(B=1, Sq=1, Sk=8192 + 5 * 64, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16, kv_layout=KVLayout.PAGED,
                   page_size=16, num_pages=600, has_seqlens_k=True)
-    assert tuning.choose(odd, "sm_90", 132).num_splits == 27     # 133 tiles: 5 per split in 27 (or in 33)
+    assert fwd(odd).num_splits == 27                           # 133 tiles: 5 per split in 27 (or in 33)
     assert 2 * tuning.smem_bytes(p16, small.block_m, small.block_n, small.num_stages) <= 228 * 1024
     sm100 = tuning.choose(p16, "sm_100", 148)
     assert (sm100.block_n, sm100.num_splits, sm100.fused_combine) == (128, 18, False)

@@ -165,13 +165,16 @@ def test_tma_is_refused_for_paged_and_packed_ops_and_fit_clears_it():
         tuning.check_tma(one_key, dense, "sm_90")
     assert not tuning.fit(one_key, dense, "sm_90").tma
     assert not tuning.choose(one_key, "sm_90", 132).tma
-    assert tuning.choose(make_op(B=1, Sq=239, Sk=2, Hq=4, Hkv=1, D=256, dtype=DType.bfloat16), "sm_90", 132).tma
+    two_keys = make_op(B=1, Sq=239, Sk=2, Hq=4, Hkv=1, D=256, dtype=DType.bfloat16)
+    assert tuning.choose(two_keys, "sm_90", 132, wgmma=False).tma       # attn_fwd's tile (its fallback)
+    assert tuning.choose(two_keys, "sm_90", 132).wgmma                  # the table: the Gluon kernel (session 14)
 
 
 def test_config_round_trips_and_the_table_and_autotuning_offer_tma(monkeypatch):
-    """tma round-trips through JSON; the sm_90 table (``TMA_TABLE``) uses TMA for dense fp16/bf16
-    prefill with D > 128 in whole 16-byte rows and more than one key, no other table does; autotuning
-    times TMA both ways where it applies."""
+    """tma round-trips through JSON; the sm_90 table (``TMA_TABLE``) gives attn_fwd TMA for dense fp16/bf16
+    prefill with D > 128 in whole 16-byte rows and more than one key (since session 14 the table runs D=256
+    on the Gluon kernel, and attn_fwd's TMA tile is its fallback and serves D=200, masks and score_mods), no
+    other table does; autotuning times TMA both ways where it applies."""
     from portakern.backends.triton import tuning
 
     cfg = tuning.AttnConfig(64, 128, 4, 2, tma=True)
@@ -179,12 +182,13 @@ def test_config_round_trips_and_the_table_and_autotuning_offer_tma(monkeypatch):
     for D, want in ((64, False), (128, False), (256, True), (200, True), (130, False)):
         op = make_op(B=2, Sq=512, Sk=512, Hq=4, Hkv=2, D=D, dtype=DType.bfloat16, mask_mod=E.causal_mask())
         assert tuning.TMA_TABLE == ("sm_90",)
-        assert tuning.choose(op, "sm_90", 132).tma is want, D
+        assert tuning.choose(op, "sm_90", 132, wgmma=False).tma is want, D
+        assert tuning.choose(op, "sm_90", 132).wgmma is (D in (128, 256)), D
         assert not tuning.choose(make_op(B=2, Sq=512, Sk=512, Hq=4, Hkv=2, D=D, dtype=DType.float32),
                                  "sm_90", 132).tma
         with monkeypatch.context() as mp:
             mp.setattr(tuning, "TMA_TABLE", ())
-            assert not tuning.choose(op, "sm_90", 132).tma
+            assert not tuning.choose(op, "sm_90", 132, wgmma=False).tma
         for arch, sms in (("sm_80", 108), ("sm_100", 148), ("interp", 4)):
             assert not tuning.choose(op, arch, sms).tma
         cands = tuning.candidates(op, "sm_90", 132)

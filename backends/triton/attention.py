@@ -5,9 +5,12 @@ KV; ``kernels/attention_combine.py`` merges KV splits. ``score_mod`` / ``mask_mo
 Triton source by ``expr_triton`` and passed to the kernel as constexpr functions; library
 causal/window terms of the mask are recognised so key tiles outside them are skipped.
 
-On sm_90 the table runs dense bf16/fp16 prefill at head dims 64 and 128 on a second kernel,
+On sm_90 the table runs dense bf16/fp16 prefill at head dims 64, 128 and 256 on a second kernel,
 ``kernels/attention_wgmma.py`` (Gluon: a TMA load warp and two consumer warpgroups with their own
-schedule; host side ``attention_wgmma.py``, ``AttnConfig.wgmma``, table ``tuning.WGMMA_TABLE``).
+schedule; host side ``attention_wgmma.py``, ``AttnConfig.wgmma``, table ``tuning.WGMMA_TABLE``), and
+split paged decode on a third, ``kernels/attention_decode_ws.py`` (Gluon: a load warp that reads the
+block table and copies K/V pages by TMA, one consumer warpgroup; host side ``attention_decode_ws.py``,
+``AttnConfig.decode_ws``, table ``tuning.SPLIT_PAGED_WS``; its splits always merge in ``attn_combine``).
 
 Split-KV (decode, when the query tiles alone do not fill the GPU): the keys of each query tile are
 split ``num_splits`` ways; each split writes a float32 partial output and LSE, and either the
@@ -197,8 +200,11 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
     tuning.check_pdl(cfg, arch)
     tuning.check_tma(op, cfg, arch)
     tuning.check_wgmma(op, cfg, arch)
+    tuning.check_decode_ws(op, cfg, arch)
     if cfg.wgmma:
         return _build_wgmma(op, device, cfg, arch)
+    if cfg.decode_ws:
+        return _build_decode_ws(op, device, cfg, arch)
     fwd = kernels.load("attention_fwd").attn_fwd
     combine = kernels.load("attention_combine").attn_combine
     consts = _constexprs(op, cfg, interpret, load_mods(op.score_mod, op.mask_mod, interpret))
@@ -277,6 +283,26 @@ def _build_wgmma(op: Attention, device: Device, cfg: AttnConfig, arch: str) -> C
     kernel.__name__ = f"triton_attention_{op.content_hash()}"
     kernel.config = cfg
     kernel.workspace_bytes = 0
+    return kernel
+
+
+def _build_decode_ws(op: Attention, device: Device, cfg: AttnConfig, arch: str) -> Callable[..., None]:
+    """The Gluon decode kernel (``attention_decode_ws``) behind the same per-call checks as ``attn_fwd``;
+    calls whose tensors its descriptors cannot take run the ``attn_fwd`` table configuration."""
+    from . import attention_decode_ws
+
+    shapes = op.shapes()
+
+    def check(q, k, v, out, lse, aux) -> None:
+        _check(op, shapes, q, k, v, out, lse)
+        _require(op, *((aux or {}).get(n) for n in ("block_table", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k")))
+
+    kernel = attention_decode_ws.build(op, cfg, check, _combine_constexprs(op, cfg, tuning.next_pow2(op.head_dim_v)),
+                                       lambda: build(op, device, tuning.choose(op, arch, _device_arch(device)[1],
+                                                                               wgmma=False)))
+    kernel.__name__ = f"triton_attention_{op.content_hash()}"
+    kernel.config = cfg
+    kernel.workspace_bytes = tuning.workspace_bytes(op, cfg)
     return kernel
 
 
@@ -364,8 +390,9 @@ def compile_for_target(op: Attention, target: str, config: AttnConfig | None = N
     "num_warps": int}}}``; ``attn_combine`` is included when the configuration splits the keys
     without fusing the merge. ``num_warps`` is the launch's warp count. With ``config.tma`` the TMA
     kernel is lowered (the pointer fallback of calls with misaligned K/V is ``tma=False``); with
-    ``config.wgmma`` the Gluon kernel ``attn_fwd_wgmma`` (12 warps), whose fallback is
-    ``tuning.choose(..., wgmma=False)``.
+    ``config.wgmma`` the Gluon kernel ``attn_fwd_wgmma`` (12 warps), with ``config.decode_ws`` the Gluon
+    kernel ``attn_decode_ws`` (8 warps: a warpgroup and a load warp padded to one) and ``attn_combine``;
+    their fallback is ``tuning.choose(..., wgmma=False)``.
     """
     try:
         cc = _TARGETS[target]
@@ -379,6 +406,7 @@ def compile_for_target(op: Attention, target: str, config: AttnConfig | None = N
         tuning.check_pdl(config, arch)
         tuning.check_tma(op, config, arch)
         tuning.check_wgmma(op, config, arch)
+        tuning.check_decode_ws(op, config, arch)
     if kernels.interpreted():  # this process's triton library is the interpreter's: lower elsewhere
         return _compile_in_subprocess(op, target, config)
     import triton
@@ -392,11 +420,18 @@ def compile_for_target(op: Attention, target: str, config: AttnConfig | None = N
         from . import attention_wgmma
 
         return {"target": target, "config": cfg.to_json(), "kernels": attention_wgmma.compile_for_target(op, cfg, cc)}
-    consts = _constexprs(op, cfg, False, load_mods(op.score_mod, op.mask_mod, False))
-    fwd = kernels.load("attention_fwd").attn_fwd
-    combine = kernels.load("attention_combine").attn_combine
     elt = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}[op.dtype.value]
     ptr = "*" + elt
+    target_obj = GPUTarget("cuda", cc, 32)
+    if cfg.decode_ws:
+        from . import attention_decode_ws
+
+        arts = attention_decode_ws.compile_for_target(op, cfg, cc)
+        if cfg.num_splits > 1:
+            arts["attn_combine"] = _compile_combine(op, cfg, tuning.next_pow2(op.head_dim_v), ptr, target_obj)
+        return {"target": target, "config": cfg.to_json(), "kernels": arts}
+    consts = _constexprs(op, cfg, False, load_mods(op.score_mod, op.mask_mod, False))
+    fwd = kernels.load("attention_fwd").attn_fwd
     lay = op.kv_layout
     sig = {"Q": ptr, "K": ptr, "V": ptr, "O": ptr,
            "LSE": "*fp32" if op.return_lse else "constexpr",
@@ -411,22 +446,33 @@ def compile_for_target(op: Attention, target: str, config: AttnConfig | None = N
     absent = {n: None for n, t in sig.items() if t == "constexpr"}
     scalars = _launch_scalars(op)
     sig, fconsts, attrs = _as_launched(fwd, sig, {**absent, **consts}, scalars)
-    target_obj = GPUTarget("cuda", cc, 32)
     options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=cfg.pdl, **KERNEL_OPTIONS)
     result = {"target": target, "config": cfg.to_json(), "kernels": {}}
     with interpret_env(False):  # lowering never interprets
         ck = triton.compile(ASTSource(fwd, sig, fconsts, attrs), target=target_obj, options=options)
         result["kernels"]["attn_fwd"] = _artifact(ck, getattr(ck.metadata, "num_warps", cfg.num_warps))
-        if cfg.num_splits > 1 and not cfg.fused_combine:
-            csig = {"WS_O": "*fp32", "WS_LSE": "*fp32", "O": ptr, "LSE": "*fp32" if op.return_lse else "constexpr"}
-            cconst = _combine_constexprs(op, cfg, consts["BLOCK_DV"])
-            if not op.return_lse:
-                cconst["LSE"] = None
-            csig, cconst, cattrs = _as_launched(combine, csig, cconst, scalars)
-            cc_k = triton.compile(ASTSource(combine, csig, cconst, cattrs), target=target_obj,
-                                  options={"num_warps": 4, "launch_pdl": cconst["PDL"], **KERNEL_OPTIONS})
-            result["kernels"]["attn_combine"] = _artifact(cc_k, 4)
+    if cfg.num_splits > 1 and not cfg.fused_combine:
+        result["kernels"]["attn_combine"] = _compile_combine(op, cfg, consts["BLOCK_DV"], ptr, target_obj)
     return result
+
+
+def _compile_combine(op: Attention, cfg: AttnConfig, block_dv: int, ptr: str, target_obj) -> dict:
+    """``attn_combine``'s artifact for ``op`` split as ``cfg`` says, lowered for ``target_obj``."""
+    import triton
+    from triton.compiler import ASTSource
+
+    from . import kernels
+
+    combine = kernels.load("attention_combine").attn_combine
+    csig = {"WS_O": "*fp32", "WS_LSE": "*fp32", "O": ptr, "LSE": "*fp32" if op.return_lse else "constexpr"}
+    cconst = _combine_constexprs(op, cfg, block_dv)
+    if not op.return_lse:
+        cconst["LSE"] = None
+    csig, cconst, cattrs = _as_launched(combine, csig, cconst, _launch_scalars(op))
+    with interpret_env(False):
+        ck = triton.compile(ASTSource(combine, csig, cconst, cattrs), target=target_obj,
+                            options={"num_warps": 4, "launch_pdl": cconst["PDL"], **KERNEL_OPTIONS})
+    return _artifact(ck, 4)
 
 
 def _launch_scalars(op: Attention) -> dict[str, int]:

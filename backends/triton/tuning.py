@@ -79,6 +79,12 @@ class AttnConfig:
     #: lets the loads run further ahead where shared memory has room for one more K tile but not a
     #: K/V pair (D=256: 3 K + 2 V buffers of 64 keys beside the 64 KiB query tile)
     k_stages: int = 0
+    #: run split decode on the Gluon kernel for sm_90 (``kernels/attention_decode_ws.py``: a load warp that
+    #: reads the block table and fills a ring of ``num_stages`` K/V stages of ``block_n`` keys by TMA, one
+    #: consumer warpgroup) with ``num_splits`` splits merged by ``attn_combine`` (``fused_combine`` is
+    #: ignored; ``pdl`` launches the merge as a dependent). ``attention_decode_ws.blocker`` says which ops it
+    #: serves (``check_decode_ws``, ``fit``)
+    decode_ws: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -148,6 +154,28 @@ def check_wgmma(op, cfg: AttnConfig, arch: str) -> None:
         why = "has its own TMA loads and schedule: tma, lazy_rescale, pack and num_splits stay off"
     if why:
         raise ValueError(f"AttnConfig(wgmma=True): the Gluon prefill kernel {why}; use wgmma=False "
+                         f"or pass the config through tuning.fit")
+
+
+def check_decode_ws(op, cfg: AttnConfig, arch: str) -> None:
+    """Raise when ``cfg`` asks for the Gluon decode kernel where it cannot run or in a shape it has not."""
+    if not cfg.decode_ws:
+        return
+    from .attention_decode_ws import blocker, smem_bytes as ws_smem
+
+    why = blocker(op, arch, cfg.block_n)
+    if why is not None:
+        why = f"does not serve this op ({why})"
+    elif cfg.num_stages < 2:
+        why = f"needs num_stages >= 2, not {cfg.num_stages}"
+    elif ws_smem(op, cfg.block_n, cfg.num_stages) + WGMMA_SMEM_EXTRA > SMEM_LIMIT[arch]:
+        why = (f"with block_n={cfg.block_n} and num_stages={cfg.num_stages} needs "
+               f"{ws_smem(op, cfg.block_n, cfg.num_stages) + WGMMA_SMEM_EXTRA} bytes of shared memory, over "
+               f"{arch}'s {SMEM_LIMIT[arch]}")
+    elif cfg.wgmma or cfg.tma or cfg.lazy_rescale:
+        why = "has its own TMA loads and schedule: wgmma, tma and lazy_rescale stay off"
+    if why:
+        raise ValueError(f"AttnConfig(decode_ws=True): the Gluon decode kernel {why}; use decode_ws=False "
                          f"or pass the config through tuning.fit")
 
 
@@ -228,7 +256,8 @@ def _decode_table(op, arch: str) -> tuple[int, int, int]:
 
 def choose(op, arch: str, num_sms: int | None = None, wgmma: bool = True) -> AttnConfig:
     """The table configuration for ``op`` on architecture family ``arch`` (see ``arch_family``);
-    ``wgmma=False``: the ``attn_fwd`` configuration even where the table runs the Gluon kernel."""
+    ``wgmma=False``: the ``attn_fwd`` configuration even where the table runs a Gluon kernel (the
+    prefill kernel, ``wgmma``, or the decode kernel, ``decode_ws``)."""
     num_sms = num_sms or DEFAULT_SMS.get(arch, 132)
     G = op.group_size
     rows = decode_rows(op)
@@ -250,16 +279,26 @@ def choose(op, arch: str, num_sms: int | None = None, wgmma: bool = True) -> Att
     cfg = fit(op, cfg, arch)
     splits = num_splits(op, cfg, num_sms)
     if splits > 1 and rows is not None and op.kv_layout.value == "paged":
-        cfg, splits = _split_paged(op, cfg, arch, num_sms, splits)
+        cfg, splits = _split_paged(op, cfg, arch, num_sms, splits, gluon=wgmma)
+    if cfg.decode_ws:        # its own merge launch, as measured: separate, not a dependent
+        return replace(cfg, num_splits=splits, fused_combine=False, pdl=False)
     fused = FUSED_COMBINE.get(arch, False)
     return replace(cfg, num_splits=splits, fused_combine=fused, pdl=splits > 1 and arch in SPLIT_PDL_TABLE)
 
 
-def _split_paged(op, cfg: AttnConfig, arch: str, num_sms: int, splits: int) -> tuple[AttnConfig, int]:
-    """Tile and split count of paged decode whose keys are split (``SPLIT_PAGED_TILE``, else
-    ``SPLIT_PAGED_BN``); once the grid is full, the fewest splits with the same longest split."""
+def _split_paged(op, cfg: AttnConfig, arch: str, num_sms: int, splits: int,
+                 gluon: bool = True) -> tuple[AttnConfig, int]:
+    """Kernel, tile and split count of paged decode whose keys are split (``SPLIT_PAGED_WS`` where the
+    Gluon decode kernel serves ``op`` and ``gluon``, else ``SPLIT_PAGED_TILE``, else ``SPLIT_PAGED_BN``);
+    once the grid is full, the fewest splits with the same longest split."""
+    from .attention_decode_ws import blocker as ws_blocker
+
+    ws = SPLIT_PAGED_WS.get(arch) if gluon else None
     tile = SPLIT_PAGED_TILE.get(arch) if op.dtype.value != "float32" else None
-    if tile:
+    if ws and ws_blocker(op, arch, ws[0]) is None:
+        cfg = fit(op, replace(cfg, block_n=ws[0], num_stages=ws[1], num_warps=4, decode_ws=True), arch)
+        per_sm = PROGRAMS_PER_SM
+    elif tile:
         bn, stages, per_sm = tile
         cfg = fit(op, replace(cfg, block_n=bn, num_stages=stages), arch)
         if per_sm * smem_bytes(op, cfg.block_m, cfg.block_n, cfg.num_stages) > SMEM_LIMIT.get(arch, 0):
@@ -277,6 +316,13 @@ def _split_paged(op, cfg: AttnConfig, arch: str, num_sms: int, splits: int) -> t
     return cfg, splits
 
 
+#: ``(block_n, num_stages)`` of split paged decode on the Gluon kernel (``AttnConfig.decode_ws``, one program per
+#: SM), per family. H200 session 14 (B=1, 32/8 heads, D=128, CUDA graph, same run as the attn_fwd table,
+#: ``results/decode-ws-bench-2026-12-04-s14.json``): 64-key tiles, 4 stages, 16 splits: pages of 16 14.83 / 37.83 us
+#: at 8k / 32k keys against attn_fwd's 16.72 / 39.88 (dense attn_fwd 13.99 / 36.33: +6.0% / +4.1%), pages of 64
+#: 14.75 / 37.58 against 15.18 / 37.93; dense keys tie (14.11 / 36.16), so they stay on attn_fwd; 3 stages 0.1-1.4
+#: us slower, 32 splits (two waves) 4-5 us slower. Unsplit (B=64 4k, pages of 16) it lost, 260.8 vs 250.3 us.
+SPLIT_PAGED_WS = {"sm_90": (64, 4)}
 #: Key tile of paged decode whose query tiles leave SMs idle (so the keys are split), per family without a
 #: ``SPLIT_PAGED_TILE`` entry (one program per SM, pages holding whole tiles only). From the H200's session 6
 #: (sm_90 until session 13; B=1, 32/8 heads, D=128, page 64, CUDA graph, 16 splits): 2k keys 10.1 us vs 12.2
@@ -356,6 +402,17 @@ def fit(op, cfg: AttnConfig, arch: str) -> AttnConfig:
     ``arch`` cannot use it (paged or varlen keys, packed decode tiles, one key, architectures without
     TMA), so a fitted configuration always passes ``check_tma``.
     """
+    if cfg.decode_ws:
+        from .attention_decode_ws import blocker as ws_blocker
+        from .attention_decode_ws import smem_bytes as ws_smem
+
+        if ws_blocker(op, arch, cfg.block_n) is not None:
+            return choose(op, arch, wgmma=False)
+        cfg = replace(cfg, num_warps=4, num_stages=max(2, cfg.num_stages), wgmma=False, tma=False,
+                      lazy_rescale=False, k_stages=0)
+        while ws_smem(op, cfg.block_n, cfg.num_stages) > SMEM_LIMIT[arch] - WGMMA_SMEM_EXTRA and cfg.num_stages > 2:
+            cfg = replace(cfg, num_stages=cfg.num_stages - 1)
+        return cfg
     if cfg.wgmma:
         from .attention_wgmma import blocker
 
@@ -422,14 +479,15 @@ def workspace_bytes(op, cfg: AttnConfig) -> int:
 
     ``4 * num_splits * R * Hq * (Dv + 1)`` bytes of float32 partials (output and LSE per split),
     ``R = B * Sq`` (``total_q`` for varlen), plus one int32 arrival counter per query tile
-    (``query_tiles``). ``num_splits <= MAX_SPLITS`` and splitting only happens while the query
+    (``query_tiles``; none on the Gluon decode kernel, ``decode_ws``). ``num_splits <= MAX_SPLITS`` and splitting only happens while the query
     tiles alone fill less than ``PROGRAMS_PER_SM`` x the multiprocessors, so it stays small:
     e.g. B=1, Hq=32, Dv=128, 32 splits: 516 KiB.
     """
     if cfg.num_splits == 1:
         return 0
     R = op.total_q if op.kv_layout.value == "varlen" else op.batch * op.seqlen_q
-    return 4 * cfg.num_splits * R * op.heads_q * (op.head_dim_v + 1) + 4 * query_tiles(op, cfg)
+    counters = 0 if cfg.decode_ws else 4 * query_tiles(op, cfg)      # the Gluon decode merges in attn_combine
+    return 4 * cfg.num_splits * R * op.heads_q * (op.head_dim_v + 1) + counters
 
 
 # -- autotuning -----------------------------------------------------------------------------------

@@ -1,0 +1,247 @@
+"""The Gluon split-KV decode kernel for sm_90 (``AttnConfig.decode_ws``, ``kernels/attention_decode_ws.py``).
+
+Gluon kernels have no interpreter, so off the GPU these tests check which ops the kernel serves
+(``attention_decode_ws.blocker``, the sm_90 table's split paged decode, ``check_decode_ws``, ``fit``, the
+workspace) and its sm_90a lowering (a load warp's TMA copies, one per page of 16 in a 64-key tile, and
+wgmma); on an sm_90 GPU it runs against the float64 cpu kernel with poisoned outputs and NaN in the K/V
+rows past each sequence, inside a CUDA graph replayed with new inputs, and falls back to attn_fwd with
+a warning for a K without a row-major view.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from portakern.ir import DType, KVLayout  # noqa: E402
+from portakern.ir import expr as E  # noqa: E402
+from test_triton_attention import ATOL, LSE_ATOL, make_op, parent_only, run_reference  # noqa: E402
+
+
+def paged(B=1, L=8192, page=16, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16, **kw):
+    return make_op(B=B, Sq=1, Sk=L, Hq=Hq, Hkv=Hkv, D=D, dtype=dtype, kv_layout=KVLayout.PAGED, page_size=page,
+                   num_pages=B * L // page + 3, has_seqlens_k=True, **kw)
+
+
+def test_sm90_table_runs_split_paged_decode_on_the_gluon_kernel():
+    """``SPLIT_PAGED_WS``: split paged decode of 16-bit K/V on sm_90 takes the Gluon kernel (64-key tiles, 4
+    stages, one program per SM: 16 splits for 8 KV heads), its merge a separate ``attn_combine`` launch; dense
+    keys, unsplit batches, fp32, other families and ``wgmma=False`` keep attn_fwd."""
+    from portakern.backends.triton import tuning
+
+    for kw in ({}, dict(page=64), dict(L=32768), dict(page=128, L=32768), dict(dtype=DType.float16)):
+        c = tuning.choose(paged(**kw), "sm_90", 132)
+        assert c.decode_ws and (c.block_n, c.num_stages, c.num_warps, c.num_splits) == (64, 4, 4, 16), (kw, c)
+        assert not (c.fused_combine or c.pdl or c.wgmma or c.tma)
+        tuning.check_decode_ws(paged(**kw), c, "sm_90")
+    c = tuning.choose(paged(L=2048 + 64, page=64), "sm_90", 132)
+    assert c.decode_ws and c.num_splits == 11                      # 33 tiles, at least 3 per split
+    c = tuning.choose(paged(D=256), "sm_90", 132)
+    assert c.decode_ws and c.num_stages == 3                       # 4 stages of 64 keys do not fit at D=256
+    dense = make_op(B=1, Sq=1, Sk=8192, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16)
+    for op, arch in ((dense, "sm_90"), (paged(B=64, L=4096), "sm_90"), (paged(dtype=DType.float32), "sm_90"),
+                     (paged(), "sm_80"), (paged(), "sm_100"), (paged(), "interp")):
+        assert not tuning.choose(op, arch, 132).decode_ws, (op, arch)
+    c = tuning.choose(paged(), "sm_90", 132, wgmma=False)
+    assert not c.decode_ws and c.num_splits == 32                  # attn_fwd's split paged tile
+    # the workspace: partials and log-sum-exps of 16 splits, no arrival counters
+    assert tuning.workspace_bytes(paged(), tuning.choose(paged(), "sm_90", 132)) == 4 * 16 * 1 * 32 * (128 + 1)
+
+
+@pytest.mark.parametrize("arch,op,block_n,match", [
+    ("sm_80", dict(), 64, r"needs sm_90 \(wgmma, TMA\), not sm_80"),
+    ("sm_90", dict(prefill=True), 64, r"one query row per sequence \(decode\) over dense or paged K/V only"),
+    ("sm_90", dict(dtype=DType.float32), 64, r"bf16/fp16 only, not float32"),
+    ("sm_90", dict(D=96), 64, r"head_dim == head_dim_v in \(64, 128, 256\) only"),
+    ("sm_90", dict(Hq=128, Hkv=1), 64, r"at most 64 query heads per KV head, not 128"),
+    ("sm_90", dict(score_mod=E.softcap_score(30.0)), 64, r"no score_mod and a positive scale only"),
+    ("sm_90", dict(mask_mod=E.window_mask(128, 0)), 64, r"no mask or the causal mask only"),
+    ("sm_90", dict(page=48), 64, r"pages of a multiple of 8 rows dividing or divided by the 64-key tile, not 48"),
+    ("sm_90", dict(), 256, r"block_n 32, 64 or 128, not 256"),
+], ids=["sm80", "prefill", "fp32", "d96", "group-128", "score-mod", "window", "page-48", "bn256"])
+def test_blocker_names_what_the_kernel_does_not_serve(arch, op, block_n, match):
+    from portakern.backends.triton import attention_decode_ws as DW
+    from portakern.backends.triton import tuning
+
+    op = dict(op)
+    if op.pop("prefill", False):
+        op = make_op(B=1, Sq=4, Sk=4096, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16)
+    else:
+        L = 48 * 64 if op.get("page") == 48 else 8192
+        op = paged(L=L, **op)
+    assert DW.blocker(op, "sm_90" if arch == "sm_90" else arch, block_n) is not None
+    with pytest.raises(ValueError, match=r"AttnConfig\(decode_ws=True\): the Gluon decode kernel does not serve this "
+                                         r"op \(" + match + r"\); use decode_ws=False or pass the config through "
+                                                            r"tuning.fit"):
+        tuning.check_decode_ws(op, tuning.AttnConfig(16, block_n, 4, 4, pack=4, num_splits=16, decode_ws=True), arch)
+    assert DW.blocker(paged(mask_mod=E.causal_mask()), "sm_90") is None        # hides no key from the last row
+
+
+def test_check_and_fit_keep_the_ring_in_shared_memory():
+    from portakern.backends.triton import tuning
+
+    op = paged(D=256)
+    big = tuning.AttnConfig(16, 64, 4, 4, pack=4, num_splits=16, decode_ws=True)
+    with pytest.raises(ValueError, match=r"the Gluon decode kernel with block_n=64 and num_stages=4 needs 295936 "
+                                         r"bytes of shared memory, over sm_90's 232448"):
+        tuning.check_decode_ws(op, big, "sm_90")
+    assert tuning.fit(op, big, "sm_90") == replace(big, num_stages=3)
+    with pytest.raises(ValueError, match=r"decode kernel needs num_stages >= 2, not 1"):
+        tuning.check_decode_ws(paged(), replace(big, num_stages=1), "sm_90")
+    with pytest.raises(ValueError, match=r"has its own TMA loads and schedule: wgmma, tma and lazy_rescale stay off"):
+        tuning.check_decode_ws(paged(), replace(big, tma=True), "sm_90")
+    dense_prefill = make_op(B=1, Sq=64, Sk=64, Hq=2, Hkv=2, D=64, dtype=DType.bfloat16)
+    assert tuning.fit(dense_prefill, big, "sm_90") == tuning.choose(dense_prefill, "sm_90", wgmma=False)
+
+
+@parent_only
+@pytest.mark.parametrize("page", [16, 64])
+def test_lowering_for_sm90a_has_a_load_warp_per_page_copies_and_wgmma(page):
+    """The table's choice lowers to the Gluon kernel and the merge: TMA copies (one K and one V box per
+    page of 16, four per 64-key tile; one per tile for pages of 64), mbarrier waits, setmaxnreg, wgmma."""
+    from portakern.backends.triton import attention as A
+
+    op = paged(page=page, return_lse=True)
+    art = A.compile_for_target(op, "sm_90a")
+    assert art["config"]["decode_ws"] and sorted(art["kernels"]) == ["attn_combine", "attn_decode_ws"]
+    k = art["kernels"]["attn_decode_ws"]
+    ptx = k["ptx"]
+    boxes = 64 // min(page, 64)
+    # every box of D=128 bf16 is two 128-byte-swizzled copies; q is one box
+    assert ptx.count("cp.async.bulk.tensor") == 2 * (1 + 2 * boxes), ptx.count("cp.async.bulk.tensor")
+    assert "mbarrier.try_wait" in ptx and "setmaxnreg" in ptx and ptx.count("wgmma.mma_async") >= 16
+    assert k["shared"] <= 227 * 1024 and k["cubin"]
+    assert "attn_fwd" in A.compile_for_target(op, "sm_80")["kernels"]      # other targets: the Triton kernel
+
+
+# -- on an sm_90 GPU ------------------------------------------------------------------------------------
+
+def _gpu():
+    from portakern.devices import detect_devices
+
+    devs = [d for d in detect_devices() if d.type == "cuda"]
+    if not devs:
+        pytest.skip("no CUDA device on this machine: the lowering test above covers the kernel off the GPU")
+    if tuple(devs[0].capability) != (9, 0):
+        pytest.skip(f"the Gluon decode kernel runs on sm_90, this device is {devs[0].arch}")
+    return devs[0]
+
+
+def _inputs(op, lens, seed):
+    """CPU q, K/V with NaN in every row past each sequence's length, a shuffled block table, the lengths."""
+    g = torch.Generator().manual_seed(seed)
+    s = op.shapes()
+    q, k, v = (torch.randn(s[n], generator=g).to(torch.bfloat16 if op.dtype is DType.bfloat16 else torch.float16)
+               for n in ("q", "k", "v"))
+    table = torch.randperm(op.num_pages, generator=g)[: op.batch * op.max_pages].reshape(op.batch, op.max_pages)
+    table = table.to(torch.int32)
+    for b, n in enumerate(lens):
+        for j in range(op.max_pages):
+            lo = max(0, n - j * op.page_size)
+            if lo < op.page_size:
+                k[table[b, j], lo:] = float("nan")
+                v[table[b, j], lo:] = float("nan")
+    return q, k, v, {"block_table": table, "seqlens_k": torch.tensor(lens, dtype=torch.int32)}
+
+
+def _reference(op, q, k, v, aux):
+    return run_reference(op, q, k.nan_to_num(0.0), v.nan_to_num(0.0), aux)
+
+
+@parent_only
+@pytest.mark.parametrize("case", [
+    dict(B=3, L=1024, page=16, Hq=32, Hkv=8, D=128, lens=[1024, 937, 1], splits=8, stages=4),
+    dict(B=2, L=2048, page=64, Hq=16, Hkv=2, D=128, lens=[2048, 129], splits=16, stages=3, dtype=DType.float16),
+    dict(B=2, L=512, page=128, Hq=8, Hkv=8, D=64, lens=[300, 512], splits=4, stages=2),
+    dict(B=2, L=1024, page=32, Hq=16, Hkv=4, D=256, lens=[1000, 33], splits=6, stages=3),
+    dict(B=1, L=256, page=16, Hq=64, Hkv=1, D=128, lens=[200], splits=32, stages=2),
+], ids=["p16-tails-one-key", "p64-fp16", "p128-d64", "p32-d256", "mqa64-empty-splits"])
+def test_gpu_matches_the_float64_reference(case):
+    """Lengths ending inside a page and a tile, one key, splits with no keys (32 splits of 4 tiles), GQA and
+    MQA with 64 query heads; NaN past every sequence must not reach the output; outputs poisoned first."""
+    from portakern.backends.triton import attention as A
+    from portakern.backends.triton import tuning
+
+    dev = _gpu()
+    case = dict(case)
+    lens, splits, stages = case.pop("lens"), case.pop("splits"), case.pop("stages")
+    op = paged(**case, return_lse=True)
+    q, k, v, aux = _inputs(op, lens, seed=7)
+    ref_out, ref_lse = _reference(op, q, k, v, aux)
+    cuda = torch.device(str(dev))
+    q, k, v = (t.to(cuda) for t in (q, k, v))
+    aux = {n: t.to(cuda) for n, t in aux.items()}
+    s = op.shapes()
+    out = torch.full(s["out"], float("nan"), dtype=q.dtype, device=cuda)
+    lse = torch.full(s["lse"], float("nan"), device=cuda)
+    cfg = tuning.AttnConfig(16, 64, 4, stages, pack=op.group_size, num_splits=splits, decode_ws=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # no fallback: this must run the Gluon kernel
+        A.build(op, dev, cfg)(q, k, v, out, lse, aux)
+    torch.cuda.synchronize()
+    err = np.abs(out.double().cpu().numpy() - ref_out).max()
+    assert err <= ATOL[op.dtype], f"max |out - ref| = {err:.3g}"
+    assert np.abs(lse.double().cpu().numpy() - ref_lse).max() <= LSE_ATOL
+
+
+@parent_only
+def test_gpu_table_kernel_replays_in_a_cuda_graph_with_new_inputs():
+    """The table's configuration (Gluon decode + attn_combine) captured once, replayed after the inputs and
+    the lengths change in place: the second replay matches the reference of the new values."""
+    from portakern.backends.triton import attention as A
+    from portakern.backends.triton import tuning
+
+    dev = _gpu()
+    op = paged(L=4096, page=16, return_lse=True)
+    cuda = torch.device(str(dev))
+    kern = A.build(op, dev, tuning.choose(op, *A._device_arch(dev)))
+    assert kern.config.decode_ws and kern.config.num_splits > 1
+    first = _inputs(op, [4096], seed=1)
+    q, k, v = (t.to(cuda) for t in first[:3])
+    aux = {n: t.to(cuda) for n, t in first[3].items()}
+    out = torch.empty(op.shapes()["out"], dtype=q.dtype, device=cuda)
+    lse = torch.empty(op.shapes()["lse"], device=cuda)
+    kern(q, k, v, out, lse, aux)                                  # warm: compile, workspace
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kern(q, k, v, out, lse, aux)
+    nq, nk, nv, naux = _inputs(op, [2500], seed=2)
+    for dst, src in ((q, nq), (k, nk), (v, nv), (aux["block_table"], naux["block_table"]),
+                     (aux["seqlens_k"], naux["seqlens_k"])):
+        dst.copy_(src.to(cuda))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref_out, ref_lse = _reference(op, nq, nk, nv, naux)
+    assert np.abs(out.double().cpu().numpy() - ref_out).max() <= ATOL[op.dtype]
+    assert np.abs(lse.double().cpu().numpy() - ref_lse).max() <= LSE_ATOL
+
+
+@parent_only
+def test_gpu_falls_back_to_attn_fwd_for_k_without_a_row_major_view():
+    from portakern.backends.triton import attention as A
+    from portakern.backends.triton import tuning
+
+    dev = _gpu()
+    op = paged(L=1024, page=16, return_lse=False)
+    cuda = torch.device(str(dev))
+    q, k, v, aux = _inputs(op, [1000], seed=3)
+    ref_out, _ = _reference(op, q, k, v, aux)
+    wide = torch.zeros(*k.shape[:3], 136, dtype=k.dtype, device=cuda)
+    wide[..., :128] = k.to(cuda)
+    kv = wide[..., :128]                       # heads 136 elements apart: no (rows, HKV * D) view
+    out = torch.full(op.shapes()["out"], float("nan"), dtype=q.dtype, device=cuda)
+    kern = A.build(op, dev, tuning.choose(op, *A._device_arch(dev)))
+    assert kern.config.decode_ws
+    with pytest.warns(RuntimeWarning, match=r"runs attn_fwd instead of the Gluon decode kernel for this call: "
+                                            r"k with strides \(17408, 1088, 136, 1\) has no \(rows, HKV \* D\) view"):
+        kern(q.to(cuda), kv, v.to(cuda), out, None, {n: t.to(cuda) for n, t in aux.items()})
+    torch.cuda.synchronize()
+    assert np.abs(out.double().cpu().numpy() - ref_out).max() <= ATOL[op.dtype]
