@@ -105,6 +105,19 @@ def run_triton(op: Attention, q, k, v, aux=None):
     return out, lse, kern
 
 
+def sm90_device(what: str):
+    """The first CUDA device, for tests of ``what`` (a Gluon kernel for sm_90): skipped without one, or when
+    it is not sm_90 (the lowering tests cover the kernel off the GPU)."""
+    from portakern.devices import detect_devices
+
+    devs = [d for d in detect_devices() if d.type == "cuda"]
+    if not devs:
+        pytest.skip(f"no CUDA device on this machine: the lowering tests cover {what} off the GPU")
+    if tuple(devs[0].capability) != (9, 0):
+        pytest.skip(f"{what} runs on sm_90, this device is {devs[0].arch}")
+    return devs[0]
+
+
 def run_reference(op: Attention, q, k, v, aux=None):
     """The cpu backend's float64 kernel on the same values."""
     s = op.shapes()

@@ -21,7 +21,7 @@ pytest.importorskip("triton")
 
 from portakern.ir import DType, KVLayout  # noqa: E402
 from portakern.ir import expr as E  # noqa: E402
-from test_triton_attention import ATOL, LSE_ATOL, make_op, parent_only, run_reference  # noqa: E402
+from test_triton_attention import ATOL, LSE_ATOL, make_op, parent_only, run_reference, sm90_device  # noqa: E402
 
 
 def paged(B=1, L=8192, page=16, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16, **kw):
@@ -123,14 +123,7 @@ def test_lowering_for_sm90a_has_a_load_warp_per_page_copies_and_wgmma(page):
 # -- on an sm_90 GPU ------------------------------------------------------------------------------------
 
 def _gpu():
-    from portakern.devices import detect_devices
-
-    devs = [d for d in detect_devices() if d.type == "cuda"]
-    if not devs:
-        pytest.skip("no CUDA device on this machine: the lowering test above covers the kernel off the GPU")
-    if tuple(devs[0].capability) != (9, 0):
-        pytest.skip(f"the Gluon decode kernel runs on sm_90, this device is {devs[0].arch}")
-    return devs[0]
+    return sm90_device("the Gluon decode kernel")
 
 
 def _inputs(op, lens, seed):

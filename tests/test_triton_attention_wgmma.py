@@ -20,7 +20,8 @@ pytest.importorskip("triton")
 from portakern.devices import CPU  # noqa: E402
 from portakern.ir import DType, KVLayout  # noqa: E402
 from portakern.ir import expr as E  # noqa: E402
-from test_triton_attention import ATOL, LSE_ATOL, make_op, parent_only, run_reference, tensors  # noqa: E402
+from test_triton_attention import (ATOL, LSE_ATOL, make_op, parent_only, run_reference, sm90_device,  # noqa: E402
+                                   tensors)
 
 PREFILL = dict(B=2, Sq=4096, Sk=4096, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16)
 
@@ -182,14 +183,7 @@ def test_lowering_for_sm90a_has_tma_a_load_warp_and_scores_one_tile_ahead(D, cau
 # -- on an sm_90 GPU ------------------------------------------------------------------------------------
 
 def _gpu():
-    from portakern.devices import detect_devices
-
-    devs = [d for d in detect_devices() if d.type == "cuda"]
-    if not devs:
-        pytest.skip("no CUDA device on this machine: the lowering test above covers the kernel off the GPU")
-    if tuple(devs[0].capability) != (9, 0):
-        pytest.skip(f"the wgmma kernel runs on sm_90, this device is {devs[0].arch}")
-    return devs[0]
+    return sm90_device("the wgmma kernel")
 
 
 @parent_only

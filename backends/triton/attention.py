@@ -201,10 +201,8 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
     tuning.check_tma(op, cfg, arch)
     tuning.check_wgmma(op, cfg, arch)
     tuning.check_decode_ws(op, cfg, arch)
-    if cfg.wgmma:
-        return _build_wgmma(op, device, cfg, arch)
-    if cfg.decode_ws:
-        return _build_decode_ws(op, device, cfg, arch)
+    if cfg.wgmma or cfg.decode_ws:
+        return _build_gluon(op, device, cfg, arch)
     fwd = kernels.load("attention_fwd").attn_fwd
     combine = kernels.load("attention_combine").attn_combine
     consts = _constexprs(op, cfg, interpret, load_mods(op.score_mod, op.mask_mod, interpret))
@@ -267,39 +265,37 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
     return kernel
 
 
-def _build_wgmma(op: Attention, device: Device, cfg: AttnConfig, arch: str) -> Callable[..., None]:
-    """The Gluon prefill kernel (``attention_wgmma``) behind the same per-call checks as ``attn_fwd``;
-    calls whose tensors its descriptors cannot take run the ``attn_fwd`` table configuration."""
-    from . import attention_wgmma
+def _build_gluon(op: Attention, device: Device, cfg: AttnConfig, arch: str) -> Callable[..., None]:
+    """A Gluon kernel behind ``attn_fwd``'s per-call checks: the prefill kernel (``cfg.wgmma``,
+    ``attention_wgmma``) or the split decode kernel (``cfg.decode_ws``, ``attention_decode_ws``). A call whose
+    tensors the kernel's descriptors cannot take (the module's ``call_blocker``) runs the ``attn_fwd`` table
+    configuration instead, built on the first such call, with a RuntimeWarning naming the reason (same
+    results, slower)."""
+    from . import attention_decode_ws, attention_wgmma
 
     shapes = op.shapes()
+    if cfg.wgmma:
+        mod, what = attention_wgmma, "the wgmma prefill kernel"
+        launch = attention_wgmma.launcher(op, cfg)
+    else:
+        mod, what = attention_decode_ws, "the Gluon decode kernel"
+        launch = attention_decode_ws.launcher(op, cfg, _combine_constexprs(op, cfg, tuning.next_pow2(op.head_dim_v)))
+    slow: list[Callable[..., None]] = []
 
-    def check(q, k, v, out, lse, aux) -> None:
+    def kernel(q, k, v, out, lse, aux=None) -> None:
+        aux = aux or {}
         _check(op, shapes, q, k, v, out, lse)
-        _require(op, *((aux or {}).get(n) for n in ("block_table", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k")))
+        _require(op, *(aux.get(n) for n in ("block_table", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k")))
+        why = mod.call_blocker(q, k, v, out)
+        if why is None:
+            launch(q, k, v, out, lse, aux)
+            return
+        if not slow:
+            slow.append(build(op, device, tuning.choose(op, arch, _device_arch(device)[1], wgmma=False)))
+        warnings.warn(f"portakern: triton attention runs attn_fwd instead of {what} for this call: {why} "
+                      f"(same results, slower)", RuntimeWarning, stacklevel=2)
+        slow[0](q, k, v, out, lse, aux)
 
-    kernel = attention_wgmma.build(op, cfg, check, lambda: build(op, device, tuning.choose(
-        op, arch, _device_arch(device)[1], wgmma=False)))
-    kernel.__name__ = f"triton_attention_{op.content_hash()}"
-    kernel.config = cfg
-    kernel.workspace_bytes = 0
-    return kernel
-
-
-def _build_decode_ws(op: Attention, device: Device, cfg: AttnConfig, arch: str) -> Callable[..., None]:
-    """The Gluon decode kernel (``attention_decode_ws``) behind the same per-call checks as ``attn_fwd``;
-    calls whose tensors its descriptors cannot take run the ``attn_fwd`` table configuration."""
-    from . import attention_decode_ws
-
-    shapes = op.shapes()
-
-    def check(q, k, v, out, lse, aux) -> None:
-        _check(op, shapes, q, k, v, out, lse)
-        _require(op, *((aux or {}).get(n) for n in ("block_table", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k")))
-
-    kernel = attention_decode_ws.build(op, cfg, check, _combine_constexprs(op, cfg, tuning.next_pow2(op.head_dim_v)),
-                                       lambda: build(op, device, tuning.choose(op, arch, _device_arch(device)[1],
-                                                                               wgmma=False)))
     kernel.__name__ = f"triton_attention_{op.content_hash()}"
     kernel.config = cfg
     kernel.workspace_bytes = tuning.workspace_bytes(op, cfg)

@@ -1,13 +1,13 @@
 """Host side of the Gluon split-KV decode kernel for sm_90 (``kernels/attention_decode_ws.py``).
 
 ``blocker(op, arch)`` says why an op cannot run on it (None when it can); ``call_blocker`` checks what
-a signature cannot see (the views its 2-D TMA descriptors need, TMA's alignment rules); ``build``
-returns the launcher ``kernel(q, k, v, out, lse, aux)`` for an ``AttnConfig`` (``block_n`` keys per
+a signature cannot see (the views its 2-D TMA descriptors need, TMA's alignment rules); ``launcher``
+returns the launch ``launch(q, k, v, out, lse, aux)`` for an ``AttnConfig`` (``block_n`` keys per
 tile, ``num_stages`` ring stages, ``num_splits`` splits merged by ``attn_combine``); ``compile_for_target``
 lowers the kernel without a GPU. It serves one query row per sequence (decode) over dense or paged
 bf16/fp16 K/V with ``head_dim == head_dim_v`` in {64, 128, 256}, at most 64 query heads per KV head, a
 positive scale, no score_mod, and no mask or the library's causal mask (which hides no key from the last
-query row); pages of a multiple of 8 rows that divide or are divided by the key tile.
+query row): ``attention_wgmma.scores_blocker``; pages of a multiple of 8 rows that divide or are divided by the key tile.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from portakern.ir.ops import Attention, KVLayout
 from .backend import KERNEL_OPTIONS
 
 QUERY_ROWS = 64          # the wgmma tile's rows: a program's query heads, then padding
-HEAD_DIMS = (64, 128, 256)
 CONSUMER_REGS = 240
 PRODUCER_REGS = 40       # the load warp keeps a page id and box coordinates
 
@@ -32,24 +31,17 @@ def box_rows(op: Attention, block_n: int) -> int:
 
 def blocker(op: Attention, arch: str, block_n: int = 64) -> str | None:
     """Why ``op`` cannot run on this kernel for ``arch`` with ``block_n``-key tiles (None when it can)."""
-    from .expr_triton import analyse_mask
+    from .attention_wgmma import scores_blocker
 
     if arch != "sm_90":
         return f"needs sm_90 (wgmma, TMA), not {arch}"
     if op.seqlen_q != 1 or op.kv_layout is KVLayout.VARLEN:
         return "one query row per sequence (decode) over dense or paged K/V only"
-    if op.dtype.value not in ("bfloat16", "float16"):
-        return f"bf16/fp16 only, not {op.dtype.value}"
-    if op.head_dim != op.head_dim_v or op.head_dim not in HEAD_DIMS:
-        return f"head_dim == head_dim_v in {HEAD_DIMS} only"
+    why = scores_blocker(op)       # the library's causal mask hides no key from the last query row
+    if why is not None:
+        return why
     if op.group_size > QUERY_ROWS:
         return f"at most {QUERY_ROWS} query heads per KV head, not {op.group_size}"
-    if op.score_mod is not None or not op.scale > 0:
-        return "no score_mod and a positive scale only"
-    if op.mask_mod is not None:
-        mb = analyse_mask(op.mask_mod)
-        if not (mb.right == 0 and mb.left is None and not mb.residual and not mb.never):
-            return "no mask or the causal mask only"
     if op.kv_layout is KVLayout.PAGED:
         ps = op.page_size
         if ps % 8 or (ps % block_n and block_n % ps):
@@ -117,14 +109,11 @@ def smem_bytes(op: Attention, block_n: int, stages: int) -> int:
     return 2 * (QUERY_ROWS * op.head_dim + stages * block_n * (op.head_dim + op.head_dim_v))
 
 
-def build(op: Attention, cfg, check: Callable[..., None], combine_consts: dict[str, Any],
-          fallback: Callable[[], Callable[..., None]]):
-    """The launcher ``kernel(q, k, v, out, lse, aux)``: ``check`` first; tensors the descriptors cannot
-    take (``call_blocker``) run ``fallback()``'s kernel, built on the first such call, with a
-    RuntimeWarning. With ``cfg.num_splits > 1`` the splits' partials go to a workspace (allocated on the
-    first call per device) that ``attn_combine`` (``combine_consts``) merges."""
-    import warnings
-
+def launcher(op: Attention, cfg, combine_consts: dict[str, Any]) -> Callable[..., None]:
+    """``launch(q, k, v, out, lse, aux)`` of the kernel for ``op`` under ``cfg``, for tensors that passed the
+    backend's checks and ``call_blocker`` (``attention._build_gluon`` wraps it with both). With
+    ``cfg.num_splits > 1`` the splits' partials go to a workspace (allocated on the first call per device)
+    that ``attn_combine`` (``combine_consts``) merges."""
     import torch
 
     from . import kernels
@@ -133,21 +122,9 @@ def build(op: Attention, cfg, check: Callable[..., None], combine_consts: dict[s
     combine = kernels.load("attention_combine").attn_combine
     consts = constexprs(op, cfg)
     grid = (cfg.num_splits, op.batch * op.heads_kv)
-    opts = dict(num_warps=4, **KERNEL_OPTIONS)
-    slow: list[Callable[..., None]] = []
     workspace: dict[Any, tuple[Any, Any]] = {}
 
-    def kernel(q, k, v, out, lse, aux=None) -> None:
-        aux = aux or {}
-        check(q, k, v, out, lse, aux)
-        why = call_blocker(q, k, v, out)
-        if why is not None:
-            if not slow:
-                slow.append(fallback())
-            warnings.warn(f"portakern: triton attention runs attn_fwd instead of the Gluon decode kernel for this "
-                          f"call: {why} (same results, slower)", RuntimeWarning, stacklevel=2)
-            slow[0](q, k, v, out, lse, aux)
-            return
+    def launch(q, k, v, out, lse, aux) -> None:
         qd, kd, vd = descriptors(op, q, k, v, cfg.block_n)
         bt, sk = aux.get("block_table"), aux.get("seqlens_k")
         ws_o = ws_lse = None
@@ -160,49 +137,27 @@ def build(op: Attention, cfg, check: Callable[..., None], combine_consts: dict[s
         sl = lse.stride() if lse is not None else (0, 0, 0)
         fn[grid](qd, kd, vd, out, lse, ws_o, ws_lse, bt, sk, out.stride(0), out.stride(2), sl[0], sl[1],
                  bt.stride(0) if bt is not None else 0, op.heads_q, k.shape[1], op.scale,
-                 **consts, **opts)
+                 **consts, num_warps=4, **KERNEL_OPTIONS)
         if cfg.num_splits > 1:
             combine[(op.batch * op.heads_q,)](ws_o, ws_lse, out, lse, *out.stride()[:3], *sl, 1, op.batch,
                                               **combine_consts, num_warps=4, launch_pdl=combine_consts["PDL"],
                                               **KERNEL_OPTIONS)
 
-    return kernel
+    return launch
 
 
 def compile_for_target(op: Attention, cfg, cc: int) -> dict:
     """``{"attn_decode_ws": artifact}`` lowered for compute capability ``cc`` as a launch on contiguous
-    tensors specialises it (descriptor types from host descriptors over storage-less stand-ins)."""
-    import torch
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
+    tensors specialises it (``attention_wgmma.lower_gluon``)."""
+    from .attention import _launch_scalars
+    from .attention_wgmma import lower_gluon
 
-    from . import kernels
-    from .attention import _as_launched, _launch_scalars
-    from .backend import interpret_env
-
-    fn = kernels.load("attention_decode_ws").attn_decode_ws
     consts = constexprs(op, cfg)
-    dt = getattr(torch, op.dtype.value)
-    shapes = op.shapes()
-    qd, kd, vd = descriptors(op, *(torch.empty(shapes[n], dtype=dt, device="meta") for n in "qkv"), cfg.block_n)
     sc = _launch_scalars(op)
     ints = dict(so_b=sc["stride_ob"], so_h=sc["stride_oh"], sl_b=sc["stride_lb"], sl_h=sc["stride_lh"],
-                stride_btb=sc["stride_btb"], HQ=op.heads_q, seqlen_kv=shapes["k"][1])
-    elt = {"float16": "fp16", "bfloat16": "bf16"}[op.dtype.value]
-    sig = {"q_desc": mangle_type(qd), "k_desc": mangle_type(kd), "v_desc": mangle_type(vd), "O": "*" + elt}
-    for name, typ, present in (("LSE", "*fp32", op.return_lse), ("WS_O", "*fp32", cfg.num_splits > 1),
-                               ("WS_LSE", "*fp32", cfg.num_splits > 1), ("BT", "*i32", consts["PAGED"]),
-                               ("SEQLENS_K", "*i32", consts["HAS_SEQLENS"])):
-        if present:
-            sig[name] = typ
-        else:
-            consts[name] = None
-    sig, consts, attrs = _as_launched(fn, sig, consts, ints)
-    with interpret_env(False):
-        ck = triton.compile(GluonASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", cc, 32),
-                            options=dict(num_warps=4, **KERNEL_OPTIONS))
-    md = ck.metadata
-    return {"attn_decode_ws": {"cubin": ck.asm.get("cubin"), "ptx": ck.asm.get("ptx"),
-                               "shared": getattr(md, "shared", None), "num_warps": getattr(md, "num_warps", 8)}}
+                stride_btb=sc["stride_btb"], HQ=op.heads_q, seqlen_kv=op.shapes()["k"][1])
+    split = cfg.num_splits > 1
+    pointers = {"LSE": ("*fp32", op.return_lse), "WS_O": ("*fp32", split), "WS_LSE": ("*fp32", split),
+                "BT": ("*i32", consts["PAGED"]), "SEQLENS_K": ("*i32", consts["HAS_SEQLENS"])}
+    return lower_gluon("attention_decode_ws", "attn_decode_ws", op, descriptors, cfg.block_n, consts, pointers, ints,
+                       cc, warps=8)

@@ -1,7 +1,7 @@
 """Host side of the Gluon prefill kernel for sm_90 (``kernels/attention_wgmma.py``).
 
-``blocker(op, arch)`` says why an op cannot run there (None when it can); ``build`` returns the
-launcher ``kernel(q, k, v, out, lse, aux)`` for an ``AttnConfig`` with ``wgmma`` (its ``block_n``,
+``blocker(op, arch)`` says why an op cannot run there (None when it can); ``launcher`` returns the
+launch ``launch(q, k, v, out, lse, aux)`` for an ``AttnConfig`` with ``wgmma`` (its ``block_n``,
 ``num_stages`` and ``k_stages`` are the key tile and the V and K ring depths; 128 query rows and
 4 + 4 + 1 warps are fixed);
 ``call_blocker`` checks what the signature cannot see (TMA's alignment rules on the call's tensors);
@@ -16,7 +16,6 @@ last stride 1), so a tile that runs past a batch's last row reads zeros, never t
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Any, Callable
 
 from portakern.ir.ops import Attention, KVLayout
@@ -33,12 +32,22 @@ PINGPONG = False
 
 def blocker(op: Attention, arch: str) -> str | None:
     """Why ``op`` cannot run on this kernel for ``arch`` (None when it can)."""
-    from .expr_triton import analyse_mask
-
     if arch != "sm_90":
         return f"needs sm_90 (wgmma), not {arch}"
     if op.kv_layout is not KVLayout.DENSE or op.has_seqlens_k:
         return "dense K/V without seqlens_k only"
+    why = scores_blocker(op)
+    if why is None and op.mask_mod is not None and op.seqlen_k < op.seqlen_q:
+        why = "causal with seqlen_k >= seqlen_q only"
+    return why
+
+
+def scores_blocker(op: Attention) -> str | None:
+    """What both Gluon kernels (this one and ``attention_decode_ws``) ask of ``op``'s values and scores:
+    bf16/fp16, ``head_dim == head_dim_v`` in ``HEAD_DIMS``, no score_mod, a positive scale (the row maximum
+    is taken on the raw scores), and no mask or the library's causal mask (None when ``op`` has them)."""
+    from .expr_triton import analyse_mask
+
     if op.dtype.value not in ("bfloat16", "float16"):
         return f"bf16/fp16 only, not {op.dtype.value}"
     if op.head_dim != op.head_dim_v or op.head_dim not in HEAD_DIMS:
@@ -49,12 +58,10 @@ def blocker(op: Attention, arch: str) -> str | None:
         mb = analyse_mask(op.mask_mod)
         if not (mb.right == 0 and mb.left is None and not mb.residual and not mb.never):
             return "no mask or the causal mask only"
-        if op.seqlen_k < op.seqlen_q:
-            return "causal with seqlen_k >= seqlen_q only"
     return None
 
 
-def call_blocker(q, k, v) -> str | None:
+def call_blocker(q, k, v, out=None) -> str | None:
     """Why these tensors cannot go through the kernel's 3-D descriptors (None when they can): heads
     adjacent with the last stride 1, and TMA's alignment rules (``attention._tma_rules``)."""
     from .attention import _tma_rules
@@ -104,39 +111,46 @@ def grid(op: Attention) -> tuple[int, int]:
     return (-(-op.seqlen_q // (2 * QUERY_ROWS)), op.batch * op.heads_q)
 
 
-def build(op: Attention, cfg, check: Callable[..., None], fallback: Callable[[], Callable[..., None]]):
-    """The launcher ``kernel(q, k, v, out, lse, aux)``: ``check`` (the backend's per-call checks) first;
-    tensors the descriptors cannot take (``call_blocker``) run ``fallback()``'s kernel instead, built on
-    the first such call, with a RuntimeWarning naming the reason."""
+def launcher(op: Attention, cfg) -> Callable[..., None]:
+    """``launch(q, k, v, out, lse, aux)`` of the kernel for ``op`` under ``cfg``, for tensors that passed
+    the backend's checks and ``call_blocker`` (``attention._build_gluon`` wraps it with both)."""
     from . import kernels
 
     fn = kernels.load("attention_wgmma").attn_fwd_wgmma
     consts = constexprs(op, cfg)
     g = grid(op)
-    slow: list[Callable[..., None]] = []
 
-    def kernel(q, k, v, out, lse, aux=None) -> None:
-        check(q, k, v, out, lse, aux)
-        why = call_blocker(q, k, v)
-        if why is not None:
-            if not slow:
-                slow.append(fallback())
-            warnings.warn(f"portakern: triton attention runs attn_fwd instead of the wgmma prefill kernel for "
-                          f"this call: {why} (same results, slower)", RuntimeWarning, stacklevel=2)
-            slow[0](q, k, v, out, lse, aux)
-            return
+    def launch(q, k, v, out, lse, aux) -> None:
         qd, kd, vd = descriptors(op, q, k, v, cfg.block_n)
         sl = lse.stride() if lse is not None else (0, 0, 0)
         fn[g](qd, kd, vd, out, lse, out.stride(0), out.stride(1), out.stride(2), *sl,
               op.heads_q, op.group_size, op.seqlen_q, op.seqlen_k, op.scale,
               **consts, num_warps=4, **KERNEL_OPTIONS)
 
-    return kernel
+    return launch
 
 
 def compile_for_target(op: Attention, cfg, cc: int) -> dict:
     """``{"attn_fwd_wgmma": artifact}`` lowered for compute capability ``cc`` as a launch on contiguous
     tensors specialises it (descriptor types from host descriptors over small stand-in tensors)."""
+    from .attention import _launch_scalars
+
+    consts = constexprs(op, cfg)
+    sc = _launch_scalars(op)
+    ints = {f"{a}_{x}": sc[f"stride_{b}{x}"] for a, b in (("so", "o"), ("sl", "l")) for x in "bsh"}
+    ints.update(HQ=op.heads_q, GROUP=op.group_size, sq=op.seqlen_q, sk=op.seqlen_k)
+    pointers = {"LSE": ("*fp32", op.return_lse)}
+    return lower_gluon("attention_wgmma", "attn_fwd_wgmma", op, descriptors, cfg.block_n, consts, pointers, ints, cc,
+                       warps=12)
+
+
+def lower_gluon(module: str, name: str, op: Attention, make_descriptors, block_n: int, consts: dict[str, Any],
+                pointers: dict[str, tuple[str, bool]], ints: dict[str, int], cc: int, warps: int) -> dict:
+    """``{name: artifact}``: Gluon kernel ``name`` of ``kernels/<module>.py`` lowered for compute capability
+    ``cc`` as a launch on contiguous tensors of ``op``'s shapes specialises it. Its q/k/v descriptor types come
+    from ``make_descriptors(op, q, k, v, block_n)`` over storage-less stand-ins, ``O`` is a pointer to the
+    output dtype, each of ``pointers`` (``name: (type, present)``) a pointer or, when absent, None; ``ints``
+    are the integer arguments' values. Shared by both Gluon attention kernels."""
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -144,29 +158,26 @@ def compile_for_target(op: Attention, cfg, cc: int) -> dict:
     from triton.runtime.jit import mangle_type
 
     from . import kernels
-    from .attention import _as_launched, _launch_scalars
+    from .attention import _as_launched
     from .backend import interpret_env
 
-    fn = kernels.load("attention_wgmma").attn_fwd_wgmma
-    consts = constexprs(op, cfg)
+    fn = getattr(kernels.load(module), name)
+    consts = dict(consts)
     dt = getattr(torch, op.dtype.value)
     shapes = op.shapes()
     # contiguous stand-ins without storage: a descriptor's type needs shapes and strides, not data
-    qd, kd, vd = descriptors(op, *(torch.empty(shapes[n], dtype=dt, device="meta") for n in "qkv"), cfg.block_n)
-    sc = _launch_scalars(op)
-    ints = {f"{a}_{x}": sc[f"stride_{b}{x}"] for a, b in (("so", "o"), ("sl", "l")) for x in "bsh"}
-    ints.update(HQ=op.heads_q, GROUP=op.group_size, sq=op.seqlen_q, sk=op.seqlen_k)
+    qd, kd, vd = make_descriptors(op, *(torch.empty(shapes[n], dtype=dt, device="meta") for n in "qkv"), block_n)
     elt = {"float16": "fp16", "bfloat16": "bf16"}[op.dtype.value]
     sig = {"q_desc": mangle_type(qd), "k_desc": mangle_type(kd), "v_desc": mangle_type(vd), "O": "*" + elt}
-    if op.return_lse:
-        sig["LSE"] = "*fp32"
-    else:
-        consts["LSE"] = None
+    for arg, (typ, present) in pointers.items():
+        if present:
+            sig[arg] = typ
+        else:
+            consts[arg] = None
     sig, consts, attrs = _as_launched(fn, sig, consts, ints)
     with interpret_env(False):
         ck = triton.compile(GluonASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", cc, 32),
                             options=dict(num_warps=4, **KERNEL_OPTIONS))
     md = ck.metadata
-    return {"attn_fwd_wgmma": {"cubin": ck.asm.get("cubin"), "ptx": ck.asm.get("ptx"),
-                               "shared": getattr(md, "shared", None), "num_warps": getattr(md, "num_warps", 12)}}
-
+    return {name: {"cubin": ck.asm.get("cubin"), "ptx": ck.asm.get("ptx"),
+                   "shared": getattr(md, "shared", None), "num_warps": getattr(md, "num_warps", warps)}}

@@ -26,19 +26,14 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from . import load
+
+cta_barrier = load("gluon_compat").cta_barrier
+
 NEG_INF = gl.constexpr(float("-inf"))
 LN2 = gl.constexpr(0.6931471805599453)
 LOG2E = gl.constexpr(1.4426950408889634)
 QROWS = gl.constexpr(64)        # the wgmma tile's rows: the program's query heads, then padding
-
-if hasattr(gl, "thread_barrier"):    # Triton 3.6
-    @gluon.jit
-    def _partition_barrier():
-        gl.thread_barrier()
-else:                                # Triton 3.9
-    @gluon.jit
-    def _partition_barrier():
-        gl.barrier()
 
 if hasattr(tma, "async_load"):       # Triton 3.9 (3.6's name below was removed there)
     @gluon.jit
@@ -105,7 +100,7 @@ def _zero_tail_rows(v_stage, t, sk, BN: gl.constexpr, DV: gl.constexpr):
     rows = t * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, vl))
     v_stage.store(gl.where((rows < sk)[:, None], v, gl.zeros_like(v)))
     fence_async_shared()
-    _partition_barrier()
+    cta_barrier()
 
 
 @gluon.jit

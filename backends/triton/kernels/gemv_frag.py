@@ -27,16 +27,11 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-UNIT_WORDS = gl.constexpr(128)
+from . import load
 
-if hasattr(gl, "thread_barrier"):    # Triton 3.6
-    @gluon.jit
-    def _cta_barrier():
-        gl.thread_barrier()
-else:                                # Triton 3.9 renamed it
-    @gluon.jit
-    def _cta_barrier():
-        gl.barrier()
+cta_barrier = load("gluon_compat").cta_barrier
+
+UNIT_WORDS = gl.constexpr(128)
 
 
 @gluon.jit
@@ -169,7 +164,7 @@ def gemv_frag_kernel(x_ptr, fw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr,
         gl.store(out_ptr + mo[None, :] * stride_om + ns[:, None], acc.to(out_ptr.dtype.element_ty), mask=omask)
     else:
         gl.store(ws_ptr + (pid_k * BM + mo[None, :]) * N + ns[:, None], acc, mask=omask)
-        _cta_barrier()
+        cta_barrier()
         lock = lock_ptr + pid_n
         arrived = gl.atomic_add(lock, 1, sem="acq_rel")
         if arrived == SPLIT_K - 1:

@@ -34,6 +34,10 @@ program, so no launch needs a zeroed buffer).
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from . import load
+
+cta_barrier = load("gluon_compat").cta_barrier
+
 #: products come out as ``x q 2^-DENORM_C`` (``gemv_quant.DENORM_C``)
 DENORM_C = gl.constexpr(64)
 #: code positions per word (int4)
@@ -49,15 +53,6 @@ else:                                                        # Triton 3.6
     @gluon.jit
     def _view(smem, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
         return smem._reinterpret(dtype, shape, layout)
-
-if hasattr(gl, "thread_barrier"):    # Triton 3.6
-    @gluon.jit
-    def _cta_barrier():
-        gl.thread_barrier()
-else:                                # Triton 3.9
-    @gluon.jit
-    def _cta_barrier():
-        gl.barrier()
 
 
 @gluon.jit
@@ -249,7 +244,7 @@ def gemv_stream_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, cnt_ptr, N,
     _wait_for_producer(PDL)
     if MODE != 3:
         _stage_x(x_ptr, x_smem, xs_smem, u0, n, G, XS, BY_UNIT, TR, WR, RPT, IW, NW)
-    _cta_barrier()
+    cta_barrier()
 
     # -- phase 2: the units, the next ones' loads in flight
     acc = gl.zeros([WR, BN], gl.float32, gl.SliceLayout(1, L3))
@@ -289,7 +284,7 @@ def gemv_stream_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, cnt_ptr, N,
                 _publish(res, ws_ptr, 2 * pid + 1, BN, L3)
                 if t_head >= 0:
                     _publish(head, ws_ptr, 2 * pid, BN, L3)
-                _cta_barrier()
+                cta_barrier()
                 if t_head >= 0:
                     _arrive(t_head, P, T, N, out_ptr, ws_ptr, cnt_ptr, G, BN, L3)
                 _arrive(t, P, T, N, out_ptr, ws_ptr, cnt_ptr, G, BN, L3)
@@ -299,6 +294,6 @@ def gemv_stream_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, cnt_ptr, N,
     # -- a range of one partial segment: its partial is the head
     if t_head >= 0:
         _publish(head, ws_ptr, 2 * pid, BN, L3)
-        _cta_barrier()
+        cta_barrier()
         _arrive(t_head, P, T, N, out_ptr, ws_ptr, cnt_ptr, G, BN, L3)
 
