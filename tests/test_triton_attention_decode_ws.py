@@ -54,6 +54,23 @@ def test_sm90_table_runs_split_paged_decode_on_the_gluon_kernel():
     assert tuning.workspace_bytes(paged(), tuning.choose(paged(), "sm_90", 132)) == 4 * 16 * 1 * 32 * (128 + 1)
 
 
+def test_autotuning_times_the_gluon_kernel_and_attn_fwd():
+    """For split paged decode on sm_90 the candidates start with the table's Gluon configuration and include
+    attn_fwd's table configuration; every candidate passes the checks of its kernel."""
+    from portakern.backends.triton import tuning
+
+    op = paged()
+    cands = tuning.candidates(op, "sm_90", 132)
+    assert cands[0] == tuning.choose(op, "sm_90", 132) and cands[0].decode_ws
+    assert tuning.choose(op, "sm_90", 132, wgmma=False) in cands
+    assert any(c.decode_ws and c.block_n == 128 for c in cands) and sum(not c.decode_ws for c in cands) > 3
+    for c in cands:
+        tuning.check_decode_ws(op, c, "sm_90")
+        tuning.check_pdl(c, "sm_90")
+        assert tuning.AttnConfig(**c.to_json()) == c
+    assert not any(c.decode_ws for c in tuning.candidates(op, "sm_80", 108))
+
+
 @pytest.mark.parametrize("arch,op,block_n,match", [
     ("sm_80", dict(), 64, r"needs sm_90 \(wgmma, TMA\), not sm_80"),
     ("sm_90", dict(prefill=True), 64, r"one query row per sequence \(decode\) over dense or paged K/V only"),

@@ -508,12 +508,15 @@ def candidates(op, arch: str, num_sms: int) -> list[AttnConfig]:
     base = choose(op, arch, num_sms)
     out = [base]
     if base.pack > 1:
-        for bn, st, w in ((64, 3, 4), (64, 4, 4), (128, 4, 4), (128, 2, 4), (64, 2, 4)):
-            c = fit(op, replace(base, block_n=bn, num_stages=st, num_warps=w), arch)
-            for splits in sorted({c.num_splits, max(1, base.num_splits // 2), base.num_splits * 2}):
-                cand = replace(c, num_splits=min(MAX_SPLITS, max(1, splits)))
-                if cand not in out:
-                    out.append(cand)
+        # the table's kernel and, where that is the Gluon decode kernel, attn_fwd's configuration too
+        bases = [base] + ([choose(op, arch, num_sms, wgmma=False)] if base.decode_ws else [])
+        for b0 in bases:
+            for bn, st, w in ((64, 3, 4), (64, 4, 4), (128, 4, 4), (128, 2, 4), (64, 2, 4)):
+                c = fit(op, replace(b0, block_n=bn, num_stages=st, num_warps=w), arch)
+                for splits in sorted({b0.num_splits, c.num_splits, max(1, b0.num_splits // 2), b0.num_splits * 2}):
+                    cand = replace(c, num_splits=min(MAX_SPLITS, max(1, splits)))
+                    if cand not in out:
+                        out.append(cand)
         # pdl as the table's (SPLIT_PDL_TABLE): checked on the H200 by the GPU tests and conformance
         return out
     out += [c for c in wgmma_candidates(op, arch) if c not in out]
