@@ -167,26 +167,36 @@ def _reference(op, q, k, v, aux):
 @parent_only
 @pytest.mark.parametrize("case", [
     dict(B=3, L=1024, page=16, Hq=32, Hkv=8, D=128, lens=[1024, 937, 1], splits=8, stages=4),
-    dict(B=2, L=2048, page=64, Hq=16, Hkv=2, D=128, lens=[2048, 129], splits=16, stages=3, dtype=DType.float16),
+    dict(B=2, L=2048, page=64, Hq=16, Hkv=2, D=128, lens=[2048, 129], splits=16, stages=3, dtype=DType.float16,
+         index=torch.int64),
     dict(B=2, L=512, page=128, Hq=8, Hkv=8, D=64, lens=[300, 512], splits=4, stages=2),
     dict(B=2, L=1024, page=32, Hq=16, Hkv=4, D=256, lens=[1000, 33], splits=6, stages=3),
     dict(B=1, L=256, page=16, Hq=64, Hkv=1, D=128, lens=[200], splits=32, stages=2),
-], ids=["p16-tails-one-key", "p64-fp16", "p128-d64", "p32-d256", "mqa64-empty-splits"])
+    dict(B=2, L=1024, page=16, Hq=32, Hkv=8, D=128, lens=[1024, 500], splits=16, stages=4, table_step=3),
+], ids=["p16-tails-one-key", "p64-fp16-int64-index", "p128-d64", "p32-d256", "mqa64-empty-splits", "strided-block-table"])
 def test_gpu_matches_the_float64_reference(case):
     """Lengths ending inside a page and a tile, one key, splits with no keys (32 splits of 4 tiles), GQA and
-    MQA with 64 query heads; NaN past every sequence must not reach the output; outputs poisoned first."""
+    MQA with 64 query heads, a block table whose pages are not adjacent in memory, int64 index arrays; NaN
+    past every sequence must not reach the output; outputs poisoned first."""
     from portakern.backends.triton import attention as A
     from portakern.backends.triton import tuning
 
     dev = _gpu()
     case = dict(case)
     lens, splits, stages = case.pop("lens"), case.pop("splits"), case.pop("stages")
+    step = case.pop("table_step", 1)
+    index = case.pop("index", torch.int32)
     op = paged(**case, return_lse=True)
     q, k, v, aux = _inputs(op, lens, seed=7)
     ref_out, ref_lse = _reference(op, q, k, v, aux)
     cuda = torch.device(str(dev))
     q, k, v = (t.to(cuda) for t in (q, k, v))
-    aux = {n: t.to(cuda) for n, t in aux.items()}
+    aux = {n: t.to(cuda, index) for n, t in aux.items()}
+    if step > 1:                               # every step-th column of a wider table: pages not adjacent
+        wide = torch.full((op.batch, op.max_pages * step), -1, dtype=torch.int32, device=cuda)
+        wide[:, ::step] = aux["block_table"]
+        aux["block_table"] = wide[:, ::step]
+        assert aux["block_table"].stride(1) == step
     s = op.shapes()
     out = torch.full(s["out"], float("nan"), dtype=q.dtype, device=cuda)
     lse = torch.full(s["lse"], float("nan"), device=cuda)

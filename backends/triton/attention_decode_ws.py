@@ -136,7 +136,7 @@ def launcher(op: Attention, cfg, combine_consts: dict[str, Any]) -> Callable[...
             ws_o, ws_lse = workspace[q.device]
         sl = lse.stride() if lse is not None else (0, 0, 0)
         fn[grid](qd, kd, vd, out, lse, ws_o, ws_lse, bt, sk, out.stride(0), out.stride(2), sl[0], sl[1],
-                 bt.stride(0) if bt is not None else 0, op.heads_q, k.shape[1], op.scale,
+                 *(bt.stride() if bt is not None else (0, 0)), op.heads_q, k.shape[1], op.scale,
                  **consts, num_warps=4, **KERNEL_OPTIONS)
         if cfg.num_splits > 1:
             combine[(op.batch * op.heads_q,)](ws_o, ws_lse, out, lse, *out.stride()[:3], *sl, 1, op.batch,
@@ -155,7 +155,7 @@ def compile_for_target(op: Attention, cfg, cc: int) -> dict:
     consts = constexprs(op, cfg)
     sc = _launch_scalars(op)
     ints = dict(so_b=sc["stride_ob"], so_h=sc["stride_oh"], sl_b=sc["stride_lb"], sl_h=sc["stride_lh"],
-                stride_btb=sc["stride_btb"], HQ=op.heads_q, seqlen_kv=op.shapes()["k"][1])
+                stride_btb=sc["stride_btb"], stride_btp=sc["stride_btp"], HQ=op.heads_q, seqlen_kv=op.shapes()["k"][1])
     split = cfg.num_splits > 1
     pointers = {"LSE": ("*fp32", op.return_lse), "WS_O": ("*fp32", split), "WS_LSE": ("*fp32", split),
                 "BT": ("*i32", consts["PAGED"]), "SEQLENS_K": ("*i32", consts["HAS_SEQLENS"])}

@@ -55,7 +55,7 @@ def _split_range(n_tiles, split, SPLITS: gl.constexpr):
 
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
-                    BT, stride_btb, b, q_row, kv_col, sk, seqlen_kv, t_lo, t_hi,
+                    BT, stride_btb, stride_btp, b, q_row, kv_col, sk, seqlen_kv, t_lo, t_hi,
                     BN: gl.constexpr, PR: gl.constexpr, PAGE: gl.constexpr, PAGED: gl.constexpr,
                     STAGES: gl.constexpr):
     """Producer: q once, then per tile K and V box by box (one box per page when pages are smaller than a
@@ -75,7 +75,7 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready
         for p in gl.static_range(NP):
             key = t * BN + gl.minimum(p, n_box - 1) * PR
             if PAGED:
-                page = gl.load(BT + b.to(gl.int64) * stride_btb + key // PAGE)
+                page = gl.load(BT + b.to(gl.int64) * stride_btb + (key // PAGE) * stride_btp).to(gl.int32)
                 row = page * PAGE + key % PAGE
             else:
                 row = b * seqlen_kv + key
@@ -188,7 +188,7 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, ready, empty, O, LSE, WS_O, WS_LSE,
 
 @gluon.jit
 def attn_decode_ws(q_desc, k_desc, v_desc, O, LSE, WS_O, WS_LSE, BT, SEQLENS_K,
-                   so_b, so_h, sl_b, sl_h, stride_btb, HQ, seqlen_kv, scale,
+                   so_b, so_h, sl_b, sl_h, stride_btb, stride_btp, HQ, seqlen_kv, scale,
                    GROUP: gl.constexpr, BN: gl.constexpr, PR: gl.constexpr, PAGE: gl.constexpr, D: gl.constexpr,
                    DV: gl.constexpr, STAGES: gl.constexpr, SPLITS: gl.constexpr, PAGED: gl.constexpr,
                    HAS_SEQLENS: gl.constexpr, RETURN_LSE: gl.constexpr,
@@ -196,7 +196,7 @@ def attn_decode_ws(q_desc, k_desc, v_desc, O, LSE, WS_O, WS_LSE, BT, SEQLENS_K,
     """Grid ``(SPLITS, B * HKV)``. ``q_desc``: 2-D over ``(B * HQ, D)``, block ``(64, D)``; ``k_desc`` /
     ``v_desc``: 2-D over ``(rows, HKV * D)``, block ``(PR, D)`` (module docstring). ``O`` ``(B, 1, HQ, DV)``
     (strides ``so_b``, ``so_h``), ``LSE`` ``(B, HQ, 1)`` (``sl_b``, ``sl_h``); ``WS_O`` / ``WS_LSE`` the
-    split workspace when ``SPLITS > 1``; ``BT`` the block table (row stride ``stride_btb``) when ``PAGED``;
+    split workspace when ``SPLITS > 1``; ``BT`` the block table (strides ``stride_btb``, ``stride_btp``) when ``PAGED``;
     ``SEQLENS_K`` per batch when ``HAS_SEQLENS`` (else every sequence has ``seqlen_kv`` keys)."""
     split = gl.program_id(0)
     bh = gl.program_id(1)
@@ -204,7 +204,7 @@ def attn_decode_ws(q_desc, k_desc, v_desc, O, LSE, WS_O, WS_LSE, BT, SEQLENS_K,
     b = bh // hkv
     kvh = bh % hkv
     if HAS_SEQLENS:
-        sk = gl.load(SEQLENS_K + b)
+        sk = gl.load(SEQLENS_K + b).to(gl.int32)     # int32 or int64 lengths; TMA coordinates are int32
     else:
         sk = seqlen_kv
     t_lo, t_hi = _split_range(gl.cdiv(sk, BN), split, SPLITS)
@@ -226,6 +226,6 @@ def attn_decode_ws(q_desc, k_desc, v_desc, O, LSE, WS_O, WS_LSE, BT, SEQLENS_K,
                      so_b, so_h, sl_b, sl_h, b, gl.num_programs(1) // hkv, kvh, split, sk, t_lo, t_hi, scale, HQ,
                      GROUP, BN, D, DV, STAGES, SPLITS, RETURN_LSE)),
         (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
-                           BT, stride_btb, b, b * HQ + kvh * GROUP, kvh * D, sk, seqlen_kv, t_lo, t_hi,
+                           BT, stride_btb, stride_btp, b, b * HQ + kvh * GROUP, kvh * D, sk, seqlen_kv, t_lo, t_hi,
                            BN, PR, PAGE, PAGED, STAGES))],
                        [1], [PRODUCER_REGS])
