@@ -95,20 +95,23 @@ def table_config(op, dev):
 def sweep_candidates(op, dev):
     base = table_config(op, dev)
     arch, sms = A._device_arch(dev)
-    out = [base, replace(base, fused_combine=False)] if base.num_splits > 1 else [base]
+    out = [base, replace(base, fused_combine=False)] if base.num_splits > 1 and not base.decode_ws else [base]
     if base.pack > 1:
-        for (bn, st), w in itertools.product(DECODE_SWEEP["tiles"], DECODE_SWEEP["warps"]):
-            c = tuning.fit(op, replace(base, block_n=bn, num_stages=st, num_warps=w), arch)
+        # where the table runs the Gluon decode kernel (it always merges in attn_combine), attn_fwd's tiles too
+        bases = [base] + ([tuning.choose(op, arch, sms, wgmma=False)] if base.decode_ws else [])
+        for b0, (bn, st), w in itertools.product(bases, DECODE_SWEEP["tiles"], DECODE_SWEEP["warps"]):
+            c = tuning.fit(op, replace(b0, block_n=bn, num_stages=st, num_warps=w), arch)
             tiles = -(-op.seqlen_k // c.block_n)
-            for splits in DECODE_SWEEP["splits"] if base.num_splits > 1 else (1, 2):
+            for splits in DECODE_SWEEP["splits"] if b0.num_splits > 1 else (1, 2):
                 if splits > tiles:
                     continue
                 # the fused merge lost on dense keys at every split count on the H200 (sessions 2, 7, 12)
                 # and won on pages of 16 (session 12): swept up to 16 splits, with and without pdl
-                merges = ((True, False),) if splits == 1 else ((base.fused_combine, base.pdl),) \
+                merges = ((True, False),) if splits == 1 and not c.decode_ws else \
+                    ((False, False),) if c.decode_ws else ((b0.fused_combine, b0.pdl),) \
                     if DECODE_SWEEP["merges"] == "table" else \
                     ((False, False), (False, True)) + (((True, False), (True, True))
-                                                       if base.fused_combine or splits <= 16 else ())
+                                                       if b0.fused_combine or splits <= 16 else ())
                 for fused, pdl in merges:
                     if pdl and arch not in tuning.PDL_ARCHS:
                         continue

@@ -11,9 +11,11 @@
 #   stream-probe    benchmarks/experiments/gemv_stream_probe.py: the M=1 stream-K kernel against float64, then
 #                   its configurations against the CUDA-core table, tinygemm and the floor
 #   attention-tests the GPU tests of the attention kernels (split decode replayed in a CUDA graph, TMA,
-#                   the Gluon prefill kernel)
+#                   the Gluon prefill and decode kernels)
 #   wgmma-probe     benchmarks/experiments/attention_wgmma_probe.py: the Gluon prefill kernel against
 #                   float64, then its tiles against attn_fwd, cuDNN and flash
+#   decode-ws-probe benchmarks/experiments/decode_ws_probe.py: the Gluon decode kernel against float64 (NaN past
+#                   every sequence), then its tiles and split counts against the table's attn_fwd
 #   gemv-sweep      benchmarks/gemv.py --sweep over dq 2/3 and both operand orders, M 1 4 16
 #   gemv-bench      benchmarks/gemv.py with the tables (no sweep)
 #   gemv-rows-sweep benchmarks/gemv.py --sweep at M=1 over both tile families (group_rows 0/1), the
@@ -72,9 +74,13 @@ for s in "$@"; do
         stream-probe) step stream-probe python3 benchmarks/experiments/gemv_stream_probe.py --phase both \
             --tag="$TAG" --out "$RES" ;;
         attention-tests) step attention-tests python3 -m pytest -q -p no:cacheprovider tests/test_triton_attention.py \
-            tests/test_triton_attention_tma.py tests/test_triton_attention_wgmma.py -k gpu ;;
+            tests/test_triton_attention_tma.py tests/test_triton_attention_wgmma.py \
+            tests/test_triton_attention_decode_ws.py -k gpu ;;
         wgmma-probe) step wgmma-probe bash -c "python3 benchmarks/experiments/attention_wgmma_probe.py --phase check \
             --tag='$TAG' --out '$RES' && python3 benchmarks/experiments/attention_wgmma_probe.py --phase bench \
+            --tag='$TAG' --out '$RES'" ;;
+        decode-ws-probe) step decode-ws-probe bash -c "python3 benchmarks/experiments/decode_ws_probe.py --phase check \
+            --tag='$TAG' --out '$RES' && python3 benchmarks/experiments/decode_ws_probe.py --phase bench \
             --tag='$TAG' --out '$RES'" ;;
         gemv-sweep) step gemv-sweep python3 benchmarks/gemv.py --sweep --ms 1 4 16 --dq 2 3 --swap both \
             --tag="$TAG" --out "$RES" ;;
