@@ -173,7 +173,8 @@ def _reference(op, q, k, v, aux):
     dict(B=2, L=1024, page=32, Hq=16, Hkv=4, D=256, lens=[1000, 33], splits=6, stages=3),
     dict(B=1, L=256, page=16, Hq=64, Hkv=1, D=128, lens=[200], splits=32, stages=2),
     dict(B=2, L=1024, page=16, Hq=32, Hkv=8, D=128, lens=[1024, 500], splits=16, stages=4, table_step=3),
-], ids=["p16-tails-one-key", "p64-fp16-int64-index", "p128-d64", "p32-d256", "mqa64-empty-splits", "strided-block-table"])
+], ids=["p16-tails-one-key", "p64-fp16-int64-index", "p128-d64", "p32-d256", "mqa64-empty-splits",
+        "strided-block-table"])
 def test_gpu_matches_the_float64_reference(case):
     """Lengths ending inside a page and a tile, one key, splits with no keys (32 splits of 4 tiles), GQA and
     MQA with 64 query heads, a block table whose pages are not adjacent in memory, int64 index arrays; NaN

@@ -7,7 +7,8 @@ tile, ``num_stages`` ring stages, ``num_splits`` splits merged by ``attn_combine
 lowers the kernel without a GPU. It serves one query row per sequence (decode) over dense or paged
 bf16/fp16 K/V with ``head_dim == head_dim_v`` in {64, 128, 256}, at most 64 query heads per KV head, a
 positive scale, no score_mod, and no mask or the library's causal mask (which hides no key from the last
-query row): ``attention_wgmma.scores_blocker``; pages of a multiple of 8 rows that divide or are divided by the key tile.
+query row): ``attention_wgmma.scores_blocker``; pages of a multiple of 8 rows that divide or are divided by
+the key tile.
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ from portakern.ir.ops import Attention, KVLayout
 from .backend import KERNEL_OPTIONS
 
 QUERY_ROWS = 64          # the wgmma tile's rows: a program's query heads, then padding
-CONSUMER_REGS = 240
-PRODUCER_REGS = 40       # the load warp keeps a page id and box coordinates
+PRODUCER_REGS = 40       # setmaxnreg of the load warp (a page id and box coordinates)
 
 
 def box_rows(op: Attention, block_n: int) -> int:
@@ -100,8 +100,7 @@ def constexprs(op: Attention, cfg) -> dict[str, Any]:
     paged = op.kv_layout is KVLayout.PAGED
     return dict(GROUP=op.group_size, BN=cfg.block_n, PR=box_rows(op, cfg.block_n), PAGE=op.page_size if paged else 1,
                 D=op.head_dim, DV=op.head_dim_v, STAGES=cfg.num_stages, SPLITS=cfg.num_splits, PAGED=paged,
-                HAS_SEQLENS=paged or op.has_seqlens_k, RETURN_LSE=op.return_lse,
-                CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS)
+                HAS_SEQLENS=paged or op.has_seqlens_k, RETURN_LSE=op.return_lse, PRODUCER_REGS=PRODUCER_REGS)
 
 
 def smem_bytes(op: Attention, block_n: int, stages: int) -> int:

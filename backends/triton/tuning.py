@@ -479,9 +479,9 @@ def workspace_bytes(op, cfg: AttnConfig) -> int:
 
     ``4 * num_splits * R * Hq * (Dv + 1)`` bytes of float32 partials (output and LSE per split),
     ``R = B * Sq`` (``total_q`` for varlen), plus one int32 arrival counter per query tile
-    (``query_tiles``; none on the Gluon decode kernel, ``decode_ws``). ``num_splits <= MAX_SPLITS`` and splitting only happens while the query
-    tiles alone fill less than ``PROGRAMS_PER_SM`` x the multiprocessors, so it stays small:
-    e.g. B=1, Hq=32, Dv=128, 32 splits: 516 KiB.
+    (``query_tiles``; none on the Gluon decode kernel, ``decode_ws``). ``num_splits <= MAX_SPLITS`` and
+    splitting only happens while the query tiles alone fill less than ``PROGRAMS_PER_SM`` x the
+    multiprocessors, so it stays small: e.g. B=1, Hq=32, Dv=128, 32 splits: 516 KiB.
     """
     if cfg.num_splits == 1:
         return 0

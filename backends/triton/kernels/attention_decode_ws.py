@@ -12,8 +12,9 @@ dense keys at 8k, ``benchmarks/attention_notes.md`` session 14). Here the schedu
   smaller than a tile), so page ids never wait in the consumer's loop;
 * partition 0 (4 warps) runs the prefill kernel's loop (``attention_wgmma``): tile t's scores and tile
   t-1's ``P V`` in flight together; a stage is released once its ``P V`` is done;
-* the last tile of a split may hold keys past the sequence (or stale stage contents where the producer
-  skipped a box past it): its scores are masked and its V rows zeroed in shared memory before ``P V``.
+* the last tile of a sequence may hold rows past its end (the rest of a page or of the tensor's rows, or a
+  repeat of the tile's last box where no page holds the keys): its scores are masked and those V rows
+  zeroed in shared memory before ``P V``.
 
 K/V go through 2-D descriptors over ``(rows, HKV * D)``: dense ``(B * S, ...)`` (row ``b S + n``), paged
 ``(pages * PAGE, ...)`` (row ``page * PAGE + n % PAGE``); q through one over ``(B * HQ, D)``. Each split
@@ -92,9 +93,9 @@ def _scores_masked(s, t, sk, BN: gl.constexpr, s_layout: gl.constexpr):
 
 @gluon.jit
 def _zero_tail_rows(v_stage, t, sk, BN: gl.constexpr, DV: gl.constexpr):
-    """Zero the V rows of tile ``t`` at or past ``sk`` in shared memory (stale or another sequence's rows:
-    their ``p`` is 0, but 0 times a NaN is not), then order the writes before the wgmma that reads them
-    (every warp's writes: a barrier of the consumer partition after each one's proxy fence)."""
+    """Zero the V rows of tile ``t`` at or past ``sk`` in shared memory (rows the sequence does not own: their
+    ``p`` is 0, but 0 times a NaN is not), then order the writes before the wgmma that reads them (every
+    warp's writes: a barrier of the consumer partition after each one's proxy fence)."""
     vl: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     v = v_stage.load(vl)
     rows = t * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, vl))
@@ -191,13 +192,12 @@ def attn_decode_ws(q_desc, k_desc, v_desc, O, LSE, WS_O, WS_LSE, BT, SEQLENS_K,
                    so_b, so_h, sl_b, sl_h, stride_btb, stride_btp, HQ, seqlen_kv, scale,
                    GROUP: gl.constexpr, BN: gl.constexpr, PR: gl.constexpr, PAGE: gl.constexpr, D: gl.constexpr,
                    DV: gl.constexpr, STAGES: gl.constexpr, SPLITS: gl.constexpr, PAGED: gl.constexpr,
-                   HAS_SEQLENS: gl.constexpr, RETURN_LSE: gl.constexpr,
-                   CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                   HAS_SEQLENS: gl.constexpr, RETURN_LSE: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     """Grid ``(SPLITS, B * HKV)``. ``q_desc``: 2-D over ``(B * HQ, D)``, block ``(64, D)``; ``k_desc`` /
     ``v_desc``: 2-D over ``(rows, HKV * D)``, block ``(PR, D)`` (module docstring). ``O`` ``(B, 1, HQ, DV)``
     (strides ``so_b``, ``so_h``), ``LSE`` ``(B, HQ, 1)`` (``sl_b``, ``sl_h``); ``WS_O`` / ``WS_LSE`` the
-    split workspace when ``SPLITS > 1``; ``BT`` the block table (strides ``stride_btb``, ``stride_btp``) when ``PAGED``;
-    ``SEQLENS_K`` per batch when ``HAS_SEQLENS`` (else every sequence has ``seqlen_kv`` keys)."""
+    split workspace when ``SPLITS > 1``; ``BT`` the block table (strides ``stride_btb``, ``stride_btp``)
+    when ``PAGED``; ``SEQLENS_K`` per batch when ``HAS_SEQLENS`` (else every sequence has ``seqlen_kv`` keys)."""
     split = gl.program_id(0)
     bh = gl.program_id(1)
     hkv = HQ // GROUP
@@ -228,4 +228,4 @@ def attn_decode_ws(q_desc, k_desc, v_desc, O, LSE, WS_O, WS_LSE, BT, SEQLENS_K,
         (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
                            BT, stride_btb, stride_btp, b, b * HQ + kvh * GROUP, kvh * D, sk, seqlen_kv, t_lo, t_hi,
                            BN, PR, PAGE, PAGED, STAGES))],
-                       [1], [PRODUCER_REGS])
+                       [1], [PRODUCER_REGS])   # the consumer warpgroup keeps the registers the load warp gives up
