@@ -238,7 +238,7 @@ def time_it(dq=3) -> None:
             for BN, stages, split in configs_for(N, K):
                 descs = [TensorDescriptor(w, [kwp, N], [N, 1], [BKW, BN]) if tma else None for w in ws]
 
-                def run():
+                def run(ws=ws, ss=ss, zs=zs, descs=descs, BN=BN, stages=stages, split=split, tma=tma):
                     for i in range(copies):
                         launch(x, ws[i], ss[i], zs[i], out, N, K, BN, stages, split, tma, dq, descs[i])
 
