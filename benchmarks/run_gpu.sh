@@ -14,6 +14,8 @@
 #                   the Gluon prefill and decode kernels)
 #   wgmma-probe     benchmarks/experiments/attention_wgmma_probe.py: the Gluon prefill kernel against
 #                   float64, then its tiles against attn_fwd, cuDNN and flash
+#   gemv-stream-ws  benchmarks/experiments/gemv_stream_ws.py: the M=1 stream kernel with its words through a
+#                   TMA ring (warp-specialised; session 14, not yet run): against float64, then timed
 #   decode-ws-probe benchmarks/experiments/decode_ws_probe.py: the Gluon decode kernel against float64 (NaN past
 #                   every sequence), then its tiles and split counts against the table's attn_fwd
 #   gemv-sweep      benchmarks/gemv.py --sweep over dq 2/3 and both operand orders, M 1 4 16
@@ -78,6 +80,9 @@ for s in "$@"; do
             tests/test_triton_attention_decode_ws.py -k gpu ;;
         wgmma-probe) step wgmma-probe bash -c "python3 benchmarks/experiments/attention_wgmma_probe.py --phase check \
             --tag='$TAG' --out '$RES' && python3 benchmarks/experiments/attention_wgmma_probe.py --phase bench \
+            --tag='$TAG' --out '$RES'" ;;
+        gemv-stream-ws) step gemv-stream-ws bash -c "python3 benchmarks/experiments/gemv_stream_ws.py --phase check \
+            --tag='$TAG' --out '$RES' && python3 benchmarks/experiments/gemv_stream_ws.py --phase bench \
             --tag='$TAG' --out '$RES'" ;;
         decode-ws-probe) step decode-ws-probe bash -c "python3 benchmarks/experiments/decode_ws_probe.py --phase check \
             --tag='$TAG' --out '$RES' && python3 benchmarks/experiments/decode_ws_probe.py --phase bench \
