@@ -48,7 +48,12 @@ BENCH_SHAPES = [(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336), (28672
                 (28672, 8192), (16384, 16384), (128256, 4096)]
 
 
-def check(cfgs, res):
+def check(cfgs, res, make=None):
+    """Every check case under each configuration of ``cfgs`` and grids of 1 / 7 / 132 / 1000 programs, two
+    launches each on a NaN-poisoned output; returns the failures. ``make(op, prepared, cfg, programs)`` builds the
+    launcher (default: the stream kernel's, ``cfg`` = (block_n, units ahead, programs per SM));
+    ``experiments/gemv_stream_ws.py`` passes its own."""
+    make = make or (lambda op, p, c, programs: S.Launcher(op, p, _cfg(p, *c), 132, "cuda", programs=programs))
     dev = torch_device("cuda", 0)
     fails = 0
     for packing, sym, N, K, dt in CHECK_CASES:
@@ -59,9 +64,9 @@ def check(cfgs, res):
         op, _ = quant_gemv_op(x, wd)
         p = Q.prepare_weight(None, w, dev)
         ref = x.double().cpu().numpy() @ dequantize(w.fmt, w.tensors, w.N, w.K).T
-        for bn, ahead, per_sm in cfgs:
+        for cfg in cfgs:
             for programs in (1, 7, 132, 1000):
-                ln = S.Launcher(op, p, _cfg(p, bn, ahead, per_sm), 132, "cuda", programs=programs)
+                ln = make(op, p, cfg, programs)
                 out = torch.empty(1, N, device="cuda", dtype=x.dtype)
                 errs = []
                 for _ in range(2):
@@ -71,9 +76,9 @@ def check(cfgs, res):
                     errs.append(float(np.abs(out.double().cpu().numpy() - ref).max() / np.abs(ref).max()))
                 ok = all(e <= {"bfloat16": 1e-2, "float16": 2e-3}[dt] for e in errs)
                 fails += not ok
-                res["check"].append(dict(case=case[0], dtype=dt, cfg=[bn, ahead], programs=ln.programs,
+                res["check"].append(dict(case=case[0], dtype=dt, cfg=list(cfg), programs=ln.programs,
                                          errs=errs, ok=ok))
-                print(f"check {case[0]:18s} {dt:8s} {bn},{ahead} P={ln.programs:5d} "
+                print(f"check {case[0]:18s} {dt:8s} {','.join(map(str, cfg))} P={ln.programs:5d} "
                       f"{'ok ' if ok else 'BAD'} {max(errs):.2e}", flush=True)
     return fails
 

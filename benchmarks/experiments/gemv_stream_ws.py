@@ -30,23 +30,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
 
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma  # noqa: E402
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier  # noqa: E402
 
 from portakern.backends.triton import kernels  # noqa: E402
 
 _S = kernels.load("gemv_stream")            # the stream kernel's helpers (jit flavour)
 cta_barrier = kernels.load("gluon_compat").cta_barrier
+tma_load = kernels.load("gluon_compat").tma_load
 EPW = gl.constexpr(8)
-
-if hasattr(tma, "async_load"):       # Triton 3.9
-    @gluon.jit
-    def _tma_load3(desc, a, b, c, bar, dst):
-        tma.async_load(desc, [a, b, c], bar, dst)
-else:                                # Triton 3.6
-    @gluon.jit
-    def _tma_load3(desc, a, b, c, bar, dst):
-        tma.async_copy_global_to_shared(desc, [a, b, c], bar, dst)
-
 
 @gluon.jit
 def _words_partition(w_desc, w_smem, ready, empty, u0, n, G: gl.constexpr, WR: gl.constexpr, BN: gl.constexpr,
@@ -59,7 +50,7 @@ def _words_partition(w_desc, w_smem, ready, empty, u0, n, G: gl.constexpr, WR: g
         s = i % STAGES
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(s), w_desc.block_type.nbytes)
-        _tma_load3(w_desc, g * WR, 0, t * BN, ready.index(s), w_smem.index(s))
+        tma_load(w_desc, (g * WR, 0, t * BN), ready.index(s), w_smem.index(s))
 
 
 @gluon.jit
@@ -215,47 +206,12 @@ class Launcher:
 
 
 def check(configs, res) -> int:
-    """``gemv_stream_probe``'s check cases for each ``(stages, per_sm)``, grids of 1 / 7 / 132 / 1000 programs, two
-    launches each on a NaN-poisoned output; returns the failures."""
-    import numpy as np
-    import torch
-
+    """``gemv_stream_probe.check`` (its cases, grids of 1 / 7 / 132 / 1000 programs, NaN-poisoned outputs) with
+    this kernel at each ``(stages, per_sm)``; returns the failures."""
     import experiments.gemv_stream_probe as SP
-    from gemv_cases import weight
-    from portakern.backends.triton import quant_gemv as Q
-    from portakern.devices import torch_device
-    from portakern.ir.packing import dequantize
-    from portakern.validate import quant_gemv_op
 
-    dev = torch_device("cuda", 0)
-    fails = 0
-    for packing, sym, N, K, dt in SP.CHECK_CASES:
-        case = (f"{packing}-{N}x{K}", packing, 4, 128, sym, 1, N, K, dt, {})
-        w = weight(case)
-        x = torch.randn(1, K, device="cuda", dtype=torch.float64).to(getattr(torch, dt))
-        op, _ = quant_gemv_op(x, w.with_tensors({k: torch.as_tensor(v).to("cuda") for k, v in w.tensors.items()}))
-        p = Q.prepare_weight(None, w, dev)
-        ref = x.double().cpu().numpy() @ dequantize(w.fmt, w.tensors, w.N, w.K).T
-        for stages, per_sm in configs:
-            for programs in (1, 7, 132, 1000):
-                try:
-                    ln = Launcher(op, p, stages=stages, per_sm=per_sm, programs=programs)
-                    out = torch.empty(1, N, device="cuda", dtype=x.dtype)
-                    errs = []
-                    for _ in range(2):
-                        out.fill_(float("nan"))
-                        ln(x, p, out)
-                        torch.cuda.synchronize()
-                        errs.append(float(np.abs(out.double().cpu().numpy() - ref).max() / np.abs(ref).max()))
-                    ok = all(e <= {"bfloat16": 1e-2, "float16": 2e-3}[dt] for e in errs)
-                except Exception as e:      # a launch that fails is a failed check, reported
-                    errs, ok = [f"{type(e).__name__}: {str(e)[:200]}"], False
-                fails += not ok
-                res["check"].append(dict(case=case[0], dtype=dt, stages=stages, per_sm=per_sm, programs=programs,
-                                         errs=errs, ok=ok))
-                print(f"check {case[0]:18s} {dt:8s} st={stages} per_sm={per_sm} P={programs:5d} "
-                      f"{'ok ' if ok else 'BAD'} {errs}", flush=True)
-    return fails
+    return SP.check(configs, res, make=lambda op, p, c, programs: Launcher(op, p, stages=c[0], per_sm=c[1],
+                                                                             programs=programs))
 
 
 def bench(configs, res, shapes) -> None:

@@ -24,27 +24,18 @@ writes its normalised partial output and log-sum-exp to the workspace that ``att
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
 from . import load
 
 cta_barrier = load("gluon_compat").cta_barrier
+tma_load = load("gluon_compat").tma_load
 
 NEG_INF = gl.constexpr(float("-inf"))
 LN2 = gl.constexpr(0.6931471805599453)
 LOG2E = gl.constexpr(1.4426950408889634)
 QROWS = gl.constexpr(64)        # the wgmma tile's rows: the program's query heads, then padding
-
-if hasattr(tma, "async_load"):       # Triton 3.9 (3.6's name below was removed there)
-    @gluon.jit
-    def _tma_load(desc, row, col, bar, dst):
-        tma.async_load(desc, [row, col], bar, dst)
-else:                                # Triton 3.6
-    @gluon.jit
-    def _tma_load(desc, row, col, bar, dst):
-        tma.async_copy_global_to_shared(desc, [row, col], bar, dst)
-
 
 @gluon.jit
 def _split_range(n_tiles, split, SPLITS: gl.constexpr):
@@ -64,7 +55,7 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready
     compile-time byte count, and its block-table entry may be anything): the consumer masks those keys."""
     NP: gl.constexpr = BN // PR
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    _tma_load(q_desc, q_row, 0, q_bar, q_smem)
+    tma_load(q_desc, (q_row, 0), q_bar, q_smem)
     for i in range(t_hi - t_lo):
         t = t_lo + i
         s = i % STAGES
@@ -80,8 +71,8 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready
                 row = page * PAGE + key % PAGE
             else:
                 row = b * seqlen_kv + key
-            _tma_load(k_desc, row, kv_col, ready.index(s), k_smem.index(s).slice(p * PR, PR))
-            _tma_load(v_desc, row, kv_col, ready.index(s), v_smem.index(s).slice(p * PR, PR))
+            tma_load(k_desc, (row, kv_col), ready.index(s), k_smem.index(s).slice(p * PR, PR))
+            tma_load(v_desc, (row, kv_col), ready.index(s), v_smem.index(s).slice(p * PR, PR))
 
 
 @gluon.jit

@@ -27,21 +27,15 @@ descriptors zero-fill past each batch's end, so no tile reads the next batch's r
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+
+from . import load
+
+tma_load = load("gluon_compat").tma_load
 
 NEG_INF = gl.constexpr(float("-inf"))
 LN2 = gl.constexpr(0.6931471805599453)
 LOG2E = gl.constexpr(1.4426950408889634)
-
-if hasattr(tma, "async_load"):       # Triton 3.9 (3.6's name below was removed there)
-    @gluon.jit
-    def _tma_load(desc, b, row, col, bar, dst):
-        tma.async_load(desc, [b, row, col], bar, dst)
-else:                                # Triton 3.6
-    @gluon.jit
-    def _tma_load(desc, b, row, col, bar, dst):
-        tma.async_copy_global_to_shared(desc, [b, row, col], bar, dst)
-
 
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
@@ -51,21 +45,21 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_rea
     tile ahead of V (a consumer needs ``K_t`` a tile before ``V_t``)."""
     # -- phase 1: queries (one barrier for both halves), then the first key tile
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    _tma_load(q_desc, b, m0, q_col, q_bar, q_smem.index(0))
-    _tma_load(q_desc, b, m0 + QR, q_col, q_bar, q_smem.index(1))
+    tma_load(q_desc, (b, m0, q_col), q_bar, q_smem.index(0))
+    tma_load(q_desc, (b, m0 + QR, q_col), q_bar, q_smem.index(1))
     mbarrier.expect(k_ready.index(0), k_desc.block_type.nbytes)
-    _tma_load(k_desc, b, 0, kv_col, k_ready.index(0), k_smem.index(0))
+    tma_load(k_desc, (b, 0, kv_col), k_ready.index(0), k_smem.index(0))
     # -- phase 2: K_{t+1}, then V_t; a stage is refilled once both consumers released it
     for t in range(n_tiles):
         if t + 1 < n_tiles:
             ks = (t + 1) % KSTAGES
             mbarrier.wait(k_empty.index(ks), (((t + 1) // KSTAGES) & 1) ^ 1)
             mbarrier.expect(k_ready.index(ks), k_desc.block_type.nbytes)
-            _tma_load(k_desc, b, (t + 1) * BN, kv_col, k_ready.index(ks), k_smem.index(ks))
+            tma_load(k_desc, (b, (t + 1) * BN, kv_col), k_ready.index(ks), k_smem.index(ks))
         vs = t % STAGES
         mbarrier.wait(v_empty.index(vs), ((t // STAGES) & 1) ^ 1)
         mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes)
-        _tma_load(v_desc, b, t * BN, kv_col, v_ready.index(vs), v_smem.index(vs))
+        tma_load(v_desc, (b, t * BN, kv_col), v_ready.index(vs), v_smem.index(vs))
 
 
 @gluon.jit

@@ -2,6 +2,7 @@
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import tma
 
 if hasattr(gl, "thread_barrier"):    # Triton 3.6
     @gluon.jit
@@ -13,3 +14,15 @@ else:                                # Triton 3.9 renamed it
     def cta_barrier():
         """A barrier of the calling warps (the CTA, or a ``warp_specialize`` partition)."""
         gl.barrier()
+
+
+if hasattr(tma, "async_load"):       # Triton 3.9 (3.6's name below was removed there)
+    @gluon.jit
+    def tma_load(desc, coord, bar, dst):
+        """A TMA copy of ``desc``'s block at ``coord`` (a tuple) into ``dst``, completing on ``bar``."""
+        tma.async_load(desc, coord, bar, dst)
+else:                                # Triton 3.6
+    @gluon.jit
+    def tma_load(desc, coord, bar, dst):
+        """A TMA copy of ``desc``'s block at ``coord`` (a tuple) into ``dst``, completing on ``bar``."""
+        tma.async_copy_global_to_shared(desc, coord, bar, dst)
