@@ -123,6 +123,7 @@ def test_lowering_for_sm90a_has_a_load_warp_per_page_copies_and_wgmma(page):
     """The table's choice lowers to the Gluon kernel and the merge: TMA copies (one K and one V box per
     page of 16, four per 64-key tile; one per tile for pages of 64), mbarrier waits, setmaxnreg, wgmma."""
     from portakern.backends.triton import attention as A
+    from portakern.backends.triton import tuning
 
     op = paged(page=page, return_lse=True)
     art = A.compile_for_target(op, "sm_90a")
@@ -135,6 +136,9 @@ def test_lowering_for_sm90a_has_a_load_warp_per_page_copies_and_wgmma(page):
     assert "mbarrier.try_wait" in ptx and "setmaxnreg" in ptx and ptx.count("wgmma.mma_async") >= 16
     assert k["shared"] <= 227 * 1024 and k["cubin"]
     assert "attn_fwd" in A.compile_for_target(op, "sm_80")["kernels"]      # other targets: the Triton kernel
+    # a configuration asking for the fused merge still merges in attn_combine (the kernel has no fused merge)
+    own = tuning.AttnConfig(16, 64, 4, 3, pack=4, num_splits=8, fused_combine=True, pdl=True, decode_ws=True)
+    assert sorted(A.compile_for_target(op, "sm_90a", own)["kernels"]) == ["attn_combine", "attn_decode_ws"]
 
 
 # -- on an sm_90 GPU ------------------------------------------------------------------------------------

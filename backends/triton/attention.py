@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import replace
 from typing import Any, Callable
 
 from portakern.backend import YES, Support, no
@@ -279,7 +280,8 @@ def _build_gluon(op: Attention, device: Device, cfg: AttnConfig, arch: str) -> C
         launch = attention_wgmma.launcher(op, cfg)
     else:
         mod, what = attention_decode_ws, "the Gluon decode kernel"
-        launch = attention_decode_ws.launcher(op, cfg, _combine_constexprs(op, cfg, tuning.next_pow2(op.head_dim_v)))
+        merge = replace(cfg, fused_combine=False)        # the kernel always merges in attn_combine
+        launch = attention_decode_ws.launcher(op, cfg, _combine_constexprs(op, merge, tuning.next_pow2(op.head_dim_v)))
     slow: list[Callable[..., None]] = []
 
     def kernel(q, k, v, out, lse, aux=None) -> None:
@@ -424,7 +426,8 @@ def compile_for_target(op: Attention, target: str, config: AttnConfig | None = N
 
         arts = attention_decode_ws.compile_for_target(op, cfg, cc)
         if cfg.num_splits > 1:
-            arts["attn_combine"] = _compile_combine(op, cfg, tuning.next_pow2(op.head_dim_v), ptr, target_obj)
+            merge = replace(cfg, fused_combine=False)       # the kernel always merges in attn_combine
+            arts["attn_combine"] = _compile_combine(op, merge, tuning.next_pow2(op.head_dim_v), ptr, target_obj)
         return {"target": target, "config": cfg.to_json(), "kernels": arts}
     consts = _constexprs(op, cfg, False, load_mods(op.score_mod, op.mask_mod, False))
     fwd = kernels.load("attention_fwd").attn_fwd
