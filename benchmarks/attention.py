@@ -92,6 +92,20 @@ def table_config(op, dev):
     return tuning.choose(op, arch, sms)
 
 
+def _merges(c, base, splits):
+    """``(fused_combine, pdl)`` pairs the decode sweep times for candidate ``c`` (from ``base``) at ``splits``."""
+    if c.decode_ws:
+        return ((False, False),)                # the Gluon decode kernel always merges in attn_combine
+    if splits == 1:
+        return ((True, False),)
+    if DECODE_SWEEP["merges"] == "table":
+        return ((base.fused_combine, base.pdl),)
+    # the fused merge lost on dense keys at every split count on the H200 (sessions 2, 7, 12) and won on
+    # pages of 16 (session 12): swept up to 16 splits, with and without pdl
+    fused = ((True, False), (True, True)) if base.fused_combine or splits <= 16 else ()
+    return ((False, False), (False, True)) + fused
+
+
 def sweep_candidates(op, dev):
     base = table_config(op, dev)
     arch, sms = A._device_arch(dev)
@@ -105,14 +119,7 @@ def sweep_candidates(op, dev):
             for splits in DECODE_SWEEP["splits"] if b0.num_splits > 1 else (1, 2):
                 if splits > tiles:
                     continue
-                # the fused merge lost on dense keys at every split count on the H200 (sessions 2, 7, 12)
-                # and won on pages of 16 (session 12): swept up to 16 splits, with and without pdl
-                merges = ((True, False),) if splits == 1 and not c.decode_ws else \
-                    ((False, False),) if c.decode_ws else ((b0.fused_combine, b0.pdl),) \
-                    if DECODE_SWEEP["merges"] == "table" else \
-                    ((False, False), (False, True)) + (((True, False), (True, True))
-                                                       if b0.fused_combine or splits <= 16 else ())
-                for fused, pdl in merges:
+                for fused, pdl in _merges(c, b0, splits):
                     if pdl and arch not in tuning.PDL_ARCHS:
                         continue
                     cand = replace(c, num_splits=splits, fused_combine=fused, pdl=pdl)

@@ -16,8 +16,9 @@ Split-KV (decode, when the query tiles alone do not fill the GPU): the keys of e
 split ``num_splits`` ways; each split writes a float32 partial output and LSE, and either the
 separate ``attn_combine`` kernel or the last split to finish (in the same launch) merges them
 (``AttnConfig.fused_combine``; per architecture in ``tuning.FUSED_COMBINE``). The workspace is
-allocated once per compiled signature and device and kept in the kernel's closure: ``4 * num_splits * R * Hq * (Dv + 1)`` bytes with ``R = B * Sq``
-(``total_q`` for varlen), plus one int32 arrival counter per query tile (``tuning.workspace_bytes``;
+allocated once per compiled signature and device and kept in the kernel's closure:
+``4 * num_splits * R * Hq * (Dv + 1)`` bytes with ``R = B * Sq`` (``total_q`` for varlen), plus one int32
+arrival counter per query tile for ``attn_fwd`` (``tuning.workspace_bytes``;
 ``num_splits <= tuning.MAX_SPLITS``). Two concurrent calls of one signature on different CUDA
 streams would share it: serialise them.
 
@@ -304,13 +305,21 @@ def _build_gluon(op: Attention, device: Device, cfg: AttnConfig, arch: str) -> C
     return kernel
 
 
-def _workspace(op: Attention, cfg: AttnConfig, R: int, grid: tuple, device):
-    """Split-KV partials (see the module docstring for the size) and the per-tile arrival counters."""
+def split_partials(op: Attention, cfg: AttnConfig, R: int, device):
+    """The float32 partial outputs ``(num_splits, R, Hq, Dv)`` and log-sum-exps ``(num_splits, R, Hq)`` that
+    ``attn_combine`` merges (``attn_fwd``'s and the Gluon decode kernel's workspace)."""
     import torch
 
     f32 = dict(dtype=torch.float32, device=device)
     return (torch.empty((cfg.num_splits, R, op.heads_q, op.head_dim_v), **f32),
-            torch.empty((cfg.num_splits, R, op.heads_q), **f32),
+            torch.empty((cfg.num_splits, R, op.heads_q), **f32))
+
+
+def _workspace(op: Attention, cfg: AttnConfig, R: int, grid: tuple, device):
+    """Split-KV partials (see the module docstring for the size) and the per-tile arrival counters."""
+    import torch
+
+    return (*split_partials(op, cfg, R, device),
             torch.zeros((grid[0] // cfg.num_splits) * grid[1], dtype=torch.int32, device=device))
 
 

@@ -13,7 +13,6 @@ the key tile.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable
 
 from portakern.ir.ops import Attention, KVLayout
@@ -72,25 +71,20 @@ def call_blocker(q, k, v, out) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
-def _smem_layout(rows: int, d: int, dtype: str):
-    from triton.experimental.gluon import language as gl
-
-    return gl.NVMMASharedLayout.get_default_for([rows, d], {"bfloat16": gl.bfloat16, "float16": gl.float16}[dtype])
-
-
 def descriptors(op: Attention, q, k, v, block_n: int):
     """2-D host descriptors: q over ``(B * HQ, D)`` in ``(64, D)`` blocks, K and V over ``(rows, HKV * D)``
     in ``(box_rows, D)`` blocks."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    from .attention_wgmma import smem_layout
+
     D, pr, dt = op.head_dim, box_rows(op, block_n), op.dtype.value
     Bq, _, Hq, _ = q.shape
-    qd = TensorDescriptor(q, [Bq * Hq, D], [D, 1], [QUERY_ROWS, D], _smem_layout(QUERY_ROWS, D, dt))
+    qd = TensorDescriptor(q, [Bq * Hq, D], [D, 1], [QUERY_ROWS, D], smem_layout((QUERY_ROWS, D), dt))
 
     def kv(a):
         X, S, H, Da = a.shape
-        return TensorDescriptor(a, [X * S, H * Da], [H * Da, 1], [pr, Da], _smem_layout(pr, Da, dt))
+        return TensorDescriptor(a, [X * S, H * Da], [H * Da, 1], [pr, Da], smem_layout((pr, Da), dt))
 
     return qd, kv(k), kv(v)
 
@@ -113,9 +107,8 @@ def launcher(op: Attention, cfg, combine_consts: dict[str, Any]) -> Callable[...
     backend's checks and ``call_blocker`` (``attention._build_gluon`` wraps it with both). With
     ``cfg.num_splits > 1`` the splits' partials go to a workspace (allocated on the first call per device)
     that ``attn_combine`` (``combine_consts``) merges."""
-    import torch
-
     from . import kernels
+    from .attention import split_partials
 
     fn = kernels.load("attention_decode_ws").attn_decode_ws
     combine = kernels.load("attention_combine").attn_combine
@@ -129,9 +122,7 @@ def launcher(op: Attention, cfg, combine_consts: dict[str, Any]) -> Callable[...
         ws_o = ws_lse = None
         if cfg.num_splits > 1:
             if q.device not in workspace:
-                f32 = dict(dtype=torch.float32, device=q.device)
-                workspace[q.device] = (torch.empty((cfg.num_splits, op.batch, op.heads_q, op.head_dim_v), **f32),
-                                       torch.empty((cfg.num_splits, op.batch, op.heads_q), **f32))
+                workspace[q.device] = split_partials(op, cfg, op.batch, q.device)
             ws_o, ws_lse = workspace[q.device]
         sl = lse.stride() if lse is not None else (0, 0, 0)
         fn[grid](qd, kd, vd, out, lse, ws_o, ws_lse, bt, sk, out.stride(0), out.stride(2), sl[0], sl[1],

@@ -77,11 +77,12 @@ def call_blocker(q, k, v, out=None) -> str | None:
 
 
 @functools.lru_cache(maxsize=None)
-def _smem_layout(rows: int, d: int, dtype: str):
-    """The swizzled shared-memory layout of a ``(1, rows, d)`` tile (computed once, not per call)."""
+def smem_layout(shape: tuple[int, ...], dtype: str):
+    """The swizzled shared-memory layout of a TMA tile of ``shape`` (computed once per shape, not per call);
+    both Gluon attention kernels' descriptors take it."""
     from triton.experimental.gluon import language as gl
 
-    return gl.NVMMASharedLayout.get_default_for([1, rows, d], {"bfloat16": gl.bfloat16, "float16": gl.float16}[dtype])
+    return gl.NVMMASharedLayout.get_default_for(list(shape), {"bfloat16": gl.bfloat16, "float16": gl.float16}[dtype])
 
 
 def descriptors(op: Attention, q, k, v, block_n: int):
@@ -92,7 +93,7 @@ def descriptors(op: Attention, q, k, v, block_n: int):
     def desc(a, rows):
         B, S, H, D = a.shape
         return TensorDescriptor(a, [B, S, H * D], [a.stride(0), a.stride(1), 1], [1, rows, D],
-                                _smem_layout(rows, D, op.dtype.value))
+                                smem_layout((1, rows, D), op.dtype.value))
 
     return desc(q, QUERY_ROWS), desc(k, block_n), desc(v, block_n)
 
@@ -100,8 +101,7 @@ def descriptors(op: Attention, q, k, v, block_n: int):
 def constexprs(op: Attention, cfg) -> dict[str, Any]:
     """The compile-time arguments of ``attn_fwd_wgmma`` for ``op`` under ``cfg`` (an ``AttnConfig``
     with ``wgmma``: its ``block_n`` is the key tile, ``num_stages`` the V ring's depth and ``k_stages``
-    the K ring's, 0 for the same). A mask is
-    the causal mask here: ``blocker`` admits no other."""
+    the K ring's, 0 for the same). A mask is the causal mask here: ``blocker`` admits no other."""
     return dict(QR=QUERY_ROWS, BN=cfg.block_n, D=op.head_dim, DV=op.head_dim_v, STAGES=cfg.num_stages,
                 KSTAGES=cfg.k_stages or cfg.num_stages, CAUSAL=op.mask_mod is not None, RETURN_LSE=op.return_lse,
                 CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, PINGPONG=PINGPONG)

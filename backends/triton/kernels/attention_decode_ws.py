@@ -31,6 +31,7 @@ from . import load
 
 cta_barrier = load("gluon_compat").cta_barrier
 tma_load = load("gluon_compat").tma_load
+_softmax_step = load("attention_wgmma")._softmax_step      # the prefill kernel's online-softmax update
 
 NEG_INF = gl.constexpr(float("-inf"))
 LN2 = gl.constexpr(0.6931471805599453)
@@ -93,17 +94,6 @@ def _zero_tail_rows(v_stage, t, sk, BN: gl.constexpr, DV: gl.constexpr):
     v_stage.store(gl.where((rows < sk)[:, None], v, gl.zeros_like(v)))
     fence_async_shared()
     cta_barrier()
-
-
-@gluon.jit
-def _softmax_step(s, m_i, l_i, c):
-    """Online-softmax update for one tile of raw scores: ``(p, m_new, l_new, alpha)``."""
-    m_new = gl.maximum(m_i, gl.max(s, axis=1))
-    m_use = gl.where(m_new == NEG_INF, 0.0, m_new)
-    mc = m_use * c
-    p = gl.exp2(s * c - mc[:, None])
-    alpha = gl.exp2(m_i * c - mc)
-    return p, m_new, l_i * alpha + gl.sum(p, axis=1), alpha
 
 
 @gluon.jit
