@@ -94,8 +94,8 @@ def table_config(op, dev):
 
 def _merges(c, base, splits):
     """``(fused_combine, pdl)`` pairs the decode sweep times for candidate ``c`` (from ``base``) at ``splits``."""
-    if c.decode_ws:
-        return ((False, False),)                # the Gluon decode kernel always merges in attn_combine
+    if c.decode_ws:       # the Gluon decode kernel always merges in attn_combine; pdl: both launches dependents
+        return ((False, False), (False, True))
     if splits == 1:
         return ((True, False),)
     if DECODE_SWEEP["merges"] == "table":

@@ -6,20 +6,24 @@ the triton quant_gemv kernel (weights straight in its internal layout), attentio
 ``portakern.attention`` over a paged KV cache (page 64, shuffled block table; torch SDPA on a dense
 cache when the triton backend cannot serve it, said in the output), the element-wise glue
 (residual add + RMSNorm, RoPE with the KV-cache append, SiLU-mul) is torch, fused by
-``torch.compile`` with Inductor's combo kernels (``--glue compile``: without them, RoPE of q and of k +
-the append are two launches; ``--glue eager``: plain torch ops). Peers re-measured in the same run, plain
+``torch.compile`` with Inductor's combo kernels, each launched as a programmatic dependent of the kernel
+before it (``--glue compile-pdl``, the default where Inductor can: it then starts while that kernel
+drains, and the GEMV after it starts loading weights while it runs; ``--glue compile-combo``: not
+dependent launches; ``--glue compile``: no combo kernels either, RoPE of q and of k + the append are two
+launches; ``--glue eager``: plain torch ops). Peers re-measured in the same run, plain
 PyTorch as in ``shared/peers``: bf16 ``F.linear`` and tinygemm int4 (``_weight_int4pack_mm``), SDPA
 on a dense cache, eager glue.
 
 Floor = (weight bytes: codes + fp16 scale + fp16 zero per group; + K/V bytes read) / copy bandwidth.
 
-    python benchmarks/decode_step.py [--ctx 2048 8192] [--glue compile-combo|compile|compile-max|eager]
+    python benchmarks/decode_step.py [--ctx 2048 8192] [--glue compile-combo|compile-pdl|compile|compile-max|eager]
         [--compare-tiles] [--prefetch none after:24 during:24] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import json
 import math
@@ -44,6 +48,11 @@ from portakern.ir.ops import QuantGemv  # noqa: E402
 LAYERS, HID, MLP, HQ, HKV, D, VOCAB = 32, 4096, 14336, 32, 8, 128, 128256
 PAGE = 64
 BF16 = torch.bfloat16
+#: how the glue runs (``--glue``); the last is plain torch
+GLUES = ("compile-combo", "compile-pdl", "compile", "compile-max", "eager")
+#: the default: programmatic dependent glue kernels where this torch's Inductor can make them (H200 session 15:
+#: 2.333 vs 2.436 ms at ctx 2048, 2.518 vs 2.783 at 8192, separate processes)
+DEFAULT_GLUE = "compile-pdl" if hasattr(torch._inductor.config.triton, "enable_pdl") else "compile-combo"
 
 
 # -- glue (torch) ------------------------------------------------------------------------------------
@@ -79,6 +88,24 @@ def rope_append(qkv, cos, sin, kvf, slot):
 def silu_mul(gu):
     g, u = gu[:, :MLP], gu[:, MLP:]
     return (F.silu(g.float()) * u.float()).to(BF16)
+
+
+def glue_functions(glue: str):
+    """``(add_rmsnorm, rope, rope_append, silu_mul)`` as ``--glue`` runs them (``GLUES``)."""
+    fns = (add_rmsnorm, rope, rope_append, silu_mul)
+    if glue == "eager":
+        return fns
+    opts = dict(fullgraph=True, dynamic=False)
+    if glue == "compile-max":
+        opts["mode"] = "max-autotune-no-cudagraphs"
+    elif glue == "compile-combo":   # Inductor's combo kernels: a function's independent kernels, one launch
+        opts["options"] = {"combo_kernels": True}
+    elif glue == "compile-pdl":     # and each glue kernel launched as a programmatic dependent
+        if not hasattr(torch._inductor.config.triton, "enable_pdl"):
+            raise SystemExit(f"--glue compile-pdl needs torch._inductor.config.triton.enable_pdl, which torch "
+                             f"{torch.__version__} lacks; use --glue compile-combo")
+        opts["options"] = {"combo_kernels": True, "triton.enable_pdl": True}
+    return tuple(torch.compile(f, **opts) for f in fns)
 
 
 # -- portakern's step --------------------------------------------------------------------------------
@@ -118,18 +145,7 @@ class PortakernStep:
         self.h = torch.randn(1, HID, device="cuda")
         self.zero = torch.zeros(1, HID, device="cuda")
         self.attention = attention
-        if glue in ("compile", "compile-max", "compile-combo"):
-            opts = dict(fullgraph=True, dynamic=False)
-            if glue == "compile-max":
-                opts["mode"] = "max-autotune-no-cudagraphs"
-            elif glue == "compile-combo":   # Inductor's combo kernels: a function's independent kernels, one launch
-                opts["options"] = {"combo_kernels": True}
-            self.add_rmsnorm = torch.compile(add_rmsnorm, **opts)
-            self.rope = torch.compile(rope, **opts)
-            self.rope_append = torch.compile(rope_append, **opts)
-            self.silu_mul = torch.compile(silu_mul, **opts)
-        else:
-            self.add_rmsnorm, self.rope, self.rope_append, self.silu_mul = add_rmsnorm, rope, rope_append, silu_mul
+        self.add_rmsnorm, self.rope, self.rope_append, self.silu_mul = glue_functions(glue)
         if attention == "sdpa":  # dense (B, Hkv, S, D) caches instead of pages
             self.dense = [torch.randn(2, 1, HKV, ctx + 1, D, device="cuda", dtype=BF16) for _ in range(LAYERS)]
         # -- L2 prefetch of the next GEMV's weight from a side stream ("after": once the current GEMV
@@ -146,6 +162,12 @@ class PortakernStep:
         self.side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.side):
             prefetch_l2((w.qweight, w.scales, w.zeros), self.prefetch_bytes)
+
+    def with_glue(self, glue: str) -> "PortakernStep":
+        """The same step (weights, caches, buffers shared) with its glue run as ``glue``."""
+        other = copy.copy(self)
+        other.add_rmsnorm, other.rope, other.rope_append, other.silu_mul = glue_functions(glue)
+        return other
 
     def gemv(self, name, x, w):
         out = self.out[name]
@@ -347,11 +369,17 @@ def kernel_profile(step, replays: int = 3):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ctx", type=int, nargs="+", default=[2048, 8192])
-    ap.add_argument("--glue", choices=("compile", "compile-max", "compile-combo", "eager"), default="compile-combo",
-                    help="portakern's glue: torch.compile with Inductor's combo kernels (default: the kernels of one "
-                         "glue function that Inductor cannot fuse launched as one; H200 session 13: 10 instead of 11 "
-                         "kernels per layer, 2.472 vs 2.495 ms at ctx 2048), plain torch.compile, torch.compile with "
-                         "Inductor's autotuning (mode max-autotune-no-cudagraphs), or plain torch ops")
+    ap.add_argument("--glue", choices=GLUES, default=DEFAULT_GLUE,
+                    help="portakern's glue: torch.compile with Inductor's combo kernels (the kernels of one glue "
+                         "function that Inductor cannot fuse launched as one; H200 session 13: 10 instead of 11 "
+                         "kernels per layer, 2.472 vs 2.495 ms at ctx 2048), the same with each glue kernel launched "
+                         "as a programmatic dependent of the kernel before it (Inductor's triton.enable_pdl; the "
+                         "default where this torch has it, else compile-combo), plain torch.compile, torch.compile "
+                         "with Inductor's autotuning (mode max-autotune-no-cudagraphs), or plain torch ops; default "
+                         f"here {DEFAULT_GLUE}")
+    ap.add_argument("--compare-glue", choices=GLUES, metavar="GLUE",
+                    help="also time portakern's step (the same weights, in the same process) with its glue run as "
+                         "GLUE, and record the largest difference of the two steps' logits (same kernels: 0 expected)")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--tag", default="")
@@ -393,6 +421,8 @@ def main():
             mb = float(mb or 24)
             runs[f"int4_portakern_prefetch_{mode}_{mb:g}"] = (
                 PortakernStep(ctx, args.glue, att.split("-")[0], prefetch=mode, prefetch_mb=mb), att)
+        if args.compare_glue and att == "portakern-paged":
+            runs[f"int4_portakern_glue_{args.compare_glue}"] = (step.with_glue(args.compare_glue), att)
         if args.compare_tiles:
             runs["int4_portakern_word_rows"] = (PortakernStep(ctx, args.glue, att.split("-")[0],
                                                               group_rows=False), att)
@@ -400,6 +430,7 @@ def main():
             runs["bf16"] = (TorchStep(ctx, "bf16"), "sdpa-dense")
             runs["int4_tinygemm"] = (TorchStep(ctx, "tinygemm"), "sdpa-dense")
         out = {}
+        logits = None
         for name, (st, att) in runs.items():
             try:
                 nbytes = st.bytes()
@@ -409,6 +440,12 @@ def main():
                 out[name] = {"attention": att, "bytes_GB": nbytes / 1e9, "floor_ms": floor_ms, "eager_ms": eager,
                              "graph_ms": graph, "eager_frac_floor": floor_ms / eager,
                              "graph_frac_floor": floor_ms / graph, "graph_speedup": eager / graph}
+                if name == "int4_portakern":
+                    logits = st.out["lm"].float().clone()   # the last replay's; every replay computes the same
+                elif name.startswith("int4_portakern_glue_") and logits is not None:
+                    other = st.out["lm"].float()
+                    out[name]["logits_max_abs_diff"] = (other - logits).abs().max().item()
+                    out[name]["logits_finite"] = bool(torch.isfinite(logits).all() & torch.isfinite(other).all())
             except Exception as e:
                 out[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             print(f"ctx {ctx} {name}: {json.dumps(out[name])}", flush=True)

@@ -36,7 +36,8 @@
 #   prefill-sweep   benchmarks/attention.py --sweep --bench --prefill-only ($HEAD_DIMS: the head dims,
 #                   default 64 128 256)
 #   decode-step     benchmarks/decode_step.py --breakdown (Llama-3-8B-shaped step in one CUDA graph; its
-#                   GEMVs, attention and glue each timed alone too)
+#                   GEMVs, attention and glue each timed alone too; the same step with glue kernels that are
+#                   not programmatic dependents, and their logits compared)
 #   decode-step-tiles  the step at ctx 2048 with the table and with the per-word-row GEMV tile
 #                   everywhere (--compare-tiles, no peers)
 #   gemv-anatomy    benchmarks/experiments/gemv_anatomy.py (M=1 GEMV against reads of its bytes in its
@@ -109,7 +110,8 @@ for s in "$@"; do
         prefill-sweep) step prefill-sweep python3 benchmarks/attention.py --sweep --bench --prefill-only \
             --head-dims ${HEAD_DIMS:-64 128 256} --tag="-prefill$TAG" --out "$RES" ;;
         attention-bench) step attention-bench python3 benchmarks/attention.py --bench --tag="$TAG" --out "$RES" ;;
-        decode-step) step decode-step python3 benchmarks/decode_step.py --breakdown --tag="$TAG" --out "$RES" ;;
+        decode-step) step decode-step python3 benchmarks/decode_step.py --breakdown --compare-glue compile-combo \
+            --tag="$TAG" --out "$RES" ;;
         decode-step-tiles) step decode-step-tiles python3 benchmarks/decode_step.py --ctx 2048 --no-peers \
             --compare-tiles --tag="-tiles$TAG" --out "$RES" ;;
         gemv-anatomy) step gemv-anatomy python3 benchmarks/experiments/gemv_anatomy.py --tag="$TAG" --out "$RES" ;;

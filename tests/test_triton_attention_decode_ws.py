@@ -138,7 +138,15 @@ def test_lowering_for_sm90a_has_a_load_warp_per_page_copies_and_wgmma(page):
     assert "attn_fwd" in A.compile_for_target(op, "sm_80")["kernels"]      # other targets: the Triton kernel
     # a configuration asking for the fused merge still merges in attn_combine (the kernel has no fused merge)
     own = tuning.AttnConfig(16, 64, 4, 3, pack=4, num_splits=8, fused_combine=True, pdl=True, decode_ws=True)
-    assert sorted(A.compile_for_target(op, "sm_90a", own)["kernels"]) == ["attn_combine", "attn_decode_ws"]
+    dep = A.compile_for_target(op, "sm_90a", own)["kernels"]
+    assert sorted(dep) == ["attn_combine", "attn_decode_ws"]
+    # pdl: the kernel waits for the previous one (once per thread, before any global read) and lets the
+    # merge launch; without it, neither
+    assert "griddepcontrol.wait" not in ptx and "griddepcontrol.launch_dependents" not in ptx
+    dptx = dep["attn_decode_ws"]["ptx"]
+    assert dptx.count("griddepcontrol.wait") == 1 and dptx.count("griddepcontrol.launch_dependents") == 1
+    assert dptx.index("griddepcontrol.wait") < min(dptx.index("ld.global"), dptx.index("cp.async.bulk.tensor"))
+    assert "griddepcontrol.wait" in dep["attn_combine"]["ptx"]
 
 
 # -- on an sm_90 GPU ------------------------------------------------------------------------------------
@@ -242,6 +250,48 @@ def test_gpu_table_kernel_replays_in_a_cuda_graph_with_new_inputs():
                      (aux["seqlens_k"], naux["seqlens_k"])):
         dst.copy_(src.to(cuda))
     out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref_out, ref_lse = _reference(op, nq, nk, nv, naux)
+    assert np.abs(out.double().cpu().numpy() - ref_out).max() <= ATOL[op.dtype]
+    assert np.abs(lse.double().cpu().numpy() - ref_lse).max() <= LSE_ATOL
+
+
+@parent_only
+def test_gpu_pdl_launch_reads_what_the_kernel_before_it_wrote():
+    """With ``pdl`` the kernel may start while the previous kernel runs: captured in a CUDA graph behind
+    kernels that write its query, K and V (each an element-wise kernel over the whole tensor) into buffers
+    that hold NaN before the replay, it must see only the new values."""
+    from dataclasses import replace
+
+    from portakern.backends.triton import attention as A
+    from portakern.backends.triton import tuning
+
+    dev = _gpu()
+    op = paged(L=4096, page=16, return_lse=True)
+    cuda = torch.device(str(dev))
+    cfg = replace(tuning.choose(op, *A._device_arch(dev)), pdl=True)
+    assert cfg.decode_ws and cfg.num_splits > 1
+    kern = A.build(op, dev, cfg)
+    nq, nk, nv, naux = _inputs(op, [3001], seed=3)
+    src = [t.to(cuda) for t in (nq, nk, nv)]
+    q, k, v = (torch.empty_like(t) for t in src)
+    aux = {n: t.to(cuda) for n, t in naux.items()}
+    out = torch.empty(op.shapes()["out"], dtype=q.dtype, device=cuda)
+    lse = torch.empty(op.shapes()["lse"], device=cuda)
+
+    def step():
+        for dst, t in zip((q, k, v), src):
+            torch.mul(t, 1.0, out=dst)
+        kern(q, k, v, out, lse, aux)
+
+    step()                                                       # warm: compile, workspace
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for t in (q, k, v, out, lse):
+        t.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
     ref_out, ref_lse = _reference(op, nq, nk, nv, naux)

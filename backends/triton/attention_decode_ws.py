@@ -94,7 +94,8 @@ def constexprs(op: Attention, cfg) -> dict[str, Any]:
     paged = op.kv_layout is KVLayout.PAGED
     return dict(GROUP=op.group_size, BN=cfg.block_n, PR=box_rows(op, cfg.block_n), PAGE=op.page_size if paged else 1,
                 D=op.head_dim, DV=op.head_dim_v, STAGES=cfg.num_stages, SPLITS=cfg.num_splits, PAGED=paged,
-                HAS_SEQLENS=paged or op.has_seqlens_k, RETURN_LSE=op.return_lse, PRODUCER_REGS=PRODUCER_REGS)
+                HAS_SEQLENS=paged or op.has_seqlens_k, RETURN_LSE=op.return_lse, PRODUCER_REGS=PRODUCER_REGS,
+                PDL=cfg.pdl)
 
 
 def smem_bytes(op: Attention, block_n: int, stages: int) -> int:
@@ -127,7 +128,7 @@ def launcher(op: Attention, cfg, combine_consts: dict[str, Any]) -> Callable[...
         sl = lse.stride() if lse is not None else (0, 0, 0)
         fn[grid](qd, kd, vd, out, lse, ws_o, ws_lse, bt, sk, out.stride(0), out.stride(2), sl[0], sl[1],
                  *(bt.stride() if bt is not None else (0, 0)), op.heads_q, k.shape[1], op.scale,
-                 **consts, num_warps=4, **KERNEL_OPTIONS)
+                 **consts, num_warps=4, launch_pdl=cfg.pdl, **KERNEL_OPTIONS)
         if cfg.num_splits > 1:
             combine[(op.batch * op.heads_q,)](ws_o, ws_lse, out, lse, *out.stride()[:3], *sl, 1, op.batch,
                                               **combine_consts, num_warps=4, launch_pdl=combine_consts["PDL"],

@@ -82,7 +82,8 @@ class AttnConfig:
     #: run split decode on the Gluon kernel for sm_90 (``kernels/attention_decode_ws.py``: a load warp that
     #: reads the block table and fills a ring of ``num_stages`` K/V stages of ``block_n`` keys by TMA, one
     #: consumer warpgroup) with ``num_splits`` splits merged by ``attn_combine`` (``fused_combine`` is
-    #: ignored; ``pdl`` launches the merge as a dependent). ``attention_decode_ws.blocker`` says which ops it
+    #: ignored; ``pdl`` launches the kernel as a dependent of the previous one and the merge as its
+    #: dependent). ``attention_decode_ws.blocker`` says which ops it
     #: serves (``check_decode_ws``, ``fit``)
     decode_ws: bool = False
 

@@ -163,9 +163,10 @@ def _w_layout(WR, RPT, BN):
 
 class Launcher:
     """``gemv_stream.Launcher``'s interface for this kernel: ``stages`` ring stages, ``per_sm`` programs per SM
-    (or ``programs``), ``block_n`` columns, ``num_warps`` consumer warps (``WARP_ROWS`` along the rows)."""
+    (or ``programs``), ``block_n`` columns, ``warp_rows`` consumer warps along a unit's rows (two along its
+    256 columns: 8 or 16 consumer warps)."""
 
-    def __init__(self, op, layout, block_n=256, num_warps=8, stages=6, per_sm=2, num_sms=132, programs=None,
+    def __init__(self, op, layout, block_n=256, warp_rows=4, stages=6, per_sm=2, num_sms=132, programs=None,
                  pdl=True):
         import torch
 
@@ -173,13 +174,14 @@ class Launcher:
         from portakern.backends.triton import gemv_tuning as Tn
         from portakern.backends.triton.backend import KERNEL_OPTIONS
 
-        cfg = Tn.fit(Tn.GemvConfig("stream", block_n, 16, num_warps=num_warps, prefetch=1, per_sm=per_sm, pdl=pdl),
+        num_warps = 2 * warp_rows
+        cfg = Tn.fit(Tn.GemvConfig("stream", block_n, 16, num_warps=8, prefetch=1, per_sm=per_sm, pdl=pdl),
                      layout, 1)
         self.programs = S.grid_programs(op, layout, cfg, num_sms, programs)
         c = S.constexprs(op, layout, cfg, self.programs)
         self.consts = {k: c[k] for k in ("G", "XS", "BY_UNIT", "TR", "BN", "WR", "WC", "IW", "ZP", "HAS_Z", "PDL")}
-        self.consts.update(STAGES=stages, PRODUCER_REGS=40)
-        self.WR, self.RPT, self.BN = c["WR"], c["TR"] // c["WR"], c["BN"]
+        self.consts.update(WR=warp_rows, WC=num_warps // warp_rows, STAGES=stages, PRODUCER_REGS=40)
+        self.WR, self.RPT, self.BN = warp_rows, c["TR"] // warp_rows, c["BN"]
         self.opts = dict(num_warps=num_warps, launch_pdl=pdl, **KERNEL_OPTIONS)
         self.n_tiles = -(-op.N // block_n)
         self.N = op.N
@@ -207,16 +209,16 @@ class Launcher:
 
 def check(configs, res) -> int:
     """``gemv_stream_probe.check`` (its cases, grids of 1 / 7 / 132 / 1000 programs, NaN-poisoned outputs) with
-    this kernel at each ``(stages, per_sm)``; returns the failures."""
+    this kernel at each ``(stages, per_sm, warp_rows)``; returns the failures."""
     import experiments.gemv_stream_probe as SP
 
     return SP.check(configs, res, make=lambda op, p, c, programs: Launcher(op, p, stages=c[0], per_sm=c[1],
-                                                                             programs=programs))
+                                                                             warp_rows=c[2], programs=programs))
 
 
 def bench(configs, res, shapes) -> None:
     """Per shape: the table's CUDA-core kernel, the stream kernel's table configuration and this kernel's
-    ``(stages, per_sm)``, per call in CUDA graphs over rotated inputs (``gemv_stream_probe._problem``)."""
+    ``(stages, per_sm, warp_rows)``, per call in CUDA graphs over rotated inputs (``gemv_stream_probe._problem``)."""
     import torch
 
     import experiments.gemv_stream_probe as SP
@@ -233,10 +235,10 @@ def bench(configs, res, shapes) -> None:
         st(*sets[0])
         ref.copy_(sets[0][2])
         row["ws"] = {}
-        for stages, per_sm in configs:
-            key = f"st{stages}-x{per_sm}"
+        for stages, per_sm, wr in configs:
+            key = f"st{stages}-x{per_sm}-w{2 * wr}"
             try:
-                ln = Launcher(op, p, stages=stages, per_sm=per_sm, num_sms=sms)
+                ln = Launcher(op, p, stages=stages, per_sm=per_sm, warp_rows=wr, num_sms=sms)
                 sets[0][2].fill_(float("nan"))
                 ln(*sets[0])
                 err = (sets[0][2].float() - ref.float()).abs().max().item() / ref.float().abs().max().item()
@@ -259,15 +261,16 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--phase", choices=("check", "bench", "lower"), required=True)
-    ap.add_argument("--configs", nargs="+", default=["4,2", "6,1", "8,1", "3,2"], metavar="STAGES,PER_SM")
+    ap.add_argument("--configs", nargs="+", default=["6,1,8", "4,1,8", "8,1,8", "6,1,4"],
+                    metavar="STAGES,PER_SM[,WARP_ROWS]", help="warp rows 4 (8 consumer warps, the default) or 8 (16)")
     ap.add_argument("--shapes", nargs="+", default=["28672x8192", "16384x16384", "14336x4096", "8192x8192",
                                                      "4096x14336", "4096x4096"], metavar="NxK")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--tag", default="")
     a = ap.parse_args()
-    configs = [tuple(int(v) for v in c.split(",")) for c in a.configs]
+    configs = [(tuple(int(v) for v in c.split(",")) + (4,))[:3] for c in a.configs]
     if a.phase == "lower":
-        raise SystemExit(lower(sorted({st for st, _ in configs})))
+        raise SystemExit(lower(sorted({(st, wr) for st, _, wr in configs})))
     import gemv as B
     from experiments import harness
 
@@ -283,7 +286,7 @@ def main() -> None:
     raise SystemExit(1 if fails else 0)
 
 
-def lower(stages) -> int:
+def lower(variants) -> int:
     """sm_90a lowering of the kernel for 28672 x 8192 int4 g128 (no GPU): shared memory, TMA and barrier counts."""
     import re
 
@@ -296,11 +299,12 @@ def lower(stages) -> int:
 
     from portakern.backends.triton.backend import KERNEL_OPTIONS, interpret_env
 
-    WR, RPT, BN, N, K = 4, 4, 256, 28672, 8192
+    BN, N, K = 256, 28672, 8192
     kwp = K // 8
-    wd = TensorDescriptor(torch.empty((kwp, N), dtype=torch.int32, device="meta"), [kwp // RPT, RPT, N],
-                          [RPT * N, N, 1], [WR, RPT, BN], _w_layout(WR, RPT, BN))
-    for st in stages:
+    for st, WR in variants:
+        RPT = 16 // WR
+        wd = TensorDescriptor(torch.empty((kwp, N), dtype=torch.int32, device="meta"), [kwp // RPT, RPT, N],
+                              [RPT * N, N, 1], [WR, RPT, BN], _w_layout(WR, RPT, BN))
         sig = {"x_ptr": "*bf16", "w_desc": mangle_type(wd), "s_ptr": "*bf16", "z_ptr": "*bf16", "out_ptr": "*bf16",
                "ws_ptr": "*fp32", "cnt_ptr": "*i32", "N": "i32", "n_tiles": "i32", "stride_qk": "i32"}
         consts = dict(G=K // 128, XS=64, BY_UNIT=True, TR=16, BN=BN, WR=WR, WC=2, IW=8, ZP=8, HAS_Z=True, PDL=True,
@@ -309,9 +313,10 @@ def lower(stages) -> int:
             sig[k] = "constexpr"
         with interpret_env(False):
             ck = triton.compile(GluonASTSource(gemv_stream_ws_kernel, sig, consts),
-                                target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8, **KERNEL_OPTIONS))
+                                target=GPUTarget("cuda", 90, 32), options=dict(num_warps=2 * WR, **KERNEL_OPTIONS))
         ptx = ck.asm["ptx"]
-        print(f"stages {st}: shared {ck.metadata.shared} bytes, TMA copies {len(re.findall('cp.async.bulk.tensor', ptx))}"
+        print(f"stages {st}, {2 * WR} consumer warps: {ck.n_regs if hasattr(ck, 'n_regs') else '?'} registers, "
+              f"shared {ck.metadata.shared} bytes, TMA copies {len(re.findall('cp.async.bulk.tensor', ptx))}"
               f", mbarrier waits {len(re.findall('mbarrier.try_wait', ptx))}, bar.sync {len(re.findall('bar.sync', ptx))}",
               flush=True)
     return 0

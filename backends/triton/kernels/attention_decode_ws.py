@@ -31,6 +31,7 @@ from . import load
 
 cta_barrier = load("gluon_compat").cta_barrier
 tma_load = load("gluon_compat").tma_load
+wait_for_producer = load("gluon_compat").wait_for_producer
 _softmax_step = load("attention_wgmma")._softmax_step      # the prefill kernel's online-softmax update
 
 NEG_INF = gl.constexpr(float("-inf"))
@@ -173,24 +174,16 @@ def attn_decode_ws(q_desc, k_desc, v_desc, O, LSE, WS_O, WS_LSE, BT, SEQLENS_K,
                    so_b, so_h, sl_b, sl_h, stride_btb, stride_btp, HQ, seqlen_kv, scale,
                    GROUP: gl.constexpr, BN: gl.constexpr, PR: gl.constexpr, PAGE: gl.constexpr, D: gl.constexpr,
                    DV: gl.constexpr, STAGES: gl.constexpr, SPLITS: gl.constexpr, PAGED: gl.constexpr,
-                   HAS_SEQLENS: gl.constexpr, RETURN_LSE: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                   HAS_SEQLENS: gl.constexpr, RETURN_LSE: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                   PDL: gl.constexpr):
     """Grid ``(SPLITS, B * HKV)``. ``q_desc``: 2-D over ``(B * HQ, D)``, block ``(64, D)``; ``k_desc`` /
     ``v_desc``: 2-D over ``(rows, HKV * D)``, block ``(PR, D)`` (module docstring). ``O`` ``(B, 1, HQ, DV)``
     (strides ``so_b``, ``so_h``), ``LSE`` ``(B, HQ, 1)`` (``sl_b``, ``sl_h``); ``WS_O`` / ``WS_LSE`` the
     split workspace when ``SPLITS > 1``; ``BT`` the block table (strides ``stride_btb``, ``stride_btp``)
-    when ``PAGED``; ``SEQLENS_K`` per batch when ``HAS_SEQLENS`` (else every sequence has ``seqlen_kv`` keys)."""
-    split = gl.program_id(0)
-    bh = gl.program_id(1)
-    hkv = HQ // GROUP
-    b = bh // hkv
-    kvh = bh % hkv
-    if HAS_SEQLENS:
-        sk = gl.load(SEQLENS_K + b).to(gl.int32)     # int32 or int64 lengths; TMA coordinates are int32
-    else:
-        sk = seqlen_kv
-    t_lo, t_hi = _split_range(gl.cdiv(sk, BN), split, SPLITS)
-
-    # -- shared memory: q, the K/V ring, barriers
+    when ``PAGED``; ``SEQLENS_K`` per batch when ``HAS_SEQLENS`` (else every sequence has ``seqlen_kv`` keys).
+    ``PDL``: launched as a programmatic dependent of the previous kernel (whose KV-cache append or query it may
+    read): every input is read after its completion, and ``attn_combine`` may launch behind this one."""
+    # -- shared memory and barriers first: with PDL, set up while the previous kernel drains
     q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BN, DV], v_desc.layout)
@@ -201,6 +194,18 @@ def attn_decode_ws(q_desc, k_desc, v_desc, O, LSE, WS_O, WS_LSE, BT, SEQLENS_K,
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
+    wait_for_producer(PDL)
+
+    split = gl.program_id(0)
+    bh = gl.program_id(1)
+    hkv = HQ // GROUP
+    b = bh // hkv
+    kvh = bh % hkv
+    if HAS_SEQLENS:
+        sk = gl.load(SEQLENS_K + b).to(gl.int32)     # int32 or int64 lengths; TMA coordinates are int32
+    else:
+        sk = seqlen_kv
+    t_lo, t_hi = _split_range(gl.cdiv(sk, BN), split, SPLITS)
 
     gl.warp_specialize([
         (_consumer, (q_smem, k_smem, v_smem, q_bar, ready, empty, O, LSE, WS_O, WS_LSE,

@@ -37,6 +37,8 @@ from triton.experimental.gluon import language as gl
 from . import load
 
 cta_barrier = load("gluon_compat").cta_barrier
+#: PDL: wait for the previous kernel (only the constant weight is read before), then let the next launch
+_wait_for_producer = load("gluon_compat").wait_for_producer
 
 #: products come out as ``x q 2^-DENORM_C`` (``gemv_quant.DENORM_C``)
 DENORM_C = gl.constexpr(64)
@@ -53,16 +55,6 @@ else:                                                        # Triton 3.6
     @gluon.jit
     def _view(smem, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
         return smem._reinterpret(dtype, shape, layout)
-
-
-@gluon.jit
-def _wait_for_producer(PDL: gl.constexpr):
-    """PDL: wait for the previous kernel in the stream (its writes visible), then let the next one
-    launch (as ``gemv_quant._wait_for_producer``); only the constant weight is read before this."""
-    if PDL:
-        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
 
 
 @gluon.jit

@@ -26,3 +26,14 @@ else:                                # Triton 3.6
     def tma_load(desc, coord, bar, dst):
         """A TMA copy of ``desc``'s block at ``coord`` (a tuple) into ``dst``, completing on ``bar``."""
         tma.async_copy_global_to_shared(desc, coord, bar, dst)
+
+
+@gluon.jit
+def wait_for_producer(PDL: gl.constexpr):
+    """PDL (the kernel launched as a programmatic dependent, sm_90+): wait until the previous kernel in the
+    stream has completed and its writes are visible, then let the next one launch (it waits for this one's
+    completion itself before reading what this one writes). Reads before this must be of constants only."""
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
