@@ -90,8 +90,10 @@ def silu_mul(gu):
     return (F.silu(g.float()) * u.float()).to(BF16)
 
 
-def glue_functions(glue: str):
-    """``(add_rmsnorm, rope, rope_append, silu_mul)`` as ``--glue`` runs them (``GLUES``)."""
+def glue_functions(glue: str, deterministic: bool = False):
+    """``(add_rmsnorm, rope, rope_append, silu_mul)`` as ``--glue`` runs them (``GLUES``). ``deterministic``:
+    Inductor's mode that chooses no kernel configuration by timing where the choice changes the numerics
+    (so two glues differ only in how they launch; ``compile-*`` only)."""
     fns = (add_rmsnorm, rope, rope_append, silu_mul)
     if glue == "eager":
         return fns
@@ -105,6 +107,8 @@ def glue_functions(glue: str):
             raise SystemExit(f"--glue compile-pdl needs torch._inductor.config.triton.enable_pdl, which torch "
                              f"{torch.__version__} lacks; use --glue compile-combo")
         opts["options"] = {"combo_kernels": True, "triton.enable_pdl": True}
+    if deterministic:
+        opts.setdefault("options", {})["deterministic"] = True
     return tuple(torch.compile(f, **opts) for f in fns)
 
 
@@ -163,10 +167,10 @@ class PortakernStep:
         with torch.cuda.stream(self.side):
             prefetch_l2((w.qweight, w.scales, w.zeros), self.prefetch_bytes)
 
-    def with_glue(self, glue: str) -> "PortakernStep":
+    def with_glue(self, glue: str, deterministic: bool = False) -> "PortakernStep":
         """The same step (weights, caches, buffers shared) with its glue run as ``glue``."""
         other = copy.copy(self)
-        other.add_rmsnorm, other.rope, other.rope_append, other.silu_mul = glue_functions(glue)
+        other.add_rmsnorm, other.rope, other.rope_append, other.silu_mul = glue_functions(glue, deterministic)
         return other
 
     def gemv(self, name, x, w):
@@ -343,6 +347,22 @@ def time_step(step, graph: bool, reps=20):
     return statistics.median(ts)
 
 
+def same_logits(step, glue: str, other: str) -> dict:
+    """Logits of ``step`` captured with each glue compiled in Inductor's deterministic mode (no configuration
+    chosen by timing), one replay each: with the same kernels in a different launch order or kind the two
+    must be equal bit for bit. (The timed glues may differ in the last bits: Inductor times reduction
+    configurations on first use, and a different reduction order changes the rounding.)"""
+    if not hasattr(torch._inductor.config, "deterministic"):
+        return {"skipped": f"torch {torch.__version__}: no torch._inductor.config.deterministic"}
+    outs = []
+    for g in (glue, other):
+        st = step.with_glue(g, deterministic=True)
+        capture(st)
+        outs.append(st.out["lm"].float().clone())
+    return {"glues": [glue, other], "max_abs_diff": (outs[0] - outs[1]).abs().max().item(),
+            "differing": int((outs[0] != outs[1]).sum().item())}
+
+
 def kernel_profile(step, replays: int = 3):
     """Per-kernel device time of the step replayed in its CUDA graph (torch.profiler / CUPTI): one row
     per kernel name with calls and microseconds per replay, largest total first. Durations only; the
@@ -445,7 +465,13 @@ def main():
                 elif name.startswith("int4_portakern_glue_") and logits is not None:
                     other = st.out["lm"].float()
                     out[name]["logits_max_abs_diff"] = (other - logits).abs().max().item()
+                    out[name]["logits_max_abs"] = logits.abs().max().item()
+                    # bf16 logits: one unit in the last place at the diff's logit, for scale
+                    worst = logits.flatten()[(other - logits).abs().argmax()].abs().item()
+                    out[name]["logits_ulp_at_max_diff"] = 2.0 ** (math.floor(math.log2(max(worst, 1e-30))) - 7)
+                    out[name]["logits_differing"] = int((other != logits).sum().item())
                     out[name]["logits_finite"] = bool(torch.isfinite(logits).all() & torch.isfinite(other).all())
+                    out[name]["deterministic_glues"] = same_logits(step, args.glue, args.compare_glue)
             except Exception as e:
                 out[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             print(f"ctx {ctx} {name}: {json.dumps(out[name])}", flush=True)
