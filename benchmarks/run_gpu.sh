@@ -15,7 +15,7 @@
 #   wgmma-probe     benchmarks/experiments/attention_wgmma_probe.py: the Gluon prefill kernel against
 #                   float64, then its tiles against attn_fwd, cuDNN and flash
 #   gemv-stream-ws  benchmarks/experiments/gemv_stream_ws.py: the M=1 stream kernel with its words through a
-#                   TMA ring (warp-specialised; session 14, not yet run): against float64, then timed
+#                   TMA ring (warp-specialised; session 15: slower, gemv_notes v14): against float64, then timed
 #   decode-ws-probe benchmarks/experiments/decode_ws_probe.py: the Gluon decode kernel against float64 (NaN past
 #                   every sequence), then its tiles and split counts against the table's attn_fwd
 #   gemv-sweep      benchmarks/gemv.py --sweep over dq 2/3 and both operand orders, M 1 4 16

@@ -1,6 +1,8 @@
 """Experiment, not part of the backend: the stream-K M=1 int4 GEMV with its words arriving through a TMA ring.
 
-Written in session 14 from ``benchmarks/gemv_notes.md`` "Next for M = 1"; **not yet run on a GPU**. The
+Written in session 14 from ``benchmarks/gemv_notes.md`` "Next for M = 1"; measured in session 15 (gemv_notes v14):
+correct, and slower than the stream kernel at every shape and configuration (69% of the floor at best on
+28672 x 8192 against its 79%), so it stays an experiment. The
 backend's stream kernel (``backends/triton/kernels/gemv_stream.py``) keeps one unit of words ahead in
 registers: ~32 KiB in flight per SM against the ~48 KiB that the copy rate needs at H200 latencies. Here
 a one-warp partition fills a ring of ``STAGES`` shared-memory stages with each unit's words by TMA (no
@@ -16,8 +18,8 @@ stream kernel's.
 
 The check reuses ``gemv_stream_probe.py``'s cases (packings, odd N, grids of 1 / 7 / 132 / 1000 programs,
 each launched twice on a NaN-poisoned output); the bench times its shapes for the table's CUDA-core kernel,
-the stream kernel (table config) and this kernel's stages and programs per SM, in CUDA graphs over rotated
-inputs.
+the stream kernel (table config) and this kernel's stages, programs per SM and consumer warps (``warp_rows``
+4 or 8: 8 or 16 warps), in CUDA graphs over rotated inputs.
 """
 
 from __future__ import annotations
