@@ -223,6 +223,15 @@ def test_gpu_matches_the_float64_reference(case):
     assert np.abs(lse.double().cpu().numpy() - ref_lse).max() <= LSE_ATOL
 
 
+def _replay_matches_reference(graph, op, out, lse, inputs):
+    """Replay ``graph`` and compare ``out`` / ``lse`` with the float64 reference of the CPU ``inputs``."""
+    graph.replay()
+    torch.cuda.synchronize()
+    ref_out, ref_lse = _reference(op, *inputs)
+    assert np.abs(out.double().cpu().numpy() - ref_out).max() <= ATOL[op.dtype]
+    assert np.abs(lse.double().cpu().numpy() - ref_lse).max() <= LSE_ATOL
+
+
 @parent_only
 def test_gpu_table_kernel_replays_in_a_cuda_graph_with_new_inputs():
     """The table's configuration (Gluon decode + attn_combine) captured once, replayed after the inputs and
@@ -250,11 +259,7 @@ def test_gpu_table_kernel_replays_in_a_cuda_graph_with_new_inputs():
                      (aux["seqlens_k"], naux["seqlens_k"])):
         dst.copy_(src.to(cuda))
     out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    ref_out, ref_lse = _reference(op, nq, nk, nv, naux)
-    assert np.abs(out.double().cpu().numpy() - ref_out).max() <= ATOL[op.dtype]
-    assert np.abs(lse.double().cpu().numpy() - ref_lse).max() <= LSE_ATOL
+    _replay_matches_reference(graph, op, out, lse, (nq, nk, nv, naux))
 
 
 @parent_only
@@ -292,11 +297,7 @@ def test_gpu_pdl_launch_reads_what_the_kernel_before_it_wrote():
         step()
     for t in (q, k, v, out, lse):
         t.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    ref_out, ref_lse = _reference(op, nq, nk, nv, naux)
-    assert np.abs(out.double().cpu().numpy() - ref_out).max() <= ATOL[op.dtype]
-    assert np.abs(lse.double().cpu().numpy() - ref_lse).max() <= LSE_ATOL
+    _replay_matches_reference(graph, op, out, lse, (nq, nk, nv, naux))
 
 
 @parent_only
