@@ -17,13 +17,15 @@ on a dense cache, eager glue.
 Floor = (weight bytes: codes + fp16 scale + fp16 zero per group; + K/V bytes read) / copy bandwidth.
 
     python benchmarks/decode_step.py [--ctx 2048 8192] [--glue compile-combo|compile-pdl|compile|compile-max|eager]
-        [--compare-tiles] [--prefetch none after:24 during:24] [--out DIR]
+        [--compare-glue GLUE] [--l2-prefetch UNITS ...] [--compare-tiles] [--prefetch none after:24 during:24]
+        [--breakdown] [--no-peers] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+from dataclasses import replace
 import datetime
 import json
 import math
@@ -112,24 +114,30 @@ def glue_functions(glue: str, deterministic: bool = False):
     return tuple(torch.compile(f, **opts) for f in fns)
 
 
+def gemv_kernel(N: int, K: int, group_rows: bool = True, l2_prefetch: int = 0):
+    """portakern's int4 g128 quant_gemv kernel for one linear at M = 1: the table's configuration
+    (``group_rows=False``: the table without group-resident tiles or the stream kernel), its stream
+    kernel asking the L2 for ``l2_prefetch`` units ahead (``GemvConfig.l2_prefetch``)."""
+    dev = torch_device("cuda", 0)
+    op = QuantGemv(M=1, N=N, K=K, dtype=DType.bfloat16, fmt=QuantFormat(bits=4, group_size=128, symmetric=False))
+    if group_rows and not l2_prefetch:   # the table
+        return Q.compile(op, dev)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cfg = T.choose(Q._LayoutStub(op), 1, N, T.arch_family(dev.capability), sms, group_rows=group_rows,
+                   stream=group_rows)
+    if l2_prefetch and cfg.kind == "stream":
+        cfg = replace(cfg, l2_prefetch=l2_prefetch)
+    return Q.compile(op, dev, cfg)
+
+
 # -- portakern's step --------------------------------------------------------------------------------
 
 class PortakernStep:
     def __init__(self, ctx: int, glue: str, attention: str, group_rows: bool = True,
                  prefetch: str = "none", prefetch_mb: float = 24.0):
-        dev = torch_device("cuda", 0)
-        fmt = QuantFormat(bits=4, group_size=128, symmetric=False)
         shapes = {"qkv": ((HQ + 2 * HKV) * D, HID), "o": (HID, HQ * D), "gu": (2 * MLP, HID), "down": (HID, MLP)}
-
-        def compiled(N, K):
-            op = QuantGemv(M=1, N=N, K=K, dtype=DType.bfloat16, fmt=fmt)
-            if group_rows:   # the table
-                return Q.compile(op, dev)
-            sms = torch.cuda.get_device_properties(0).multi_processor_count
-            return Q.compile(op, dev, T.choose(Q._LayoutStub(op), 1, N, T.arch_family(dev.capability), sms,
-                                               group_rows=False, stream=False))
-
-        self.kern = {n: compiled(N, K) for n, (N, K) in {**shapes, "lm": (VOCAB, HID)}.items()}
+        self.linears = {**shapes, "lm": (VOCAB, HID)}
+        self.kern = {n: gemv_kernel(N, K, group_rows) for n, (N, K) in self.linears.items()}
         self.layers = [{n: random_prepared(N, K, 4, 128, False) for n, (N, K) in shapes.items()}
                        for _ in range(LAYERS)]
         self.lm = random_prepared(VOCAB, HID, 4, 128, False)
@@ -166,6 +174,13 @@ class PortakernStep:
         self.side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.side):
             prefetch_l2((w.qweight, w.scales, w.zeros), self.prefetch_bytes)
+
+    def with_l2_prefetch(self, units: int) -> "PortakernStep":
+        """The same step with its stream-kernel GEMVs asking the L2 for ``units`` units ahead before they wait
+        for the kernel before them."""
+        other = copy.copy(self)
+        other.kern = {n: gemv_kernel(N, K, l2_prefetch=units) for n, (N, K) in self.linears.items()}
+        return other
 
     def with_glue(self, glue: str, deterministic: bool = False) -> "PortakernStep":
         """The same step (weights, caches, buffers shared) with its glue run as ``glue``."""
@@ -400,6 +415,10 @@ def main():
     ap.add_argument("--compare-glue", choices=GLUES, metavar="GLUE",
                     help="also time portakern's step (the same weights, in the same process) with its glue run as "
                          "GLUE, and record the largest difference of the two steps' logits (same kernels: 0 expected)")
+    ap.add_argument("--l2-prefetch", type=int, nargs="+", default=[], metavar="UNITS",
+                    help="also time portakern's step (the same weights, in the same process) with its stream-kernel "
+                         "GEMVs asking the L2 for UNITS units of words before waiting for the kernel before them "
+                         "(GemvConfig.l2_prefetch), as int4_portakern_l2_prefetch_UNITS, logits compared")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--tag", default="")
@@ -443,6 +462,8 @@ def main():
                 PortakernStep(ctx, args.glue, att.split("-")[0], prefetch=mode, prefetch_mb=mb), att)
         if args.compare_glue and att == "portakern-paged":
             runs[f"int4_portakern_glue_{args.compare_glue}"] = (step.with_glue(args.compare_glue), att)
+        for units in args.l2_prefetch if att == "portakern-paged" else ():
+            runs[f"int4_portakern_l2_prefetch_{units}"] = (step.with_l2_prefetch(units), att)
         if args.compare_tiles:
             runs["int4_portakern_word_rows"] = (PortakernStep(ctx, args.glue, att.split("-")[0],
                                                               group_rows=False), att)
@@ -462,7 +483,7 @@ def main():
                              "graph_frac_floor": floor_ms / graph, "graph_speedup": eager / graph}
                 if name == "int4_portakern":
                     logits = st.out["lm"].float().clone()   # the last replay's; every replay computes the same
-                elif name.startswith("int4_portakern_glue_") and logits is not None:
+                elif name.startswith(("int4_portakern_glue_", "int4_portakern_l2_prefetch_")) and logits is not None:
                     other = st.out["lm"].float()
                     out[name]["logits_max_abs_diff"] = (other - logits).abs().max().item()
                     out[name]["logits_max_abs"] = logits.abs().max().item()
@@ -471,7 +492,8 @@ def main():
                     out[name]["logits_ulp_at_max_diff"] = 2.0 ** (math.floor(math.log2(max(worst, 1e-30))) - 7)
                     out[name]["logits_differing"] = int((other != logits).sum().item())
                     out[name]["logits_finite"] = bool(torch.isfinite(logits).all() & torch.isfinite(other).all())
-                    out[name]["deterministic_glues"] = same_logits(step, args.glue, args.compare_glue)
+                    if name.startswith("int4_portakern_glue_"):
+                        out[name]["deterministic_glues"] = same_logits(step, args.glue, args.compare_glue)
             except Exception as e:
                 out[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             print(f"ctx {ctx} {name}: {json.dumps(out[name])}", flush=True)

@@ -80,6 +80,13 @@ def test_fit_makes_a_stream_config_legal_and_refuses_other_weights():
         T.fit(base, _lay(bits=8), 1)
     with pytest.raises(ValueError, match=r"prefetch is 1, or 2 for the CUDA-core kernels"):
         T.fit(replace(base, prefetch=3), _lay(), 1)
+    assert T.fit(replace(base, l2_prefetch=4), _lay(), 1).l2_prefetch == 4
+    with pytest.raises(ValueError, match=r"GemvConfig\(l2_prefetch=9\): the stream kernel prefetches 0 to 8 units "
+                                         r"into the L2; use a value in that range"):
+        T.fit(replace(base, l2_prefetch=9), _lay(), 1)
+    with pytest.raises(ValueError, match=r"GemvConfig\(kind='fma', l2_prefetch=2\): l2_prefetch is an option of the "
+                                         r"stream kernel; use kind='stream' or l2_prefetch=0"):
+        T.fit(T.GemvConfig("fma", 256, 8, l2_prefetch=2), _lay(), 1)
 
 
 @parent_only
@@ -137,6 +144,27 @@ def test_lowering_loads_16_bytes_per_row_and_waits_for_the_previous_kernel_on_sm
     assert "ld.global.v4.b32" in ptx and "atom.global.gpu.acq_rel.add" in ptx
     assert ("griddepcontrol.wait" in ptx) == (target == "sm_90a")
     assert k["shared"] <= 99 * 1024
+    assert "prefetch.global.L2" not in ptx                     # l2_prefetch: in no table
+
+
+@parent_only
+@pytest.mark.parametrize("units", [1, 3])
+def test_lowering_with_l2_prefetch_asks_for_each_line_once_before_the_wait(units):
+    """``l2_prefetch``: the next units' 128-byte lines (16 rows x 8 lines per 256-column unit), spread over the
+    256 threads (padded to a power of two, at least one per thread: none twice), are prefetched into the L2
+    before ``griddepcontrol.wait``."""
+    from dataclasses import replace
+
+    from portakern.backends.triton import quant_gemv as Q
+    from portakern.backends.triton.gemv_tuning import GemvConfig
+
+    op = _op(N=28672, K=8192)
+    cfg = GemvConfig(**Q.compile_for_target(op, "sm_90a")["config"])
+    ptx = Q.compile_for_target(op, "sm_90a", replace(cfg, l2_prefetch=units))["kernels"]["gemv_stream_kernel"]["ptx"]
+    lines = units * 16 * 8
+    per_thread = max(1, (1 << (lines - 1).bit_length()) // 256)
+    assert ptx.count("prefetch.global.L2") == per_thread
+    assert ptx.rindex("prefetch.global.L2") < ptx.index("griddepcontrol.wait")
 
 
 # -- on a CUDA device -------------------------------------------------------------------------------------
@@ -181,8 +209,8 @@ def test_gpu_matches_float64_for_every_way_programs_share_tiles(case):
     op, _ = quant_gemv_op(x, w.with_tensors({k: torch.as_tensor(v).to(x.device) for k, v in w.tensors.items()}))
     p = Q.prepare_weight(None, w, dev)
     ref = x.double().cpu().numpy() @ dequantize(w.fmt, w.tensors, w.N, w.K).T
-    for bn, ahead in ((256, 1), (128, 2)):
-        cfg = T.fit(T.GemvConfig("stream", bn, 16, prefetch=ahead, pdl=True), p, 1)
+    for bn, ahead, l2 in ((256, 1, 0), (128, 2, 0), (256, 1, 3)):
+        cfg = T.fit(T.GemvConfig("stream", bn, 16, prefetch=ahead, pdl=True, l2_prefetch=l2), p, 1)
         for programs in (1, 7, 1000, None):
             ln = Launcher(op, p, cfg, 132, str(x.device), programs=programs)
             out = torch.empty((1, N), device=x.device, dtype=x.dtype)
@@ -190,7 +218,7 @@ def test_gpu_matches_float64_for_every_way_programs_share_tiles(case):
                 out.fill_(float("nan"))
                 ln(x, p, out)
                 err = np.abs(out.double().cpu().numpy() - ref).max() / np.abs(ref).max()
-                assert err <= TOL[dt], (cid, bn, ahead, ln.programs, err)
+                assert err <= TOL[dt], (cid, bn, ahead, l2, ln.programs, err)
 
 
 @parent_only

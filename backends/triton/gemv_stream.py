@@ -58,7 +58,7 @@ def constexprs(op, layout, cfg, programs: int, mode: int = 0) -> dict[str, Any]:
     xs, by_unit = x_slots(g, -(-op.N // cfg.block_n) * g, programs)
     return dict(G=g, XS=xs, BY_UNIT=by_unit, TR=layout.group_size // 8, BN=cfg.block_n, WR=WARP_ROWS,
                 WC=cfg.num_warps // WARP_ROWS, AHEAD=cfg.prefetch, IW=layout.interleave, ZP=layout.zero_point,
-                HAS_Z=layout.has_z, PDL=cfg.pdl, MODE=mode)
+                HAS_Z=layout.has_z, PDL=cfg.pdl, L2_AHEAD=cfg.l2_prefetch, MODE=mode)
 
 
 def grid_programs(op, layout, cfg, num_sms: int, programs: int | None = None) -> int:

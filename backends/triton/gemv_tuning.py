@@ -122,6 +122,10 @@ class GemvConfig:
     x_runs     (kind "mma") x read as it lies in runs of 8 columns, one MMA per code position, instead
                of one tile per group re-laid in registers (``kernels.gemv_mma.gemv_mma_kernel``)
     per_sm     (kind "stream") programs per multiprocessor
+    l2_prefetch (kind "stream") units of words past those loaded into registers that each program asks
+               the L2 to fetch (one ``prefetch.global.L2`` per 128-byte line) before it waits for the
+               previous kernel (``pdl``): DRAM works while that kernel finishes. 0 to 8; 0: none. In no
+               table yet (session 15: built, unmeasured)
     """
 
     kind: str
@@ -137,6 +141,7 @@ class GemvConfig:
     group_rows: bool = False
     x_runs: bool = False
     per_sm: int = 2
+    l2_prefetch: int = 0
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -272,6 +277,9 @@ def _fit_stream(cfg: GemvConfig, layout, M: int) -> GemvConfig:
     why = stream_usable(layout, M)
     if why is not None:
         raise ValueError(f"GemvConfig(kind='stream') cannot serve this weight: {why}; use kind='fma'")
+    if not 0 <= cfg.l2_prefetch <= 8:
+        raise ValueError(f"GemvConfig(l2_prefetch={cfg.l2_prefetch!r}): the stream kernel prefetches 0 to 8 units "
+                         f"into the L2; use a value in that range")
     bn = 128 if cfg.block_n <= 128 else 256
     return replace(cfg, block_n=bn, num_warps=bn // 32, block_kw=layout.group_size // 8, num_stages=1, split_k=1,
                    dq=3, swap_ab=False, prefetch=min(max(cfg.prefetch, 1), 2), group_rows=False, x_runs=False,
@@ -312,6 +320,9 @@ def fit(cfg: GemvConfig, layout, M: int) -> GemvConfig:
                          f"option of the CUDA-core kernel (kind='fma') with prefetch=1; use group_rows=False")
     if cfg.kind not in PROGRAMS_PER_SM:
         raise ValueError(f"GemvConfig(kind={cfg.kind!r}): the kinds are {', '.join(PROGRAMS_PER_SM)}")
+    if cfg.l2_prefetch and cfg.kind != "stream":
+        raise ValueError(f"GemvConfig(kind={cfg.kind!r}, l2_prefetch={cfg.l2_prefetch}): l2_prefetch is an option of "
+                         f"the stream kernel; use kind='stream' or l2_prefetch=0")
     if cfg.kind == "frag":
         return _fit_frag(cfg, layout, M)
     if cfg.kind == "stream":

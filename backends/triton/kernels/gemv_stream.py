@@ -89,6 +89,34 @@ def _load_unit(qw_ptr, s_ptr, z_ptr, u, ok, stride_qk, G: gl.constexpr, TR: gl.c
     return w, s, z
 
 
+@gluon.constexpr_function
+def _padded_lines(lines, warps):
+    """``lines`` rounded up to a power of two and to at least one per thread (no thread holds a copy)."""
+    return max(1 << (int(lines) - 1).bit_length(), 32 * int(warps))
+
+
+@gluon.jit
+def _prefetch_l2(qw_ptr, u_first, n_left, stride_qk, G: gl.constexpr, TR: gl.constexpr, BN: gl.constexpr,
+                 L2_AHEAD: gl.constexpr, NW: gl.constexpr):
+    """Ask the L2 for the words of units ``u_first .. u_first + L2_AHEAD - 1`` (the first ``n_left`` of them
+    exist): one ``prefetch.global.L2`` per 128-byte line of a unit's ``TR`` rows of ``BN`` columns, the lines
+    spread over the program's threads. A hint: no register waits for it, nothing is read into the program."""
+    LPR: gl.constexpr = BN // 32                        # 128-byte lines per word row of a unit
+    LINES: gl.constexpr = L2_AHEAD * TR * LPR
+    P2: gl.constexpr = _padded_lines(LINES, NW)
+    idx = gl.arange(0, P2, layout=gl.BlockedLayout([1], [32], [NW], [0]))
+    j = idx // (TR * LPR)
+    line = idx % (TR * LPR)
+    u = u_first + j
+    t = u // G
+    col = t * BN + (line % LPR) * 32
+    row = (u - t * G) * TR + line // LPR
+    ok = (idx < LINES) & (j < n_left) & (col < stride_qk)
+    gl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
+                              "=r,l,r", [qw_ptr + row * stride_qk + col, ok.to(gl.int32)], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
 @gluon.jit
 def _axis(n: gl.constexpr, dim: gl.constexpr, layout: gl.constexpr):
     """``arange(n)`` along dimension ``dim`` of a rank-4 ``layout``, expanded to rank 4."""
@@ -208,10 +236,12 @@ def _arrive(t, P, T, N, out_ptr, ws_ptr, cnt_ptr, G: gl.constexpr, BN: gl.conste
 def gemv_stream_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, cnt_ptr, N, n_tiles, stride_qk,
                        G: gl.constexpr, XS: gl.constexpr, BY_UNIT: gl.constexpr, TR: gl.constexpr,
                        BN: gl.constexpr, WR: gl.constexpr, WC: gl.constexpr, AHEAD: gl.constexpr, IW: gl.constexpr,
-                       ZP: gl.constexpr, HAS_Z: gl.constexpr, PDL: gl.constexpr, MODE: gl.constexpr):
+                       ZP: gl.constexpr, HAS_Z: gl.constexpr, PDL: gl.constexpr, L2_AHEAD: gl.constexpr,
+                       MODE: gl.constexpr):
     """``out (1, N) = x (1, K) @ dequant(W)^T`` for int4 words in ``(KWP, NP)`` (``gemv_quant``'s layout,
     ``stride_qk`` = NP), groups of ``8 TR`` columns; ``G`` groups (K = 8 TR G, specialised); ``XS`` slots of
-    staged x (``_stage_x``). ``AHEAD``: units loaded ahead (1 or 2). ``MODE`` (measurement only,
+    staged x (``_stage_x``). ``AHEAD``: units loaded ahead (1 or 2). ``L2_AHEAD``: units after those whose
+    words the L2 is asked to fetch before the wait for the previous kernel (0: none). ``MODE`` (measurement only,
     ``experiments/gemv_stream_probe.py --phase anatomy``; 0 in use): 1 = words folded into the result
     without arithmetic, 3 = x not staged, 4 = every segment stored as if it covered its tile (no
     partials); 1, 3 and 4 give wrong results."""
@@ -233,6 +263,8 @@ def gemv_stream_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, cnt_ptr, N,
     w0, s0, z0 = _load_unit(qw_ptr, s_ptr, z_ptr, u0, 0 < n, stride_qk, G, TR, BN, WR, RPT, HAS_Z, L3)
     if AHEAD > 1:
         w1, s1, z1 = _load_unit(qw_ptr, s_ptr, z_ptr, u0 + 1, 1 < n, stride_qk, G, TR, BN, WR, RPT, HAS_Z, L3)
+    if L2_AHEAD > 0:     # the next units' words towards the L2 while the previous kernel finishes
+        _prefetch_l2(qw_ptr, u0 + AHEAD, n - AHEAD, stride_qk, G, TR, BN, L2_AHEAD, NW)
     _wait_for_producer(PDL)
     if MODE != 3:
         _stage_x(x_ptr, x_smem, xs_smem, u0, n, G, XS, BY_UNIT, TR, WR, RPT, IW, NW)
