@@ -374,8 +374,19 @@ def same_logits(step, glue: str, other: str) -> dict:
         st = step.with_glue(g, deterministic=True)
         capture(st)
         outs.append(st.out["lm"].float().clone())
-    return {"glues": [glue, other], "max_abs_diff": (outs[0] - outs[1]).abs().max().item(),
-            "differing": int((outs[0] != outs[1]).sum().item())}
+    return {"glues": [glue, other], **logits_diff(*outs)}
+
+
+def logits_diff(ref, other) -> dict:
+    """How far the logits ``other`` are from ``ref`` (fp32 copies of bf16 logits): the largest difference, the
+    scale of the logits, one bf16 unit in the last place at the logit of the largest difference, how many differ,
+    whether both are finite."""
+    d = (other - ref).abs()
+    worst = ref.flatten()[d.argmax()].abs().item()
+    return {"logits_max_abs_diff": d.max().item(), "logits_max_abs": ref.abs().max().item(),
+            "logits_ulp_at_max_diff": 2.0 ** (math.floor(math.log2(max(worst, 1e-30))) - 7),
+            "logits_differing": int((other != ref).sum().item()),
+            "logits_finite": bool(torch.isfinite(ref).all() & torch.isfinite(other).all())}
 
 
 def kernel_profile(step, replays: int = 3):
@@ -484,14 +495,7 @@ def main():
                 if name == "int4_portakern":
                     logits = st.out["lm"].float().clone()   # the last replay's; every replay computes the same
                 elif name.startswith(("int4_portakern_glue_", "int4_portakern_l2_prefetch_")) and logits is not None:
-                    other = st.out["lm"].float()
-                    out[name]["logits_max_abs_diff"] = (other - logits).abs().max().item()
-                    out[name]["logits_max_abs"] = logits.abs().max().item()
-                    # bf16 logits: one unit in the last place at the diff's logit, for scale
-                    worst = logits.flatten()[(other - logits).abs().argmax()].abs().item()
-                    out[name]["logits_ulp_at_max_diff"] = 2.0 ** (math.floor(math.log2(max(worst, 1e-30))) - 7)
-                    out[name]["logits_differing"] = int((other != logits).sum().item())
-                    out[name]["logits_finite"] = bool(torch.isfinite(logits).all() & torch.isfinite(other).all())
+                    out[name].update(logits_diff(logits, st.out["lm"].float()))
                     if name.startswith("int4_portakern_glue_"):
                         out[name]["deterministic_glues"] = same_logits(step, args.glue, args.compare_glue)
             except Exception as e:
