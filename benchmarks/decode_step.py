@@ -17,7 +17,7 @@ on a dense cache, eager glue.
 Floor = (weight bytes: codes + fp16 scale + fp16 zero per group; + K/V bytes read) / copy bandwidth.
 
     python benchmarks/decode_step.py [--ctx 2048 8192] [--glue compile-combo|compile-pdl|compile|compile-max|eager]
-        [--compare-glue GLUE] [--l2-prefetch UNITS ...] [--compare-tiles] [--prefetch none after:24 during:24]
+        [--compare-glue GLUE] [--compare-attention table release release-pdl] [--l2-prefetch UNITS ...] [--compare-tiles] [--prefetch none after:24 during:24]
         [--breakdown] [--no-peers] [--out DIR]
 """
 
@@ -52,6 +52,10 @@ PAGE = 64
 BF16 = torch.bfloat16
 #: how the glue runs (``--glue``); the last is plain torch
 GLUES = ("compile-combo", "compile-pdl", "compile", "compile-max", "eager")
+#: ``--compare-attention``: the paged attention built by the triton backend with the table's configuration
+#: changed so (``AttnConfig`` fields); "table" changes nothing (the same build path, as a control)
+ATTENTION_VARIANTS = {"table": {}, "release": {"release_next": True},
+                      "release-pdl": {"release_next": True, "pdl": True}}
 #: the default: programmatic dependent glue kernels where this torch's Inductor can make them (H200 session 15:
 #: 2.333 vs 2.436 ms at ctx 2048, 2.518 vs 2.783 at 8192, separate processes)
 DEFAULT_GLUE = "compile-pdl" if hasattr(torch._inductor.config.triton, "enable_pdl") else "compile-combo"
@@ -157,6 +161,7 @@ class PortakernStep:
         self.h = torch.randn(1, HID, device="cuda")
         self.zero = torch.zeros(1, HID, device="cuda")
         self.attention = attention
+        self.attn_kernel = self.attn_out = None   # portakern.attention's choice unless with_attention
         self.add_rmsnorm, self.rope, self.rope_append, self.silu_mul = glue_functions(glue)
         if attention == "sdpa":  # dense (B, Hkv, S, D) caches instead of pages
             self.dense = [torch.randn(2, 1, HKV, ctx + 1, D, device="cuda", dtype=BF16) for _ in range(LAYERS)]
@@ -180,6 +185,21 @@ class PortakernStep:
         for the kernel before them."""
         other = copy.copy(self)
         other.kern = {n: gemv_kernel(N, K, l2_prefetch=units) for n, (N, K) in self.linears.items()}
+        return other
+
+    def with_attention(self, variant: str) -> "PortakernStep":
+        """The same step with its paged attention built by the triton backend under the table's configuration
+        changed as ``ATTENTION_VARIANTS[variant]`` says (``--compare-attention``)."""
+        from portakern.backends.triton import attention as A
+        from portakern.validate import attention_op
+
+        q = torch.zeros(1, 1, HQ, D, device="cuda", dtype=BF16)
+        op, info = attention_op(q, self.kv[0][0], self.kv[0][1], block_table=self.block_table,
+                                seqlens_k=self.seqlens)
+        cfg = replace(A._config(op, info.device), **ATTENTION_VARIANTS[variant])
+        other = copy.copy(self)
+        other.attn_kernel = A.build(op, info.device, cfg)
+        other.attn_out = torch.empty(1, 1, HQ, D, device="cuda", dtype=BF16)
         return other
 
     def with_glue(self, glue: str, deterministic: bool = False) -> "PortakernStep":
@@ -212,6 +232,10 @@ class PortakernStep:
     def attend(self, i, q):
         import portakern
 
+        if self.attn_kernel is not None:   # built with an explicit configuration (with_attention)
+            self.attn_kernel(q, self.kv[i][0], self.kv[i][1], self.attn_out, None,
+                             {"block_table": self.block_table, "seqlens_k": self.seqlens})
+            return self.attn_out.reshape(1, HQ * D)
         o = portakern.attention(q, self.kv[i][0], self.kv[i][1], block_table=self.block_table,
                                 seqlens_k=self.seqlens, backend="triton")
         return o.reshape(1, HQ * D)
@@ -430,6 +454,14 @@ def main():
                     help="also time portakern's step (the same weights, in the same process) with its stream-kernel "
                          "GEMVs asking the L2 for UNITS units of words before waiting for the kernel before them "
                          "(GemvConfig.l2_prefetch), as int4_portakern_l2_prefetch_UNITS, logits compared")
+    ap.add_argument("--compare-attention", nargs="+", default=[], choices=tuple(ATTENTION_VARIANTS),
+                    metavar="VARIANT",
+                    help="also time portakern's step (the same weights, in the same process) with its paged attention "
+                         "built under the table's configuration changed: release (the merge lets the o-projection "
+                         "GEMV launch at its start, AttnConfig.release_next), release-pdl (and the decode kernel "
+                         "launched as a dependent of the RoPE/append glue, the merge of it: AttnConfig.pdl), table "
+                         "(unchanged, the same build path: a control), as int4_portakern_attention_VARIANT, logits "
+                         "compared")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--tag", default="")
@@ -473,6 +505,8 @@ def main():
                 PortakernStep(ctx, args.glue, att.split("-")[0], prefetch=mode, prefetch_mb=mb), att)
         if args.compare_glue and att == "portakern-paged":
             runs[f"int4_portakern_glue_{args.compare_glue}"] = (step.with_glue(args.compare_glue), att)
+        for variant in args.compare_attention if att == "portakern-paged" else ():
+            runs[f"int4_portakern_attention_{variant}"] = (step.with_attention(variant), att)
         for units in args.l2_prefetch if att == "portakern-paged" else ():
             runs[f"int4_portakern_l2_prefetch_{units}"] = (step.with_l2_prefetch(units), att)
         if args.compare_tiles:
@@ -494,7 +528,8 @@ def main():
                              "graph_frac_floor": floor_ms / graph, "graph_speedup": eager / graph}
                 if name == "int4_portakern":
                     logits = st.out["lm"].float().clone()   # the last replay's; every replay computes the same
-                elif name.startswith(("int4_portakern_glue_", "int4_portakern_l2_prefetch_")) and logits is not None:
+                elif name.startswith(("int4_portakern_glue_", "int4_portakern_l2_prefetch_",
+                                      "int4_portakern_attention_")) and logits is not None:
                     out[name].update(logits_diff(logits, st.out["lm"].float()))
                     if name.startswith("int4_portakern_glue_"):
                         out[name]["deterministic_glues"] = same_logits(step, args.glue, args.compare_glue)

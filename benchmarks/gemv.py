@@ -216,13 +216,14 @@ def precompile(jobs, workers):
 # -- sweep -------------------------------------------------------------------------------------------
 
 def sweep_candidates(M: int, dqs=(2,), swaps=(False,), stages=(1,), prefetch=(1,), pdls=(False,),
-                     group_rows=(False,), mma=False, mma_grid=((64, 128), (4, 8), (1, 2, 3, 4))) -> list[GemvConfig]:
+                     group_rows=(False,), mma=False, mma_grid=((64, 128), (4, 8), (1, 2, 3, 4)),
+                     bits: int = 4) -> list[GemvConfig]:
     """What the sweep times per M (``split_k=0``: the automatic split and no split; for group-resident
     tiles half, once and twice the automatic split), for each dequant variant in ``dqs``, pipeline
     depth in ``stages`` and register prefetch depth in ``prefetch`` (CUDA-core kernel), operand order
     in ``swaps`` (tensor-core kernel), each programmatic-dependent-launch setting in ``pdls``, and
     (M=1) with ``True`` in ``group_rows`` the group-resident tiles: 4 or 8 columns per thread, 8 or 16
-    word rows, 1, 2 or 4 warps. ``mma``: the group-scaled tensor-core kernel (also at M=1, where its
+    word rows (int8: also 32, a whole group), 1, 2 or 4 warps. ``mma``: the group-scaled tensor-core kernel (also at M=1, where its
     MMA multiplies 15 rows of padding for free), 64 or 128 columns, 4 or 8 warps, 2 to 4 pipeline
     stages (its K tile is the group's)."""
     out = []
@@ -235,7 +236,7 @@ def sweep_candidates(M: int, dqs=(2,), swaps=(False,), stages=(1,), prefetch=(1,
                     for w in (4, 8) for st in stages for pf in prefetch if st == 1 or pf == 1]
             if True in group_rows:
                 out += [GemvConfig("fma", 32 * cols * w, bkw, w, 1, 0, dq, group_rows=True)
-                        for w in (1, 2, 4) for cols in (4, 8) for bkw in (8, 16)]
+                        for w in (1, 2, 4) for cols in (4, 8) for bkw in (8, 16) + ((32,) if bits == 8 else ())]
         elif M <= 4:
             out += [GemvConfig("fma", bn, bkw, 4, 1, 0, dq) for bn in (32, 64) for bkw in (32, 64)]
     for sw in swaps:
@@ -276,9 +277,15 @@ def main():
                          "in a graph of back-to-back calls each kernel's start overlaps the previous one's tail)")
     ap.add_argument("--sweep-shapes", nargs="+", default=["4096x4096", "28672x8192", "4096x14336"],
                     help="(N)x(K) shapes the sweep times")
+    ap.add_argument("--sweep-bits", type=int, nargs="+", default=[4], choices=(4, 8),
+                    help="code widths the sweep times (8: int8 at M=1 only, the main table's int8 rows take its "
+                         "winner of the nearest shape)")
     ap.add_argument("--group-rows", type=int, nargs="+", default=[0], choices=(0, 1),
                     help="1: the sweep also times group-resident tiles at M=1 (GemvConfig.group_rows)")
     ap.add_argument("--no-table", action="store_true", help="only the sweep, not the main table")
+    ap.add_argument("--table-bits", type=int, nargs="+", default=[4, 8], choices=(4, 8),
+                    help="code widths of the main table's rows (int4: every M and shape; int8: M=1, the three "
+                         "largest shapes)")
     ap.add_argument("--swap", choices=("no", "yes", "both", "none"), default="no",
                     help="operand order(s) the sweep times for the tensor-core kernel (GemvConfig.swap_ab); "
                          "none: no 'dot' candidates")
@@ -318,113 +325,112 @@ def main():
 
     # -- compile everything the run will launch, in parallel
     jobs = []
+    sweep_problems = [(bits, M, N, K) for bits in args.sweep_bits for M in (ms if bits == 4 else (1,))
+                      for (N, K) in sweep_shapes]
     if args.sweep:
-        for M in ms:
-            for (N, K) in sweep_shapes:
-                op = gemv_op(M, N, K)
-                for c in sweep_candidates(M, args.dq, swaps, stages, tuple(args.prefetch), tuple(args.pdl),
-                                           tuple(bool(g) for g in args.group_rows), bool(args.mma),
-                                           (args.mma_bn, args.mma_warps, args.mma_stages)):
-                    for cs in with_split(c, op):
-                        jobs.append({"op": op.to_json(), "cfg": asdict(cs)})
+        for bits, M, N, K in sweep_problems:
+            op = gemv_op(M, N, K, bits=bits)
+            for c in sweep_candidates(M, args.dq, swaps, stages, tuple(args.prefetch), tuple(args.pdl),
+                                       tuple(bool(g) for g in args.group_rows), bool(args.mma),
+                                       (args.mma_bn, args.mma_warps, args.mma_stages), bits):
+                for cs in with_split(c, op):
+                    jobs.append({"op": op.to_json(), "cfg": asdict(cs)})
     if args.no_table:
         shapes = []
-    for M in ms:
-        for (N, K) in shapes:
-            jobs.append({"op": gemv_op(M, N, K).to_json(), "cfg": None})
-    for (N, K) in shapes[3:]:
-        jobs.append({"op": gemv_op(1, N, K, bits=8).to_json(), "cfg": None})
+    table = [(bits, M, N, K) for bits in args.table_bits for M in (ms if bits == 4 else (1,))
+             for (N, K) in (shapes if bits == 4 else shapes[3:])]
+    jobs += [{"op": gemv_op(M, N, K, bits=bits).to_json(), "cfg": None} for bits, M, N, K in table]
     failed = precompile(jobs, args.workers)
 
     # -- sweep: graph time per candidate
     if args.sweep:
-        for M in ms:
-            for (N, K) in sweep_shapes:
-                op = gemv_op(M, N, K)
-                copies = copies_for(floor_bytes(op))
-                timed = []
-                for c in sweep_candidates(M, args.dq, swaps, stages, tuple(args.prefetch), tuple(args.pdl),
-                                           tuple(bool(g) for g in args.group_rows), bool(args.mma),
-                                           (args.mma_bn, args.mma_warps, args.mma_stages)):
-                    for cs in with_split(c, op):
-                        if json.dumps({"op": op.to_json(), "cfg": asdict(cs)}, sort_keys=True) in failed:
-                            continue
-                        try:
-                            fns, _ = ours(op, cs, copies)
-                            t = graph_us(fns, calls=60)
-                        except Exception as e:
-                            print(f"  sweep error {cs}: {type(e).__name__}: {str(e)[:200]}", flush=True)
-                            continue
-                        del fns
-                        timed.append((t, cs))
-                        res["sweep"].append({"M": M, "N": N, "K": K, "cfg": asdict(cs), "graph_us": t,
-                                             "frac_floor": floor_bytes(op) / (t * 1e-6) / (bw * 1e12)})
-                timed.sort(key=lambda p: p[0])
-                if timed:
-                    best[(M, N, K)] = timed[0][1]
-                    print(f"sweep M={M} N={N} K={K}: " + "; ".join(
-                        f"{t:.1f}us {c.kind} bn{c.block_n} kw{c.block_kw} w{c.num_warps} s{c.num_stages} "
-                        f"sk{c.split_k} dq{c.dq}{' swap' if c.swap_ab else ''}{' xruns' if c.x_runs else ''}{' ahead2' if c.prefetch == 2 else ''}{' pdl' if c.pdl else ''}"
-                        f"{' rows' if c.group_rows else ''}"
-                        for t, c in timed[:4]), flush=True)
-                torch.cuda.empty_cache()
+        for bits, M, N, K in sweep_problems:
+            op = gemv_op(M, N, K, bits=bits)
+            copies = copies_for(floor_bytes(op))
+            timed = []
+            for c in sweep_candidates(M, args.dq, swaps, stages, tuple(args.prefetch), tuple(args.pdl),
+                                       tuple(bool(g) for g in args.group_rows), bool(args.mma),
+                                       (args.mma_bn, args.mma_warps, args.mma_stages), bits):
+                for cs in with_split(c, op):
+                    if json.dumps({"op": op.to_json(), "cfg": asdict(cs)}, sort_keys=True) in failed:
+                        continue
+                    try:
+                        fns, _ = ours(op, cs, copies)
+                        t = graph_us(fns, calls=60)
+                    except Exception as e:
+                        print(f"  sweep error {cs}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                        continue
+                    del fns
+                    timed.append((t, cs))
+                    res["sweep"].append({"bits": bits, "M": M, "N": N, "K": K, "cfg": asdict(cs), "graph_us": t,
+                                         "frac_floor": floor_bytes(op) / (t * 1e-6) / (bw * 1e12)})
+            timed.sort(key=lambda p: p[0])
+            if timed:
+                best[(bits, M, N, K)] = timed[0][1]
+                print(f"sweep int{bits} M={M} N={N} K={K}: " + "; ".join(
+                    f"{t:.1f}us {c.kind} bn{c.block_n} kw{c.block_kw} w{c.num_warps} s{c.num_stages} "
+                    f"sk{c.split_k} dq{c.dq}{' swap' if c.swap_ab else ''}{' xruns' if c.x_runs else ''}{' ahead2' if c.prefetch == 2 else ''}{' pdl' if c.pdl else ''}"
+                    f"{' rows' if c.group_rows else ''}"
+                    for t, c in timed[:4]), flush=True)
+            torch.cuda.empty_cache()
 
-    def pick(M, N, K):
-        """The sweep winner of the nearest swept shape (same M), else the table."""
-        cands = [(abs(math.log(N / n)) + abs(math.log(K / k)), c) for (m, n, k), c in best.items() if m == M]
+    def pick(bits, M, N, K):
+        """The sweep winner of the nearest swept shape (same bits and M), else the table."""
+        cands = [(abs(math.log(N / n)) + abs(math.log(K / k)), c) for (b, m, n, k), c in best.items()
+                 if (b, m) == (bits, M)]
         if not cands:
             return None
-        c = min(cands, key=lambda p: p[0])[1]
-        kwp = -(-(-(-K // 8)) // Q.K_ALIGN_WORDS) * Q.K_ALIGN_WORDS
+        dist, c = min(cands, key=lambda p: p[0])
+        if dist == 0:   # the swept shape itself: its winner as timed
+            return c
+        kwp = -(-(-(-K // (32 // bits))) // Q.K_ALIGN_WORDS) * Q.K_ALIGN_WORDS
         return replace(c, split_k=tuning.split_k_for(N, kwp, c, 132))   # the split follows the shape
 
     # -- main table
     rows = []
-    for bits in (4, 8):
-        for M in (ms if bits == 4 else (1,)):
-            for (N, K) in (shapes if bits == 4 else shapes[3:]):
-                op = gemv_op(M, N, K, bits=bits)
-                fb = floor_bytes(op)
-                floor_us = fb / (bw * 1e12) * 1e6
-                row = {"bits": bits, "M": M, "N": N, "K": K, "floor_us": floor_us, "bytes": fb}
-                copies = copies_for(fb)
-                try:
-                    cfg = pick(M, N, K) if bits == 4 else None
-                    fns, kern = ours(op, cfg, copies)
-                    row["pk_graph_us"] = graph_us(fns)
-                    row["pk_eager_us"] = eager_us(fns)
-                    row["pk_config"] = next(iter(kern.launchers.values())).cfg.to_json()
-                    del fns
-                except Exception as e:
-                    row["pk_error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                peers = {}
-                if bits == 4:
-                    peers["tinygemm"] = lambda: tinygemm(M, N, K, 128, copies_for(N * K // 2))
-                    if has_gemlite:
-                        peers["gemlite"] = lambda: gemlite_fns(M, N, K, 128, copies_for(N * K // 2))
-                else:
-                    peers["torch_int8"] = lambda: int8_torch(M, N, K, copies_for(N * K))
-                peers["bf16"] = lambda: bf16_linear(M, N, K, copies_for(2 * N * K))
-                for name, mk in peers.items():
-                    try:
-                        fns = mk()
-                        row[f"{name}_graph_us"] = graph_us(fns)
-                        row[f"{name}_eager_us"] = eager_us(fns)
-                        del fns
-                    except Exception as e:
-                        row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-                if "pk_graph_us" in row:
-                    row["pk_frac_floor_graph"] = floor_us / row["pk_graph_us"]
-                    row["pk_frac_floor_eager"] = floor_us / row["pk_eager_us"]
-                    for name in peers:
-                        if f"{name}_graph_us" in row:
-                            row[f"speedup_vs_{name}_graph"] = row[f"{name}_graph_us"] / row["pk_graph_us"]
-                            row[f"speedup_vs_{name}_eager"] = row[f"{name}_eager_us"] / row["pk_eager_us"]
-                rows.append(row)
-                torch.cuda.empty_cache()
-                print(json.dumps(row), flush=True)
+    for bits, M, N, K in table:
+        op = gemv_op(M, N, K, bits=bits)
+        fb = floor_bytes(op)
+        floor_us = fb / (bw * 1e12) * 1e6
+        row = {"bits": bits, "M": M, "N": N, "K": K, "floor_us": floor_us, "bytes": fb}
+        copies = copies_for(fb)
+        try:
+            cfg = pick(bits, M, N, K)
+            fns, kern = ours(op, cfg, copies)
+            row["pk_graph_us"] = graph_us(fns)
+            row["pk_eager_us"] = eager_us(fns)
+            row["pk_config"] = next(iter(kern.launchers.values())).cfg.to_json()
+            del fns
+        except Exception as e:
+            row["pk_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        peers = {}
+        if bits == 4:
+            peers["tinygemm"] = lambda: tinygemm(M, N, K, 128, copies_for(N * K // 2))
+            if has_gemlite:
+                peers["gemlite"] = lambda: gemlite_fns(M, N, K, 128, copies_for(N * K // 2))
+        else:
+            peers["torch_int8"] = lambda: int8_torch(M, N, K, copies_for(N * K))
+        peers["bf16"] = lambda: bf16_linear(M, N, K, copies_for(2 * N * K))
+        for name, mk in peers.items():
+            try:
+                fns = mk()
+                row[f"{name}_graph_us"] = graph_us(fns)
+                row[f"{name}_eager_us"] = eager_us(fns)
+                del fns
+            except Exception as e:
+                row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        if "pk_graph_us" in row:
+            row["pk_frac_floor_graph"] = floor_us / row["pk_graph_us"]
+            row["pk_frac_floor_eager"] = floor_us / row["pk_eager_us"]
+            for name in peers:
+                if f"{name}_graph_us" in row:
+                    row[f"speedup_vs_{name}_graph"] = row[f"{name}_graph_us"] / row["pk_graph_us"]
+                    row[f"speedup_vs_{name}_eager"] = row[f"{name}_eager_us"] / row["pk_eager_us"]
+        rows.append(row)
+        torch.cuda.empty_cache()
+        print(json.dumps(row), flush=True)
     res["rows"] = rows
-    res["best_sweep"] = {f"M{m}-N{n}-K{k}": asdict(c) for (m, n, k), c in best.items()}
+    res["best_sweep"] = {f"int{b}-M{m}-N{n}-K{k}": asdict(c) for (b, m, n, k), c in best.items()}
 
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"gemv-{res['date']}{args.tag}.json")

@@ -22,6 +22,8 @@
 #   gemv-bench      benchmarks/gemv.py with the tables (no sweep)
 #   gemv-rows-sweep benchmarks/gemv.py --sweep at M=1 over both tile families (group_rows 0/1), the
 #                   six bench shapes and the decode step's (6144x4096, 28672x4096, 128256x4096)
+#   gemv-int8-sweep benchmarks/gemv.py --sweep at M=1 int8 over both tile families (group_rows 0/1) on the
+#                   three int8 table shapes, then the int8 table rows with the winners (torch int8 peer)
 #   gemv-mma-sweep  benchmarks/gemv.py --sweep at M 4 and 16 over the group-scaled tensor-core kernel
 #                   (kind "mma"), then the main table with the winners
 #   gemv-mma-m1-sweep  the same kernel at M=1 (pdl) against both CUDA-core tile families, three shapes
@@ -38,6 +40,8 @@
 #   decode-step     benchmarks/decode_step.py --breakdown (Llama-3-8B-shaped step in one CUDA graph; its
 #                   GEMVs, attention and glue each timed alone too; the same step with glue kernels that are
 #                   not programmatic dependents, and their logits compared)
+#   decode-step-attention  the step at ctx 2048 with its paged attention's launches changed (the merge releasing
+#                   the o-projection GEMV early; and the decode kernel as a dependent): --compare-attention, no peers
 #   decode-step-tiles  the step at ctx 2048 with the table and with the per-word-row GEMV tile
 #                   everywhere (--compare-tiles, no peers)
 #   gemv-anatomy    benchmarks/experiments/gemv_anatomy.py (M=1 GEMV against reads of its bytes in its
@@ -94,6 +98,9 @@ for s in "$@"; do
         gemv-rows-sweep) step gemv-rows-sweep python3 benchmarks/gemv.py --sweep --ms 1 --dq 3 --pdl 1 \
             --group-rows 0 1 --no-table --sweep-shapes 4096x4096 6144x4096 14336x4096 4096x14336 8192x8192 \
             28672x4096 28672x8192 16384x16384 128256x4096 --tag="-rows-sweep$TAG" --out "$RES" ;;
+        gemv-int8-sweep) step gemv-int8-sweep python3 benchmarks/gemv.py --sweep --sweep-bits 8 --dq 3 --pdl 1 \
+            --group-rows 0 1 --table-bits 8 --sweep-shapes 8192x8192 28672x8192 16384x16384 \
+            --tag="-int8-sweep$TAG" --out "$RES" ;;
         gemv-mma-sweep) step gemv-mma-sweep python3 benchmarks/gemv.py --sweep --ms 4 16 --swap none --mma 1 \
             --mma-bn 64 128 --mma-warps 4 --mma-stages 1 3 \
             --sweep-shapes 4096x4096 4096x14336 28672x8192 16384x16384 --tag="-mma-sweep$TAG" --out "$RES" ;;
@@ -112,6 +119,8 @@ for s in "$@"; do
         attention-bench) step attention-bench python3 benchmarks/attention.py --bench --tag="$TAG" --out "$RES" ;;
         decode-step) step decode-step python3 benchmarks/decode_step.py --breakdown --compare-glue compile-combo \
             --tag="$TAG" --out "$RES" ;;
+        decode-step-attention) step decode-step-attention python3 benchmarks/decode_step.py --ctx 2048 --no-peers \
+            --compare-attention release release-pdl table --tag="-attention$TAG" --out "$RES" ;;
         decode-step-tiles) step decode-step-tiles python3 benchmarks/decode_step.py --ctx 2048 --no-peers \
             --compare-tiles --tag="-tiles$TAG" --out "$RES" ;;
         gemv-anatomy) step gemv-anatomy python3 benchmarks/experiments/gemv_anatomy.py --tag="$TAG" --out "$RES" ;;

@@ -149,6 +149,41 @@ def test_lowering_for_sm90a_has_a_load_warp_per_page_copies_and_wgmma(page):
     assert "griddepcontrol.wait" in dep["attn_combine"]["ptx"]
 
 
+@parent_only
+@pytest.mark.parametrize("kernel", ["decode_ws", "attn_fwd"])
+def test_release_next_puts_one_launch_dependents_in_the_merge_and_nowhere_else(kernel):
+    """``release_next`` lowers ``griddepcontrol.launch_dependents`` into ``attn_combine`` (after its wait when the
+    merge is itself a dependent, before its first global read) and changes no other kernel; without it the
+    merge has none."""
+    from portakern.backends.triton import attention as A
+    from portakern.backends.triton import tuning
+
+    op = paged(L=2048, page=64, return_lse=True)
+    base = tuning.choose(op, "sm_90", 132, wgmma=kernel == "decode_ws")
+    assert base.decode_ws is (kernel == "decode_ws") and base.num_splits > 1 and not base.fused_combine
+    plain = A.compile_for_target(op, "sm_90a", base)["kernels"]
+    early = A.compile_for_target(op, "sm_90a", replace(base, release_next=True))["kernels"]
+    assert "griddepcontrol.launch_dependents" not in plain["attn_combine"]["ptx"]
+    merge = early["attn_combine"]["ptx"]
+    body = merge[merge.index(".entry"):]
+    assert body.count("griddepcontrol.launch_dependents") == 1
+    assert body.index("griddepcontrol.launch_dependents") < body.index("ld.global")
+    if base.pdl:            # attn_fwd's table launches the merge as its dependent: wait first, then release
+        assert body.index("griddepcontrol.wait") < body.index("griddepcontrol.launch_dependents")
+    first = next(n for n in plain if n != "attn_combine")
+    assert early[first]["ptx"] == plain[first]["ptx"]
+
+
+def test_release_next_needs_grid_dependency_control():
+    from portakern.backends.triton import attention as A
+    from portakern.backends.triton import tuning
+
+    op = paged(L=2048, page=64)
+    cfg = replace(tuning.choose(op, "sm_80", 108), release_next=True)
+    with pytest.raises(ValueError, match=r"AttnConfig\(release_next=True\) on sm_80: .*sm_90.*use release_next=False"):
+        A.compile_for_target(op, "sm_80", cfg)
+
+
 # -- on an sm_90 GPU ------------------------------------------------------------------------------------
 
 def _gpu():
@@ -298,6 +333,61 @@ def test_gpu_pdl_launch_reads_what_the_kernel_before_it_wrote():
     for t in (q, k, v, out, lse):
         t.fill_(float("nan"))
     _replay_matches_reference(graph, op, out, lse, (nq, nk, nv, naux))
+
+
+@parent_only
+def test_gpu_release_next_lets_a_dependent_gemv_read_the_merged_output():
+    """With ``release_next`` the merge lets the next kernel launch at its start: a quantized GEMV launched as a
+    programmatic dependent (the table's M=1 kernel, ``pdl``) behind it in a CUDA graph, fed the attention output
+    as x (poisoned with NaN before the replay), must read the finished output: float64 reference of
+    ``attention(q, K, V) @ W^T`` from new inputs."""
+    from portakern.backends.triton import attention as A
+    from portakern.backends.triton import quant_gemv as Q
+    from portakern.backends.triton import tuning
+    from portakern.ir.packing import dequantize
+    from portakern.quantize import quantize
+    from portakern.validate import quant_gemv_op
+
+    dev = _gpu()
+    op = paged(L=2048, page=64, return_lse=True)
+    cuda = torch.device(str(dev))
+    cfg = replace(tuning.choose(op, *A._device_arch(dev)), release_next=True)
+    assert cfg.decode_ws and cfg.num_splits > 1
+    attend = A.build(op, dev, cfg)
+    K = op.heads_q * op.head_dim
+    w = quantize(np.random.default_rng(5).standard_normal((1024, K)), bits=4, group_size=128)
+    wd = w.with_tensors({n: torch.as_tensor(t).to(cuda) for n, t in w.tensors.items()})
+    x0 = torch.zeros(1, K, device=cuda, dtype=torch.bfloat16)
+    gop, _ = quant_gemv_op(x0, wd)
+    gemv = Q.compile(gop, dev)
+    prepared = Q.prepare_weight(None, w, dev)
+    *qkv, aux = _inputs(op, [2048], seed=4)
+    q, k, v = (t.to(cuda) for t in qkv)
+    aux = {n: t.to(cuda) for n, t in aux.items()}
+    out = torch.empty(op.shapes()["out"], dtype=q.dtype, device=cuda)
+    lse = torch.empty(op.shapes()["lse"], device=cuda)
+    y = torch.empty(1, 1024, device=cuda, dtype=torch.bfloat16)
+
+    def step():
+        attend(q, k, v, out, lse, aux)
+        gemv(out.view(1, K), prepared, y)
+
+    step()                                                       # warm: compile, workspaces
+    torch.cuda.synchronize()
+    assert next(iter(gemv.launchers.values())).cfg.pdl          # the GEMV is launched as a dependent
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    nq, nk, nv, naux = _inputs(op, [1777], seed=6)
+    for dst, src in ((q, nq), (k, nk), (v, nv), (aux["block_table"], naux["block_table"]),
+                     (aux["seqlens_k"], naux["seqlens_k"])):
+        dst.copy_(src.to(cuda))
+    for t in (out, lse, y):
+        t.fill_(float("nan"))
+    _replay_matches_reference(graph, op, out, lse, (nq, nk, nv, naux))
+    ref = out.double().cpu().reshape(1, K) @ torch.from_numpy(dequantize(w.fmt, w.tensors, w.N, w.K)).double().T
+    err = ((y.double().cpu() - ref).abs().max() / ref.abs().max()).item()
+    assert err < 1e-2, f"GEMV of the merged output: relative error {err:.3g}"
 
 
 @parent_only

@@ -177,7 +177,7 @@ def _combine_constexprs(op: Attention, cfg: AttnConfig, block_dv: int) -> dict[s
     """The compile-time arguments of ``attn_combine`` (shared by launches and AOT lowering)."""
     return dict(HQ=op.heads_q, DV=op.head_dim_v, BLOCK_DV=block_dv, NUM_SPLITS=cfg.num_splits,
                 SPLITS_P2=tuning.next_pow2(cfg.num_splits), VARLEN=op.kv_layout is KVLayout.VARLEN,
-                RETURN_LSE=op.return_lse, PDL=_pdl(cfg))
+                RETURN_LSE=op.return_lse, PDL=_pdl(cfg), RELEASE=cfg.release_next)
 
 
 # -- compile ------------------------------------------------------------------------------------------

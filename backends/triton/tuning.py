@@ -86,6 +86,13 @@ class AttnConfig:
     #: dependent). ``attention_decode_ws.blocker`` says which ops it
     #: serves (``check_decode_ws``, ``fit``)
     decode_ws: bool = False
+    #: (sm_90+) the merge (``attn_combine``) lets the next kernel in the stream launch as soon as it starts
+    #: (``griddepcontrol.launch_dependents``), so a next kernel launched as a programmatic dependent -- the
+    #: GEMV of the output projection in a decode step -- sets up and requests its first weight tiles while the
+    #: merge runs; that kernel still waits for the merge's completion before it reads the output. ``attn_fwd``
+    #: and the Gluon decode kernel with ``pdl`` already do so at their start; without a separate merge
+    #: (``num_splits`` 1, or ``fused_combine`` on ``attn_fwd``) it changes nothing
+    release_next: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -101,6 +108,10 @@ def check_pdl(cfg, arch: str) -> None:
     if cfg.pdl and arch not in PDL_ARCHS:
         raise ValueError(f"{type(cfg).__name__}(pdl=True) on {arch}: programmatic dependent launch needs one of "
                          f"{', '.join(PDL_ARCHS)} (and a compiled kernel, not the interpreter); use pdl=False")
+    if getattr(cfg, "release_next", False) and arch not in PDL_ARCHS:
+        raise ValueError(f"{type(cfg).__name__}(release_next=True) on {arch}: letting the next kernel launch early "
+                         f"needs grid dependency control, on {', '.join(PDL_ARCHS)} (and a compiled kernel, not the "
+                         f"interpreter); use release_next=False")
 
 
 #: Architecture families with the tensor-memory accelerator (TMA descriptors, ``tma``).

@@ -9,7 +9,9 @@ The merge is ``lse = log sum_s exp(lse_s)``, ``out = sum_s exp(lse_s - lse) O_s`
 saw gets zeros and ``lse = -inf``.
 
 ``PDL``: the kernel is launched with programmatic dependent launch while ``attn_fwd`` still runs
-(sm_90+) and starts by waiting for it (``griddepcontrol.wait``).
+(sm_90+) and starts by waiting for it (``griddepcontrol.wait``). ``RELEASE``: it then lets the next kernel
+in the stream launch (``griddepcontrol.launch_dependents``); that kernel, if launched as a dependent, waits
+for this one's completion before reading its output.
 """
 
 import triton
@@ -25,12 +27,15 @@ def attn_combine(
     seqlen_q, total_rows,
     HQ: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
     NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, VARLEN: tl.constexpr, RETURN_LSE: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, RELEASE: tl.constexpr,
 ):
     if PDL:
         # launched as a programmatic dependent of attn_fwd: wait until its partials are complete
         # and visible (a no-op when launched normally)
         tl.extra.cuda.gdc_wait()
+    if RELEASE:
+        # the next kernel may launch now (it waits for this one's completion before reading the output)
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     row = pid // HQ
     h = pid % HQ
