@@ -17,7 +17,7 @@ on a dense cache, eager glue.
 Floor = (weight bytes: codes + fp16 scale + fp16 zero per group; + K/V bytes read) / copy bandwidth.
 
     python benchmarks/decode_step.py [--ctx 2048 8192] [--glue compile-combo|compile-pdl|compile|compile-max|eager]
-        [--compare-glue GLUE] [--compare-attention table release release-pdl] [--l2-prefetch UNITS ...] [--compare-tiles] [--prefetch none after:24 during:24]
+        [--compare-glue GLUE] [--compare-attention table release hold release-pdl] [--l2-prefetch UNITS ...] [--compare-tiles] [--prefetch none after:24 during:24]
         [--breakdown] [--no-peers] [--out DIR]
 """
 
@@ -54,7 +54,7 @@ BF16 = torch.bfloat16
 GLUES = ("compile-combo", "compile-pdl", "compile", "compile-max", "eager")
 #: ``--compare-attention``: the paged attention built by the triton backend with the table's configuration
 #: changed so (``AttnConfig`` fields); "table" changes nothing (the same build path, as a control)
-ATTENTION_VARIANTS = {"table": {}, "release": {"release_next": True},
+ATTENTION_VARIANTS = {"table": {}, "release": {"release_next": True}, "hold": {"release_next": False},
                       "release-pdl": {"release_next": True, "pdl": True}}
 #: the default: programmatic dependent glue kernels where this torch's Inductor can make them (H200 session 15:
 #: 2.333 vs 2.436 ms at ctx 2048, 2.518 vs 2.783 at 8192, separate processes)
@@ -458,7 +458,8 @@ def main():
                     metavar="VARIANT",
                     help="also time portakern's step (the same weights, in the same process) with its paged attention "
                          "built under the table's configuration changed: release (the merge lets the o-projection "
-                         "GEMV launch at its start, AttnConfig.release_next), release-pdl (and the decode kernel "
+                         "GEMV launch at its start, AttnConfig.release_next; the sm_90 table's choice since session "
+                         "16), hold (it does not), release-pdl (and the decode kernel "
                          "launched as a dependent of the RoPE/append glue, the merge of it: AttnConfig.pdl), table "
                          "(unchanged, the same build path: a control), as int4_portakern_attention_VARIANT, logits "
                          "compared")

@@ -40,8 +40,9 @@
 #   decode-step     benchmarks/decode_step.py --breakdown (Llama-3-8B-shaped step in one CUDA graph; its
 #                   GEMVs, attention and glue each timed alone too; the same step with glue kernels that are
 #                   not programmatic dependents, and their logits compared)
-#   decode-step-attention  the step at ctx 2048 with its paged attention's launches changed (the merge releasing
-#                   the o-projection GEMV early; and the decode kernel as a dependent): --compare-attention, no peers
+#   decode-step-attention  the step at ctx 2048 and 8192 with its paged attention's launches changed (the merge not
+#                   releasing the o-projection GEMV early; and the decode kernel as a dependent): --compare-attention
+#                   $ATTENTION_VARIANTS (default hold release-pdl table), no peers
 #   decode-step-tiles  the step at ctx 2048 with the table and with the per-word-row GEMV tile
 #                   everywhere (--compare-tiles, no peers)
 #   gemv-anatomy    benchmarks/experiments/gemv_anatomy.py (M=1 GEMV against reads of its bytes in its
@@ -119,8 +120,8 @@ for s in "$@"; do
         attention-bench) step attention-bench python3 benchmarks/attention.py --bench --tag="$TAG" --out "$RES" ;;
         decode-step) step decode-step python3 benchmarks/decode_step.py --breakdown --compare-glue compile-combo \
             --tag="$TAG" --out "$RES" ;;
-        decode-step-attention) step decode-step-attention python3 benchmarks/decode_step.py --ctx 2048 --no-peers \
-            --compare-attention release release-pdl table --tag="-attention$TAG" --out "$RES" ;;
+        decode-step-attention) step decode-step-attention python3 benchmarks/decode_step.py --ctx 2048 8192 --no-peers \
+            --compare-attention ${ATTENTION_VARIANTS:-hold release-pdl table} --tag="-attention$TAG" --out "$RES" ;;
         decode-step-tiles) step decode-step-tiles python3 benchmarks/decode_step.py --ctx 2048 --no-peers \
             --compare-tiles --tag="-tiles$TAG" --out "$RES" ;;
         gemv-anatomy) step gemv-anatomy python3 benchmarks/experiments/gemv_anatomy.py --tag="$TAG" --out "$RES" ;;

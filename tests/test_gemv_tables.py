@@ -12,8 +12,8 @@ pytest.importorskip("triton")
 def test_tables_use_group_resident_tiles_for_large_regular_int4_m1_and_fit_guards_them():
     """The GPU tables use group-resident tiles (``group_rows``) for int4 M=1 with regular whole-word
     groups and N*K > ROWS_MIN_NK, split so the grid holds WARPS_PER_SM_ROWS warps per SM with
-    slices of >= 32 word rows (the H200 sweep's winners); never for act-order, per-element groups,
-    int8, M > 1 or the interpreter. ``fit`` caps the tile at one group, clears the option for
+    slices of >= 32 word rows (the H200 sweep's winners), and for int8 M=1 up to ROWS_INT8_MAX_NK (512
+    columns); never for act-order, per-element groups, other int8 shapes, M > 1 or the interpreter. ``fit`` caps the tile at one group, clears the option for
     per-element groups and refuses it for the tensor-core kernel and two-deep prefetch."""
     from dataclasses import replace
 
@@ -34,7 +34,11 @@ def test_tables_use_group_resident_tiles_for_large_regular_int4_m1_and_fit_guard
             (True, 256, bkw, 2, split, True), (N, K, cfg)
         assert T.choose(lay(N, K), 1, N, "sm_80", 108).group_rows
     assert not T.choose(lay(4096, 4096), 1, 4096, "sm_90", 132).group_rows     # below ROWS_MIN_NK
-    assert not T.choose(lay(8192, 8192, bits=8), 1, 8192, "sm_90", 132).group_rows
+    # int8: group-resident tiles of 512 columns up to ROWS_INT8_MAX_NK (8192^2, split 32), not above or below
+    cfg = T.choose(lay(8192, 8192, bits=8), 1, 8192, "sm_90", 132)
+    assert (cfg.group_rows, cfg.block_n, cfg.block_kw, cfg.num_warps, cfg.split_k) == (True, 512, 16, 2, 32), cfg
+    assert not T.choose(lay(28672, 8192, bits=8), 1, 28672, "sm_90", 132).group_rows
+    assert not T.choose(lay(4096, 4096, bits=8), 1, 4096, "sm_90", 132).group_rows
     assert not T.choose(lay(8192, 8192, packing="gptq", act=True), 1, 8192, "sm_90", 132).group_rows
     assert not T.choose(lay(8192, 8192, G=100), 1, 8192, "sm_90", 132).group_rows   # per-element groups
     assert not T.choose(lay(8192, 8192, M=2), 2, 8192, "sm_90", 132).group_rows

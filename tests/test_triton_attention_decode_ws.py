@@ -31,7 +31,8 @@ def paged(B=1, L=8192, page=16, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16, **kw)
 
 def test_sm90_table_runs_split_paged_decode_on_the_gluon_kernel():
     """``SPLIT_PAGED_WS``: split paged decode of 16-bit K/V on sm_90 takes the Gluon kernel (64-key tiles, 4
-    stages, one program per SM: 16 splits for 8 KV heads), its merge a separate ``attn_combine`` launch; dense
+    stages, one program per SM: 16 splits for 8 KV heads), its merge a separate ``attn_combine`` launch that
+    releases the next kernel at its start (``RELEASE_NEXT_TABLE``); dense
     keys, unsplit batches, fp32, other families and ``wgmma=False`` keep attn_fwd."""
     from portakern.backends.triton import tuning
 
@@ -39,6 +40,7 @@ def test_sm90_table_runs_split_paged_decode_on_the_gluon_kernel():
         c = tuning.choose(paged(**kw), "sm_90", 132)
         assert c.decode_ws and (c.block_n, c.num_stages, c.num_warps, c.num_splits) == (64, 4, 4, 16), (kw, c)
         assert not (c.fused_combine or c.pdl or c.wgmma or c.tma)
+        assert c.release_next                                      # the merge lets the next kernel launch early
         tuning.check_decode_ws(paged(**kw), c, "sm_90")
     c = tuning.choose(paged(L=2048 + 64, page=64), "sm_90", 132)
     assert c.decode_ws and c.num_splits == 11                      # 33 tiles, at least 3 per split
@@ -159,7 +161,9 @@ def test_release_next_puts_one_launch_dependents_in_the_merge_and_nowhere_else(k
     from portakern.backends.triton import tuning
 
     op = paged(L=2048, page=64, return_lse=True)
-    base = tuning.choose(op, "sm_90", 132, wgmma=kernel == "decode_ws")
+    table = tuning.choose(op, "sm_90", 132, wgmma=kernel == "decode_ws")
+    assert table.release_next is (kernel == "decode_ws")      # RELEASE_NEXT_TABLE: the Gluon kernel's merge
+    base = replace(table, release_next=False)
     assert base.decode_ws is (kernel == "decode_ws") and base.num_splits > 1 and not base.fused_combine
     plain = A.compile_for_target(op, "sm_90a", base)["kernels"]
     early = A.compile_for_target(op, "sm_90a", replace(base, release_next=True))["kernels"]

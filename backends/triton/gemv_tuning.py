@@ -47,6 +47,12 @@ MAX_SPLIT_K_ROWS = 32
 #: The sm_80+ tables use group-resident tiles at M=1 above this N * K (codes) (H200 session 4: at
 #: 4096 x 4096 the per-word-row tile was faster, 6.5 vs 6.8 us; at 6144 x 4096 slower, 9.8 vs 8.4).
 ROWS_MIN_NK = 1 << 24
+#: int8 M=1 tables use group-resident tiles (512 columns, 2 warps, 16 word rows) for ROWS_MIN_NK < N * K <=
+#: ROWS_INT8_MAX_NK. H200 session 16 sweep (``results/gemv-2026-12-04-int8-sweep-s16.json``, 206 configurations
+#: over three shapes): 8192^2 22.2 us against 24.0 for the per-word-row table tile (74% vs 68% of the floor);
+#: above it the per-word-row tile stays (28672x8192 64.0 vs 67.7 us for this tile at its automatic split, 16384^2
+#: 69.0 vs 70.0; the best there, 63.4 and 68.3, differ from the table by less than the sweep's noise)
+ROWS_INT8_MAX_NK = 1 << 26
 #: Shortest K slice (word rows) of a split with group-resident tiles (H200 session 4: 14336x4096
 #: 13.5 us with 32-row slices vs 14.0 with 16; 4096x14336 14.3 us with 56 vs 18.8 with 112)
 ROWS_MIN_SLICE_WORDS = 32
@@ -197,6 +203,9 @@ def _table(arch: str, kind: str, M: int, N: int, K: int, bits: int, rows_ok: boo
         if N * K >= MMA_TILE_X_MIN_NK:
             return GemvConfig("mma", block_n=64, block_kw=16, num_warps=4, num_stages=1)
         return GemvConfig("mma", block_n=64, block_kw=16, num_warps=4, num_stages=3, x_runs=True)
+    if kind == "fma" and rows_ok and M == 1 and bits == 8 and ROWS_MIN_NK < N * K <= ROWS_INT8_MAX_NK:
+        return GemvConfig("fma", block_n=512, block_kw=16, num_warps=2, num_stages=1, dq=3, pdl=arch in PDL_ARCHS,
+                          group_rows=True)
     if kind == "fma" and rows_ok and M == 1 and bits == 4 and N * K > ROWS_MIN_NK:
         # H200 session 4 (benchmarks/gemv_notes.md, v6): group-resident tiles of 8 rows x 256 columns,
         # 2 warps, won every int4 M=1 shape but the smallest (28672x8192 38.9 vs 43.2 us for the best

@@ -292,8 +292,9 @@ def choose(op, arch: str, num_sms: int | None = None, wgmma: bool = True) -> Att
     splits = num_splits(op, cfg, num_sms)
     if splits > 1 and rows is not None and op.kv_layout.value == "paged":
         cfg, splits = _split_paged(op, cfg, arch, num_sms, splits, gluon=wgmma)
-    if cfg.decode_ws:        # its own merge launch, as measured: separate, not a dependent
-        return replace(cfg, num_splits=splits, fused_combine=False, pdl=False)
+    if cfg.decode_ws:        # its own merge launch, as measured: separate, not a dependent; it releases the next
+        return replace(cfg, num_splits=splits, fused_combine=False, pdl=False,
+                       release_next=splits > 1 and arch in RELEASE_NEXT_TABLE)
     fused = FUSED_COMBINE.get(arch, False)
     return replace(cfg, num_splits=splits, fused_combine=fused, pdl=splits > 1 and arch in SPLIT_PDL_TABLE)
 
@@ -355,6 +356,13 @@ SPLIT_PAGED_TILE = {"sm_90": (64, 3, 2)}
 #: (dense 4k 11.7 vs 11.8, 8k 15.6 vs 15.7, 32k 43.0 vs 43.1; paged 2k 9.9 vs 10.7 at 12 splits, 8k
 #: 16.4 vs 16.7); unsplit it lost (B=64 4k 265.7 vs 258.6 us, session 3) and stays off.
 SPLIT_PDL_TABLE = ("sm_90",)
+#: Families whose table has the Gluon decode kernel's merge release the next kernel at its start
+#: (``AttnConfig.release_next``). H200 session 16, Llama-3-8B-shaped decode step at ctx 2048 (one CUDA graph,
+#: same process and weights, logits bit-equal; ``results/decode-step-2026-12-04-attention-s16.json``): 2.296 ms
+#: against 2.314 / 2.320 (table, and the same table through the explicit build path), i.e. the o-projection
+#: GEMV starting while the merge runs; the decode kernel also launched as a dependent (``pdl``) 2.285 ms, not
+#: adopted (slower in back-to-back attention calls, session 15)
+RELEASE_NEXT_TABLE = ("sm_90",)
 
 
 #: Architectures whose table loads prefill K/V through TMA for head dims above 128.
