@@ -40,6 +40,11 @@ FMA_MAX_M = {"sm_80": 1, "sm_90": 1, "sm_100": 1, "sm_120": 1, "interp": 2}
 #: (28672 x 8192: 2 slices of 448 tiles, 77.9 us vs 128.8 unsplit) programs per SM.
 PROGRAMS_PER_SM = {"fma": 4, "dot": 1, "mma": 3.5, "frag": 27, "stream": 2}
 MAX_SPLIT_K = 8
+#: The CUDA-core kernel's per-word-row programs of more than this many warps count as several toward
+#: PROGRAMS_PER_SM["fma"] (the 8-warp tile the table takes from N = 16384 as two). H200 session 16, int8 16384^2
+#: (512 tiles of 32 columns, 8 warps): unsplit 69.0 us against 76.6 with the two slices a count of programs gave
+#: (``results/gemv-2026-12-04-int8-sweep-s16.json``)
+FMA_PROGRAM_WARPS = 4
 #: Group-resident tiles (``GemvConfig.group_rows``) run few warps per program over wide column
 #: tiles: split K until the grid holds this many warps per multiprocessor, up to MAX_SPLIT_K_ROWS.
 WARPS_PER_SM_ROWS = 14
@@ -227,8 +232,9 @@ def _table(arch: str, kind: str, M: int, N: int, K: int, bits: int, rows_ok: boo
 
 
 def split_k_for(N: int, KWP: int, cfg: GemvConfig, num_sms: int) -> int:
-    """Slices of K so that ``cdiv(N, block_n) * split_k`` reaches PROGRAMS_PER_SM[kind] per SM (group-
-    resident tiles: WARPS_PER_SM_ROWS warps), keeping at least two K tiles per slice."""
+    """Slices of K so that ``cdiv(N, block_n) * split_k`` reaches PROGRAMS_PER_SM[kind] per SM (a CUDA-core
+    program of 8 warps counts as two: FMA_PROGRAM_WARPS; group-resident tiles count warps: WARPS_PER_SM_ROWS),
+    keeping at least two K tiles per slice."""
     tiles_n = math.ceil(N / cfg.block_n)
     iters = math.ceil(KWP / cfg.block_kw)
     if cfg.kind == "frag":   # block_kw 32 words = one 128-column chunk; M is not known here: see frag_split
@@ -237,7 +243,8 @@ def split_k_for(N: int, KWP: int, cfg: GemvConfig, num_sms: int) -> int:
         per_split, want, most = tiles_n * cfg.num_warps, WARPS_PER_SM_ROWS * num_sms, MAX_SPLIT_K_ROWS
         room = KWP // ROWS_MIN_SLICE_WORDS
     else:
-        per_split, want, most = tiles_n, PROGRAMS_PER_SM[cfg.kind] * num_sms, MAX_SPLIT_K
+        weight = max(1, cfg.num_warps // FMA_PROGRAM_WARPS) if cfg.kind == "fma" else 1
+        per_split, want, most = tiles_n * weight, PROGRAMS_PER_SM[cfg.kind] * num_sms, MAX_SPLIT_K
         room = iters // 2
     split = 1
     while per_split * split < want and split * 2 <= most and room >= split * 2:
