@@ -10,7 +10,9 @@ import argparse
 import json
 
 #: legend labels of the step names ``decode_step.py`` writes (others are shown as written)
-LABELS = {"int4_portakern": "portakern int4", "int4_tinygemm": "tinygemm int4 (PyTorch)", "bf16": "bf16 (PyTorch)"}
+LABELS = {"int4_portakern": "portakern int4", "int4_tinygemm": "tinygemm int4 (PyTorch)", "bf16": "bf16 (PyTorch)",
+          "int4_portakern_attention_hold": "portakern int4, attention merge not releasing the next GEMV",
+          "int4_portakern_attention_release-pdl": "portakern int4, + decode kernel as a dependent"}
 
 
 def main() -> None:
