@@ -271,34 +271,51 @@ def _replay_matches_reference(graph, op, out, lse, inputs):
     assert np.abs(lse.double().cpu().numpy() - ref_lse).max() <= LSE_ATOL
 
 
-@parent_only
-def test_gpu_table_kernel_replays_in_a_cuda_graph_with_new_inputs():
-    """The table's configuration (Gluon decode + attn_combine) captured once, replayed after the inputs and
-    the lengths change in place: the second replay matches the reference of the new values."""
+def _table_kernel(op, **changes):
+    """The sm_90 GPU, its torch device and the table's split Gluon decode kernel for ``op`` with ``changes`` to its
+    configuration."""
     from portakern.backends.triton import attention as A
     from portakern.backends.triton import tuning
 
     dev = _gpu()
+    cfg = replace(tuning.choose(op, *A._device_arch(dev)), **changes)
+    assert cfg.decode_ws and cfg.num_splits > 1
+    return dev, torch.device(str(dev)), A.build(op, dev, cfg)
+
+
+def _to_device(op, inputs, cuda):
+    """``_inputs``' CPU q, K, V and index arrays on ``cuda``, with empty output and LSE tensors."""
+    *qkv, aux = inputs
+    q, k, v = (t.to(cuda) for t in qkv)
+    s = op.shapes()
+    return (q, k, v, {n: t.to(cuda) for n, t in aux.items()}, torch.empty(s["out"], dtype=q.dtype, device=cuda),
+            torch.empty(s["lse"], device=cuda))
+
+
+def _copy_inputs(new, q, k, v, aux):
+    """Copy the CPU inputs ``new`` (``_inputs``) into the device tensors a captured graph reads."""
+    nq, nk, nv, naux = new
+    for dst, src in ((q, nq), (k, nk), (v, nv), (aux["block_table"], naux["block_table"]),
+                     (aux["seqlens_k"], naux["seqlens_k"])):
+        dst.copy_(src.to(dst.device))
+
+
+@parent_only
+def test_gpu_table_kernel_replays_in_a_cuda_graph_with_new_inputs():
+    """The table's configuration (Gluon decode + attn_combine) captured once, replayed after the inputs and
+    the lengths change in place: the second replay matches the reference of the new values."""
     op = paged(L=4096, page=16, return_lse=True)
-    cuda = torch.device(str(dev))
-    kern = A.build(op, dev, tuning.choose(op, *A._device_arch(dev)))
-    assert kern.config.decode_ws and kern.config.num_splits > 1
-    first = _inputs(op, [4096], seed=1)
-    q, k, v = (t.to(cuda) for t in first[:3])
-    aux = {n: t.to(cuda) for n, t in first[3].items()}
-    out = torch.empty(op.shapes()["out"], dtype=q.dtype, device=cuda)
-    lse = torch.empty(op.shapes()["lse"], device=cuda)
+    dev, cuda, kern = _table_kernel(op)
+    q, k, v, aux, out, lse = _to_device(op, _inputs(op, [4096], seed=1), cuda)
     kern(q, k, v, out, lse, aux)                                  # warm: compile, workspace
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         kern(q, k, v, out, lse, aux)
-    nq, nk, nv, naux = _inputs(op, [2500], seed=2)
-    for dst, src in ((q, nq), (k, nk), (v, nv), (aux["block_table"], naux["block_table"]),
-                     (aux["seqlens_k"], naux["seqlens_k"])):
-        dst.copy_(src.to(cuda))
+    new = _inputs(op, [2500], seed=2)
+    _copy_inputs(new, q, k, v, aux)
     out.fill_(float("nan"))
-    _replay_matches_reference(graph, op, out, lse, (nq, nk, nv, naux))
+    _replay_matches_reference(graph, op, out, lse, new)
 
 
 @parent_only
@@ -306,23 +323,11 @@ def test_gpu_pdl_launch_reads_what_the_kernel_before_it_wrote():
     """With ``pdl`` the kernel may start while the previous kernel runs: captured in a CUDA graph behind
     kernels that write its query, K and V (each an element-wise kernel over the whole tensor) into buffers
     that hold NaN before the replay, it must see only the new values."""
-    from dataclasses import replace
-
-    from portakern.backends.triton import attention as A
-    from portakern.backends.triton import tuning
-
-    dev = _gpu()
     op = paged(L=4096, page=16, return_lse=True)
-    cuda = torch.device(str(dev))
-    cfg = replace(tuning.choose(op, *A._device_arch(dev)), pdl=True)
-    assert cfg.decode_ws and cfg.num_splits > 1
-    kern = A.build(op, dev, cfg)
-    nq, nk, nv, naux = _inputs(op, [3001], seed=3)
-    src = [t.to(cuda) for t in (nq, nk, nv)]
+    dev, cuda, kern = _table_kernel(op, pdl=True)
+    new = _inputs(op, [3001], seed=3)
+    *src, aux, out, lse = _to_device(op, new, cuda)
     q, k, v = (torch.empty_like(t) for t in src)
-    aux = {n: t.to(cuda) for n, t in naux.items()}
-    out = torch.empty(op.shapes()["out"], dtype=q.dtype, device=cuda)
-    lse = torch.empty(op.shapes()["lse"], device=cuda)
 
     def step():
         for dst, t in zip((q, k, v), src):
@@ -336,7 +341,7 @@ def test_gpu_pdl_launch_reads_what_the_kernel_before_it_wrote():
         step()
     for t in (q, k, v, out, lse):
         t.fill_(float("nan"))
-    _replay_matches_reference(graph, op, out, lse, (nq, nk, nv, naux))
+    _replay_matches_reference(graph, op, out, lse, new)
 
 
 @parent_only
@@ -345,19 +350,13 @@ def test_gpu_release_next_lets_a_dependent_gemv_read_the_merged_output():
     programmatic dependent (the table's M=1 kernel, ``pdl``) behind it in a CUDA graph, fed the attention output
     as x (poisoned with NaN before the replay), must read the finished output: float64 reference of
     ``attention(q, K, V) @ W^T`` from new inputs."""
-    from portakern.backends.triton import attention as A
     from portakern.backends.triton import quant_gemv as Q
-    from portakern.backends.triton import tuning
     from portakern.ir.packing import dequantize
     from portakern.quantize import quantize
     from portakern.validate import quant_gemv_op
 
-    dev = _gpu()
     op = paged(L=2048, page=64, return_lse=True)
-    cuda = torch.device(str(dev))
-    cfg = replace(tuning.choose(op, *A._device_arch(dev)), release_next=True)
-    assert cfg.decode_ws and cfg.num_splits > 1
-    attend = A.build(op, dev, cfg)
+    dev, cuda, attend = _table_kernel(op, release_next=True)
     K = op.heads_q * op.head_dim
     w = quantize(np.random.default_rng(5).standard_normal((1024, K)), bits=4, group_size=128)
     wd = w.with_tensors({n: torch.as_tensor(t).to(cuda) for n, t in w.tensors.items()})
@@ -365,11 +364,7 @@ def test_gpu_release_next_lets_a_dependent_gemv_read_the_merged_output():
     gop, _ = quant_gemv_op(x0, wd)
     gemv = Q.compile(gop, dev)
     prepared = Q.prepare_weight(None, w, dev)
-    *qkv, aux = _inputs(op, [2048], seed=4)
-    q, k, v = (t.to(cuda) for t in qkv)
-    aux = {n: t.to(cuda) for n, t in aux.items()}
-    out = torch.empty(op.shapes()["out"], dtype=q.dtype, device=cuda)
-    lse = torch.empty(op.shapes()["lse"], device=cuda)
+    q, k, v, aux, out, lse = _to_device(op, _inputs(op, [2048], seed=4), cuda)
     y = torch.empty(1, 1024, device=cuda, dtype=torch.bfloat16)
 
     def step():
@@ -382,13 +377,11 @@ def test_gpu_release_next_lets_a_dependent_gemv_read_the_merged_output():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    nq, nk, nv, naux = _inputs(op, [1777], seed=6)
-    for dst, src in ((q, nq), (k, nk), (v, nv), (aux["block_table"], naux["block_table"]),
-                     (aux["seqlens_k"], naux["seqlens_k"])):
-        dst.copy_(src.to(cuda))
+    new = _inputs(op, [1777], seed=6)
+    _copy_inputs(new, q, k, v, aux)
     for t in (out, lse, y):
         t.fill_(float("nan"))
-    _replay_matches_reference(graph, op, out, lse, (nq, nk, nv, naux))
+    _replay_matches_reference(graph, op, out, lse, new)
     ref = out.double().cpu().reshape(1, K) @ torch.from_numpy(dequantize(w.fmt, w.tensors, w.N, w.K)).double().T
     err = ((y.double().cpu() - ref).abs().max() / ref.abs().max()).item()
     assert err < 1e-2, f"GEMV of the merged output: relative error {err:.3g}"
