@@ -155,6 +155,10 @@ CASES = [
      {"config": ("fma", 256, 8, 4, 3, {"group_rows": True, "num_warps": 1})}),
     ("native4-rows-w2c4-g128-m1-f16-nmask", "native", 4, 128, False, 1, 300, 1024, "float16",
      {"config": ("fma", 256, 16, 2, 3, {"group_rows": True, "num_warps": 2})}),
+    # the int8 table's tile for 2^24 < N*K <= 2^26 (session 16): 512 columns over two warps (8 per thread),
+    # 16 word rows, split K, a masked last tile
+    ("native8-rows-w2c8-g128-m1-bf16-nmask", "native", 8, 128, False, 1, 700, 1024, "bfloat16",
+     {"config": ("fma", 512, 16, 4, 3, {"group_rows": True, "num_warps": 2})}),
 ]
 
 #: (id, M, bits, group, symmetric, packing) lowered for every target by ``compile``
