@@ -1,0 +1,283 @@
+"""Experiment, not part of the backend: M = 1 int4 GEMV with its K split merged through cluster shared memory.
+
+Written in session 16 from ``benchmarks/gemv_notes.md`` "Next for the batch-1 step" (not run on a GPU yet): the
+N = 4096 linears of the decode step (o 4096^2 at 33% of the floor, down 4096 x 14336 at 52%) lose 1.3-2.2 us
+per call to their split-K merge (partials to global memory, a counter, the last program's loads) and their
+one-launch ramp. Triton 3.6 cannot express a merge through distributed shared memory (gemv_notes, session 16),
+so this kernel is CUDA C (``gemv_cluster.cu``), compiled by NVRTC and launched through the driver API
+(``cuda.bindings``; with programmatic dependent launch like the Triton kernels): a cluster of ``CS`` CTAs owns
+``BN`` columns, CTA r reads the r-th slice of K with every thread's next ``PF`` groups of words in registers,
+and the cluster adds its ``CS`` partial columns in shared memory behind one cluster barrier. One wave: at
+4096 x 4096 and 4096 x 14336, 16 clusters of 8 CTAs, one CTA per SM.
+
+    python benchmarks/experiments/gemv_cluster.py --phase lower     # no GPU: NVRTC to sm_90a, registers, spills
+    python benchmarks/experiments/gemv_cluster.py --phase check     # GPU: against float64 (NaN-poisoned output)
+    python benchmarks/experiments/gemv_cluster.py --phase bench     # GPU: against the table, tinygemm, the floor
+
+The check runs every variant on random words, scales and zeros in portakern's internal layout against the
+float64 product of the unpacked codes, each launch twice on an output poisoned with NaN; the bench times the
+variants beside the table's kernel and tinygemm in CUDA graphs over weights rotated past 4x the L2.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+SOURCE = os.path.join(os.path.dirname(__file__), "gemv_cluster.cu")
+#: (N, K) of the decode step's N = 4096 linears
+SHAPES = ((4096, 4096), (4096, 14336))
+#: (BN, CS, PF): columns per cluster, CTAs per cluster (K slices), groups in flight per thread
+VARIANTS = ((256, 8, 4), (256, 8, 2), (128, 8, 4), (256, 4, 4))
+
+
+def defines(N: int, K: int, NP: int, bn: int, cs: int, pf: int, pdl: bool) -> dict[str, int]:
+    return {"N": N, "K": K, "NP": NP, "BN": bn, "CS": cs, "PF": pf, "PDL": int(pdl)}
+
+
+def usable(N: int, K: int, bn: int, cs: int) -> str | None:
+    """Why the kernel cannot take (N, K) with these tiles, or None."""
+    if K % (128 * cs):
+        return f"K={K} is not a multiple of 128 * CS = {128 * cs} (each CTA's slice holds whole groups)"
+    if N % bn:
+        return f"N={N} is not a multiple of BN={bn}"
+    return None
+
+
+def compile_cubin(defs: dict[str, int], arch: str = "sm_90a") -> tuple[bytes, str]:
+    """The kernel's cubin for ``arch`` and the compiler's log (ptxas' register and spill report): NVRTC through
+    ``cuda.bindings``, else ``nvcc`` where NVRTC cannot be loaded."""
+    try:
+        from cuda.bindings import nvrtc
+
+        nvrtc.nvrtcVersion()
+    except (ImportError, OSError, RuntimeError) as e:
+        return _compile_nvcc(defs, arch, why=f"{type(e).__name__}: {e}")
+    return _compile_nvrtc(defs, arch)
+
+
+def _compile_nvcc(defs: dict[str, int], arch: str, why: str) -> tuple[bytes, str]:
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        cubin = os.path.join(d, "k.cubin")
+        cmd = ["nvcc", "--cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", "-v", "-o", cubin, SOURCE]
+        cmd += [f"-D{k}={v}" for k, v in defs.items()]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode:
+            raise RuntimeError(f"nvcc failed for {defs} (NVRTC unavailable: {why}):\n{p.stderr}")
+        return open(cubin, "rb").read(), p.stderr
+
+
+def _compile_nvrtc(defs: dict[str, int], arch: str) -> tuple[bytes, str]:
+    from cuda.bindings import nvrtc
+
+    src = open(SOURCE, "rb").read()
+    err, prog = nvrtc.nvrtcCreateProgram(src, b"gemv_cluster.cu", 0, [], [])
+    _nvrtc_ok(err, "create")
+    opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", b"--ptxas-options=-v"]
+    opts += [f"-D{k}={v}".encode() for k, v in defs.items()]
+    (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    err_log, size = nvrtc.nvrtcGetProgramLogSize(prog)
+    log = b" " * size
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    log = log.decode(errors="replace").rstrip("\x00 \n")
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise RuntimeError(f"NVRTC failed for {defs}:\n{log}")
+    err, size = nvrtc.nvrtcGetCUBINSize(prog)
+    _nvrtc_ok(err, "cubin size")
+    cubin = b" " * size
+    (err,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
+    _nvrtc_ok(err, "cubin")
+    return cubin, log
+
+
+def _nvrtc_ok(err, what: str) -> None:
+    from cuda.bindings import nvrtc
+
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise RuntimeError(f"NVRTC {what}: {err}")
+
+
+def _cu_ok(res, what: str):
+    """``cuda.bindings.driver`` calls return (error, *values): the values, or an error naming the call."""
+    from cuda.bindings import driver as cu
+
+    err, *vals = res if isinstance(res, tuple) else (res,)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"CUDA driver {what}: {err}")
+    return vals[0] if len(vals) == 1 else vals
+
+
+class ClusterGemv:
+    """``kern(x, w, out)`` for torch tensors: x (1, K) bf16, ``w`` a ``PreparedGemvWeight`` (int4 g128,
+    asymmetric, fp16 scales), out (1, N) bf16, on the current CUDA stream."""
+
+    def __init__(self, N: int, K: int, NP: int, bn: int = 256, cs: int = 8, pf: int = 4, pdl: bool = True):
+        why = usable(N, K, bn, cs)
+        if why:
+            raise ValueError(f"gemv_cluster({N}x{K}, BN={bn}, CS={cs}): {why}")
+        from cuda.bindings import driver as cu
+
+        self.N, self.K, self.bn, self.cs, self.pf, self.pdl = N, K, bn, cs, pf, pdl
+        self.cubin, self.log = compile_cubin(defines(N, K, NP, bn, cs, pf, pdl))
+        self.module = _cu_ok(cu.cuModuleLoadData(self.cubin), "cuModuleLoadData")
+        self.fn = _cu_ok(cu.cuModuleGetFunction(self.module, b"gemv_cluster"), "cuModuleGetFunction")
+        self.grid = (N // bn) * cs
+        self.threads = bn
+
+    def __call__(self, x, w, out) -> None:
+        import torch
+        from cuda.bindings import driver as cu
+
+        cfg = cu.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = self.grid, 1, 1
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = self.threads, 1, 1
+        cfg.sharedMemBytes = 0
+        cfg.hStream = cu.CUstream(torch.cuda.current_stream().cuda_stream)
+        attrs = []
+        if self.pdl:
+            a = cu.CUlaunchAttribute()
+            a.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            a.value.programmaticStreamSerializationAllowed = 1
+            attrs.append(a)
+        cfg.attrs, cfg.numAttrs = attrs, len(attrs)
+        ptrs = (w.qweight.data_ptr(), w.scales.data_ptr(), w.zeros.data_ptr(), x.data_ptr(), out.data_ptr())
+        _cu_ok(cu.cuLaunchKernelEx(cfg, self.fn, (ptrs, (ctypes.c_void_p,) * len(ptrs)), 0), "cuLaunchKernelEx")
+
+
+def registers(log: str) -> dict:
+    """ptxas' report in the NVRTC log: registers, spill stores / loads, shared memory."""
+    find = lambda pat: int(m.group(1)) if (m := re.search(pat, log)) else None   # noqa: E731
+    return {"registers": find(r"Used (\d+) registers"), "spill_stores": find(r"(\d+) bytes spill stores"),
+            "spill_loads": find(r"(\d+) bytes spill loads"), "smem": find(r"(\d+) bytes smem")}
+
+
+def lower() -> int:
+    """Compile every variant for sm_90a (no GPU) and print ptxas' report."""
+    from portakern.backends.triton import quant_gemv as Q
+
+    bad = 0
+    for N, K in SHAPES:
+        NP = -(-N // Q.N_ALIGN_WORDS) * Q.N_ALIGN_WORDS
+        for bn, cs, pf in VARIANTS:
+            if usable(N, K, bn, cs):
+                continue
+            for pdl in (True, False):
+                try:
+                    _, log = compile_cubin(defines(N, K, NP, bn, cs, pf, pdl))
+                    print(f"{N}x{K} BN={bn} CS={cs} PF={pf} pdl={int(pdl)}: {registers(log)}")
+                except RuntimeError as e:
+                    bad += 1
+                    print(f"{N}x{K} BN={bn} CS={cs} PF={pf} pdl={int(pdl)}: FAILED\n{e}")
+    return 1 if bad else 0
+
+
+def _reference(x, w):
+    """float64 ``x @ dequant(W)^T`` of a prepared int4 weight (codes through ``unpack_internal``)."""
+    import numpy as np
+
+    from portakern.backends.triton import quant_gemv as Q
+
+    codes = Q.unpack_internal(w.qweight.cpu().numpy(), 4, w.interleave, w.N, w.K).astype(np.float64)   # (N, K)
+    g = np.arange(w.K) // w.group_size
+    s = w.scales.double().cpu().numpy()[:, : w.N].T[:, g]     # (N, K)
+    z = w.zeros.double().cpu().numpy()[:, : w.N].T[:, g]
+    return x.double().cpu().numpy() @ ((codes - z) * s).T
+
+
+def check(res) -> int:
+    import numpy as np
+    import torch
+
+    from gemv import random_prepared
+
+    bad = 0
+    for N, K in SHAPES:
+        w = random_prepared(N, K, 4, 128, False)
+        assert w.interleave == 8, w.interleave
+        x = torch.randn(1, K, device="cuda").to(torch.bfloat16)
+        ref = _reference(x, w)
+        for bn, cs, pf in VARIANTS:
+            if usable(N, K, bn, cs):
+                continue
+            for pdl in (True, False):
+                kern = ClusterGemv(N, K, w.stride_qk, bn, cs, pf, pdl)
+                out = torch.empty(1, N, device="cuda", dtype=torch.bfloat16)
+                errs = []
+                for _ in range(2):
+                    out.fill_(float("nan"))
+                    kern(x, w, out)
+                    torch.cuda.synchronize()
+                    y = out.double().cpu().numpy()
+                    errs.append(float(np.abs(y - ref).max() / np.abs(ref).max()) if np.isfinite(y).all()
+                                else float("inf"))
+                ok = max(errs) <= 1e-2
+                bad += not ok
+                row = {"N": N, "K": K, "bn": bn, "cs": cs, "pf": pf, "pdl": pdl, "rel_err": errs, "ok": ok,
+                       **registers(kern.log)}
+                res["check"].append(row)
+                print(row, flush=True)
+    return bad
+
+
+def bench(res) -> None:
+    import torch
+
+    from gemv import copies_for, floor_bytes, gemv_op, graph_us, ours, random_prepared, tinygemm
+
+    for N, K in SHAPES:
+        op = gemv_op(1, N, K)
+        fb = floor_bytes(op)
+        copies = copies_for(fb)
+        floor_us = fb / (res["copy_TBps"] * 1e12) * 1e6
+        table_fns, _ = ours(op, None, copies)
+        row = {"N": N, "K": K, "floor_us": floor_us, "table_us": graph_us(table_fns)}
+        del table_fns
+        row["tinygemm_us"] = graph_us(tinygemm(1, N, K, 128, copies_for(N * K // 2)))
+        ws = [random_prepared(N, K, 4, 128, False) for _ in range(copies)]
+        xs = [torch.randn(1, K, device="cuda").to(torch.bfloat16) for _ in range(copies)]
+        out = torch.empty(1, N, device="cuda", dtype=torch.bfloat16)
+        for bn, cs, pf in VARIANTS:
+            if usable(N, K, bn, cs):
+                continue
+            for pdl in (True, False):
+                kern = ClusterGemv(N, K, ws[0].stride_qk, bn, cs, pf, pdl)
+                fns = [lambda x=x, w=w: kern(x, w, out) for x, w in zip(xs, ws)]
+                t = graph_us(fns)
+                row[f"cluster_bn{bn}_cs{cs}_pf{pf}_pdl{int(pdl)}_us"] = t
+        res["bench"].append(row)
+        print(row, flush=True)
+        del ws, xs
+        torch.cuda.empty_cache()
+
+
+def main() -> int:
+    from experiments.harness import header, parse_args, write
+
+    args = parse_args(__doc__, lambda ap: ap.add_argument("--phase", choices=("lower", "check", "bench"),
+                                                          required=True))
+    if args.phase == "lower":
+        return lower()
+    import torch
+
+    from gemv import copy_bandwidth_TBps
+
+    torch.cuda.init()
+    torch.empty(1, device="cuda")      # the primary context current on this thread (the driver API uses it)
+    res = header(__doc__, copy_bandwidth_TBps(), check=[], bench=[])
+    bad = check(res)
+    if args.phase == "bench" and not bad:
+        bench(res)
+    write(res, args.out, f"gemv-cluster-{args.phase}", args.tag)
+    print(f"{len(res['check']) - bad}/{len(res['check'])} correct")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
