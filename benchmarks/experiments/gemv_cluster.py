@@ -11,6 +11,7 @@ and the cluster adds its ``CS`` partial columns in shared memory behind one clus
 4096 x 4096 and 4096 x 14336, 16 clusters of 8 CTAs, one CTA per SM.
 
     python benchmarks/experiments/gemv_cluster.py --phase lower     # no GPU: NVRTC to sm_90a, registers, spills
+    python benchmarks/experiments/gemv_cluster.py --phase emulate   # no GPU: the arithmetic in numpy vs float64
     python benchmarks/experiments/gemv_cluster.py --phase check     # GPU: against float64 (NaN-poisoned output)
     python benchmarks/experiments/gemv_cluster.py --phase bench     # GPU: against the table, tinygemm, the floor
 
@@ -178,6 +179,46 @@ def lower() -> int:
     return 1 if bad else 0
 
 
+def emulate(N: int = 512, K: int = 2048, cs: int = 8) -> int:
+    """No GPU: the kernel's arithmetic in numpy float32 -- words masked in place and read as subnormals, x
+    pre-scaled per code position, per-group scales and zero points, the slices' sums -- against the float64
+    product (checks the index map of the interleaved words and the scaling, not the CUDA mechanics)."""
+    import numpy as np
+    import torch
+
+    from portakern.backends.triton import quant_gemv as Q
+
+    rng = np.random.default_rng(0)
+    kwp, NP, G = -(-K // 8 // Q.K_ALIGN_WORDS) * Q.K_ALIGN_WORDS, -(-N // Q.N_ALIGN_WORDS) * Q.N_ALIGN_WORDS, K // 128
+    qw = rng.integers(-2**31, 2**31 - 1, (kwp, NP), dtype=np.int64).astype(np.int32)
+    s = (rng.random((G, NP)) * 0.01 + 0.001).astype(np.float16)
+    z = rng.integers(0, 16, (G, NP)).astype(np.float16)
+    w = Q.PreparedGemvWeight(torch.from_numpy(qw), torch.from_numpy(s), torch.from_numpy(z), None, None, 4, 128, 8,
+                             N, K)
+    x = torch.randn(1, K).to(torch.bfloat16)
+    ref = _reference(x, w)[0]
+    xf = x.float().numpy()[0]
+    rows, u = K // 8 // cs, qw.view(np.uint32)
+    shift = [4 * e if e < 5 else 4 * e - 16 for e in range(8)]
+    out = np.zeros(N, np.float32)
+    for rank in range(cs):
+        ur = u[rank * rows:(rank + 1) * rows, :N]
+        j = np.arange(rows)
+        aq = np.zeros((rows // 16, N), np.float32)
+        xg = np.zeros(rows // 16, np.float32)
+        for e in range(8):
+            bits = ((ur if e < 5 else ur >> 16) & np.uint32(0xF << shift[e])).view(np.float32)   # subnormals
+            k = rank * rows * 8 + (j // 8) * 64 + e * 8 + j % 8
+            xe = (xf[k] * np.float32(2.0 ** (85 - shift[e]))).astype(np.float32)
+            aq += (bits * xe[:, None]).reshape(rows // 16, 16, N).sum(1)
+            xg += xf[k].reshape(rows // 16, 16).sum(1)
+        g = rank * (rows // 16) + np.arange(rows // 16)
+        out += (s[g, :N].astype(np.float32) * (aq * np.float32(2.0 ** 64) - z[g, :N].astype(np.float32) * xg[:, None])).sum(0)
+    err = float(np.abs(out - ref).max() / np.abs(ref).max())
+    print(f"emulation {N}x{K}, {cs} slices: relative error {err:.3g} against float64")
+    return 0 if err < 1e-5 else 1
+
+
 def _reference(x, w):
     """float64 ``x @ dequant(W)^T`` of a prepared int4 weight (codes through ``unpack_internal``)."""
     import numpy as np
@@ -260,10 +301,12 @@ def bench(res) -> None:
 def main() -> int:
     from experiments.harness import header, parse_args, write
 
-    args = parse_args(__doc__, lambda ap: ap.add_argument("--phase", choices=("lower", "check", "bench"),
+    args = parse_args(__doc__, lambda ap: ap.add_argument("--phase", choices=("lower", "emulate", "check", "bench"),
                                                           required=True))
     if args.phase == "lower":
         return lower()
+    if args.phase == "emulate":
+        return emulate()
     import torch
 
     from gemv import copy_bandwidth_TBps
