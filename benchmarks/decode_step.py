@@ -17,7 +17,8 @@ on a dense cache, eager glue.
 Floor = (weight bytes: codes + fp16 scale + fp16 zero per group; + K/V bytes read) / copy bandwidth.
 
     python benchmarks/decode_step.py [--ctx 2048 8192] [--glue compile-combo|compile-pdl|compile|compile-max|eager]
-        [--compare-glue GLUE] [--compare-attention table release hold release-pdl] [--l2-prefetch UNITS ...] [--compare-tiles] [--prefetch none after:24 during:24]
+        [--compare-glue GLUE] [--compare-attention table release hold release-pdl] [--cluster-gemv o,down ...]
+        [--l2-prefetch UNITS ...] [--compare-tiles] [--prefetch none after:24 during:24]
         [--breakdown] [--no-peers] [--out DIR]
 """
 
@@ -200,6 +201,18 @@ class PortakernStep:
         other = copy.copy(self)
         other.attn_kernel = A.build(op, info.device, cfg)
         other.attn_out = torch.empty(1, 1, HQ, D, device="cuda", dtype=BF16)
+        return other
+
+    def with_cluster_gemv(self, names: tuple[str, ...]) -> "PortakernStep":
+        """The same step with the linears ``names`` on the session-16 experiment kernel whose split-K merge runs
+        through cluster shared memory (``experiments/gemv_cluster.py``, CUDA C; ``--cluster-gemv``)."""
+        from experiments.gemv_cluster import ClusterGemv
+
+        other = copy.copy(self)
+        other.kern = dict(self.kern)
+        for name in names:
+            N, K = self.linears[name]
+            other.kern[name] = ClusterGemv(N, K, self.layers[0][name].stride_qk)
         return other
 
     def with_glue(self, glue: str, deterministic: bool = False) -> "PortakernStep":
@@ -463,6 +476,11 @@ def main():
                          "launched as a dependent of the RoPE/append glue, the merge of it: AttnConfig.pdl), table "
                          "(unchanged, the same build path: a control), as int4_portakern_attention_VARIANT, logits "
                          "compared")
+    ap.add_argument("--cluster-gemv", nargs="+", default=[], metavar="NAMES",
+                    help="also time portakern's step (same weights, same process) with the comma-separated linears "
+                         "NAMES (of qkv, o, gu, down) on the experiment kernel that merges its K split in cluster "
+                         "shared memory (benchmarks/experiments/gemv_cluster.py), as int4_portakern_cluster_NAMES, "
+                         "logits compared (a different summation order: close, not equal)")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--tag", default="")
@@ -508,6 +526,9 @@ def main():
             runs[f"int4_portakern_glue_{args.compare_glue}"] = (step.with_glue(args.compare_glue), att)
         for variant in args.compare_attention if att == "portakern-paged" else ():
             runs[f"int4_portakern_attention_{variant}"] = (step.with_attention(variant), att)
+        for names in args.cluster_gemv if att == "portakern-paged" else ():
+            runs[f"int4_portakern_cluster_{names.replace(',', '_')}"] = (
+                step.with_cluster_gemv(tuple(names.split(","))), att)
         for units in args.l2_prefetch if att == "portakern-paged" else ():
             runs[f"int4_portakern_l2_prefetch_{units}"] = (step.with_l2_prefetch(units), att)
         if args.compare_tiles:
@@ -530,7 +551,7 @@ def main():
                 if name == "int4_portakern":
                     logits = st.out["lm"].float().clone()   # the last replay's; every replay computes the same
                 elif name.startswith(("int4_portakern_glue_", "int4_portakern_l2_prefetch_",
-                                      "int4_portakern_attention_")) and logits is not None:
+                                      "int4_portakern_attention_", "int4_portakern_cluster_")) and logits is not None:
                     out[name].update(logits_diff(logits, st.out["lm"].float()))
                     if name.startswith("int4_portakern_glue_"):
                         out[name]["deterministic_glues"] = same_logits(step, args.glue, args.compare_glue)

@@ -46,6 +46,8 @@
 #   decode-step-attention  the step at ctx 2048 and 8192 with its paged attention's launches changed (the merge not
 #                   releasing the o-projection GEMV early; and the decode kernel as a dependent): --compare-attention
 #                   $ATTENTION_VARIANTS (default hold release-pdl table), no peers
+#   decode-step-cluster  the step at ctx 2048 with o and down (and qkv) on the cluster-merge experiment kernel
+#                   (gemv-cluster), same process and weights, logits compared; no peers
 #   decode-step-tiles  the step at ctx 2048 with the table and with the per-word-row GEMV tile
 #                   everywhere (--compare-tiles, no peers)
 #   gemv-anatomy    benchmarks/experiments/gemv_anatomy.py (M=1 GEMV against reads of its bytes in its
@@ -127,6 +129,8 @@ for s in "$@"; do
             --tag="$TAG" --out "$RES" ;;
         decode-step-attention) step decode-step-attention python3 benchmarks/decode_step.py --ctx 2048 8192 --no-peers \
             --compare-attention ${ATTENTION_VARIANTS:-hold release-pdl table} --tag="-attention$TAG" --out "$RES" ;;
+        decode-step-cluster) step decode-step-cluster python3 benchmarks/decode_step.py --ctx 2048 --no-peers \
+            --cluster-gemv o,down o,down,qkv --tag="-cluster$TAG" --out "$RES" ;;
         decode-step-tiles) step decode-step-tiles python3 benchmarks/decode_step.py --ctx 2048 --no-peers \
             --compare-tiles --tag="-tiles$TAG" --out "$RES" ;;
         gemv-anatomy) step gemv-anatomy python3 benchmarks/experiments/gemv_anatomy.py --tag="$TAG" --out "$RES" ;;
