@@ -1,24 +1,26 @@
-// Experiment (benchmarks/experiments/gemv_cluster.py): M = 1 int4 group-128 GEMV whose K split is merged
+// Experiment (benchmarks/experiments/gemv_cluster.py): M = 1 int4 / int8 group-128 GEMV, K split merged
 // through distributed shared memory. A thread-block cluster of CS CTAs owns BN output columns; CTA r of the
 // cluster reads the r-th slice of K (whole groups), sums its columns, and the cluster adds the CS partial
 // columns in shared memory behind one cluster barrier -- no workspace, no arrival counter, no second pass
 // over global memory (the Triton kernels' split-K merge: gemv_notes.md v10, "Next for the batch-1 step").
 //
 // Layout (portakern's internal one, backends/triton/kernels/gemv_quant.py): words qw (KWP, NP) int32,
-// K-major, 8 codes per word, word rows interleaved in blocks of 8 (code e of word row j is column
-// k = (j / 8) * 64 + e * 8 + j % 8 of K); scales s and zero points z (G, NP) fp16; x (1, K) and out (1, N)
-// bf16 (raw 16-bit words here: no headers needed under NVRTC).
+// K-major, EPW = 32 / BITS codes per word, int4 word rows interleaved in blocks of IW = 8 (int8: IW = 1): code e of
+// word row j is column k = (j / IW) * IW * EPW + e * IW + j % IW of K; scales s and zero points z (G, NP) fp16;
+// x (1, K) and out (1, N) bf16 (raw 16-bit words here: no headers needed under NVRTC).
 //
-// Compile-time constants (-D): N, K, NP (the words' row stride), CS (CTAs per cluster = K slices),
+// Compile-time constants (-D): BITS (4 or 8), N, K, NP (the words' row stride), CS (CTAs per cluster = K slices),
 // BN (columns per cluster), PF (groups of words each thread keeps in flight), PDL (1: programmatic
 // dependent launch -- first weight loads, then griddepcontrol.wait before x is read).
 
 typedef unsigned int u32;
 typedef unsigned short u16;
 
-#define EPW 8                    // int4 codes per 32-bit word
-#define GROUP_ROWS 16            // word rows per group of 128 codes
+#define EPW (32 / BITS)          // codes per 32-bit word
+#define IW (BITS == 4 ? 8 : 1)   // word rows per interleaved block
+#define GROUP_ROWS (128 / EPW)   // word rows per group of 128 codes
 #define LANES 4                  // row lanes: thread t reads word rows lane, lane + 4, ... of its quad
+#define RPG (GROUP_ROWS / LANES) // word rows of one lane in one group
 #define QUADS (BN / 4)           // 16-byte column quads of a tile
 #define THREADS (QUADS * LANES)
 #define ROWS (K / EPW / CS)      // word rows of one CTA's K slice
@@ -30,6 +32,7 @@ static_assert(K % (128 * CS) == 0, "each CTA's K slice must hold whole groups of
 static_assert(N % BN == 0, "N must be a multiple of the column tile");
 static_assert(BN % CS == 0 && COLS_PER_RANK <= THREADS, "the merge gives each CTA BN / CS columns");
 static_assert(GROUPS >= 1, "at least one group per CTA");
+static_assert(BITS == 4 || BITS == 8, "int4 or int8 codes");
 
 // -- conversions (bf16 as raw bits; fp16 through PTX)
 __device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
@@ -46,10 +49,16 @@ __device__ __forceinline__ float f16_to_f32(u16 h) {
     return f;
 }
 
+// -- the layout: column of K of code e of word row j (of a slice), and the code position of slice column i
+__device__ __forceinline__ u32 k_of(u32 j, int e) { return (j / IW) * IW * EPW + e * IW + j % IW; }
+__device__ __forceinline__ int pos_of(u32 i) { return (int)((i % (IW * EPW)) / IW); }
+
 // -- code positions: code e of a word, masked in place, read as an fp32 subnormal is q * 2^P(e) * 2^-149
-//    (e >= 5 from the word shifted right by 16); x of that position is pre-scaled by 2^(85 - P(e)), so the
-//    product is q * x * 2^-64 (one LOP3 and one FFMA per code, as the Triton kernels' dq=3)
-__device__ __forceinline__ int code_shift(int e) { return e < 5 ? 4 * e : 4 * e - 16; }
+//    (codes whose bits reach past bit 22 from the word shifted right by 16); x of that position is pre-scaled
+//    by 2^(85 - P(e)), so the product is q * x * 2^-64 (one LOP3 and one FFMA per code, as the Triton
+//    kernels' dq=3)
+__device__ __forceinline__ bool low_half(int e) { return BITS * e + BITS <= 23; }
+__device__ __forceinline__ int code_shift(int e) { return low_half(e) ? BITS * e : BITS * e - 16; }
 
 __device__ __forceinline__ float x_scale(int e) {                // 2^(85 - P(e))
     return __uint_as_float((u32)(127 + 85 - code_shift(e)) << 23);
@@ -68,16 +77,16 @@ __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
-struct Group {                  // one thread's words, scales and zeros of one group: 4 rows x 4 columns
-    uint4 w[4];
+struct Group {                  // one thread's words, scales and zeros of one group: RPG rows x 4 columns
+    uint4 w[RPG];
     uint2 s, z;
 };
 
 __device__ __forceinline__ void load_group(Group& out, const uint4* qw4, const uint2* s2, const uint2* z2,
                                            u32 row0, u32 lane, u32 quad4, u32 g_abs, int g) {
 #pragma unroll
-    for (int m = 0; m < 4; ++m) {
-        const u32 row = row0 + g * GROUP_ROWS + lane + 4 * m;
+    for (int m = 0; m < RPG; ++m) {
+        const u32 row = row0 + g * GROUP_ROWS + lane + LANES * m;
         out.w[m] = __ldg(qw4 + (size_t)row * (NP / 4) + quad4);
     }
     out.s = __ldg(s2 + (size_t)g_abs * (NP / 4) + quad4);
@@ -115,13 +124,13 @@ gemv_cluster(const int* __restrict__ qw, const u16* __restrict__ s, const u16* _
 
     // -- phase 2: stage x (pre-scaled per code position) and the row lanes' sums of x
     for (u32 i = t; i < KS; i += THREADS)
-        xs[i] = bf16_to_f32(x[rank * KS + i]) * x_scale((i % 64) / 8);
+        xs[i] = bf16_to_f32(x[rank * KS + i]) * x_scale(pos_of(i));
     for (u32 i = t; i < GROUPS * LANES; i += THREADS) {
         const u32 g = i / LANES, l = i % LANES;
         float acc = 0.f;
-        for (int m = 0; m < 4; ++m) {
-            const u32 j = g * GROUP_ROWS + l + 4 * m;
-            for (int e = 0; e < EPW; ++e) acc += bf16_to_f32(x[rank * KS + (j / 8) * 64 + e * 8 + j % 8]);
+        for (int m = 0; m < RPG; ++m) {
+            const u32 j = g * GROUP_ROWS + l + LANES * m;
+            for (int e = 0; e < EPW; ++e) acc += bf16_to_f32(x[rank * KS + k_of(j, e)]);
         }
         xsum[g][l] = acc;
     }
@@ -130,7 +139,7 @@ gemv_cluster(const int* __restrict__ qw, const u16* __restrict__ s, const u16* _
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 
-    // -- phase 3: per group, the products of its 4 rows x 4 columns (q x 2^-64), then the group's scale and
+    // -- phase 3: per group, the products of its RPG rows x 4 columns (q x 2^-64), then the group's scale and
     //    zero: res += s (sum q x - z sum x); the next group's words replace the consumed ones
     float res[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -138,19 +147,19 @@ gemv_cluster(const int* __restrict__ qw, const u16* __restrict__ s, const u16* _
         Group& cur = buf[g % PF];
         float aq[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int m = 0; m < 4; ++m) {
-            const u32 j = g * GROUP_ROWS + lane + 4 * m;
-            const float* xr = xs + (j / 8) * 64 + (j % 8);
+        for (int m = 0; m < RPG; ++m) {
+            const u32 j = g * GROUP_ROWS + lane + LANES * m;
+            const float* xr = xs + k_of(j, 0);
             float xv[EPW];
 #pragma unroll
-            for (int e = 0; e < EPW; ++e) xv[e] = xr[e * 8];
+            for (int e = 0; e < EPW; ++e) xv[e] = xr[e * IW];
             const u32 wc[4] = {cur.w[m].x, cur.w[m].y, cur.w[m].z, cur.w[m].w};
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 const u32 lo = wc[c], hi = wc[c] >> 16;
 #pragma unroll
                 for (int e = 0; e < EPW; ++e) {
-                    const u32 bits = (e < 5 ? lo : hi) & (0xFu << code_shift(e));
+                    const u32 bits = (low_half(e) ? lo : hi) & (((1u << BITS) - 1u) << code_shift(e));
                     aq[c] = fmaf(__uint_as_float(bits), xv[e], aq[c]);
                 }
             }

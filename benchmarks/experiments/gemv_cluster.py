@@ -30,15 +30,17 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 SOURCE = os.path.join(os.path.dirname(__file__), "gemv_cluster.cu")
-#: (N, K): the decode step's N = 4096 linears, its qkv projection (6144 x 4096, 41% of the floor on the stream
-#: kernel) and 8192^2 (58%), whose merges the same structure may help
-SHAPES = ((4096, 4096), (4096, 14336), (6144, 4096), (8192, 8192))
-#: (BN, CS, PF): columns per cluster, CTAs per cluster (K slices), groups in flight per thread
-VARIANTS = ((256, 8, 4), (256, 8, 2), (128, 8, 4), (256, 4, 4))
+#: (bits, N, K): the decode step's N = 4096 linears, its qkv projection (6144 x 4096, 41% of the floor on the
+#: stream kernel), 8192^2 (58%), and int8 8192^2 (74%, the int8 target's missing shape), whose merges the same
+#: structure may help
+SHAPES = ((4, 4096, 4096), (4, 4096, 14336), (4, 6144, 4096), (4, 8192, 8192), (8, 8192, 8192))
+#: per code width, (BN, CS, PF): columns per cluster, CTAs per cluster (K slices), groups in flight per thread
+#: (an int8 group is twice the words of an int4 one)
+VARIANTS = {4: ((256, 8, 4), (256, 8, 2), (128, 8, 4), (256, 4, 4)), 8: ((256, 8, 2), (128, 8, 2), (256, 8, 1))}
 
 
-def defines(N: int, K: int, NP: int, bn: int, cs: int, pf: int, pdl: bool) -> dict[str, int]:
-    return {"N": N, "K": K, "NP": NP, "BN": bn, "CS": cs, "PF": pf, "PDL": int(pdl)}
+def defines(bits: int, N: int, K: int, NP: int, bn: int, cs: int, pf: int, pdl: bool) -> dict[str, int]:
+    return {"BITS": bits, "N": N, "K": K, "NP": NP, "BN": bn, "CS": cs, "PF": pf, "PDL": int(pdl)}
 
 
 def usable(N: int, K: int, bn: int, cs: int) -> str | None:
@@ -117,17 +119,18 @@ def _cu_ok(res, what: str):
 
 
 class ClusterGemv:
-    """``kern(x, w, out)`` for torch tensors: x (1, K) bf16, ``w`` a ``PreparedGemvWeight`` (int4 g128,
+    """``kern(x, w, out)`` for torch tensors: x (1, K) bf16, ``w`` a ``PreparedGemvWeight`` (int4 or int8 g128,
     asymmetric, fp16 scales), out (1, N) bf16, on the current CUDA stream."""
 
-    def __init__(self, N: int, K: int, NP: int, bn: int = 256, cs: int = 8, pf: int = 4, pdl: bool = True):
+    def __init__(self, N: int, K: int, NP: int, bn: int = 256, cs: int = 8, pf: int = 4, pdl: bool = True,
+                 bits: int = 4):
         why = usable(N, K, bn, cs)
         if why:
             raise ValueError(f"gemv_cluster({N}x{K}, BN={bn}, CS={cs}): {why}")
         from cuda.bindings import driver as cu
 
-        self.N, self.K, self.bn, self.cs, self.pf, self.pdl = N, K, bn, cs, pf, pdl
-        self.cubin, self.log = compile_cubin(defines(N, K, NP, bn, cs, pf, pdl))
+        self.N, self.K, self.bn, self.cs, self.pf, self.pdl, self.bits = N, K, bn, cs, pf, pdl, bits
+        self.cubin, self.log = compile_cubin(defines(bits, N, K, NP, bn, cs, pf, pdl))
         self.module = _cu_ok(cu.cuModuleLoadData(self.cubin), "cuModuleLoadData")
         self.fn = _cu_ok(cu.cuModuleGetFunction(self.module, b"gemv_cluster"), "cuModuleGetFunction")
         self.grid = (N // bn) * cs
@@ -165,22 +168,23 @@ def lower() -> int:
     from portakern.backends.triton import quant_gemv as Q
 
     bad = 0
-    for N, K in SHAPES:
+    for bits, N, K in SHAPES:
         NP = -(-N // Q.N_ALIGN_WORDS) * Q.N_ALIGN_WORDS
-        for bn, cs, pf in VARIANTS:
+        for bn, cs, pf in VARIANTS[bits]:
             if usable(N, K, bn, cs):
                 continue
             for pdl in (True, False):
+                what = f"int{bits} {N}x{K} BN={bn} CS={cs} PF={pf} pdl={int(pdl)}"
                 try:
-                    _, log = compile_cubin(defines(N, K, NP, bn, cs, pf, pdl))
-                    print(f"{N}x{K} BN={bn} CS={cs} PF={pf} pdl={int(pdl)}: {registers(log)}")
+                    _, log = compile_cubin(defines(bits, N, K, NP, bn, cs, pf, pdl))
+                    print(f"{what}: {registers(log)}")
                 except RuntimeError as e:
                     bad += 1
-                    print(f"{N}x{K} BN={bn} CS={cs} PF={pf} pdl={int(pdl)}: FAILED\n{e}")
+                    print(f"{what}: FAILED\n{e}")
     return 1 if bad else 0
 
 
-def emulate(N: int = 512, K: int = 2048, cs: int = 8) -> int:
+def emulate(bits: int, N: int = 512, K: int = 2048, cs: int = 8) -> int:
     """No GPU: the kernel's arithmetic in numpy float32 -- words masked in place and read as subnormals, x
     pre-scaled per code position, per-group scales and zero points, the slices' sums -- against the float64
     product (checks the index map of the interleaved words and the scaling, not the CUDA mechanics)."""
@@ -190,33 +194,38 @@ def emulate(N: int = 512, K: int = 2048, cs: int = 8) -> int:
     from portakern.backends.triton import quant_gemv as Q
 
     rng = np.random.default_rng(0)
-    kwp, NP, G = -(-K // 8 // Q.K_ALIGN_WORDS) * Q.K_ALIGN_WORDS, -(-N // Q.N_ALIGN_WORDS) * Q.N_ALIGN_WORDS, K // 128
+    epw, iw = 32 // bits, Q.interleave_words(bits, 128, False)
+    gr = 128 // epw                                                 # word rows per group
+    kwp, NP, G = -(-K // epw // Q.K_ALIGN_WORDS) * Q.K_ALIGN_WORDS, -(-N // Q.N_ALIGN_WORDS) * Q.N_ALIGN_WORDS, K // 128
     qw = rng.integers(-2**31, 2**31 - 1, (kwp, NP), dtype=np.int64).astype(np.int32)
     s = (rng.random((G, NP)) * 0.01 + 0.001).astype(np.float16)
-    z = rng.integers(0, 16, (G, NP)).astype(np.float16)
-    w = Q.PreparedGemvWeight(torch.from_numpy(qw), torch.from_numpy(s), torch.from_numpy(z), None, None, 4, 128, 8,
-                             N, K)
+    z = rng.integers(0, 1 << bits, (G, NP)).astype(np.float16)
+    w = Q.PreparedGemvWeight(torch.from_numpy(qw), torch.from_numpy(s), torch.from_numpy(z), None, None, bits, 128,
+                             1 << (bits - 1), N, K)
+    assert w.interleave == iw
     x = torch.randn(1, K).to(torch.bfloat16)
     ref = _reference(x, w)[0]
     xf = x.float().numpy()[0]
-    rows, u = K // 8 // cs, qw.view(np.uint32)
-    shift = [4 * e if e < 5 else 4 * e - 16 for e in range(8)]
+    rows, u = K // epw // cs, qw.view(np.uint32)
+    low = [bits * e + bits <= 23 for e in range(epw)]
+    shift = [bits * e if low[e] else bits * e - 16 for e in range(epw)]
     out = np.zeros(N, np.float32)
     for rank in range(cs):
         ur = u[rank * rows:(rank + 1) * rows, :N]
         j = np.arange(rows)
-        aq = np.zeros((rows // 16, N), np.float32)
-        xg = np.zeros(rows // 16, np.float32)
-        for e in range(8):
-            bits = ((ur if e < 5 else ur >> 16) & np.uint32(0xF << shift[e])).view(np.float32)   # subnormals
-            k = rank * rows * 8 + (j // 8) * 64 + e * 8 + j % 8
+        aq = np.zeros((rows // gr, N), np.float32)
+        xg = np.zeros(rows // gr, np.float32)
+        for e in range(epw):
+            mask = np.uint32(((1 << bits) - 1) << shift[e])
+            sub = ((ur if low[e] else ur >> 16) & mask).view(np.float32)       # subnormals
+            k = rank * rows * epw + (j // iw) * iw * epw + e * iw + j % iw
             xe = (xf[k] * np.float32(2.0 ** (85 - shift[e]))).astype(np.float32)
-            aq += (bits * xe[:, None]).reshape(rows // 16, 16, N).sum(1)
-            xg += xf[k].reshape(rows // 16, 16).sum(1)
-        g = rank * (rows // 16) + np.arange(rows // 16)
+            aq += (sub * xe[:, None]).reshape(rows // gr, gr, N).sum(1)
+            xg += xf[k].reshape(rows // gr, gr).sum(1)
+        g = rank * (rows // gr) + np.arange(rows // gr)
         out += (s[g, :N].astype(np.float32) * (aq * np.float32(2.0 ** 64) - z[g, :N].astype(np.float32) * xg[:, None])).sum(0)
     err = float(np.abs(out - ref).max() / np.abs(ref).max())
-    print(f"emulation {N}x{K}, {cs} slices: relative error {err:.3g} against float64")
+    print(f"emulation int{bits} {N}x{K}, {cs} slices: relative error {err:.3g} against float64")
     return 0 if err < 1e-5 else 1
 
 
@@ -226,7 +235,7 @@ def _reference(x, w):
 
     from portakern.backends.triton import quant_gemv as Q
 
-    codes = Q.unpack_internal(w.qweight.cpu().numpy(), 4, w.interleave, w.N, w.K).astype(np.float64)   # (N, K)
+    codes = Q.unpack_internal(w.qweight.cpu().numpy(), w.bits, w.interleave, w.N, w.K).astype(np.float64)  # (N, K)
     g = np.arange(w.K) // w.group_size
     s = w.scales.double().cpu().numpy()[:, : w.N].T[:, g]     # (N, K)
     z = w.zeros.double().cpu().numpy()[:, : w.N].T[:, g]
@@ -240,21 +249,20 @@ def check(res) -> int:
     from gemv import random_prepared
 
     bad = 0
-    for N, K in SHAPES:
-        w = random_prepared(N, K, 4, 128, False)
-        assert w.interleave == 8, w.interleave
+    for bits, N, K in SHAPES:
+        w = random_prepared(N, K, bits, 128, False)
         x = torch.randn(1, K, device="cuda").to(torch.bfloat16)
         ref = _reference(x, w)
-        for bn, cs, pf in VARIANTS:
+        for bn, cs, pf in VARIANTS[bits]:
             if usable(N, K, bn, cs):
                 continue
             for pdl in (True, False):
-                kern = ClusterGemv(N, K, w.stride_qk, bn, cs, pf, pdl)
+                kern = ClusterGemv(N, K, w.stride_qk, bn, cs, pf, pdl, bits)
                 out = torch.empty(1, N, device="cuda", dtype=torch.bfloat16)
                 errs = poisoned_errors(lambda: kern(x, w, out), out, ref)
                 ok = max(errs) <= 1e-2
                 bad += not ok
-                row = {"N": N, "K": K, "bn": bn, "cs": cs, "pf": pf, "pdl": pdl, "rel_err": errs, "ok": ok,
+                row = {"bits": bits, "N": N, "K": K, "bn": bn, "cs": cs, "pf": pf, "pdl": pdl, "rel_err": errs, "ok": ok,
                        **registers(kern.log)}
                 res["check"].append(row)
                 print(row, flush=True)
@@ -264,25 +272,28 @@ def check(res) -> int:
 def bench(res) -> None:
     import torch
 
-    from gemv import copies_for, floor_bytes, gemv_op, graph_us, ours, random_prepared, tinygemm
+    from gemv import copies_for, floor_bytes, gemv_op, graph_us, int8_torch, ours, random_prepared, tinygemm
 
-    for N, K in SHAPES:
-        op = gemv_op(1, N, K)
+    for bits, N, K in SHAPES:
+        op = gemv_op(1, N, K, bits=bits)
         fb = floor_bytes(op)
         copies = copies_for(fb)
         floor_us = fb / (res["copy_TBps"] * 1e12) * 1e6
         table_fns, _ = ours(op, None, copies)
-        row = {"N": N, "K": K, "floor_us": floor_us, "table_us": graph_us(table_fns)}
+        row = {"bits": bits, "N": N, "K": K, "floor_us": floor_us, "table_us": graph_us(table_fns)}
         del table_fns
-        row["tinygemm_us"] = graph_us(tinygemm(1, N, K, 128, copies_for(N * K // 2)))
-        ws = [random_prepared(N, K, 4, 128, False) for _ in range(copies)]
+        if bits == 4:
+            row["tinygemm_us"] = graph_us(tinygemm(1, N, K, 128, copies_for(N * K // 2)))
+        else:
+            row["torch_int8_us"] = graph_us(int8_torch(1, N, K, copies_for(N * K)))
+        ws = [random_prepared(N, K, bits, 128, False) for _ in range(copies)]
         xs = [torch.randn(1, K, device="cuda").to(torch.bfloat16) for _ in range(copies)]
         out = torch.empty(1, N, device="cuda", dtype=torch.bfloat16)
-        for bn, cs, pf in VARIANTS:
+        for bn, cs, pf in VARIANTS[bits]:
             if usable(N, K, bn, cs):
                 continue
             for pdl in (True, False):
-                kern = ClusterGemv(N, K, ws[0].stride_qk, bn, cs, pf, pdl)
+                kern = ClusterGemv(N, K, ws[0].stride_qk, bn, cs, pf, pdl, bits)
                 fns = [lambda x=x, w=w: kern(x, w, out) for x, w in zip(xs, ws)]
                 t = graph_us(fns)
                 row[f"cluster_bn{bn}_cs{cs}_pf{pf}_pdl{int(pdl)}_us"] = t
@@ -300,7 +311,7 @@ def main() -> int:
     if args.phase == "lower":
         return lower()
     if args.phase == "emulate":
-        return emulate()
+        return max(emulate(4), emulate(8))
     import torch
 
     from gemv import copy_bandwidth_TBps
