@@ -522,15 +522,19 @@ def main():
             mb = float(mb or 24)
             runs[f"int4_portakern_prefetch_{mode}_{mb:g}"] = (
                 PortakernStep(ctx, args.glue, att.split("-")[0], prefetch=mode, prefetch_mb=mb), att)
-        if args.compare_glue and att == "portakern-paged":
-            runs[f"int4_portakern_glue_{args.compare_glue}"] = (step.with_glue(args.compare_glue), att)
-        for variant in args.compare_attention if att == "portakern-paged" else ():
-            runs[f"int4_portakern_attention_{variant}"] = (step.with_attention(variant), att)
-        for names in args.cluster_gemv if att == "portakern-paged" else ():
-            runs[f"int4_portakern_cluster_{names.replace(',', '_')}"] = (
-                step.with_cluster_gemv(tuple(names.split(","))), att)
-        for units in args.l2_prefetch if att == "portakern-paged" else ():
-            runs[f"int4_portakern_l2_prefetch_{units}"] = (step.with_l2_prefetch(units), att)
+        variants = {}   # the same step (weights, caches) changed one way: timed here, its logits compared
+        if att == "portakern-paged":
+            if args.compare_glue:
+                variants[f"int4_portakern_glue_{args.compare_glue}"] = step.with_glue(args.compare_glue)
+            for variant in args.compare_attention:
+                variants[f"int4_portakern_attention_{variant}"] = step.with_attention(variant)
+            for names in args.cluster_gemv:
+                variants[f"int4_portakern_cluster_{names.replace(',', '_')}"] = \
+                    step.with_cluster_gemv(tuple(names.split(",")))
+            for units in args.l2_prefetch:
+                variants[f"int4_portakern_l2_prefetch_{units}"] = step.with_l2_prefetch(units)
+        runs.update({name: (st, att) for name, st in variants.items()})
+        variants = set(variants)   # names only: each step is freed once timed
         if args.compare_tiles:
             runs["int4_portakern_word_rows"] = (PortakernStep(ctx, args.glue, att.split("-")[0],
                                                               group_rows=False), att)
@@ -550,8 +554,7 @@ def main():
                              "graph_frac_floor": floor_ms / graph, "graph_speedup": eager / graph}
                 if name == "int4_portakern":
                     logits = st.out["lm"].float().clone()   # the last replay's; every replay computes the same
-                elif name.startswith(("int4_portakern_glue_", "int4_portakern_l2_prefetch_",
-                                      "int4_portakern_attention_", "int4_portakern_cluster_")) and logits is not None:
+                elif name in variants and logits is not None:
                     out[name].update(logits_diff(logits, st.out["lm"].float()))
                     if name.startswith("int4_portakern_glue_"):
                         out[name]["deterministic_glues"] = same_logits(step, args.glue, args.compare_glue)

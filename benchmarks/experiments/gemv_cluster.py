@@ -23,6 +23,7 @@ variants beside the table's kernel and tinygemm in CUDA graphs over weights rota
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import re
 import sys
@@ -156,6 +157,12 @@ class ClusterGemv:
         _cu_ok(cu.cuLaunchKernelEx(cfg, self.fn, (ptrs, (ctypes.c_void_p,) * len(ptrs)), 0), "cuLaunchKernelEx")
 
 
+@functools.lru_cache(maxsize=None)
+def cluster_gemv(N: int, K: int, NP: int, bn: int, cs: int, pf: int, pdl: bool, bits: int) -> ClusterGemv:
+    """One compiled and loaded ``ClusterGemv`` per configuration (the check and the bench share them)."""
+    return ClusterGemv(N, K, NP, bn, cs, pf, pdl, bits)
+
+
 def registers(log: str) -> dict:
     """ptxas' report in the NVRTC log: registers, spill stores / loads, shared memory."""
     find = lambda pat: int(m.group(1)) if (m := re.search(pat, log)) else None   # noqa: E731
@@ -257,7 +264,7 @@ def check(res) -> int:
             if usable(N, K, bn, cs):
                 continue
             for pdl in (True, False):
-                kern = ClusterGemv(N, K, w.stride_qk, bn, cs, pf, pdl, bits)
+                kern = cluster_gemv(N, K, w.stride_qk, bn, cs, pf, pdl, bits)
                 out = torch.empty(1, N, device="cuda", dtype=torch.bfloat16)
                 errs = poisoned_errors(lambda: kern(x, w, out), out, ref)
                 ok = max(errs) <= 1e-2
@@ -293,7 +300,7 @@ def bench(res) -> None:
             if usable(N, K, bn, cs):
                 continue
             for pdl in (True, False):
-                kern = ClusterGemv(N, K, ws[0].stride_qk, bn, cs, pf, pdl, bits)
+                kern = cluster_gemv(N, K, ws[0].stride_qk, bn, cs, pf, pdl, bits)
                 fns = [lambda x=x, w=w: kern(x, w, out) for x, w in zip(xs, ws)]
                 t = graph_us(fns)
                 row[f"cluster_bn{bn}_cs{cs}_pf{pf}_pdl{int(pdl)}_us"] = t
