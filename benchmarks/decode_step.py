@@ -17,7 +17,7 @@ on a dense cache, eager glue.
 Floor = (weight bytes: codes + fp16 scale + fp16 zero per group; + K/V bytes read) / copy bandwidth.
 
     python benchmarks/decode_step.py [--ctx 2048 8192] [--glue compile-combo|compile-pdl|compile|compile-max|eager]
-        [--compare-glue GLUE] [--compare-attention table release hold release-pdl] [--cluster-gemv o,down ...]
+        [--compare-glue GLUE] [--compare-attention table release early early+o2 ...] [--cluster-gemv o,down ...]
         [--l2-prefetch UNITS ...] [--compare-tiles] [--prefetch none after:24 during:24]
         [--breakdown] [--no-peers] [--out DIR]
 """
@@ -56,7 +56,9 @@ GLUES = ("compile-combo", "compile-pdl", "compile", "compile-max", "eager")
 #: ``--compare-attention``: the paged attention built by the triton backend with the table's configuration
 #: changed so (``AttnConfig`` fields); "table" changes nothing (the same build path, as a control)
 ATTENTION_VARIANTS = {"table": {}, "release": {"release_next": True}, "hold": {"release_next": False},
-                      "release-pdl": {"release_next": True, "pdl": True}}
+                      "release-pdl": {"release_next": True, "pdl": True},
+                      "early": {"release_next": True, "early_merge": True},
+                      "early-pdl": {"release_next": True, "early_merge": True, "pdl": True}}
 #: the default: programmatic dependent glue kernels where this torch's Inductor can make them (H200 session 15:
 #: 2.333 vs 2.436 ms at ctx 2048, 2.518 vs 2.783 at 8192, separate processes)
 DEFAULT_GLUE = "compile-pdl" if hasattr(torch._inductor.config.triton, "enable_pdl") else "compile-combo"
@@ -119,20 +121,21 @@ def glue_functions(glue: str, deterministic: bool = False):
     return tuple(torch.compile(f, **opts) for f in fns)
 
 
-def gemv_kernel(N: int, K: int, group_rows: bool = True, l2_prefetch: int = 0):
+def gemv_kernel(N: int, K: int, group_rows: bool = True, l2_prefetch: int = 0, prefetch: int = 1):
     """portakern's int4 g128 quant_gemv kernel for one linear at M = 1: the table's configuration
     (``group_rows=False``: the table without group-resident tiles or the stream kernel), its stream
-    kernel asking the L2 for ``l2_prefetch`` units ahead (``GemvConfig.l2_prefetch``)."""
+    kernel asking the L2 for ``l2_prefetch`` units ahead (``GemvConfig.l2_prefetch``), the table's kernel
+    keeping ``prefetch`` tiles of words in flight (``GemvConfig.prefetch``; refused where the kernel has 1)."""
     dev = torch_device("cuda", 0)
     op = QuantGemv(M=1, N=N, K=K, dtype=DType.bfloat16, fmt=QuantFormat(bits=4, group_size=128, symmetric=False))
-    if group_rows and not l2_prefetch:   # the table
+    if group_rows and not l2_prefetch and prefetch == 1:   # the table
         return Q.compile(op, dev)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     cfg = T.choose(Q._LayoutStub(op), 1, N, T.arch_family(dev.capability), sms, group_rows=group_rows,
                    stream=group_rows)
     if l2_prefetch and cfg.kind == "stream":
         cfg = replace(cfg, l2_prefetch=l2_prefetch)
-    return Q.compile(op, dev, cfg)
+    return Q.compile(op, dev, replace(cfg, prefetch=prefetch))
 
 
 # -- portakern's step --------------------------------------------------------------------------------
@@ -188,11 +191,14 @@ class PortakernStep:
         other.kern = {n: gemv_kernel(N, K, l2_prefetch=units) for n, (N, K) in self.linears.items()}
         return other
 
-    def with_attention(self, variant: str) -> "PortakernStep":
+    def with_attention(self, spec: str) -> "PortakernStep":
         """The same step with its paged attention built by the triton backend under the table's configuration
-        changed as ``ATTENTION_VARIANTS[variant]`` says (``--compare-attention``)."""
+        changed as ``ATTENTION_VARIANTS[variant]`` says (``--compare-attention``); ``spec`` is ``variant`` or
+        ``variant+LINEAR2``: also the GEMV of ``LINEAR`` keeping two tiles of words in flight."""
         from portakern.backends.triton import attention as A
         from portakern.validate import attention_op
+
+        variant, _, deeper = spec.partition("+")
 
         q = torch.zeros(1, 1, HQ, D, device="cuda", dtype=BF16)
         op, info = attention_op(q, self.kv[0][0], self.kv[0][1], block_table=self.block_table,
@@ -201,6 +207,9 @@ class PortakernStep:
         other = copy.copy(self)
         other.attn_kernel = A.build(op, info.device, cfg)
         other.attn_out = torch.empty(1, 1, HQ, D, device="cuda", dtype=BF16)
+        if deeper:
+            name, depth = deeper[:-1], int(deeper[-1])
+            other.kern = {**self.kern, name: gemv_kernel(*self.linears[name], prefetch=depth)}
         return other
 
     def with_cluster_gemv(self, names: tuple[str, ...]) -> "PortakernStep":
@@ -449,6 +458,17 @@ def kernel_profile(step, replays: int = 3):
     return sorted(out, key=lambda r: -r["us_total"])
 
 
+def attention_spec(spec: str) -> str:
+    """``--compare-attention``'s argument: ``VARIANT`` of ``ATTENTION_VARIANTS``, optionally ``+LINEAR2``."""
+    variant, _, deeper = spec.partition("+")
+    if variant not in ATTENTION_VARIANTS:
+        raise argparse.ArgumentTypeError(f"{spec!r}: the variant is one of {', '.join(ATTENTION_VARIANTS)}")
+    if deeper and (deeper[:-1] not in ("qkv", "o", "gu", "down") or deeper[-1] != "2"):
+        raise argparse.ArgumentTypeError(f"{spec!r}: after '+' comes a linear (qkv, o, gu, down) and 2, e.g. "
+                                         f"{variant}+o2")
+    return spec
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ctx", type=int, nargs="+", default=[2048, 8192])
@@ -467,15 +487,17 @@ def main():
                     help="also time portakern's step (the same weights, in the same process) with its stream-kernel "
                          "GEMVs asking the L2 for UNITS units of words before waiting for the kernel before them "
                          "(GemvConfig.l2_prefetch), as int4_portakern_l2_prefetch_UNITS, logits compared")
-    ap.add_argument("--compare-attention", nargs="+", default=[], choices=tuple(ATTENTION_VARIANTS),
-                    metavar="VARIANT",
+    ap.add_argument("--compare-attention", nargs="+", default=[], type=attention_spec, metavar="VARIANT[+LINEAR2]",
                     help="also time portakern's step (the same weights, in the same process) with its paged attention "
                          "built under the table's configuration changed: release (the merge lets the o-projection "
                          "GEMV launch at its start, AttnConfig.release_next; the sm_90 table's choice since session "
                          "16), hold (it does not), release-pdl (and the decode kernel "
-                         "launched as a dependent of the RoPE/append glue, the merge of it: AttnConfig.pdl), table "
-                         "(unchanged, the same build path: a control), as int4_portakern_attention_VARIANT, logits "
-                         "compared")
+                         "launched as a dependent of the RoPE/append glue, the merge of it: AttnConfig.pdl), early "
+                         "(the decode kernel lets the merge launch at its start and the merge lets the o-projection "
+                         "GEMV launch before its wait: AttnConfig.early_merge), early-pdl, table (unchanged, the "
+                         "same build path: a control); '+o2': also the o-projection GEMV with two tiles of words in "
+                         "flight (GemvConfig.prefetch=2, loaded before it waits); as "
+                         "int4_portakern_attention_VARIANT, logits compared")
     ap.add_argument("--cluster-gemv", nargs="+", default=[], metavar="NAMES",
                     help="also time portakern's step (same weights, same process) with the comma-separated linears "
                          "NAMES (of qkv, o, gu, down) on the experiment kernel that merges its K split in cluster "

@@ -188,6 +188,51 @@ def test_release_next_needs_grid_dependency_control():
         A.compile_for_target(op, "sm_80", cfg)
 
 
+@parent_only
+def test_early_merge_launches_the_merge_at_the_kernels_start_and_the_next_kernel_before_the_merges_wait():
+    """``early_merge``: the decode kernel (launched normally) says ``launch_dependents`` before any global read or
+    TMA copy; the merge is then a dependent that releases the next kernel before its own wait and reads the
+    partials only after it. Without it the decode kernel has no grid dependency control."""
+    from portakern.backends.triton import attention as A
+    from portakern.backends.triton import tuning
+
+    op = paged(L=2048, page=64, return_lse=True)
+    table = tuning.choose(op, "sm_90", 132, wgmma=True)
+    assert table.decode_ws and table.release_next and not table.pdl and not table.early_merge
+    plain = A.compile_for_target(op, "sm_90a", table)["kernels"]
+    early = A.compile_for_target(op, "sm_90a", replace(table, early_merge=True))["kernels"]
+    assert "griddepcontrol" not in plain["attn_decode_ws"]["ptx"]
+    dec = early["attn_decode_ws"]["ptx"]
+    dec = dec[dec.index(".entry"):]
+    assert dec.count("griddepcontrol.launch_dependents") == 1 and "griddepcontrol.wait" not in dec
+    assert dec.index("griddepcontrol.launch_dependents") < min(dec.index("ld.global"),
+                                                               dec.index("cp.async.bulk.tensor"))
+    merge = early["attn_combine"]["ptx"]
+    merge = merge[merge.index(".entry"):]
+    assert merge.count("griddepcontrol.launch_dependents") == 1 and merge.count("griddepcontrol.wait") == 1
+    assert merge.index("griddepcontrol.launch_dependents") < merge.index("griddepcontrol.wait") \
+        < merge.index("ld.global")
+    # the table's merge (not a dependent) releases before its first read and waits for nothing
+    pm = plain["attn_combine"]["ptx"]
+    assert "griddepcontrol.wait" not in pm and pm.count("griddepcontrol.launch_dependents") == 1
+
+
+@pytest.mark.parametrize("arch, changes, match", [
+    ("sm_80", {"release_next": False}, r"AttnConfig\(early_merge=True\) on sm_80: .*grid dependency control.*use early_merge=False"),
+    ("sm_90a", {"decode_ws": False}, r"AttnConfig\(early_merge=True, decode_ws=False, num_splits=\d+\): .*Gluon "
+                                    r"decode kernel.*use early_merge=False"),
+    ("sm_90a", {"num_splits": 1}, r"AttnConfig\(early_merge=True, decode_ws=True, num_splits=1\): .*num_splits >= 2"),
+])
+def test_early_merge_is_refused_where_it_cannot_run(arch, changes, match):
+    from portakern.backends.triton import attention as A
+    from portakern.backends.triton import tuning
+
+    op = paged(L=2048, page=64)
+    cfg = replace(tuning.choose(op, "sm_90", 132, wgmma=True), early_merge=True, **changes)
+    with pytest.raises(ValueError, match=match):
+        A.compile_for_target(op, arch, cfg)
+
+
 # -- on an sm_90 GPU ------------------------------------------------------------------------------------
 
 def _gpu():
@@ -345,18 +390,21 @@ def test_gpu_pdl_launch_reads_what_the_kernel_before_it_wrote():
 
 
 @parent_only
-def test_gpu_release_next_lets_a_dependent_gemv_read_the_merged_output():
-    """With ``release_next`` the merge lets the next kernel launch at its start: a quantized GEMV launched as a
-    programmatic dependent (the table's M=1 kernel, ``pdl``) behind it in a CUDA graph, fed the attention output
-    as x (poisoned with NaN before the replay), must read the finished output: float64 reference of
-    ``attention(q, K, V) @ W^T`` from new inputs."""
+@pytest.mark.parametrize("changes", [{"release_next": True}, {"release_next": True, "early_merge": True},
+                                     {"release_next": True, "early_merge": True, "pdl": True}],
+                         ids=["release", "early", "early-pdl"])
+def test_gpu_released_merge_lets_a_dependent_gemv_read_the_merged_output(changes):
+    """With ``release_next`` the merge lets the next kernel launch at its start (``early_merge``: while the decode
+    kernel still runs): a quantized GEMV launched as a programmatic dependent (the table's M=1 kernel, ``pdl``)
+    behind it in a CUDA graph, fed the attention output as x (poisoned with NaN before the replay), must read
+    the finished output: float64 reference of ``attention(q, K, V) @ W^T`` from new inputs."""
     from portakern.backends.triton import quant_gemv as Q
     from portakern.ir.packing import dequantize
     from portakern.quantize import quantize
     from portakern.validate import quant_gemv_op
 
     op = paged(L=2048, page=64, return_lse=True)
-    dev, cuda, attend = _table_kernel(op, release_next=True)
+    dev, cuda, attend = _table_kernel(op, **changes)
     K = op.heads_q * op.head_dim
     w = quantize(np.random.default_rng(5).standard_normal((1024, K)), bits=4, group_size=128)
     wd = w.with_tensors({n: torch.as_tensor(t).to(cuda) for n, t in w.tensors.items()})

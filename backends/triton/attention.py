@@ -137,8 +137,9 @@ def _constexprs(op: Attention, cfg: AttnConfig, interpret: bool, mods) -> dict[s
 
 def _pdl(cfg: AttnConfig) -> bool:
     """Whether the merge runs as a programmatic dependent launch (only with a separate merge kernel;
-    ``attn_fwd`` itself is launched so whenever ``cfg.pdl``)."""
-    return cfg.pdl and cfg.num_splits > 1 and not cfg.fused_combine
+    ``attn_fwd`` itself is launched so whenever ``cfg.pdl``; ``early_merge``: behind the Gluon decode kernel,
+    which lets it launch at its start)."""
+    return (cfg.pdl or cfg.early_merge) and cfg.num_splits > 1 and not cfg.fused_combine
 
 
 def tma_blocker(k, v) -> str | None:
@@ -177,7 +178,8 @@ def _combine_constexprs(op: Attention, cfg: AttnConfig, block_dv: int) -> dict[s
     """The compile-time arguments of ``attn_combine`` (shared by launches and AOT lowering)."""
     return dict(HQ=op.heads_q, DV=op.head_dim_v, BLOCK_DV=block_dv, NUM_SPLITS=cfg.num_splits,
                 SPLITS_P2=tuning.next_pow2(cfg.num_splits), VARLEN=op.kv_layout is KVLayout.VARLEN,
-                RETURN_LSE=op.return_lse, PDL=_pdl(cfg), RELEASE=cfg.release_next)
+                RETURN_LSE=op.return_lse, PDL=_pdl(cfg), RELEASE=cfg.release_next,
+                EARLY=cfg.early_merge)
 
 
 # -- compile ------------------------------------------------------------------------------------------

@@ -95,7 +95,7 @@ def constexprs(op: Attention, cfg) -> dict[str, Any]:
     return dict(GROUP=op.group_size, BN=cfg.block_n, PR=box_rows(op, cfg.block_n), PAGE=op.page_size if paged else 1,
                 D=op.head_dim, DV=op.head_dim_v, STAGES=cfg.num_stages, SPLITS=cfg.num_splits, PAGED=paged,
                 HAS_SEQLENS=paged or op.has_seqlens_k, RETURN_LSE=op.return_lse, PRODUCER_REGS=PRODUCER_REGS,
-                PDL=cfg.pdl)
+                PDL=cfg.pdl, LAUNCH_MERGE=cfg.early_merge)
 
 
 def smem_bytes(op: Attention, block_n: int, stages: int) -> int:

@@ -93,6 +93,13 @@ class AttnConfig:
     #: and the Gluon decode kernel with ``pdl`` already do so at their start; without a separate merge
     #: (``num_splits`` 1, or ``fused_combine`` on ``attn_fwd``) it changes nothing
     release_next: bool = False
+    #: (sm_90+, the Gluon decode kernel with ``num_splits > 1``) the decode kernel lets its merge launch as soon
+    #: as it starts, the merge is launched as a programmatic dependent of it (it waits for the partials before
+    #: reading them) and, with ``release_next``, lets the next kernel launch *before* that wait: a next kernel
+    #: launched as a programmatic dependent (the o-projection GEMV of a decode step) becomes resident and
+    #: requests its first weight tiles while the decode kernel itself runs, and still waits for the merge's
+    #: completion (hence the decode kernel's) before reading the output
+    early_merge: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -112,6 +119,15 @@ def check_pdl(cfg, arch: str) -> None:
         raise ValueError(f"{type(cfg).__name__}(release_next=True) on {arch}: letting the next kernel launch early "
                          f"needs grid dependency control, on {', '.join(PDL_ARCHS)} (and a compiled kernel, not the "
                          f"interpreter); use release_next=False")
+    if getattr(cfg, "early_merge", False):
+        if arch not in PDL_ARCHS:
+            raise ValueError(f"AttnConfig(early_merge=True) on {arch}: launching the merge while the decode kernel "
+                             f"runs needs grid dependency control, on {', '.join(PDL_ARCHS)} (and a compiled "
+                             f"kernel, not the interpreter); use early_merge=False")
+        if not cfg.decode_ws or cfg.num_splits < 2:
+            raise ValueError(f"AttnConfig(early_merge=True, decode_ws={cfg.decode_ws}, num_splits={cfg.num_splits}): "
+                             f"early_merge is an option of the Gluon decode kernel with a separate merge "
+                             f"(decode_ws=True, num_splits >= 2); use early_merge=False")
 
 
 #: Architecture families with the tensor-memory accelerator (TMA descriptors, ``tma``).

@@ -11,7 +11,8 @@ saw gets zeros and ``lse = -inf``.
 ``PDL``: the kernel is launched with programmatic dependent launch while ``attn_fwd`` still runs
 (sm_90+) and starts by waiting for it (``griddepcontrol.wait``). ``RELEASE``: it then lets the next kernel
 in the stream launch (``griddepcontrol.launch_dependents``); that kernel, if launched as a dependent, waits
-for this one's completion before reading its output.
+for this one's completion before reading its output. ``EARLY`` (with ``PDL``): the release comes before the wait,
+so that next kernel launches while the kernel before this one still runs (``AttnConfig.early_merge``).
 """
 
 import triton
@@ -27,13 +28,17 @@ def attn_combine(
     seqlen_q, total_rows,
     HQ: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
     NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, VARLEN: tl.constexpr, RETURN_LSE: tl.constexpr,
-    PDL: tl.constexpr, RELEASE: tl.constexpr,
+    PDL: tl.constexpr, RELEASE: tl.constexpr, EARLY: tl.constexpr = False,
 ):
+    if RELEASE and EARLY:
+        # the next kernel may launch while the partials are still being written: it waits for this
+        # kernel's completion, which comes after the wait below
+        tl.extra.cuda.gdc_launch_dependents()
     if PDL:
         # launched as a programmatic dependent of attn_fwd: wait until its partials are complete
         # and visible (a no-op when launched normally)
         tl.extra.cuda.gdc_wait()
-    if RELEASE:
+    if RELEASE and not EARLY:
         # the next kernel may launch now (it waits for this one's completion before reading the output)
         tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)

@@ -32,6 +32,7 @@ from . import load
 cta_barrier = load("gluon_compat").cta_barrier
 tma_load = load("gluon_compat").tma_load
 wait_for_producer = load("gluon_compat").wait_for_producer
+launch_dependents = load("gluon_compat").launch_dependents
 _softmax_step = load("attention_wgmma")._softmax_step      # the prefill kernel's online-softmax update
 
 NEG_INF = gl.constexpr(float("-inf"))
@@ -175,14 +176,16 @@ def attn_decode_ws(q_desc, k_desc, v_desc, O, LSE, WS_O, WS_LSE, BT, SEQLENS_K,
                    GROUP: gl.constexpr, BN: gl.constexpr, PR: gl.constexpr, PAGE: gl.constexpr, D: gl.constexpr,
                    DV: gl.constexpr, STAGES: gl.constexpr, SPLITS: gl.constexpr, PAGED: gl.constexpr,
                    HAS_SEQLENS: gl.constexpr, RETURN_LSE: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                   PDL: gl.constexpr):
+                   PDL: gl.constexpr, LAUNCH_MERGE: gl.constexpr = False):
     """Grid ``(SPLITS, B * HKV)``. ``q_desc``: 2-D over ``(B * HQ, D)``, block ``(64, D)``; ``k_desc`` /
     ``v_desc``: 2-D over ``(rows, HKV * D)``, block ``(PR, D)`` (module docstring). ``O`` ``(B, 1, HQ, DV)``
     (strides ``so_b``, ``so_h``), ``LSE`` ``(B, HQ, 1)`` (``sl_b``, ``sl_h``); ``WS_O`` / ``WS_LSE`` the
     split workspace when ``SPLITS > 1``; ``BT`` the block table (strides ``stride_btb``, ``stride_btp``)
     when ``PAGED``; ``SEQLENS_K`` per batch when ``HAS_SEQLENS`` (else every sequence has ``seqlen_kv`` keys).
     ``PDL``: launched as a programmatic dependent of the previous kernel (whose KV-cache append or query it may
-    read): every input is read after its completion, and ``attn_combine`` may launch behind this one."""
+    read): every input is read after its completion, and ``attn_combine`` may launch behind this one.
+    ``LAUNCH_MERGE`` (``AttnConfig.early_merge``): ``attn_combine``, launched as a dependent, may launch as soon
+    as every program has started (it waits for this grid's completion before reading the partials)."""
     # -- shared memory and barriers first: with PDL, set up while the previous kernel drains
     q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, D], k_desc.layout)
@@ -194,6 +197,8 @@ def attn_decode_ws(q_desc, k_desc, v_desc, O, LSE, WS_O, WS_LSE, BT, SEQLENS_K,
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
+    if LAUNCH_MERGE:
+        launch_dependents()
     wait_for_producer(PDL)
 
     split = gl.program_id(0)

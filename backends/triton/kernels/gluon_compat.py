@@ -29,11 +29,19 @@ else:                                # Triton 3.6
 
 
 @gluon.jit
+def launch_dependents():
+    """(sm_90+) Let the next kernel in the stream, if launched as a programmatic dependent, launch now (once
+    every program of this grid has said so or exited); it still waits for this grid's completion itself."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
+@gluon.jit
 def wait_for_producer(PDL: gl.constexpr):
     """PDL (the kernel launched as a programmatic dependent, sm_90+): wait until the previous kernel in the
     stream has completed and its writes are visible, then let the next one launch (it waits for this one's
     completion itself before reading what this one writes). Reads before this must be of constants only."""
     if PDL:
         gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
+        launch_dependents()
+
