@@ -32,7 +32,8 @@ def paged(B=1, L=8192, page=16, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16, **kw)
 def test_sm90_table_runs_split_paged_decode_on_the_gluon_kernel():
     """``SPLIT_PAGED_WS``: split paged decode of 16-bit K/V on sm_90 takes the Gluon kernel (64-key tiles, 4
     stages, one program per SM: 16 splits for 8 KV heads), its merge a separate ``attn_combine`` launch that
-    releases the next kernel at its start (``RELEASE_NEXT_TABLE``); dense
+    the decode kernel launches at its start and that releases the next kernel before its wait
+    (``RELEASE_NEXT_TABLE``, ``EARLY_MERGE_TABLE``); dense
     keys, unsplit batches, fp32, other families and ``wgmma=False`` keep attn_fwd."""
     from portakern.backends.triton import tuning
 
@@ -40,7 +41,7 @@ def test_sm90_table_runs_split_paged_decode_on_the_gluon_kernel():
         c = tuning.choose(paged(**kw), "sm_90", 132)
         assert c.decode_ws and (c.block_n, c.num_stages, c.num_warps, c.num_splits) == (64, 4, 4, 16), (kw, c)
         assert not (c.fused_combine or c.pdl or c.wgmma or c.tma)
-        assert c.release_next                                      # the merge lets the next kernel launch early
+        assert c.release_next and c.early_merge                    # the merge lets the next kernel launch early
         tuning.check_decode_ws(paged(**kw), c, "sm_90")
     c = tuning.choose(paged(L=2048 + 64, page=64), "sm_90", 132)
     assert c.decode_ws and c.num_splits == 11                      # 33 tiles, at least 3 per split
@@ -143,8 +144,8 @@ def test_lowering_for_sm90a_has_a_load_warp_per_page_copies_and_wgmma(page):
     dep = A.compile_for_target(op, "sm_90a", own)["kernels"]
     assert sorted(dep) == ["attn_combine", "attn_decode_ws"]
     # pdl: the kernel waits for the previous one (once per thread, before any global read) and lets the
-    # merge launch; without it, neither
-    assert "griddepcontrol.wait" not in ptx and "griddepcontrol.launch_dependents" not in ptx
+    # merge launch; the table's (early_merge, no pdl) only lets the merge launch
+    assert "griddepcontrol.wait" not in ptx and ptx.count("griddepcontrol.launch_dependents") == 1
     dptx = dep["attn_decode_ws"]["ptx"]
     assert dptx.count("griddepcontrol.wait") == 1 and dptx.count("griddepcontrol.launch_dependents") == 1
     assert dptx.index("griddepcontrol.wait") < min(dptx.index("ld.global"), dptx.index("cp.async.bulk.tensor"))
@@ -163,7 +164,7 @@ def test_release_next_puts_one_launch_dependents_in_the_merge_and_nowhere_else(k
     op = paged(L=2048, page=64, return_lse=True)
     table = tuning.choose(op, "sm_90", 132, wgmma=kernel == "decode_ws")
     assert table.release_next is (kernel == "decode_ws")      # RELEASE_NEXT_TABLE: the Gluon kernel's merge
-    base = replace(table, release_next=False)
+    base = replace(table, release_next=False, early_merge=False)
     assert base.decode_ws is (kernel == "decode_ws") and base.num_splits > 1 and not base.fused_combine
     plain = A.compile_for_target(op, "sm_90a", base)["kernels"]
     early = A.compile_for_target(op, "sm_90a", replace(base, release_next=True))["kernels"]
@@ -198,9 +199,9 @@ def test_early_merge_launches_the_merge_at_the_kernels_start_and_the_next_kernel
 
     op = paged(L=2048, page=64, return_lse=True)
     table = tuning.choose(op, "sm_90", 132, wgmma=True)
-    assert table.decode_ws and table.release_next and not table.pdl and not table.early_merge
-    plain = A.compile_for_target(op, "sm_90a", table)["kernels"]
-    early = A.compile_for_target(op, "sm_90a", replace(table, early_merge=True))["kernels"]
+    assert table.decode_ws and table.release_next and not table.pdl and table.early_merge   # EARLY_MERGE_TABLE
+    plain = A.compile_for_target(op, "sm_90a", replace(table, early_merge=False))["kernels"]
+    early = A.compile_for_target(op, "sm_90a", table)["kernels"]
     assert "griddepcontrol" not in plain["attn_decode_ws"]["ptx"]
     dec = early["attn_decode_ws"]["ptx"]
     dec = dec[dec.index(".entry"):]
@@ -212,7 +213,7 @@ def test_early_merge_launches_the_merge_at_the_kernels_start_and_the_next_kernel
     assert merge.count("griddepcontrol.launch_dependents") == 1 and merge.count("griddepcontrol.wait") == 1
     assert merge.index("griddepcontrol.launch_dependents") < merge.index("griddepcontrol.wait") \
         < merge.index("ld.global")
-    # the table's merge (not a dependent) releases before its first read and waits for nothing
+    # without it the merge (not a dependent) releases before its first read and waits for nothing
     pm = plain["attn_combine"]["ptx"]
     assert "griddepcontrol.wait" not in pm and pm.count("griddepcontrol.launch_dependents") == 1
 

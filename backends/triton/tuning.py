@@ -310,7 +310,8 @@ def choose(op, arch: str, num_sms: int | None = None, wgmma: bool = True) -> Att
         cfg, splits = _split_paged(op, cfg, arch, num_sms, splits, gluon=wgmma)
     if cfg.decode_ws:        # its own merge launch, as measured: separate, not a dependent; it releases the next
         return replace(cfg, num_splits=splits, fused_combine=False, pdl=False,
-                       release_next=splits > 1 and arch in RELEASE_NEXT_TABLE)
+                       release_next=splits > 1 and arch in RELEASE_NEXT_TABLE,
+                       early_merge=splits > 1 and arch in EARLY_MERGE_TABLE)
     fused = FUSED_COMBINE.get(arch, False)
     return replace(cfg, num_splits=splits, fused_combine=fused, pdl=splits > 1 and arch in SPLIT_PDL_TABLE)
 
@@ -379,6 +380,13 @@ SPLIT_PDL_TABLE = ("sm_90",)
 #: GEMV starting while the merge runs; the decode kernel also launched as a dependent (``pdl``) 2.285 ms, not
 #: adopted (slower in back-to-back attention calls, session 15)
 RELEASE_NEXT_TABLE = ("sm_90",)
+#: Families whose table launches the Gluon decode kernel's merge at the kernel's start and has the merge release
+#: the next kernel before its wait (``AttnConfig.early_merge``). H200 session 17, the same decode step (same
+#: process and weights, logits bit-equal; ``results/decode-step-2026-12-04-attention-s17.json``): 2.269 ms
+#: against 2.288 / 2.290 at ctx 2048, 2.527 against 2.542 / 2.547 at 8192 (the o-projection GEMV resident and
+#: loading its first tiles while the decode kernel runs); with the decode kernel also a dependent (``pdl``)
+#: 2.317 / 2.541, not adopted
+EARLY_MERGE_TABLE = ("sm_90",)
 
 
 #: Architectures whose table loads prefill K/V through TMA for head dims above 128.
@@ -550,7 +558,8 @@ def candidates(op, arch: str, num_sms: int) -> list[AttnConfig]:
             for bn, st, w in ((64, 3, 4), (64, 4, 4), (128, 4, 4), (128, 2, 4), (64, 2, 4)):
                 c = fit(op, replace(b0, block_n=bn, num_stages=st, num_warps=w), arch)
                 for splits in sorted({b0.num_splits, c.num_splits, max(1, b0.num_splits // 2), b0.num_splits * 2}):
-                    cand = replace(c, num_splits=min(MAX_SPLITS, max(1, splits)))
+                    n = min(MAX_SPLITS, max(1, splits))
+                    cand = replace(c, num_splits=n, early_merge=c.early_merge and n > 1)
                     if cand not in out:
                         out.append(cand)
         # pdl as the table's (SPLIT_PDL_TABLE): checked on the H200 by the GPU tests and conformance
