@@ -58,7 +58,8 @@ GLUES = ("compile-combo", "compile-pdl", "compile", "compile-max", "eager")
 ATTENTION_VARIANTS = {"table": {}, "release": {"release_next": True}, "hold": {"release_next": False},
                       "release-pdl": {"release_next": True, "pdl": True},
                       "early": {"release_next": True, "early_merge": True},
-                      "early-pdl": {"release_next": True, "early_merge": True, "pdl": True}}
+                      "early-pdl": {"release_next": True, "early_merge": True, "pdl": True},
+                      "late": {"release_next": True, "early_merge": False}}
 #: the default: programmatic dependent glue kernels where this torch's Inductor can make them (H200 session 15:
 #: 2.333 vs 2.436 ms at ctx 2048, 2.518 vs 2.783 at 8192, separate processes)
 DEFAULT_GLUE = "compile-pdl" if hasattr(torch._inductor.config.triton, "enable_pdl") else "compile-combo"
@@ -494,7 +495,8 @@ def main():
                          "16), hold (it does not), release-pdl (and the decode kernel "
                          "launched as a dependent of the RoPE/append glue, the merge of it: AttnConfig.pdl), early "
                          "(the decode kernel lets the merge launch at its start and the merge lets the o-projection "
-                         "GEMV launch before its wait: AttnConfig.early_merge), early-pdl, table (unchanged, the "
+                         "GEMV launch before its wait: AttnConfig.early_merge; the sm_90 table's choice since session 17), "
+                         "late (release without early_merge: session 16's table), early-pdl, table (unchanged, the "
                          "same build path: a control); '+o2': also the o-projection GEMV with two tiles of words in "
                          "flight (GemvConfig.prefetch=2, loaded before it waits); as "
                          "int4_portakern_attention_VARIANT, logits compared")
