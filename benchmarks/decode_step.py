@@ -122,13 +122,35 @@ def glue_functions(glue: str, deterministic: bool = False):
     return tuple(torch.compile(f, **opts) for f in fns)
 
 
+def gemv_op(N: int, K: int) -> QuantGemv:
+    """The step's int4 group-128 asymmetric bf16 GEMV of one (N, K) linear at M = 1."""
+    return QuantGemv(M=1, N=N, K=K, dtype=DType.bfloat16, fmt=QuantFormat(bits=4, group_size=128, symmetric=False))
+
+
+def gemv_candidates(N: int, K: int) -> list:
+    """The autotuner's configurations of the step's (N, K) GEMV on this GPU (the table's first)."""
+    dev = torch_device("cuda", 0)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return T.candidates(Q._LayoutStub(gemv_op(N, K)), 1, N, T.arch_family(dev.capability), sms)
+
+
+def config_label(cfg) -> str:
+    """A short name of a GEMV configuration for result keys."""
+    label = f"{cfg.kind}-bn{cfg.block_n}-kw{cfg.block_kw}-w{cfg.num_warps}-s{cfg.split_k}"
+    if cfg.group_rows:
+        label += "-rows"
+    if cfg.kind == "stream":
+        label += f"-p{cfg.prefetch}-sm{cfg.per_sm}"
+    return label
+
+
 def gemv_kernel(N: int, K: int, group_rows: bool = True, l2_prefetch: int = 0, prefetch: int = 1):
     """portakern's int4 g128 quant_gemv kernel for one linear at M = 1: the table's configuration
     (``group_rows=False``: the table without group-resident tiles or the stream kernel), its stream
     kernel asking the L2 for ``l2_prefetch`` units ahead (``GemvConfig.l2_prefetch``), the table's kernel
     keeping ``prefetch`` tiles of words in flight (``GemvConfig.prefetch``; refused where the kernel has 1)."""
     dev = torch_device("cuda", 0)
-    op = QuantGemv(M=1, N=N, K=K, dtype=DType.bfloat16, fmt=QuantFormat(bits=4, group_size=128, symmetric=False))
+    op = gemv_op(N, K)
     if group_rows and not l2_prefetch and prefetch == 1:   # the table
         return Q.compile(op, dev)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -223,6 +245,12 @@ class PortakernStep:
         for name in names:
             N, K = self.linears[name]
             other.kern[name] = ClusterGemv(N, K, self.layers[0][name].stride_qk)
+        return other
+
+    def with_gemv_config(self, name: str, cfg) -> "PortakernStep":
+        """The same step with the linear ``name``'s GEMV compiled under ``cfg`` (``--sweep-gemv``)."""
+        other = copy.copy(self)
+        other.kern = {**self.kern, name: Q.compile(gemv_op(*self.linears[name]), torch_device("cuda", 0), cfg)}
         return other
 
     def with_glue(self, glue: str, deterministic: bool = False) -> "PortakernStep":
@@ -505,6 +533,14 @@ def main():
                          "NAMES (of qkv, o, gu, down) on the experiment kernel that merges its K split in cluster "
                          "shared memory (benchmarks/experiments/gemv_cluster.py), as int4_portakern_cluster_NAMES, "
                          "logits compared (a different summation order: close, not equal)")
+    ap.add_argument("--sweep-gemv", nargs="+", default=[], choices=("qkv", "o", "gu", "down", "lm"), metavar="LINEAR",
+                    help="also time portakern's step (same weights, same process) with LINEAR's GEMV under each of the "
+                         "autotuner's configurations for its shape (gemv_tuning.candidates; at most --sweep-limit), "
+                         "as int4_portakern_LINEAR_<config>, with the table's step re-timed every 8 configurations "
+                         "(int4_portakern_LINEAR_table_<i>: the same process drifts), logits compared")
+    ap.add_argument("--sweep-limit", type=int, default=32, metavar="N",
+                    help="configurations per linear in --sweep-gemv (the candidates' first N; default 32)")
+    ap.add_argument("--no-eager", action="store_true", help="time the steps in their CUDA graphs only")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--tag", default="")
@@ -555,6 +591,11 @@ def main():
             for names in args.cluster_gemv:
                 variants[f"int4_portakern_cluster_{names.replace(',', '_')}"] = \
                     step.with_cluster_gemv(tuple(names.split(",")))
+            for name in args.sweep_gemv:
+                for i, cfg in enumerate(gemv_candidates(*step.linears[name])[:args.sweep_limit]):
+                    if i % 8 == 0:
+                        variants[f"int4_portakern_{name}_table_{i // 8}"] = copy.copy(step)
+                    variants[f"int4_portakern_{name}_{config_label(cfg)}"] = step.with_gemv_config(name, cfg)
             for units in args.l2_prefetch:
                 variants[f"int4_portakern_l2_prefetch_{units}"] = step.with_l2_prefetch(units)
         runs.update({name: (st, att) for name, st in variants.items()})
@@ -571,11 +612,12 @@ def main():
             try:
                 nbytes = st.bytes()
                 floor_ms = nbytes / (bw * 1e12) * 1e3
-                eager = time_step(st, graph=False, reps=5)
                 graph = time_step(st, graph=True)
-                out[name] = {"attention": att, "bytes_GB": nbytes / 1e9, "floor_ms": floor_ms, "eager_ms": eager,
-                             "graph_ms": graph, "eager_frac_floor": floor_ms / eager,
-                             "graph_frac_floor": floor_ms / graph, "graph_speedup": eager / graph}
+                out[name] = {"attention": att, "bytes_GB": nbytes / 1e9, "floor_ms": floor_ms, "graph_ms": graph,
+                             "graph_frac_floor": floor_ms / graph}
+                if not args.no_eager:
+                    eager = time_step(st, graph=False, reps=5)
+                    out[name].update(eager_ms=eager, eager_frac_floor=floor_ms / eager, graph_speedup=eager / graph)
                 if name == "int4_portakern":
                     logits = st.out["lm"].float().clone()   # the last replay's; every replay computes the same
                 elif name in variants and logits is not None:
@@ -617,7 +659,7 @@ def main():
                 print(f"{ctx:>5} {name:16} ERROR {r['error'][:80]}")
             else:
                 print(f"{ctx:>5} {name:16} {r['bytes_GB']:6.3f} {r['floor_ms']:6.3f} {r['graph_ms']:7.3f} "
-                      f"{r['graph_frac_floor']:5.2f} {r['eager_ms']:7.3f}")
+                      f"{r['graph_frac_floor']:5.2f} {r.get('eager_ms', float('nan')):7.3f}")
 
 
 if __name__ == "__main__":
