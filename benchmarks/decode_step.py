@@ -540,6 +540,11 @@ def main():
                          "(int4_portakern_LINEAR_table_<i>: the same process drifts), logits compared")
     ap.add_argument("--sweep-limit", type=int, default=32, metavar="N",
                     help="configurations per linear in --sweep-gemv (the candidates' first N; default 32)")
+    ap.add_argument("--ab-gemv", nargs="+", default=[], metavar="LINEAR:CONFIG",
+                    help="also time portakern's step with LINEAR's GEMV under the candidate configuration named CONFIG "
+                         "(a label that --sweep-gemv prints, e.g. down:fma-bn64-kw32-w4-s8), alternating with the "
+                         "table's step for --ab-rounds rounds (int4_portakern_abR_table, int4_portakern_abR_LINEAR_CONFIG)")
+    ap.add_argument("--ab-rounds", type=int, default=4, metavar="R")
     ap.add_argument("--no-eager", action="store_true", help="time the steps in their CUDA graphs only")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
@@ -596,6 +601,17 @@ def main():
                     if i % 8 == 0:
                         variants[f"int4_portakern_{name}_table_{i // 8}"] = copy.copy(step)
                     variants[f"int4_portakern_{name}_{config_label(cfg)}"] = step.with_gemv_config(name, cfg)
+            chosen = []
+            for spec in args.ab_gemv:
+                name, _, label = spec.partition(":")
+                found = [c for c in gemv_candidates(*step.linears[name]) if config_label(c) == label]
+                if not found:
+                    raise SystemExit(f"--ab-gemv {spec}: no candidate of {name} is labelled {label!r} (see the keys "
+                                     f"of a --sweep-gemv {name} run)")
+                chosen.append((f"{name}_{label}", step.with_gemv_config(name, found[0])))
+            for r in range(args.ab_rounds if chosen else 0):
+                variants[f"int4_portakern_ab{r}_table"] = copy.copy(step)
+                variants.update({f"int4_portakern_ab{r}_{key}": copy.copy(st) for key, st in chosen})
             for units in args.l2_prefetch:
                 variants[f"int4_portakern_l2_prefetch_{units}"] = step.with_l2_prefetch(units)
         runs.update({name: (st, att) for name, st in variants.items()})
