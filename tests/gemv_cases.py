@@ -159,6 +159,10 @@ CASES = [
     # 16 word rows, split K, a masked last tile
     ("native8-rows-w2c8-g128-m1-bf16-nmask", "native", 8, 128, False, 1, 700, 1024, "bfloat16",
      {"config": ("fma", 512, 16, 4, 3, {"group_rows": True, "num_warps": 2})}),
+    # the sm_90 int4 table's tile below STREAM_MIN_N (session 17, the step's down projection): 64 columns x 32
+    # word rows over 4 warps, K split 8 ways, a masked last column tile
+    ("native4-words-bn64-kw32-s8-g128-m1-bf16-nmask", "native", 4, 128, False, 1, 200, 4096, "bfloat16",
+     {"config": ("fma", 64, 32, 8, 3, {"num_warps": 4})}),
 ]
 
 #: (id, M, bits, group, symmetric, packing) lowered for every target by ``compile``

@@ -26,7 +26,7 @@ def test_tables_use_group_resident_tiles_for_large_regular_int4_m1_and_fit_guard
         fmt = QuantFormat(bits=bits, group_size=G, symmetric=False, packing=Packing(packing), has_g_idx=act)
         return Q._LayoutStub(QuantGemv(M=M, N=N, K=K, dtype=DType.bfloat16, fmt=fmt))
 
-    want = {(14336, 4096): (8, 16), (4096, 14336): (16, 32), (8192, 8192): (8, 32), (28672, 8192): (8, 16),
+    want = {(14336, 4096): (8, 16), (8192, 8192): (8, 32), (28672, 8192): (8, 16),
             (16384, 16384): (8, 16), (6144, 4096): (16, 16)}
     for (N, K), (bkw, split) in want.items():
         cfg = T.choose(lay(N, K), 1, N, "sm_90", 132, stream=False)   # sm_90 takes kind "stream" there
@@ -34,6 +34,15 @@ def test_tables_use_group_resident_tiles_for_large_regular_int4_m1_and_fit_guard
             (True, 256, bkw, 2, split, True), (N, K, cfg)
         assert T.choose(lay(N, K), 1, N, "sm_80", 108).group_rows
     assert not T.choose(lay(4096, 4096), 1, 4096, "sm_90", 132).group_rows     # below ROWS_MIN_NK
+    # sm_90 below STREAM_MIN_N (SMALL_N_WORD_ROWS_ARCHS): the per-word-row tile of 64 x 32, split 8; sm_80 keeps
+    # group-resident tiles there (16 rows, split 32)
+    for N, K in ((4096, 14336), (4096, 8192)):
+        cfg = T.choose(lay(N, K), 1, N, "sm_90", 132)
+        assert (cfg.kind, cfg.group_rows, cfg.block_n, cfg.block_kw, cfg.num_warps, cfg.dq, cfg.pdl) == \
+            ("fma", False, 64, 32, 4, 3, True), (N, K, cfg)
+    assert T.choose(lay(4096, 14336), 1, 4096, "sm_90", 132).split_k == 8
+    cfg = T.choose(lay(4096, 14336), 1, 4096, "sm_80", 108)
+    assert (cfg.group_rows, cfg.block_n, cfg.block_kw, cfg.num_warps, cfg.split_k) == (True, 256, 16, 2, 32), cfg
     # int8: group-resident tiles of 512 columns up to ROWS_INT8_MAX_NK (8192^2, split 32), not above or below
     cfg = T.choose(lay(8192, 8192, bits=8), 1, 8192, "sm_90", 132)
     assert (cfg.group_rows, cfg.block_n, cfg.block_kw, cfg.num_warps, cfg.split_k) == (True, 512, 16, 2, 32), cfg

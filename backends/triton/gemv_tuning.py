@@ -52,6 +52,13 @@ MAX_SPLIT_K_ROWS = 32
 #: The sm_80+ tables use group-resident tiles at M=1 above this N * K (codes) (H200 session 4: at
 #: 4096 x 4096 the per-word-row tile was faster, 6.5 vs 6.8 us; at 6144 x 4096 slower, 9.8 vs 8.4).
 ROWS_MIN_NK = 1 << 24
+#: Families whose int4 M=1 table takes the per-word-row tile of 64 columns x 32 word rows (4 warps) instead of
+#: group-resident tiles below STREAM_MIN_N (the decode step's down projection, 4096 x 14336). H200 session 17:
+#: the Llama-3-8B-shaped step with that GEMV alternated five times with the table's group-resident tile (same
+#: process and weights, ``results/decode-step-2026-12-04-ab-down-s17.json``) ran 2.267-2.277 ms against
+#: 2.277-2.324 at ctx 2048 and 2.489-2.498 against 2.494-2.540 at 8192 (the group-resident step fast only in its
+#: first round); alone, in graphs of back-to-back calls, the two tie (13.8-14.3 us in sessions 3-4, 14.1 in 16)
+SMALL_N_WORD_ROWS_ARCHS = ("sm_90",)
 #: int8 M=1 tables use group-resident tiles (512 columns, 2 warps, 16 word rows) for ROWS_MIN_NK < N * K <=
 #: ROWS_INT8_MAX_NK. H200 session 16 sweep (``results/gemv-2026-12-04-int8-sweep-s16.json``, 206 configurations
 #: over three shapes): 8192^2 22.2 us against 24.0 for the per-word-row table tile (74% vs 68% of the floor);
@@ -211,6 +218,9 @@ def _table(arch: str, kind: str, M: int, N: int, K: int, bits: int, rows_ok: boo
     if kind == "fma" and rows_ok and M == 1 and bits == 8 and ROWS_MIN_NK < N * K <= ROWS_INT8_MAX_NK:
         return GemvConfig("fma", block_n=512, block_kw=16, num_warps=2, num_stages=1, dq=3, pdl=arch in PDL_ARCHS,
                           group_rows=True)
+    if kind == "fma" and rows_ok and M == 1 and bits == 4 and N * K > ROWS_MIN_NK and N < STREAM_MIN_N \
+            and arch in SMALL_N_WORD_ROWS_ARCHS:
+        return GemvConfig("fma", block_n=64, block_kw=32, num_warps=4, num_stages=1, dq=3, pdl=arch in PDL_ARCHS)
     if kind == "fma" and rows_ok and M == 1 and bits == 4 and N * K > ROWS_MIN_NK:
         # H200 session 4 (benchmarks/gemv_notes.md, v6): group-resident tiles of 8 rows x 256 columns,
         # 2 warps, won every int4 M=1 shape but the smallest (28672x8192 38.9 vs 43.2 us for the best
