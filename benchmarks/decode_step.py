@@ -144,6 +144,13 @@ def config_label(cfg) -> str:
     return label
 
 
+def attention_label(cfg) -> str:
+    """A short name of an attention configuration for result keys."""
+    label = f"{'ws' if cfg.decode_ws else 'fwd'}-bn{cfg.block_n}-st{cfg.num_stages}-sp{cfg.num_splits}-w{cfg.num_warps}"
+    flags = [f for f in ("fused_combine", "pdl", "release_next", "early_merge") if getattr(cfg, f)]
+    return label + "".join(f"-{f.split('_')[0]}" for f in flags)
+
+
 def gemv_kernel(N: int, K: int, group_rows: bool = True, l2_prefetch: int = 0, prefetch: int = 1):
     """portakern's int4 g128 quant_gemv kernel for one linear at M = 1: the table's configuration
     (``group_rows=False``: the table without group-resident tiles or the stream kernel), its stream
@@ -219,21 +226,41 @@ class PortakernStep:
         changed as ``ATTENTION_VARIANTS[variant]`` says (``--compare-attention``); ``spec`` is ``variant`` or
         ``variant+LINEAR2``: also the GEMV of ``LINEAR`` keeping two tiles of words in flight."""
         from portakern.backends.triton import attention as A
-        from portakern.validate import attention_op
 
         variant, _, deeper = spec.partition("+")
-
-        q = torch.zeros(1, 1, HQ, D, device="cuda", dtype=BF16)
-        op, info = attention_op(q, self.kv[0][0], self.kv[0][1], block_table=self.block_table,
-                                seqlens_k=self.seqlens)
-        cfg = replace(A._config(op, info.device), **ATTENTION_VARIANTS[variant])
-        other = copy.copy(self)
-        other.attn_kernel = A.build(op, info.device, cfg)
-        other.attn_out = torch.empty(1, 1, HQ, D, device="cuda", dtype=BF16)
+        op, device = self.attention_op()
+        other = self.with_attention_config(replace(A._config(op, device), **ATTENTION_VARIANTS[variant]))
         if deeper:
             name, depth = deeper[:-1], int(deeper[-1])
             other.kern = {**self.kern, name: gemv_kernel(*self.linears[name], prefetch=depth)}
         return other
+
+    def attention_op(self):
+        """The step's paged attention as a portakern op, and the device it runs on."""
+        from portakern.validate import attention_op
+
+        q = torch.zeros(1, 1, HQ, D, device="cuda", dtype=BF16)
+        op, info = attention_op(q, self.kv[0][0], self.kv[0][1], block_table=self.block_table,
+                                seqlens_k=self.seqlens)
+        return op, info.device
+
+    def with_attention_config(self, cfg) -> "PortakernStep":
+        """The same step with its paged attention built by the triton backend under ``cfg`` (an ``AttnConfig``)."""
+        from portakern.backends.triton import attention as A
+
+        op, device = self.attention_op()
+        other = copy.copy(self)
+        other.attn_kernel = A.build(op, device, cfg)
+        other.attn_out = torch.empty(1, 1, HQ, D, device="cuda", dtype=BF16)
+        return other
+
+    def attention_candidates(self) -> list:
+        """The autotuner's configurations of the step's paged attention on this GPU (the table's first)."""
+        from portakern.backends.triton import attention as A
+        from portakern.backends.triton import tuning
+
+        op, device = self.attention_op()
+        return tuning.candidates(op, *A._device_arch(device))
 
     def with_cluster_gemv(self, names: tuple[str, ...]) -> "PortakernStep":
         """The same step with the linears ``names`` on the session-16 experiment kernel whose split-K merge runs
@@ -545,6 +572,13 @@ def main():
                          "(a label that --sweep-gemv prints, e.g. down:fma-bn64-kw32-w4-s8), alternating with the "
                          "table's step for --ab-rounds rounds (int4_portakern_abR_table, int4_portakern_abR_LINEAR_CONFIG)")
     ap.add_argument("--ab-rounds", type=int, default=4, metavar="R")
+    ap.add_argument("--sweep-attention", action="store_true",
+                    help="also time portakern's step with its paged attention under each of the autotuner's "
+                         "configurations (tuning.candidates), as int4_portakern_attn_<config>, the table's step "
+                         "re-timed every 8")
+    ap.add_argument("--ab-attention", nargs="+", default=[], metavar="CONFIG",
+                    help="also time portakern's step with its attention under the candidate labelled CONFIG (as "
+                         "--sweep-attention names it), alternating with the table's step for --ab-rounds rounds")
     ap.add_argument("--no-eager", action="store_true", help="time the steps in their CUDA graphs only")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
@@ -601,7 +635,18 @@ def main():
                     if i % 8 == 0:
                         variants[f"int4_portakern_{name}_table_{i // 8}"] = copy.copy(step)
                     variants[f"int4_portakern_{name}_{config_label(cfg)}"] = step.with_gemv_config(name, cfg)
+            if args.sweep_attention:
+                for i, cfg in enumerate(step.attention_candidates()):
+                    if i % 8 == 0:
+                        variants[f"int4_portakern_attn_table_{i // 8}"] = copy.copy(step)
+                    variants[f"int4_portakern_attn_{attention_label(cfg)}"] = step.with_attention_config(cfg)
             chosen = []
+            for label in args.ab_attention:
+                found = [c for c in step.attention_candidates() if attention_label(c) == label]
+                if not found:
+                    raise SystemExit(f"--ab-attention {label}: no attention candidate is labelled so (see the keys of "
+                                     f"a --sweep-attention run)")
+                chosen.append((f"attn_{label}", step.with_attention_config(found[0])))
             for spec in args.ab_gemv:
                 name, _, label = spec.partition(":")
                 found = [c for c in gemv_candidates(*step.linears[name]) if config_label(c) == label]
