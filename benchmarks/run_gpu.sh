@@ -127,7 +127,7 @@ for s in "$@"; do
         prefill-sweep) step prefill-sweep python3 benchmarks/attention.py --sweep --bench --prefill-only \
             --head-dims ${HEAD_DIMS:-64 128 256} --tag="-prefill$TAG" --out "$RES" ;;
         attention-bench) step attention-bench python3 benchmarks/attention.py --bench --tag="$TAG" --out "$RES" ;;
-        decode-step) step decode-step python3 benchmarks/decode_step.py --breakdown --compare-glue compile-combo \
+        decode-step) step decode-step python3 benchmarks/decode_step.py --breakdown --captures 5 --compare-glue compile-combo \
             --tag="$TAG" --out "$RES" ;;
         decode-step-attention) step decode-step-attention python3 benchmarks/decode_step.py --ctx 2048 8192 --no-peers \
             --compare-attention ${ATTENTION_VARIANTS:-hold release-pdl table} --tag="-attention$TAG" --out "$RES" ;;
