@@ -218,6 +218,22 @@ def test_early_merge_launches_the_merge_at_the_kernels_start_and_the_next_kernel
     assert "griddepcontrol.wait" not in pm and pm.count("griddepcontrol.launch_dependents") == 1
 
 
+def test_autotuning_candidates_keep_early_merge_only_with_a_separate_merge():
+    """The autotuner derives split counts from the table's (halved, doubled): a candidate left with one split
+    drops ``early_merge`` (which would be refused), the others keep the table's launch options."""
+    from portakern.backends.triton import tuning
+
+    unsplit = 0
+    for op in (paged(L=2048 + 64, page=64), paged(L=256, page=64), paged()):
+        cands = tuning.candidates(op, "sm_90", 132)
+        assert cands[0].decode_ws and cands[0].num_splits > 1 and cands[0].early_merge
+        for c in cands:
+            tuning.check_pdl(c, "sm_90")
+            assert c.early_merge == (c.decode_ws and c.num_splits > 1), c
+            unsplit += c.decode_ws and c.num_splits == 1
+    assert unsplit        # 256 keys: the table's 2 splits halved
+
+
 @pytest.mark.parametrize("arch, changes, match", [
     ("sm_80", {"release_next": False}, r"AttnConfig\(early_merge=True\) on sm_80: .*grid dependency control.*use early_merge=False"),
     ("sm_90a", {"decode_ws": False}, r"AttnConfig\(early_merge=True, decode_ws=False, num_splits=\d+\): .*Gluon "
