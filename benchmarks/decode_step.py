@@ -19,7 +19,11 @@ Floor = (weight bytes: codes + fp16 scale + fp16 zero per group; + K/V bytes rea
     python benchmarks/decode_step.py [--ctx 2048 8192] [--glue compile-combo|compile-pdl|compile|compile-max|eager]
         [--compare-glue GLUE] [--compare-attention table release early early+o2 ...] [--cluster-gemv o,down ...]
         [--l2-prefetch UNITS ...] [--compare-tiles] [--prefetch none after:24 during:24]
-        [--breakdown] [--no-peers] [--out DIR]
+        [--sweep-gemv LINEAR ...] [--sweep-attention] [--ab-gemv LINEAR:CONFIG ...] [--ab-attention CONFIG ...]
+        [--captures N] [--breakdown] [--no-peers] [--no-eager] [--out DIR]
+
+The same-process variants (``--compare-*``, ``--sweep-*``, ``--ab-*``, ``--cluster-gemv``, ``--l2-prefetch``) are
+defined in ``benchmarks/step_variants.py``.
 """
 
 from __future__ import annotations
@@ -41,25 +45,18 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(__file__))
 from gemv import copy_bandwidth_TBps, random_prepared  # noqa: E402
 
+from step_variants import ATTENTION_VARIANTS, add_variant_arguments, gemv_op, variants_for  # noqa: E402
+
 from portakern.backends.triton import gemv_tuning as T  # noqa: E402
 from portakern.backends.triton import quant_gemv as Q  # noqa: E402
 from portakern.conformance.report import run_identity  # noqa: E402
 from portakern.devices import torch_device  # noqa: E402
-from portakern.ir import DType, QuantFormat  # noqa: E402
-from portakern.ir.ops import QuantGemv  # noqa: E402
 
 LAYERS, HID, MLP, HQ, HKV, D, VOCAB = 32, 4096, 14336, 32, 8, 128, 128256
 PAGE = 64
 BF16 = torch.bfloat16
 #: how the glue runs (``--glue``); the last is plain torch
 GLUES = ("compile-combo", "compile-pdl", "compile", "compile-max", "eager")
-#: ``--compare-attention``: the paged attention built by the triton backend with the table's configuration
-#: changed so (``AttnConfig`` fields); "table" changes nothing (the same build path, as a control)
-ATTENTION_VARIANTS = {"table": {}, "release": {"release_next": True}, "hold": {"release_next": False},
-                      "release-pdl": {"release_next": True, "pdl": True},
-                      "early": {"release_next": True, "early_merge": True},
-                      "early-pdl": {"release_next": True, "early_merge": True, "pdl": True},
-                      "late": {"release_next": True, "early_merge": False}}
 #: the default: programmatic dependent glue kernels where this torch's Inductor can make them (H200 session 15:
 #: 2.333 vs 2.436 ms at ctx 2048, 2.518 vs 2.783 at 8192, separate processes)
 DEFAULT_GLUE = "compile-pdl" if hasattr(torch._inductor.config.triton, "enable_pdl") else "compile-combo"
@@ -120,35 +117,6 @@ def glue_functions(glue: str, deterministic: bool = False):
     if deterministic:
         opts.setdefault("options", {})["deterministic"] = True
     return tuple(torch.compile(f, **opts) for f in fns)
-
-
-def gemv_op(N: int, K: int) -> QuantGemv:
-    """The step's int4 group-128 asymmetric bf16 GEMV of one (N, K) linear at M = 1."""
-    return QuantGemv(M=1, N=N, K=K, dtype=DType.bfloat16, fmt=QuantFormat(bits=4, group_size=128, symmetric=False))
-
-
-def gemv_candidates(N: int, K: int) -> list:
-    """The autotuner's configurations of the step's (N, K) GEMV on this GPU (the table's first)."""
-    dev = torch_device("cuda", 0)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    return T.candidates(Q._LayoutStub(gemv_op(N, K)), 1, N, T.arch_family(dev.capability), sms)
-
-
-def config_label(cfg) -> str:
-    """A short name of a GEMV configuration for result keys."""
-    label = f"{cfg.kind}-bn{cfg.block_n}-kw{cfg.block_kw}-w{cfg.num_warps}-s{cfg.split_k}"
-    if cfg.group_rows:
-        label += "-rows"
-    if cfg.kind == "stream":
-        label += f"-p{cfg.prefetch}-sm{cfg.per_sm}"
-    return label
-
-
-def attention_label(cfg) -> str:
-    """A short name of an attention configuration for result keys."""
-    label = f"{'ws' if cfg.decode_ws else 'fwd'}-bn{cfg.block_n}-st{cfg.num_stages}-sp{cfg.num_splits}-w{cfg.num_warps}"
-    flags = [f for f in ("fused_combine", "pdl", "release_next", "early_merge") if getattr(cfg, f)]
-    return label + "".join(f"-{f.split('_')[0]}" for f in flags)
 
 
 def gemv_kernel(N: int, K: int, group_rows: bool = True, l2_prefetch: int = 0, prefetch: int = 1):
@@ -514,17 +482,6 @@ def kernel_profile(step, replays: int = 3):
     return sorted(out, key=lambda r: -r["us_total"])
 
 
-def attention_spec(spec: str) -> str:
-    """``--compare-attention``'s argument: ``VARIANT`` of ``ATTENTION_VARIANTS``, optionally ``+LINEAR2``."""
-    variant, _, deeper = spec.partition("+")
-    if variant not in ATTENTION_VARIANTS:
-        raise argparse.ArgumentTypeError(f"{spec!r}: the variant is one of {', '.join(ATTENTION_VARIANTS)}")
-    if deeper and (deeper[:-1] not in ("qkv", "o", "gu", "down") or deeper[-1] != "2"):
-        raise argparse.ArgumentTypeError(f"{spec!r}: after '+' comes a linear (qkv, o, gu, down) and 2, e.g. "
-                                         f"{variant}+o2")
-    return spec
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ctx", type=int, nargs="+", default=[2048, 8192])
@@ -539,46 +496,7 @@ def main():
     ap.add_argument("--compare-glue", choices=GLUES, metavar="GLUE",
                     help="also time portakern's step (the same weights, in the same process) with its glue run as "
                          "GLUE, and record the largest difference of the two steps' logits (same kernels: 0 expected)")
-    ap.add_argument("--l2-prefetch", type=int, nargs="+", default=[], metavar="UNITS",
-                    help="also time portakern's step (the same weights, in the same process) with its stream-kernel "
-                         "GEMVs asking the L2 for UNITS units of words before waiting for the kernel before them "
-                         "(GemvConfig.l2_prefetch), as int4_portakern_l2_prefetch_UNITS, logits compared")
-    ap.add_argument("--compare-attention", nargs="+", default=[], type=attention_spec, metavar="VARIANT[+LINEAR2]",
-                    help="also time portakern's step (the same weights, in the same process) with its paged attention "
-                         "built under the table's configuration changed: release (the merge lets the o-projection "
-                         "GEMV launch at its start, AttnConfig.release_next; the sm_90 table's choice since session "
-                         "16), hold (it does not), release-pdl (and the decode kernel "
-                         "launched as a dependent of the RoPE/append glue, the merge of it: AttnConfig.pdl), early "
-                         "(the decode kernel lets the merge launch at its start and the merge lets the o-projection "
-                         "GEMV launch before its wait: AttnConfig.early_merge; the sm_90 table's choice since session 17), "
-                         "late (release without early_merge: session 16's table), early-pdl, table (unchanged, the "
-                         "same build path: a control); '+o2': also the o-projection GEMV with two tiles of words in "
-                         "flight (GemvConfig.prefetch=2, loaded before it waits); as "
-                         "int4_portakern_attention_VARIANT, logits compared")
-    ap.add_argument("--cluster-gemv", nargs="+", default=[], metavar="NAMES",
-                    help="also time portakern's step (same weights, same process) with the comma-separated linears "
-                         "NAMES (of qkv, o, gu, down) on the experiment kernel that merges its K split in cluster "
-                         "shared memory (benchmarks/experiments/gemv_cluster.py), as int4_portakern_cluster_NAMES, "
-                         "logits compared (a different summation order: close, not equal)")
-    ap.add_argument("--sweep-gemv", nargs="+", default=[], choices=("qkv", "o", "gu", "down", "lm"), metavar="LINEAR",
-                    help="also time portakern's step (same weights, same process) with LINEAR's GEMV under each of the "
-                         "autotuner's configurations for its shape (gemv_tuning.candidates; at most --sweep-limit), "
-                         "as int4_portakern_LINEAR_<config>, with the table's step re-timed every 8 configurations "
-                         "(int4_portakern_LINEAR_table_<i>: the same process drifts), logits compared")
-    ap.add_argument("--sweep-limit", type=int, default=32, metavar="N",
-                    help="configurations per linear in --sweep-gemv (the candidates' first N; default 32)")
-    ap.add_argument("--ab-gemv", nargs="+", default=[], metavar="LINEAR:CONFIG",
-                    help="also time portakern's step with LINEAR's GEMV under the candidate configuration named CONFIG "
-                         "(a label that --sweep-gemv prints, e.g. down:fma-bn64-kw32-w4-s8), alternating with the "
-                         "table's step for --ab-rounds rounds (int4_portakern_abR_table, int4_portakern_abR_LINEAR_CONFIG)")
-    ap.add_argument("--ab-rounds", type=int, default=4, metavar="R")
-    ap.add_argument("--sweep-attention", action="store_true",
-                    help="also time portakern's step with its paged attention under each of the autotuner's "
-                         "configurations (tuning.candidates), as int4_portakern_attn_<config>, the table's step "
-                         "re-timed every 8")
-    ap.add_argument("--ab-attention", nargs="+", default=[], metavar="CONFIG",
-                    help="also time portakern's step with its attention under the candidate labelled CONFIG (as "
-                         "--sweep-attention names it), alternating with the table's step for --ab-rounds rounds")
+    add_variant_arguments(ap)
     ap.add_argument("--no-eager", action="store_true", help="time the steps in their CUDA graphs only")
     ap.add_argument("--captures", type=int, default=1, metavar="N",
                     help="capture each step's graph N times afresh and report the median of the captures' medians "
@@ -625,44 +543,8 @@ def main():
             mb = float(mb or 24)
             runs[f"int4_portakern_prefetch_{mode}_{mb:g}"] = (
                 PortakernStep(ctx, args.glue, att.split("-")[0], prefetch=mode, prefetch_mb=mb), att)
-        variants = {}   # the same step (weights, caches) changed one way: timed here, its logits compared
-        if att == "portakern-paged":
-            if args.compare_glue:
-                variants[f"int4_portakern_glue_{args.compare_glue}"] = step.with_glue(args.compare_glue)
-            for variant in args.compare_attention:
-                variants[f"int4_portakern_attention_{variant}"] = step.with_attention(variant)
-            for names in args.cluster_gemv:
-                variants[f"int4_portakern_cluster_{names.replace(',', '_')}"] = \
-                    step.with_cluster_gemv(tuple(names.split(",")))
-            for name in args.sweep_gemv:
-                for i, cfg in enumerate(gemv_candidates(*step.linears[name])[:args.sweep_limit]):
-                    if i % 8 == 0:
-                        variants[f"int4_portakern_{name}_table_{i // 8}"] = copy.copy(step)
-                    variants[f"int4_portakern_{name}_{config_label(cfg)}"] = step.with_gemv_config(name, cfg)
-            if args.sweep_attention:
-                for i, cfg in enumerate(step.attention_candidates()):
-                    if i % 8 == 0:
-                        variants[f"int4_portakern_attn_table_{i // 8}"] = copy.copy(step)
-                    variants[f"int4_portakern_attn_{attention_label(cfg)}"] = step.with_attention_config(cfg)
-            chosen = []
-            for label in args.ab_attention:
-                found = [c for c in step.attention_candidates() if attention_label(c) == label]
-                if not found:
-                    raise SystemExit(f"--ab-attention {label}: no attention candidate is labelled so (see the keys of "
-                                     f"a --sweep-attention run)")
-                chosen.append((f"attn_{label}", step.with_attention_config(found[0])))
-            for spec in args.ab_gemv:
-                name, _, label = spec.partition(":")
-                found = [c for c in gemv_candidates(*step.linears[name]) if config_label(c) == label]
-                if not found:
-                    raise SystemExit(f"--ab-gemv {spec}: no candidate of {name} is labelled {label!r} (see the keys "
-                                     f"of a --sweep-gemv {name} run)")
-                chosen.append((f"{name}_{label}", step.with_gemv_config(name, found[0])))
-            for r in range(args.ab_rounds if chosen else 0):
-                variants[f"int4_portakern_ab{r}_table"] = copy.copy(step)
-                variants.update({f"int4_portakern_ab{r}_{key}": copy.copy(st) for key, st in chosen})
-            for units in args.l2_prefetch:
-                variants[f"int4_portakern_l2_prefetch_{units}"] = step.with_l2_prefetch(units)
+        # the same step (weights, caches) changed one way: timed here, its logits compared
+        variants = variants_for(step, args) if att == "portakern-paged" else {}
         runs.update({name: (st, att) for name, st in variants.items()})
         variants = set(variants)   # names only: each step is freed once timed
         if args.compare_tiles:
