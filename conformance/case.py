@@ -186,8 +186,14 @@ class GemvCase:
     has_g_idx: bool = False
     tier: str = "cpu"
     tags: tuple[str, ...] = field(default=(), compare=False)
+    #: ``QuantGemv.prologue`` ("" for none): "silu_mul" makes x ``(M, 2K)``, gate then up
+    prologue: str = ""
 
     kind = "quant_gemv"
+
+    @property
+    def x_columns(self) -> int:
+        return 2 * self.K if self.prologue == "silu_mul" else self.K
 
     @property
     def seed(self) -> int:
@@ -211,7 +217,7 @@ class GemvCase:
         """x (float32, exact in ``dtype``), codes, scales (exact in ``scale_dtype``), zeros, g_idx."""
         s, N, K, G = self.seed, self.N, self.K, self.group_size
         ng = K // G
-        out = {"x": gen.floats(s, "x", (self.M, K), self.dtype, 1.0)}
+        out = {"x": gen.floats(s, "x", (self.M, self.x_columns), self.dtype, 1.0)}
         lo, hi = self._code_range()
         out["codes"] = gen.integers(s, "codes", (N, K), lo, hi)
         mag = 0.012 + 0.008 * gen.uniform(s, "scales", (N, ng))          # in [0.004, 0.02)
@@ -232,7 +238,7 @@ class GemvCase:
         """x uninitialised and the packed tensors as empty arrays of the right shapes and dtypes."""
         from portakern.ir.packing import tensor_specs
 
-        out = {"x": np.empty((self.M, self.K), dtype=np.float32)}
+        out = {"x": np.empty((self.M, self.x_columns), dtype=np.float32)}
         for name, (shape, dtypes, _) in tensor_specs(self.fmt, self.N, self.K).items():
             out["packed:" + name] = np.zeros(shape, dtype=dtypes[-1])
         return out
@@ -260,7 +266,7 @@ class GemvCase:
         return (inputs["codes"].astype(np.float64) - z) * inputs["scales"].astype(np.float64)[:, group]
 
     def kwargs(self) -> dict[str, Any]:
-        return {}
+        return {"prologue": self.prologue} if self.prologue else {}
 
     def input_hash(self) -> str:
         return gen.hash_arrays(self.inputs())
@@ -274,6 +280,6 @@ class GemvCase:
     def to_json(self) -> dict:
         d = {"id": self.id, "op": self.kind}
         for f in fields(self):
-            if f.name != "id":
+            if f.name != "id" and not (f.name == "prologue" and not self.prologue):   # absent when unset
                 d[f.name] = _plain(getattr(self, f.name))
         return d

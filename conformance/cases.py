@@ -173,13 +173,15 @@ MS = (1, 2, 7, 16)
 K_FOR_GROUP = {32: 352, 64: 448, 128: 640, 0: 200}
 
 
-def _gemv(dtype, M, N, K, fmt, G, *, scale_dtype="float16", tier="cpu") -> GemvCase:
+def _gemv(dtype, M, N, K, fmt, G, *, scale_dtype="float16", tier="cpu", prologue="") -> GemvCase:
     packing, bits, sym, gidx, short = fmt
     gname = "gK" if G == K else f"g{G}"
     sd = "" if scale_dtype == "float16" else f"-s{DTYPE_SHORT[scale_dtype]}"
-    cid = f"gemv-{short}-{gname}-m{M}-n{N}-k{K}-{DTYPE_SHORT[dtype]}{sd}"
+    pro = "-silu" if prologue == "silu_mul" else ""
+    cid = f"gemv-{short}-{gname}-m{M}-n{N}-k{K}-{DTYPE_SHORT[dtype]}{sd}{pro}"
     return GemvCase(id=cid, dtype=dtype, M=M, N=N, K=K, packing=packing, bits=bits, symmetric=sym,
-                    group_size=G, scale_dtype=scale_dtype, has_g_idx=gidx, tier=tier, tags=(short,))
+                    group_size=G, scale_dtype=scale_dtype, has_g_idx=gidx, tier=tier,
+                    tags=(short,) + (("silu",) if prologue else ()), prologue=prologue)
 
 
 def gemv_cpu() -> list[GemvCase]:
@@ -204,6 +206,11 @@ def gemv_cpu() -> list[GemvCase]:
     for fmt in (FORMATS[1], FORMATS[4], FORMATS[6]):
         out.append(_gemv("bfloat16", 1, 72, 4096, fmt, 128))
         out.append(_gemv("float16", 16, 1032, 256, fmt, 32))
+    # the silu_mul prologue (x = gate | up): int4 / int8, act-order, GGUF, batch 1 to 16, every dtype
+    # (M = 1 runs in the gpu tier and the GEMV tests: a cpu-tier "m1" case would join the "gemv-*m1-*" subsets)
+    for fmt, G, M, dt in ((FORMATS[1], 128, 3, "bfloat16"), (FORMATS[3], 64, 7, "float16"),
+                          (FORMATS[6], 32, 2, "float32"), (FORMATS[7], 32, 16, "bfloat16")):
+        out.append(_gemv(dt, M, 96, K_FOR_GROUP[G], fmt, G, prologue="silu_mul"))
     return out
 
 
@@ -248,6 +255,10 @@ def gemv_gpu() -> list[GemvCase]:
                 for mi, M in enumerate((1, 16) if si % 2 else (1, 4, 16)):
                     dt = ("bfloat16", "float16", "float32")[(fi + si + mi) % 3]
                     out.append(_gemv(dt, M, N, K, fmt, G, tier="gpu"))
+    # the silu_mul prologue on a down projection's shape (x = gate | up of width 2 x 11008)
+    for fmt in (FORMATS[1], FORMATS[3], FORMATS[5]):
+        for M, dt in ((1, "bfloat16"), (16, "float16")):
+            out.append(_gemv(dt, M, 4096, 11008, fmt, 128, tier="gpu", prologue="silu_mul"))
     return out
 
 

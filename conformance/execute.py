@@ -70,7 +70,7 @@ def build_op(case, arrays: dict[str, Any], weight=None):
     if case.kind == "attention":
         aux = {k: v for k, v in arrays.items() if k not in ("q", "k", "v")}
         return attention_op(arrays["q"], arrays["k"], arrays["v"], **case.kwargs(), **aux)[0]
-    return quant_gemv_op(arrays["x"], weight)[0]
+    return quant_gemv_op(arrays["x"], weight, **case.kwargs())[0]
 
 
 def static_op(case):
@@ -89,7 +89,7 @@ def _call(case, arrays, weight, name: str):
         aux = {k: v for k, v in arrays.items() if k not in ("q", "k", "v")}
         r = portakern.attention(arrays["q"], arrays["k"], arrays["v"], backend=name, **case.kwargs(), **aux)
         return r if case.return_lse else (r, None)
-    return portakern.quant_gemv(arrays["x"], weight, backend=name), None
+    return portakern.quant_gemv(arrays["x"], weight, backend=name, **case.kwargs()), None
 
 
 def _host(a) -> np.ndarray | None:
@@ -106,8 +106,10 @@ def _sync(device) -> None:
 
 
 def supports(backend, op, device) -> Support:
+    from portakern.backend import support_of
+
     try:
-        return backend.supports(op, device)
+        return support_of(backend, op, device)
     except Exception as e:
         return Support(False, f"supports() raised {type(e).__name__}: {e}")
 

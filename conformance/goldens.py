@@ -91,7 +91,7 @@ def reference_outputs(case, inputs: dict) -> tuple[np.ndarray, np.ndarray | None
         out, lse = (r if case.return_lse else (r, None))
         return np.asarray(out, np.float32), None if lse is None else np.asarray(lse, np.float32)
     w = case.weight(inputs)
-    return np.asarray(portakern.quant_gemv(inputs["x"], w, backend="cpu"), np.float32), None
+    return np.asarray(portakern.quant_gemv(inputs["x"], w, backend="cpu", **case.kwargs()), np.float32), None
 
 
 def compute(case, trim: bool = True) -> Golden:

@@ -92,10 +92,16 @@ def _sequences(case, inputs, out, lse) -> Iterator[tuple]:
 
 
 def quant_gemv(case, inputs: dict[str, np.ndarray]) -> np.ndarray:
-    """Naive ``out (M, N)`` float32 of a quantized GEMV case."""
+    """Naive ``out (M, N)`` float32 of a quantized GEMV case (``silu_mul``: the input ``silu(gate) * up`` in float32,
+    as ``gate / (1 + exp(-gate)) * up``)."""
     dt = case.dtype
     w = round_to(case.dequantized(inputs).astype(np.float32), dt)
-    return round_to(inputs["x"].astype(np.float32) @ w.T, dt)
+    x = inputs["x"].astype(np.float32)
+    if case.prologue == "silu_mul":
+        gate, up = x[:, :case.K], x[:, case.K:]
+        with np.errstate(over="ignore"):
+            x = (gate / (np.float32(1) + np.exp(-gate)) * up).astype(np.float32)
+    return round_to(x @ w.T, dt)
 
 
 def errors(gold: np.ndarray, other: np.ndarray) -> tuple[float, float]:

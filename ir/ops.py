@@ -169,9 +169,20 @@ class Attention:
         return replace(self, **changes)
 
 
+#: The input transforms a ``QuantGemv`` may ask for (``QuantGemv.prologue``).
+X_PROLOGUES = ("silu_mul",)
+
+
 @dataclass(frozen=True)
 class QuantGemv:
-    """``out (M, N) = x (M, K) @ dequant(W (N, K))^T`` with fp32 accumulation."""
+    """``out (M, N) = x (M, K) @ dequant(W (N, K))^T`` with fp32 accumulation.
+
+    ``prologue`` (None or one of ``X_PROLOGUES``) forms the GEMV's input from a wider ``x``:
+
+    * ``"silu_mul"``: ``x`` is ``(M, 2K)``, gate then up (the output of a fused gate/up projection); the input is
+      ``silu(x[:, :K]) * x[:, K:]``, formed in float32 from the stored values and not rounded to ``dtype`` (a
+      backend may round no coarser than float32).
+    """
 
     M: int
     N: int
@@ -179,6 +190,7 @@ class QuantGemv:
     dtype: DType
     fmt: QuantFormat
     out_dtype: DType | None = None
+    prologue: str | None = None
 
     kind = "quant_gemv"
 
@@ -186,8 +198,13 @@ class QuantGemv:
     def result_dtype(self) -> DType:
         return self.out_dtype or self.dtype
 
+    @property
+    def x_columns(self) -> int:
+        """Columns of ``x``: ``K``, or ``2K`` with the ``silu_mul`` prologue."""
+        return 2 * self.K if self.prologue == "silu_mul" else self.K
+
     def shapes(self) -> dict[str, tuple[int, ...]]:
-        return {"x": (self.M, self.K), "out": (self.M, self.N)}
+        return {"x": (self.M, self.x_columns), "out": (self.M, self.N)}
 
     @property
     def weight_bytes(self) -> int:
@@ -209,18 +226,23 @@ class QuantGemv:
             _fail(n, f"out_dtype={self.out_dtype} must be one of float16, bfloat16, float32")
         if not isinstance(self.fmt, QuantFormat):
             _fail(n, f"fmt={self.fmt!r} must be a QuantFormat")
+        if self.prologue is not None and self.prologue not in X_PROLOGUES:
+            _fail(n, f"prologue={self.prologue!r} must be None or one of {', '.join(map(repr, X_PROLOGUES))}")
         self.fmt.verify(K=self.K, N=self.N)
         return self
 
     def to_json(self) -> dict:
-        return {"op": self.kind, "M": self.M, "N": self.N, "K": self.K, "dtype": self.dtype.value,
-                "fmt": self.fmt.to_json(), "out_dtype": self.out_dtype.value if self.out_dtype else None}
+        d = {"op": self.kind, "M": self.M, "N": self.N, "K": self.K, "dtype": self.dtype.value,
+             "fmt": self.fmt.to_json(), "out_dtype": self.out_dtype.value if self.out_dtype else None}
+        if self.prologue is not None:   # absent when unset: the hashes of plain GEMVs do not change
+            d["prologue"] = self.prologue
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> "QuantGemv":
         return cls(M=d["M"], N=d["N"], K=d["K"], dtype=DType(d["dtype"]),
                    fmt=QuantFormat.from_json(d["fmt"]),
-                   out_dtype=DType(d["out_dtype"]) if d.get("out_dtype") else None)
+                   out_dtype=DType(d["out_dtype"]) if d.get("out_dtype") else None, prologue=d.get("prologue"))
 
     def content_hash(self) -> str:
         return content_hash(self)

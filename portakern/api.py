@@ -136,12 +136,17 @@ def _run_attention(plan: Plan, q, k, v, aux: dict, has_aux: bool):
 
 # -- quantized GEMV ----------------------------------------------------------------------------
 
-def quant_gemv(x, w, *, backend=None):
+def quant_gemv(x, w, *, prologue=None, backend=None):
     """``x @ dequant(w).T`` for activations ``x (M, K)`` and a ``QuantizedWeight`` ``w (N, K)``.
 
     Accumulates in float32 (or better); returns ``(M, N)`` with the array type, device and dtype
     of ``x``. M from 1 to 16 is the decode regime the device kernels are tuned for; any M works.
     A backend may repack ``w`` once on first use (cached on ``w.prepared``).
+
+    ``prologue="silu_mul"``: ``x`` is ``(M, 2K)``, gate then up (a fused gate/up projection's output),
+    and the GEMV's input is ``silu(gate) * up`` formed in float32 inside the kernel -- an MLP's
+    down projection without a separate activation kernel. Only backends that list the prologue in
+    ``x_prologues`` are offered it (cpu and triton do).
 
     Raises:
       InvalidInputError / InvalidTypeError for bad arguments (shape, dtype, device, weight type);
@@ -149,8 +154,8 @@ def quant_gemv(x, w, *, backend=None):
     """
     fmt = getattr(w, "fmt", None)
     key = ("quant_gemv", _sig(x), fmt, getattr(w, "N", None), getattr(w, "K", None),
-           _weight_place(w), dispatch.override_key(backend))
-    plan = dispatch.get_plan(key, lambda: _gemv_node(x, w), backend)
+           _weight_place(w), prologue, dispatch.override_key(backend))
+    plan = dispatch.get_plan(key, lambda: _gemv_node(x, w, prologue), backend)
     while True:
         try:
             return _run_gemv(plan, x, w)
@@ -166,9 +171,9 @@ def _weight_place(w) -> tuple:
     return (type(t), getattr(t, "device", None))
 
 
-def _gemv_node(x, w):
+def _gemv_node(x, w, prologue=None):
     """On a plan miss: the op, its device, and a runner for measuring (fresh output per run)."""
-    op, xi = quant_gemv_op(x, w)
+    op, xi = quant_gemv_op(x, w, prologue)
     return op, xi.device, lambda trial: _run_gemv(trial, x, w)
 
 

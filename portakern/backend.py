@@ -53,6 +53,10 @@ class Backend:
       priority      default rank, higher wins; the ``portakern_backend_priority`` hook may override
       compile_targets  targets it can lower for without the device (``compile_for_target``)
       has_bfloat16  whether its array kind can hold bf16 (numpy cannot: bf16 arrives as float32)
+      x_prologues   the ``QuantGemv.prologue`` transforms its quant_gemv kernels implement (e.g. "silu_mul":
+                    ``x`` is ``(M, 2K)`` and the GEMV's input is ``silu(gate) * up``); dispatch never offers a
+                    backend an op whose prologue is not listed, so a backend written before prologues existed
+                    is never handed one
     """
 
     name: ClassVar[str] = ""
@@ -61,6 +65,7 @@ class Backend:
     device_types: ClassVar[tuple[str, ...]] = ("cpu",)
     priority: ClassVar[int] = 0
     compile_targets: ClassVar[tuple[str, ...]] = ()
+    x_prologues: ClassVar[tuple[str, ...]] = ()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} {self.version}>"
@@ -93,3 +98,14 @@ class Backend:
         Only called for targets listed in ``compile_targets``.
         """
         raise NotImplementedError(f"backend {self.name!r} cannot compile without a device")
+
+
+def support_of(backend: "Backend", op: Any, device: Device) -> Support:
+    """``backend.supports(op, device)``, after the checks every backend shares: a quant_gemv prologue the
+    backend does not list in ``x_prologues`` is refused without asking it."""
+    prologue = getattr(op, "prologue", None)
+    if prologue is not None and prologue not in backend.x_prologues:
+        return no(f"backend {backend.name!r} does not implement the quant_gemv prologue {prologue!r} (it lists "
+                  f"{list(backend.x_prologues)} in x_prologues); form the input first (silu(gate) * up) and call "
+                  f"quant_gemv without a prologue, or pick a backend that lists it")
+    return backend.supports(op, device)

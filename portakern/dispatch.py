@@ -25,7 +25,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .backend import Backend, Support
+from .backend import Backend, Support, support_of
 from .devices import Device
 from .errors import BackendError, InvalidInputError, PortakernError, StrictModeError, UnsupportedError
 from .plugins import registry
@@ -247,7 +247,7 @@ def decide(op: Any, device: Device, backend_arg: str | None) -> Plan:
     for name in names:
         b = reg.get(name)
         try:
-            s = b.supports(op, device)
+            s = support_of(b, op, device)
         except Exception as e:  # a broken supports() must not take dispatch down
             s = Support(False, f"supports() raised {type(e).__name__}: {e}")
         decision.candidates.append(Candidate(name, _rank(b, op, device), s))
@@ -272,7 +272,7 @@ def decide(op: Any, device: Device, backend_arg: str | None) -> Plan:
 
 def _supports(b: Backend, op: Any, device: Device) -> bool:
     try:
-        return bool(b.supports(op, device))
+        return bool(support_of(b, op, device))
     except Exception:
         return False
 

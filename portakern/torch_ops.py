@@ -2,8 +2,9 @@
 
 Importing this module registers, in the ``portakern`` namespace of ``torch.library``:
 
-``torch.ops.portakern.quant_gemv(x, qweight, scales, zeros, perm, kgroup, bits, group_size, zero_point, n, k)``
-    ``x (M, K) @ dequant(W)^T`` for a weight already in the triton backend's GEMV layout (the
+``torch.ops.portakern.quant_gemv(x, qweight, scales, zeros, perm, kgroup, bits, group_size, zero_point, n, k, prologue=None)``
+    ``x (M, K) @ dequant(W)^T`` (``prologue="silu_mul"``: ``x (M, 2K)``, input ``silu(gate) * up``) for a weight
+    already in the triton backend's GEMV layout (the
     tensors of a ``PreparedGemvWeight``; see ``backends/triton/kernels/gemv_quant.py``). CUDA
     tensors run the triton kernel; CPU tensors run a plain torch dequantize-and-matmul in fp32.
 
@@ -41,25 +42,28 @@ _kernels_lock = threading.Lock()
 
 @torch.library.custom_op("portakern::quant_gemv", mutates_args=())
 def quant_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Optional[Tensor], perm: Optional[Tensor],
-               kgroup: Optional[Tensor], bits: int, group_size: int, zero_point: int, n: int, k: int) -> Tensor:
-    """``x (M, K) @ dequant(W (n, k))^T`` with the weight in the triton GEMV layout; returns (M, n)."""
+               kgroup: Optional[Tensor], bits: int, group_size: int, zero_point: int, n: int, k: int,
+               prologue: Optional[str] = None) -> Tensor:
+    """``x (M, K) @ dequant(W (n, k))^T`` with the weight in the triton GEMV layout; returns (M, n).
+    ``prologue="silu_mul"``: ``x`` is ``(M, 2k)``, gate then up, and the input is ``silu(gate) * up``
+    (``QuantGemv.prologue``)."""
     w = PreparedGemvWeight(qweight, scales, zeros, perm, kgroup, bits, group_size, zero_point, n, k)
     out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
     if x.is_cuda:
-        _cuda_kernel(x, w)(x, w, out)
+        _cuda_kernel(x, w, prologue)(x, w, out)
     else:
-        out.copy_(_dequant_matmul(x, w))
+        out.copy_(_dequant_matmul(x, w, prologue))
     return out
 
 
 @quant_gemv.register_fake
-def _quant_gemv_fake(x, qweight, scales, zeros, perm, kgroup, bits, group_size, zero_point, n, k):
+def _quant_gemv_fake(x, qweight, scales, zeros, perm, kgroup, bits, group_size, zero_point, n, k, prologue=None):
     return x.new_empty((x.shape[0], n))
 
 
-def _cuda_kernel(x: Tensor, w: PreparedGemvWeight):
+def _cuda_kernel(x: Tensor, w: PreparedGemvWeight, prologue: str | None = None):
     """The compiled triton kernel for this signature (built once, then a dict lookup)."""
-    key = (x.shape[0], w.N, w.K, x.dtype, x.device.index, w.bits, w.group_size)
+    key = (x.shape[0], w.N, w.K, x.dtype, x.device.index, w.bits, w.group_size, prologue)
     kern = _kernels.get(key)
     if kern is None:
         from portakern.backends.triton import quant_gemv as Q
@@ -69,13 +73,14 @@ def _cuda_kernel(x: Tensor, w: PreparedGemvWeight):
             if kern is None:
                 dt = DType(str(x.dtype).replace("torch.", ""))
                 fmt = QuantFormat(bits=w.bits, group_size=w.group_size, symmetric=w.zeros is None)
-                op = QuantGemv(M=int(x.shape[0]), N=w.N, K=w.K, dtype=dt, fmt=fmt)
+                op = QuantGemv(M=int(x.shape[0]), N=w.N, K=w.K, dtype=dt, fmt=fmt, prologue=prologue).verify()
                 kern = _kernels[key] = Q.compile(op, torch_device("cuda", x.device.index or 0))
     return kern
 
 
-def _dequant_matmul(x: Tensor, w: PreparedGemvWeight) -> Tensor:
-    """CPU path: unpack the words with torch ops, ``(q - z) * s``, one fp32 matmul."""
+def _dequant_matmul(x: Tensor, w: PreparedGemvWeight, prologue: str | None = None) -> Tensor:
+    """CPU path: unpack the words with torch ops, ``(q - z) * s``, one fp32 matmul (``silu_mul``: of
+    ``silu(gate) * up`` in fp32)."""
     epw = 32 // w.bits
     mask = (1 << w.bits) - 1
     q = w.qweight
@@ -88,7 +93,10 @@ def _dequant_matmul(x: Tensor, w: PreparedGemvWeight) -> Tensor:
     s = w.scales.float()[g, : w.N]
     z = w.zeros.float()[g, : w.N] if w.zeros is not None else float(w.zero_point)
     wt = (codes - z) * s                                                           # (K, N) = W^T
-    xx = x.float() if w.perm is None else x.float()[:, w.perm.long()]
+    xf = x.float()
+    if prologue == "silu_mul":
+        xf = torch.nn.functional.silu(xf[:, : w.K]) * xf[:, w.K:]
+    xx = xf if w.perm is None else xf[:, w.perm.long()]
     return (xx @ wt).to(x.dtype)
 
 
@@ -119,18 +127,25 @@ def prepared(w, device: Device | str | torch.device | None = None) -> PreparedGe
     return p
 
 
-def quant_linear(x: Tensor, w) -> Tensor:
+def quant_linear(x: Tensor, w, prologue: str | None = None) -> Tensor:
     """``x (..., K) @ dequant(w)^T`` through ``torch.ops.portakern.quant_gemv``; w a QuantizedWeight
-    (prepared for x's device on first use) or a PreparedGemvWeight."""
+    (prepared for x's device on first use) or a PreparedGemvWeight. ``prologue="silu_mul"``: ``x`` is
+    ``(..., 2K)``, gate then up, and the input is ``silu(gate) * up``."""
+    from portakern.ir.ops import X_PROLOGUES
+
+    if prologue is not None and prologue not in X_PROLOGUES:
+        raise InvalidInputError(f"prologue={prologue!r} is not a quant_gemv prologue: use None or one of "
+                                f"{', '.join(map(repr, X_PROLOGUES))}")
     p = prepared(w, x.device)
-    if x.shape[-1] != p.K:
-        raise InvalidInputError(f"x has K={x.shape[-1]} columns but the weight is ({p.N}, {p.K}): "
-                                f"x must be (..., {p.K})")
-    x2 = x.reshape(-1, p.K)
+    width = 2 * p.K if prologue == "silu_mul" else p.K
+    if x.shape[-1] != width:
+        rule = f"(..., 2 * {p.K}) with prologue='silu_mul', gate first" if prologue else f"(..., {p.K})"
+        raise InvalidInputError(f"x has {x.shape[-1]} columns but the weight is ({p.N}, {p.K}): x must be {rule}")
+    x2 = x.reshape(-1, width)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     y = torch.ops.portakern.quant_gemv(x2, p.qweight, p.scales, p.zeros, p.perm, p.kgroup, p.bits,
-                                       p.group_size, p.zero_point, p.N, p.K)
+                                       p.group_size, p.zero_point, p.N, p.K, prologue)
     return y.reshape(*x.shape[:-1], p.N)
 
 

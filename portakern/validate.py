@@ -210,10 +210,15 @@ def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
     return op.verify(), qi
 
 
-def quant_gemv_op(x, w) -> tuple[QuantGemv, ArrayInfo]:
+def quant_gemv_op(x, w, prologue: str | None = None) -> tuple[QuantGemv, ArrayInfo]:
     """Validate the arguments of ``portakern.quant_gemv`` and build its ``QuantGemv`` node."""
+    from portakern.ir.ops import X_PROLOGUES
+
     from .quantized import QuantizedWeight
 
+    if prologue is not None and prologue not in X_PROLOGUES:
+        raise InvalidInputError(f"prologue={prologue!r} is not a quant_gemv prologue: use None or one of "
+                                f"{', '.join(map(repr, X_PROLOGUES))}")
     xi = describe(x, "x")
     if not isinstance(w, QuantizedWeight):
         raise InvalidTypeError(f"w is a {type(w).__name__}: expected a portakern.QuantizedWeight; build one with "
@@ -223,7 +228,12 @@ def quant_gemv_op(x, w) -> tuple[QuantGemv, ArrayInfo]:
     if len(xi.shape) != 2:
         raise InvalidInputError(f"x has shape {xi.shape}: expected (M, K) = (M, {w.K}); reshape a vector with x[None]")
     M, K = xi.shape
-    if K != w.K:
+    if prologue == "silu_mul":
+        if K != 2 * w.K:
+            raise InvalidInputError(f"x has {K} columns but w is ({w.N}, {w.K}) and prologue='silu_mul' reads gate "
+                                    f"and up from x: x must be (M, 2 * {w.K}) = (M, {2 * w.K}), gate first")
+        K = w.K
+    elif K != w.K:
         raise InvalidInputError(f"x has K={K} columns but w is ({w.N}, {w.K}): x must be (M, {w.K})")
     _check_last_dim_contiguous(x, xi.kind, "x")
     for name, t in w.tensors.items():
@@ -231,5 +241,5 @@ def quant_gemv_op(x, w) -> tuple[QuantGemv, ArrayInfo]:
         if ti.device != xi.device:
             raise InvalidTypeError(f"w.tensors[{name!r}] is on {ti.device} but x is on {xi.device}: move the weight "
                                    f"with w.to({str(xi.device)!r})")
-    op = QuantGemv(M=M, N=w.N, K=K, dtype=xi.dtype, fmt=w.fmt)
+    op = QuantGemv(M=M, N=w.N, K=K, dtype=xi.dtype, fmt=w.fmt, prologue=prologue)
     return op.verify(), xi

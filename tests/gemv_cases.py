@@ -159,6 +159,18 @@ CASES = [
     # 16 word rows, split K, a masked last tile
     ("native8-rows-w2c8-g128-m1-bf16-nmask", "native", 8, 128, False, 1, 700, 1024, "bfloat16",
      {"config": ("fma", 512, 16, 4, 3, {"group_rows": True, "num_warps": 2})}),
+    # the silu_mul prologue (x = gate | up, input silu(gate) * up) on the CUDA-core kernel: the table's tile,
+    # split K, per-word-row, group-resident and per-element-group tiles, several rows, act-order
+    ("native4-silu-g128-m1-f16", "native", 4, 128, False, 1, 40, 512, "float16", {"prologue": "silu_mul"}),
+    ("native4-silu-g64-m3-f32", "native", 4, 64, True, 3, 24, 256, "float32", {"prologue": "silu_mul"}),
+    ("native4-silu-g100-m2-f32-perelem", "native", 4, 100, False, 2, 16, 300, "float32", {"prologue": "silu_mul"}),
+    ("native8-silu-g128-m16-f16", "native", 8, 128, False, 16, 24, 256, "float16", {"prologue": "silu_mul"}),
+    ("gptq-silu-actorder-m1-f32", "gptq", 4, 32, False, 1, 40, 256, "float32",
+     {"prologue": "silu_mul", "g_idx": "actorder"}),
+    ("native4-silu-splitk4-m1-f32", "native", 4, 64, False, 1, 40, 1024, "float32",
+     {"prologue": "silu_mul", "config": ("fma", 8, 8, 4, 3)}),
+    ("native4-silu-rows-g128-m1-f16", "native", 4, 128, False, 1, 300, 1024, "float16",
+     {"prologue": "silu_mul", "config": ("fma", 128, 8, 2, 3, {"group_rows": True})}),
     # the sm_90 int4 table's tile below STREAM_MIN_N (session 17, the step's down projection): 64 columns x 32
     # word rows over 4 warps, K split 8 ways, a masked last column tile
     ("native4-words-bn64-kw32-s8-g128-m1-bf16-nmask", "native", 4, 128, False, 1, 200, 4096, "bfloat16",
@@ -289,31 +301,45 @@ def run_case(case):
     cid, packing, bits, G, sym, M, N, K, dt, extra = case
     w = weight(case)
     rng = np.random.default_rng(1)
-    x = torch.from_numpy(rng.standard_normal((M, K)).astype(np.float32)).to(getattr(torch, dt))
+    prologue = extra.get("prologue")
+    width = 2 * K if prologue == "silu_mul" else K
+    x = torch.from_numpy(rng.standard_normal((M, width)).astype(np.float32)).to(getattr(torch, dt))
     if "xscale" in extra:   # x far from 1 (exact power-of-ten scaling is not needed: ref uses this x)
         x = (x.double() * extra["xscale"]).to(x.dtype)
-    ref = np.asarray(x.double().numpy()) @ dequantize(w.fmt, w.tensors, N, K).T
+    ref = reference_input(x.double().numpy(), prologue, K) @ dequantize(w.fmt, w.tensors, N, K).T
     scale = float(np.abs(ref).max()) or 1.0
     cfg = extra.get("config")
     if cfg:
-        y = _run_with_config(x, w, cfg)
+        y = _run_with_config(x, w, cfg, prologue)
     else:
         with portakern.dispatch.poison_outputs():
-            y = portakern.quant_gemv(x, w, backend="triton")
+            y = portakern.quant_gemv(x, w, prologue=prologue, backend="triton")
     y = y.double().numpy()
-    cpu = portakern.quant_gemv(x, w, backend="cpu").double().numpy()
+    cpu = portakern.quant_gemv(x, w, prologue=prologue, backend="cpu").double().numpy()
     return {"id": cid, "err": float(np.abs(y - ref).max() / scale), "err_cpu": float(np.abs(y - cpu).max() / scale),
             "nan": int(np.isnan(y).sum()), "tol": TOL[dt]}
 
 
-def _run_with_config(x, w, cfg):
+def reference_input(x, prologue, K):
+    """The GEMV's float64 input from float64 ``x``, written out here (not the cpu backend's code):
+    ``silu(gate) * up = gate / (1 + exp(-gate)) * up`` for the ``silu_mul`` prologue."""
+    import numpy as np
+
+    if prologue is None:
+        return x
+    gate, up = x[:, :K], x[:, K:]
+    with np.errstate(over="ignore"):
+        return gate / (1.0 + np.exp(-gate)) * up
+
+
+def _run_with_config(x, w, cfg, prologue=None):
     import torch
 
     from portakern.backends.triton import quant_gemv as Q
     from portakern.devices import CPU
     from portakern.validate import quant_gemv_op
 
-    op, _ = quant_gemv_op(x, w)
+    op, _ = quant_gemv_op(x, w, prologue)
     kern = Q.compile(op, CPU, forced_config(cfg, num_warps=1))
     prepared = Q.prepare_weight(None, w, CPU)
     out = torch.full((op.M, op.N), float("nan"), dtype=x.dtype)

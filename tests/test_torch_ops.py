@@ -86,6 +86,47 @@ def test_torch_compile_module_with_custom_ops():
     np.testing.assert_allclose(eager.reshape(10, 64).double().numpy(), ref, rtol=0, atol=1e-3)
 
 
+class _Mlp(torch.nn.Module):
+    """A gated MLP: one quantized gate/up projection, the down projection with the silu_mul prologue."""
+
+    def __init__(self, wgu, wd):
+        super().__init__()
+        self.wgu, self.wd = wgu, wd
+
+    def forward(self, x):
+        return torch_ops.quant_linear(torch_ops.quant_linear(x, self.wgu), self.wd, prologue="silu_mul")
+
+
+def test_silu_mul_prologue_matches_float64_and_compiles():
+    """``prologue="silu_mul"``: values against float64 (``gate / (1 + exp(-gate)) * up`` written out), the op's
+    fake implementation (opcheck), and a gated MLP under ``torch.compile`` equal to eager."""
+    from portakern.quantize import quantize
+
+    torch.manual_seed(1)
+    wgu = quantize(torch.randn(2 * 96, 64), bits=4, group_size=32)
+    wd = quantize(torch.randn(64, 96), bits=8, group_size=32)
+    x = torch.randn(3, 2, 2 * 96)
+    y = torch_ops.quant_linear(x, wd, prologue="silu_mul")
+    xs = x.reshape(-1, 192).double().numpy()
+    inp = xs[:, :96] / (1.0 + np.exp(-xs[:, :96])) * xs[:, 96:]
+    ref = (inp @ dequantize(wd.fmt, wd.tensors, 64, 96).T).reshape(3, 2, 64)
+    assert y.shape == (3, 2, 64)
+    np.testing.assert_allclose(y.double().numpy(), ref, rtol=0, atol=2e-5 * np.abs(ref).max())
+    p = torch_ops.prepared(wd, "cpu")
+    torch.library.opcheck(torch.ops.portakern.quant_gemv.default,
+                          (x.reshape(-1, 192), p.qweight, p.scales, p.zeros, p.perm, p.kgroup, p.bits, p.group_size,
+                           p.zero_point, p.N, p.K, "silu_mul"))
+    mlp = _Mlp(wgu, wd)
+    h = torch.randn(2, 5, 64)
+    eager = mlp(h)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(mlp, backend="aot_eager", fullgraph=True)(h), eager, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"x has 96 columns .* x must be \(\.\.\., 2 \* 96\) with prologue='silu_mul'"):
+        torch_ops.quant_linear(torch.randn(2, 96), wd, prologue="silu_mul")
+    with pytest.raises(ValueError, match=r"prologue='relu' is not a quant_gemv prologue"):
+        torch_ops.quant_linear(x, wd, prologue="relu")
+
+
 def test_quant_linear_rejects_wrong_k():
     w = weight(PICK[0])
     with pytest.raises(ValueError, match=f"x must be \\(..., {w.K}\\)"):

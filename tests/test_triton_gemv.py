@@ -269,13 +269,15 @@ def test_gpu_every_packing(dev, case, dtype):
     import portakern
     from portakern.ir.packing import dequantize
 
+    from gemv_cases import reference_input
+
     w = weight(case)
     wd = w.with_tensors({k: torch.as_tensor(v).to(f"cuda:{dev.index}") for k, v in w.tensors.items()})
-    M, K = case[5], case[7]
-    x = torch.randn(M, K, device=f"cuda:{dev.index}").to(getattr(torch, dtype))
-    ref = x.double().cpu().numpy() @ dequantize(w.fmt, w.tensors, w.N, w.K).T
+    M, K, prologue = case[5], case[7], case[9].get("prologue")
+    x = torch.randn(M, 2 * K if prologue else K, device=f"cuda:{dev.index}").to(getattr(torch, dtype))
+    ref = reference_input(x.double().cpu().numpy(), prologue, K) @ dequantize(w.fmt, w.tensors, w.N, w.K).T
     with portakern.dispatch.poison_outputs():
-        y = portakern.quant_gemv(x, wd, backend="triton")
+        y = portakern.quant_gemv(x, wd, prologue=prologue, backend="triton")
     err = np.abs(y.double().cpu().numpy() - ref).max() / (np.abs(ref).max() or 1)
     tol = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1e-2}[dtype]
     assert err <= tol, f"{case[0]} {dtype}: {err:.3g}"
@@ -291,17 +293,19 @@ def test_gpu_forced_config(dev, case):
     from portakern.ir.packing import dequantize
     from portakern.validate import quant_gemv_op
 
-    from gemv_cases import TOL, forced_config
+    from gemv_cases import TOL, forced_config, reference_input
 
     w = weight(case)
     M, K, dt, extra = case[5], case[7], case[8], case[9]
-    x = (torch.randn(M, K, device=f"cuda:{dev.index}", dtype=torch.float64) * extra.get("xscale", 1.0)).to(getattr(torch, dt))
+    prologue = extra.get("prologue")
+    x = (torch.randn(M, 2 * K if prologue else K, device=f"cuda:{dev.index}", dtype=torch.float64)
+         * extra.get("xscale", 1.0)).to(getattr(torch, dt))
     wd = w.with_tensors({k: torch.as_tensor(v).to(f"cuda:{dev.index}") for k, v in w.tensors.items()})
-    op, _ = quant_gemv_op(x, wd)
+    op, _ = quant_gemv_op(x, wd, prologue)
     kern = Q.compile(op, dev, forced_config(extra["config"], num_warps=4))
     p = Q.prepare_weight(None, w, dev)
     out = torch.full((M, w.N), float("nan"), device=x.device, dtype=x.dtype)
-    ref = x.double().cpu().numpy() @ dequantize(w.fmt, w.tensors, w.N, w.K).T
+    ref = reference_input(x.double().cpu().numpy(), prologue, K) @ dequantize(w.fmt, w.tensors, w.N, w.K).T
     for _ in range(2):   # twice: split-K counters reset themselves
         out.fill_(float("nan"))
         kern(x, p, out)

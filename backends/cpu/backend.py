@@ -14,6 +14,7 @@ class CpuBackend(Backend):
     array_kind = "numpy"
     device_types = ("cpu",)
     priority = 0
+    x_prologues = ("silu_mul",)
 
     def supports(self, op, device: Device) -> Support:
         if device.type != "cpu":

@@ -52,6 +52,7 @@ class TritonBackend(Backend):
     device_types = ("cuda", "cpu")
     priority = 100
     compile_targets = ("sm_80", "sm_90a", "sm_100a", "sm_120")
+    x_prologues = ("silu_mul",)
 
     def status(self) -> str:
         try:

@@ -409,19 +409,21 @@ def _fit_mma(cfg: GemvConfig, layout) -> GemvConfig:
 
 
 def choose(layout, M: int, N: int, arch: str, num_sms: int | None = None, group_rows: bool = True,
-           dtype: str = "bfloat16", stream: bool = True) -> GemvConfig:
+           dtype: str = "bfloat16", stream: bool = True, cuda_core: bool = False) -> GemvConfig:
     """The table's configuration for ``layout`` (a ``PreparedGemvWeight``), M rows of x in ``dtype``,
     on ``arch``. ``group_rows=False``: the table as it is without group-resident tiles; ``stream=False``:
-    without the stream-K kernel (comparisons)."""
+    without the stream-K kernel (comparisons); ``cuda_core``: the CUDA-core kernel's entry (kind "fma") at
+    every M -- the kernel that reads x through a ``QuantGemv.prologue``."""
     num_sms = num_sms or DEFAULT_SMS.get(arch, 132)
-    kind = "fma" if (M <= FMA_MAX_M.get(arch, 2) or layout.per_elem_group) else "dot"
-    if arch != "interp" and M >= FRAG_MIN_M and frag_usable(layout, M, dtype) is None:
-        kind = "frag"
-    elif stream and arch in STREAM_ARCHS and N >= STREAM_MIN_N and stream_usable(layout, M, dtype) is None:
-        return fit(GemvConfig("stream", block_n=256, block_kw=16, num_warps=8, prefetch=1, per_sm=2,
-                              pdl=arch in PDL_ARCHS), layout, M)
-    elif kind == "dot" and mma_eligible(layout, dtype) is None:
-        kind = "mma"
+    kind = "fma" if (cuda_core or M <= FMA_MAX_M.get(arch, 2) or layout.per_elem_group) else "dot"
+    if not cuda_core:
+        if arch != "interp" and M >= FRAG_MIN_M and frag_usable(layout, M, dtype) is None:
+            kind = "frag"
+        elif stream and arch in STREAM_ARCHS and N >= STREAM_MIN_N and stream_usable(layout, M, dtype) is None:
+            return fit(GemvConfig("stream", block_n=256, block_kw=16, num_warps=8, prefetch=1, per_sm=2,
+                                  pdl=arch in PDL_ARCHS), layout, M)
+        elif kind == "dot" and mma_eligible(layout, dtype) is None:
+            kind = "mma"
     rows_ok = group_rows and not layout.per_elem_group and not layout.has_perm
     cfg = fit(_table(arch, kind, M, N, layout.K, layout.bits, rows_ok), layout, M)
     if kind == "frag":

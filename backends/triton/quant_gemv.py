@@ -266,6 +266,7 @@ class _Launcher:
         import torch
 
         self.cfg = cfg
+        _check_prologue(op, cfg)
         if cfg.kind == "stream":   # its own launcher (gemv_stream.py)
             from .gemv_stream import Launcher
 
@@ -360,6 +361,8 @@ def compile(op: QuantGemv, device: Device, config: tuning.GemvConfig | None = No
             why = tuning.frag_usable(w, op.M, op.dtype.value) if cfg.kind == "frag" else None
             if why is not None:
                 raise UnsupportedError(f"GemvConfig(kind='frag') cannot run this op: {why}; use kind='mma' or 'dot'")
+        elif op.prologue is not None:   # only the CUDA-core kernel reads x through a prologue: its table entry
+            cfg = tuning.choose(w, op.M, op.N, arch, num_sms, dtype=op.dtype.value, cuda_core=True)
         elif tuning.autotune_enabled() and not interpret:
             import triton.testing
 
@@ -435,7 +438,9 @@ def compile_for_target(op: QuantGemv, target: str, config: tuning.GemvConfig | N
         tuning.check_pdl(config, arch)
         cfg = tuning.fit(config, lay, op.M)
     else:
-        cfg = tuning.choose(lay, op.M, op.N, arch, tuning.DEFAULT_SMS.get(arch, 132), dtype=op.dtype.value)
+        cfg = tuning.choose(lay, op.M, op.N, arch, tuning.DEFAULT_SMS.get(arch, 132), dtype=op.dtype.value,
+                            cuda_core=op.prologue is not None)
+    _check_prologue(op, cfg)
     fn = _kernel_fn(cfg)
     act = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[op.dtype.value]
     outp = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[op.result_dtype.value]
@@ -519,9 +524,17 @@ def _kernel_fn(cfg: tuning.GemvConfig):
     return mod.gemv_fma_kernel if cfg.kind == "fma" else mod.gemv_dot_kernel
 
 
+def _check_prologue(op: QuantGemv, cfg: tuning.GemvConfig) -> None:
+    """Raise when ``op`` has an x prologue and ``cfg`` names a kernel that does not read x through one."""
+    if op.prologue is not None and cfg.kind != "fma":
+        raise UnsupportedError(f"GemvConfig(kind={cfg.kind!r}) has no x prologue; the {op.prologue!r} prologue runs "
+                               f"on the CUDA-core kernel: use kind='fma' (the table chooses it for such ops)")
+
+
 def _consts_for(op: QuantGemv, layout, cfg: tuning.GemvConfig, interpret: bool = False) -> dict:
     """The constexpr arguments a launch of ``cfg`` passes (shared by launches and AOT lowering).
     ``interpret``: Triton's CPU interpreter (which computes bf16 wrongly and runs no PTX)."""
+    _check_prologue(op, cfg)
     even_k = layout.KWP * layout.codes_per_word == op.K
     f32 = op.dtype is DType.float32 or (interpret and op.dtype is DType.bfloat16)
     if cfg.kind == "stream":
@@ -539,7 +552,8 @@ def _consts_for(op: QuantGemv, layout, cfg: tuning.GemvConfig, interpret: bool =
              BKW=cfg.block_kw, SPLIT_K=cfg.split_k, DQ=cfg.dq, EVEN_K=even_k, PDL=cfg.pdl, IW=layout.interleave)
     if cfg.kind == "fma":
         c.update(PER_ELEM_GROUP=layout.per_elem_group, HAS_KG=layout.kgroup is not None, PIPE=cfg.num_stages,
-                 PREFETCH=cfg.prefetch, GROUP_ROWS=cfg.group_rows, NMASK=layout.stride_qk % cfg.block_n != 0)
+                 PREFETCH=cfg.prefetch, GROUP_ROWS=cfg.group_rows, NMASK=layout.stride_qk % cfg.block_n != 0,
+                 GLU=op.prologue == "silu_mul")
     else:
         c.update(COMPUTE_F32=f32, SWAP_AB=cfg.swap_ab)
     return c

@@ -218,17 +218,27 @@ def _k_index(kw0, kwr, e: tl.constexpr, EPW: tl.constexpr, IW: tl.constexpr, BKW
 
 
 @triton.jit
-def _x_column(x_ptr, row, stride_xm, perm_ptr, k, K, HAS_PERM: tl.constexpr, EVEN_K: tl.constexpr):
-    """``x[row, k]`` (row: scalar or column vector), through ``perm`` for act-order weights; 0 past K."""
+def _x_column(x_ptr, row, stride_xm, perm_ptr, k, K, HAS_PERM: tl.constexpr, EVEN_K: tl.constexpr,
+              GLU: tl.constexpr):
+    """``x[row, k]`` (row: scalar or column vector), through ``perm`` for act-order weights; 0 past K.
+    ``GLU`` (the ``silu_mul`` prologue): ``x`` holds gate and up side by side (``2K`` columns) and the value is
+    ``silu(gate[row, k]) * up[row, k]`` in float32."""
     if HAS_PERM:
         kx = tl.load(perm_ptr + k, mask=k < K, other=0)
     else:
         kx = k
     if EVEN_K:
-        xe = tl.load(x_ptr + row * stride_xm + kx)
+        xe = tl.load(x_ptr + row * stride_xm + kx).to(tl.float32)
     else:
-        xe = tl.load(x_ptr + row * stride_xm + kx, mask=k < K, other=0.0)
-    return xe.to(tl.float32)
+        xe = tl.load(x_ptr + row * stride_xm + kx, mask=k < K, other=0.0).to(tl.float32)
+    if GLU:
+        # -- the up half, K columns further; the input is silu(gate) * up
+        if EVEN_K:
+            up = tl.load(x_ptr + row * stride_xm + K + kx).to(tl.float32)
+        else:
+            up = tl.load(x_ptr + row * stride_xm + K + kx, mask=k < K, other=0.0).to(tl.float32)
+        xe = xe * tl.sigmoid(xe) * up
+    return xe
 
 
 @triton.jit
@@ -236,7 +246,7 @@ def _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, pe
               K, stride_qk, mask_rt, BITS: tl.constexpr, GS: tl.constexpr, ZP: tl.constexpr, HAS_Z: tl.constexpr,
               HAS_PERM: tl.constexpr, PER_ELEM_GROUP: tl.constexpr, HAS_KG: tl.constexpr, BM: tl.constexpr,
               BKW: tl.constexpr, BN: tl.constexpr, DQE: tl.constexpr, EVEN_K: tl.constexpr,
-              GROUP_ROWS: tl.constexpr, IW: tl.constexpr):
+              GROUP_ROWS: tl.constexpr, IW: tl.constexpr, GLU: tl.constexpr):
     """Add one ``(BKW, BN)`` tile of words (with its scales ``s`` and zeros ``z``) times x to ``acc``.
 
     ``GROUP_ROWS``: the tile's rows lie in one group; ``s``, ``z`` are ``(BN,)`` and ``acc`` is ``(BN,)``
@@ -258,9 +268,9 @@ def _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, pe
         k = _k_index(kw0, kwr, e, EPW, IW, BKW)
         q = _codes(words, mask_rt, e, BITS, DQE)
         if BM == 1:
-            xe = _x_column(x_ptr, pid_m, stride_xm, perm_ptr, k, K, HAS_PERM, EVEN_K)
+            xe = _x_column(x_ptr, pid_m, stride_xm, perm_ptr, k, K, HAS_PERM, EVEN_K, GLU)
         else:
-            xe = _x_column(x_ptr, x_rows[:, None], stride_xm, perm_ptr, k[None, :], K, HAS_PERM, EVEN_K)
+            xe = _x_column(x_ptr, x_rows[:, None], stride_xm, perm_ptr, k[None, :], K, HAS_PERM, EVEN_K, GLU)
         xq = _unscale(xe, e, BITS, DQE)   # x carries the 2^-pos of the codes (one FMUL per x)
         if PER_ELEM_GROUP:
             if HAS_KG:
@@ -285,7 +295,8 @@ def _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, pe
         # -- one group: s (sum over rows of x q - z sum x), per column
         if XSPAN:
             ks = kw0 * EPW + tl.arange(0, BKW * EPW)
-            xs = _denorm_fwd(tl.sum(_x_column(x_ptr, pid_m, stride_xm, perm_ptr, ks, K, HAS_PERM, EVEN_K), axis=0), DQE)
+            xs = _denorm_fwd(tl.sum(_x_column(x_ptr, pid_m, stride_xm, perm_ptr, ks, K, HAS_PERM, EVEN_K, GLU),
+                                    axis=0), DQE)
             acc += s * (tl.sum(dot, axis=0) - z * xs)
         elif BM == 1:
             xs = _denorm_fwd(tl.sum(xsum, axis=0), DQE)
@@ -311,7 +322,7 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
                     HAS_KG: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr,
                     SPLIT_K: tl.constexpr, DQ: tl.constexpr, EVEN_K: tl.constexpr, PIPE: tl.constexpr,
                     PREFETCH: tl.constexpr, PDL: tl.constexpr, GROUP_ROWS: tl.constexpr, NMASK: tl.constexpr,
-                    IW: tl.constexpr):
+                    IW: tl.constexpr, GLU: tl.constexpr = False):
     """CUDA-core GEMV for small M: per code one LOP3 and one exact FMA, then one FMA per row of x.
 
     The zero point is applied per word row: ``sum x (q - z) s = s (sum x q - z sum x)``.
@@ -330,6 +341,8 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
     columns: the products are summed over the rows in registers and scaled once per tile and column
     (not once per word), with one ``(BN,)`` vector of scales and zeros per tile.
     ``NMASK``: ``BN`` does not divide the padded row length (``stride_qk``): mask the columns past it.
+    ``GLU``: the ``silu_mul`` prologue -- ``x`` is ``(M, 2K)`` (gate, up) and the input is ``silu(gate) * up``,
+    formed where each tile reads its columns of x (``_x_column``).
     """
     EPW: tl.constexpr = 32 // BITS
     DQE: tl.constexpr = 2 if (DQ == 3 and PER_ELEM_GROUP) else DQ   # DQ=3 needs per-row groups
@@ -355,7 +368,7 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
                                      PER_ELEM_GROUP, True, GROUP_ROWS, NMASK)
             acc = _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, perm_ptr, kg_ptr,
                             s_ptr, z_ptr, K, stride_qk, mask_rt, BITS, GS, ZP, HAS_Z, HAS_PERM, PER_ELEM_GROUP,
-                            HAS_KG, BM, BKW, BN, DQE, EVEN_K, GROUP_ROWS, IW)
+                            HAS_KG, BM, BKW, BN, DQE, EVEN_K, GROUP_ROWS, IW, GLU)
     else:
         # -- the first tile of words, its scales and zeros; rows past K are zero padding
         kw_first = tl.minimum(kw_begin, KWP - BKW)
@@ -374,7 +387,7 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
                 words_far = tl.load(w_ptrs + tl.where(kw0 + 2 * BKW < kw_end, kw0 + 2 * BKW, kw0) * stride_qk)
             acc = _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, perm_ptr, kg_ptr,
                             s_ptr, z_ptr, K, stride_qk, mask_rt, BITS, GS, ZP, HAS_Z, HAS_PERM, PER_ELEM_GROUP,
-                            HAS_KG, BM, BKW, BN, DQE, EVEN_K, GROUP_ROWS, IW)
+                            HAS_KG, BM, BKW, BN, DQE, EVEN_K, GROUP_ROWS, IW, GLU)
             if PREFETCH == 2:
                 words = words_ahead
                 words_ahead = words_far
@@ -446,13 +459,13 @@ def gemv_dot_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, out_ptr, ws_ptr, lock
             k = _k_index(kw0, kwr, e, EPW, IW, BKW)
             we = tl.fma(_codes(words, mask_rt, e, BITS, DQE), _unscale(s, e, BITS, DQE), -zs).to(cdt)  # (q - z) * s
             if SWAP_AB:
-                xe = _x_column(x_ptr, x_rows[None, :], stride_xm, perm_ptr, k[:, None], K, HAS_PERM, EVEN_K).to(cdt)
+                xe = _x_column(x_ptr, x_rows[None, :], stride_xm, perm_ptr, k[:, None], K, HAS_PERM, EVEN_K, False).to(cdt)
                 if COMPUTE_F32:
                     acc = tl.dot(we, xe, acc, input_precision="ieee")
                 else:
                     acc = tl.dot(we, xe, acc)
             else:
-                xe = _x_column(x_ptr, x_rows[:, None], stride_xm, perm_ptr, k[None, :], K, HAS_PERM, EVEN_K).to(cdt)
+                xe = _x_column(x_ptr, x_rows[:, None], stride_xm, perm_ptr, k[None, :], K, HAS_PERM, EVEN_K, False).to(cdt)
                 if COMPUTE_F32:
                     acc = tl.dot(xe, we, acc, input_precision="ieee")
                 else:
