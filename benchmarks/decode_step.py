@@ -163,6 +163,7 @@ class PortakernStep:
         self.h = torch.randn(1, HID, device="cuda")
         self.zero = torch.zeros(1, HID, device="cuda")
         self.attention = attention
+        self.fused_silu = False   # with_fused_silu: the down GEMV forms silu(gate) * up itself
         self.attn_kernel = self.attn_out = None   # portakern.attention's choice unless with_attention
         self.add_rmsnorm, self.rope, self.rope_append, self.silu_mul = glue_functions(glue)
         if attention == "sdpa":  # dense (B, Hkv, S, D) caches instead of pages
@@ -248,6 +249,15 @@ class PortakernStep:
         other.kern = {**self.kern, name: Q.compile(gemv_op(*self.linears[name]), torch_device("cuda", 0), cfg)}
         return other
 
+    def with_fused_silu(self) -> "PortakernStep":
+        """The same step without the SiLU-mul glue kernel: the down projection's GEMV reads the gate/up output
+        through the ``silu_mul`` prologue (``QuantGemv.prologue``; the table's kernel for that op)."""
+        other = copy.copy(self)
+        op = gemv_op(*self.linears["down"]).replace(prologue="silu_mul")
+        other.kern = {**self.kern, "down": Q.compile(op, torch_device("cuda", 0))}
+        other.fused_silu = True
+        return other
+
     def with_glue(self, glue: str, deterministic: bool = False) -> "PortakernStep":
         """The same step (weights, caches, buffers shared) with its glue run as ``glue``."""
         other = copy.copy(self)
@@ -294,7 +304,8 @@ class PortakernStep:
             a = self.rope_attend(i, self.gemv("qkv", xn, L["qkv"]))
             o = self.gemv("o", a, L["o"])
             r, xn = self.add_rmsnorm(r, o, self.norms[2 * i + 1])
-            act = self.silu_mul(self.gemv("gu", xn, L["gu"]))
+            gu = self.gemv("gu", xn, L["gu"])
+            act = gu if self.fused_silu else self.silu_mul(gu)
             d = self.gemv("down", act, L["down"])
             r, xn = self.add_rmsnorm(r, d, self.norms[2 * i + 2])
         out = self.gemv("lm", xn, self.lm)

@@ -50,6 +50,8 @@
 #                   (gemv-cluster), same process and weights, logits compared; no peers
 #   decode-step-gemv-sweep  the step at ctx 2048 with the o and the down GEMV (one process each) under every
 #                   configuration the autotuner would time for its shape (--sweep-gemv, graph only, no peers)
+#   decode-step-fused-silu  the step at ctx 2048 and 8192 with the down GEMV reading gate/up through the silu_mul
+#                   prologue (no SiLU-mul glue kernel), alternating with the table's step (--fused-silu), no peers
 #   step-capture-spread  benchmarks/experiments/step_capture_spread.py: the step captured 6 times (all kept), replayed
 #                   round-robin: is its two-level spread a property of each capture or of the time?
 #   decode-step-tiles  the step at ctx 2048 with the table and with the per-word-row GEMV tile
@@ -137,6 +139,8 @@ for s in "$@"; do
             --cluster-gemv o,down o,down,qkv --tag="-cluster$TAG" --out "$RES" ;;
         decode-step-gemv-sweep) for l in o down; do step "decode-step-sweep-$l" python3 benchmarks/decode_step.py \
             --ctx 2048 --no-peers --no-eager --sweep-gemv "$l" --sweep-limit 64 --tag="-sweep-$l$TAG" --out "$RES"; done ;;
+        decode-step-fused-silu) step decode-step-fused-silu python3 benchmarks/decode_step.py --ctx 2048 8192 \
+            --no-peers --no-eager --fused-silu --ab-rounds 4 --tag="-fused-silu$TAG" --out "$RES" ;;
         step-capture-spread) step step-capture-spread python3 benchmarks/experiments/step_capture_spread.py \
             --tag="$TAG" --out "$RES" ;;
         decode-step-tiles) step decode-step-tiles python3 benchmarks/decode_step.py --ctx 2048 --no-peers \

@@ -97,6 +97,11 @@ def add_variant_arguments(ap: argparse.ArgumentParser) -> None:
                          "NAMES (of qkv, o, gu, down) on the experiment kernel that merges its K split in cluster "
                          "shared memory (benchmarks/experiments/gemv_cluster.py), as int4_portakern_cluster_NAMES, "
                          "logits compared (a different summation order: close, not equal)")
+    ap.add_argument("--fused-silu", action="store_true",
+                    help="also time portakern's step without the SiLU-mul glue kernel, the down projection's GEMV "
+                         "forming silu(gate) * up from the gate/up output itself (the silu_mul prologue), as "
+                         "int4_portakern_abR_fused_silu, alternating with the table's step for --ab-rounds rounds, "
+                         "logits compared (the activation is not rounded to bf16: close, not equal)")
     ap.add_argument("--sweep-gemv", nargs="+", default=[], choices=LINEARS, metavar="LINEAR",
                     help="also time portakern's step (same weights, same process) with LINEAR's GEMV under each of the "
                          "autotuner's configurations for its shape (gemv_tuning.candidates; at most --sweep-limit), "
@@ -163,6 +168,8 @@ def variants_for(step, args) -> dict:
         name, _, label = spec.partition(":")
         cfg = _labelled(gemv_candidates(*step.linears[name]), label, config_label, f"--ab-gemv {spec}")
         chosen.append((f"{name}_{label}", step.with_gemv_config(name, cfg)))
+    if args.fused_silu:
+        chosen.append(("fused_silu", step.with_fused_silu()))
     for r in range(args.ab_rounds if chosen else 0):
         variants[f"int4_portakern_ab{r}_table"] = copy.copy(step)
         variants.update({f"int4_portakern_ab{r}_{key}": copy.copy(st) for key, st in chosen})
