@@ -288,6 +288,11 @@ class _Launcher:
             self.lock = torch.zeros((tiles_m * tiles_n,), dtype=torch.int32, device=tdev)
         else:
             self.ws = self.lock = None
+        # the silu_mul prologue formed once per program: a scratch row each (allocated once, like the workspace)
+        self.glu, self.glu_len = None, 0
+        if self.consts.get("GLU") == 2:
+            self.glu = torch.empty((glu_scratch_values(op, layout, cfg),), dtype=torch.float32, device=tdev)
+            self.glu_len = self.ksw * layout.codes_per_word
         self.dims = (op.M, op.N, op.K, layout.KWP, layout.stride_qk)
         self.mask_rt = (1 << layout.bits) - 1
         if self.kind == "frag":   # chunks, chunks per slice, word strides of a unit and of a chunk
@@ -312,8 +317,10 @@ class _Launcher:
                                x.stride(0), out.stride(0), self.ksw, **self.consts, **self.opts)
         elif self.kind == "fma":
             kg = w.qweight if w.kgroup is None else w.kgroup
+            glu = ws if self.glu is None else self.glu
             self.fn[self.grid](x, w.qweight, w.scales, z, perm, kg, out, ws, lock, M, N, K, KWP, sqk,
-                               x.stride(0), out.stride(0), self.ksw, self.mask_rt, **self.consts, **self.opts)
+                               x.stride(0), out.stride(0), self.ksw, self.mask_rt, glu, self.glu_len,
+                               **self.consts, **self.opts)
         else:
             self.fn[self.grid](x, w.qweight, w.scales, z, perm, out, ws, lock, M, N, K, KWP, sqk,
                                x.stride(0), out.stride(0), self.ksw, self.mask_rt, **self.consts, **self.opts)
@@ -446,7 +453,8 @@ def compile_for_target(op: QuantGemv, target: str, config: tuning.GemvConfig | N
     outp = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[op.result_dtype.value]
     sdt = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[op.fmt.scale_dtype.value]
     ptrs = {"x_ptr": act, "qw_ptr": "*i32", "fw_ptr": "*i32", "s_ptr": sdt, "z_ptr": sdt, "perm_ptr": "*i32",
-            "kg_ptr": "*i32", "out_ptr": outp, "ws_ptr": "*fp32", "lock_ptr": "*i32", "cnt_ptr": "*i32"}
+            "kg_ptr": "*i32", "out_ptr": outp, "ws_ptr": "*fp32", "lock_ptr": "*i32", "cnt_ptr": "*i32",
+            "glu_ptr": "*fp32"}
     if cfg.kind == "stream":   # fit refused the weights the kernel cannot serve (tuning._fit_stream)
         from .gemv_stream import constexprs, grid_programs
 
@@ -524,6 +532,28 @@ def _kernel_fn(cfg: tuning.GemvConfig):
     return mod.gemv_fma_kernel if cfg.kind == "fma" else mod.gemv_dot_kernel
 
 
+#: The silu_mul prologue formed once per program (GLU mode 2) needs one fp32 scratch row per program; above this
+#: many bytes the kernel forms it per tile instead (mode 1)
+GLU_SCRATCH_MAX_BYTES = 64 << 20
+
+
+def glu_mode(op: QuantGemv, layout, cfg: tuning.GemvConfig) -> int:
+    """The CUDA-core kernel's ``GLU`` constexpr for ``op``: 0 no prologue; 2 ``silu(gate) * up`` formed once per
+    program into a scratch row (one row of x per program, no act-order permutation, whole interleave blocks per
+    tile, and a scratch of at most ``GLU_SCRATCH_MAX_BYTES``); 1 formed by every thread for the x it holds."""
+    if op.prologue != "silu_mul":
+        return 0
+    staged = (tuning.block_m(cfg.kind, op.M) == 1 and not layout.has_perm and layout.kgroup is None
+              and cfg.block_kw >= layout.interleave and glu_scratch_values(op, layout, cfg) * 4 <= GLU_SCRATCH_MAX_BYTES)
+    return 2 if staged else 1
+
+
+def glu_scratch_values(op: QuantGemv, layout, cfg: tuning.GemvConfig) -> int:
+    """fp32 values of the GLU scratch: one row of ``K_SPLIT_W * EPW`` per program of the grid."""
+    programs = -(-op.N // cfg.block_n) * cfg.split_k * op.M
+    return programs * _slice_words(layout.KWP, cfg) * layout.codes_per_word
+
+
 def _check_prologue(op: QuantGemv, cfg: tuning.GemvConfig) -> None:
     """Raise when ``op`` has an x prologue and ``cfg`` names a kernel that does not read x through one."""
     if op.prologue is not None and cfg.kind != "fma":
@@ -553,7 +583,7 @@ def _consts_for(op: QuantGemv, layout, cfg: tuning.GemvConfig, interpret: bool =
     if cfg.kind == "fma":
         c.update(PER_ELEM_GROUP=layout.per_elem_group, HAS_KG=layout.kgroup is not None, PIPE=cfg.num_stages,
                  PREFETCH=cfg.prefetch, GROUP_ROWS=cfg.group_rows, NMASK=layout.stride_qk % cfg.block_n != 0,
-                 GLU=op.prologue == "silu_mul")
+                 GLU=glu_mode(op, layout, cfg))
     else:
         c.update(COMPUTE_F32=f32, SWAP_AB=cfg.swap_ab)
     return c

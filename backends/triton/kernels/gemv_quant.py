@@ -221,8 +221,8 @@ def _k_index(kw0, kwr, e: tl.constexpr, EPW: tl.constexpr, IW: tl.constexpr, BKW
 def _x_column(x_ptr, row, stride_xm, perm_ptr, k, K, HAS_PERM: tl.constexpr, EVEN_K: tl.constexpr,
               GLU: tl.constexpr):
     """``x[row, k]`` (row: scalar or column vector), through ``perm`` for act-order weights; 0 past K.
-    ``GLU`` (the ``silu_mul`` prologue): ``x`` holds gate and up side by side (``2K`` columns) and the value is
-    ``silu(gate[row, k]) * up[row, k]`` in float32."""
+    ``GLU == 1`` (the ``silu_mul`` prologue, formed here): ``x`` holds gate and up side by side (``2K``
+    columns) and the value is ``silu(gate[row, k]) * up[row, k]`` in float32."""
     if HAS_PERM:
         kx = tl.load(perm_ptr + k, mask=k < K, other=0)
     else:
@@ -231,7 +231,7 @@ def _x_column(x_ptr, row, stride_xm, perm_ptr, k, K, HAS_PERM: tl.constexpr, EVE
         xe = tl.load(x_ptr + row * stride_xm + kx).to(tl.float32)
     else:
         xe = tl.load(x_ptr + row * stride_xm + kx, mask=k < K, other=0.0).to(tl.float32)
-    if GLU:
+    if GLU == 1:
         # -- the up half, K columns further; the input is silu(gate) * up
         if EVEN_K:
             up = tl.load(x_ptr + row * stride_xm + K + kx).to(tl.float32)
@@ -315,14 +315,35 @@ def _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, pe
 
 
 @triton.jit
+def _glu_stage(x_ptr, stride_xm, glu_ptr, glu_len, pid_n, pid_k, pid_m, kw_begin, K, EPW: tl.constexpr,
+               CHUNK: tl.constexpr):
+    """(``BM == 1``) ``silu(gate) * up`` over this program's K slice, formed once into its row of the fp32
+    scratch ``glu_ptr`` (``glu_len`` values per program, columns past K zero); returns the pointer through
+    which the tiles then read column k of the input at offset k (row stride 0)."""
+    prog = (pid_m * tl.num_programs(1) + pid_k) * tl.num_programs(0) + pid_n
+    row = glu_ptr + prog.to(tl.int64) * glu_len
+    k_lo = kw_begin * EPW
+    for c0 in range(0, glu_len, CHUNK):
+        offs = c0 + tl.arange(0, CHUNK)
+        k = k_lo + offs
+        ok = (offs < glu_len) & (k < K)
+        gate = tl.load(x_ptr + pid_m * stride_xm + k, mask=ok, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + pid_m * stride_xm + K + k, mask=ok, other=0.0).to(tl.float32)
+        tl.store(row + offs, gate * tl.sigmoid(gate) * up, mask=offs < glu_len)
+    # -- every thread's part of the slice written before any tile reads it
+    tl.debug_barrier()
+    return row - k_lo
+
+
+@triton.jit
 def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_ptr, lock_ptr,
-                    M, N, K, KWP, stride_qk, stride_xm, stride_om, K_SPLIT_W, mask_rt,
+                    M, N, K, KWP, stride_qk, stride_xm, stride_om, K_SPLIT_W, mask_rt, glu_ptr, glu_len,
                     BITS: tl.constexpr, GS: tl.constexpr, ZP: tl.constexpr,
                     HAS_Z: tl.constexpr, HAS_PERM: tl.constexpr, PER_ELEM_GROUP: tl.constexpr,
                     HAS_KG: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr,
                     SPLIT_K: tl.constexpr, DQ: tl.constexpr, EVEN_K: tl.constexpr, PIPE: tl.constexpr,
                     PREFETCH: tl.constexpr, PDL: tl.constexpr, GROUP_ROWS: tl.constexpr, NMASK: tl.constexpr,
-                    IW: tl.constexpr, GLU: tl.constexpr = False):
+                    IW: tl.constexpr, GLU: tl.constexpr = 0):
     """CUDA-core GEMV for small M: per code one LOP3 and one exact FMA, then one FMA per row of x.
 
     The zero point is applied per word row: ``sum x (q - z) s = s (sum x q - z sum x)``.
@@ -341,8 +362,10 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
     columns: the products are summed over the rows in registers and scaled once per tile and column
     (not once per word), with one ``(BN,)`` vector of scales and zeros per tile.
     ``NMASK``: ``BN`` does not divide the padded row length (``stride_qk``): mask the columns past it.
-    ``GLU``: the ``silu_mul`` prologue -- ``x`` is ``(M, 2K)`` (gate, up) and the input is ``silu(gate) * up``,
-    formed where each tile reads its columns of x (``_x_column``).
+    ``GLU``: the ``silu_mul`` prologue -- ``x`` is ``(M, 2K)`` (gate, up) and the input is ``silu(gate) * up``:
+    1 formed where each tile reads its columns of x (``_x_column``; every thread holding a row's x evaluates it);
+    2 formed once per program over its K slice into its row of the scratch ``glu_ptr`` (``_glu_stage``, after
+    the wait; BM = 1 and no act-order permutation), which the tiles then read as x.
     """
     EPW: tl.constexpr = 32 // BITS
     DQE: tl.constexpr = 2 if (DQ == 3 and PER_ELEM_GROUP) else DQ   # DQ=3 needs per-row groups
@@ -363,12 +386,15 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
     if PIPE > 1:
         # -- tiles streamed by the software pipeliner
         _wait_for_producer(PDL)
+        if GLU == 2:
+            x_ptr = _glu_stage(x_ptr, stride_xm, glu_ptr, glu_len, pid_n, pid_k, pid_m, kw_begin, K, EPW, 256)
+            stride_xm = 0
         for kw0 in tl.range(kw_begin, kw_end, BKW, num_stages=PIPE):
             words, s, z = _word_tile(w_ptrs, s_ptr, z_ptr, kw0, kwr, n, K, stride_qk, EPW, GS, HAS_Z, ZP,
                                      PER_ELEM_GROUP, True, GROUP_ROWS, NMASK)
             acc = _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, perm_ptr, kg_ptr,
                             s_ptr, z_ptr, K, stride_qk, mask_rt, BITS, GS, ZP, HAS_Z, HAS_PERM, PER_ELEM_GROUP,
-                            HAS_KG, BM, BKW, BN, DQE, EVEN_K, GROUP_ROWS, IW, GLU)
+                            HAS_KG, BM, BKW, BN, DQE, EVEN_K, GROUP_ROWS, IW, GLU == 1)
     else:
         # -- the first tile of words, its scales and zeros; rows past K are zero padding
         kw_first = tl.minimum(kw_begin, KWP - BKW)
@@ -378,6 +404,9 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
             words_ahead = tl.load(w_ptrs + tl.where(kw_first + BKW < kw_end, kw_first + BKW, kw_first) * stride_qk)
         # -- only now x, the output and the workspace: they may belong to the previous kernel
         _wait_for_producer(PDL)
+        if GLU == 2:
+            x_ptr = _glu_stage(x_ptr, stride_xm, glu_ptr, glu_len, pid_n, pid_k, pid_m, kw_begin, K, EPW, 256)
+            stride_xm = 0
         for kw0 in range(kw_begin, kw_end, BKW):
             # -- prefetch the next tile while this one is computed (the last re-reads itself: a cache hit)
             kw_next = tl.where(kw0 + BKW < kw_end, kw0 + BKW, kw0)
@@ -387,7 +416,7 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
                 words_far = tl.load(w_ptrs + tl.where(kw0 + 2 * BKW < kw_end, kw0 + 2 * BKW, kw0) * stride_qk)
             acc = _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, perm_ptr, kg_ptr,
                             s_ptr, z_ptr, K, stride_qk, mask_rt, BITS, GS, ZP, HAS_Z, HAS_PERM, PER_ELEM_GROUP,
-                            HAS_KG, BM, BKW, BN, DQE, EVEN_K, GROUP_ROWS, IW, GLU)
+                            HAS_KG, BM, BKW, BN, DQE, EVEN_K, GROUP_ROWS, IW, GLU == 1)
             if PREFETCH == 2:
                 words = words_ahead
                 words_ahead = words_far
