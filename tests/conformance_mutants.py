@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from portakern.backends.cpu.backend import CpuBackend
+from portakern.backends.cpu.quant_gemv import x_input
 from portakern.ir import expr as E
 from portakern.ir.expr import Expr
 from portakern.ir.quant import Packing
@@ -106,7 +107,7 @@ class GroupOffByOne(_Mutant):
 
         def kernel(x, weight, out):
             w = _dequant_with_groups(op, weight, shift=1)
-            out[...] = np.asarray(x, np.float64) @ w.T
+            out[...] = x_input(op, np.asarray(x, np.float64)) @ w.T   # the prologue as the reference has it
 
         return kernel
 
@@ -131,7 +132,7 @@ class AwqNibbleSwap(_Mutant):
             scales = np.asarray(t["scales"], np.float64).T                    # (N, groups)
             g = np.arange(op.K) // op.fmt.group_size
             w = (codes - zeros[:, g]) * scales[:, g]
-            out[...] = np.asarray(x, np.float64) @ w.T
+            out[...] = x_input(op, np.asarray(x, np.float64)) @ w.T
 
         return kernel
 
