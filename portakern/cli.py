@@ -166,7 +166,9 @@ def _quant_gemv_call(args) -> tuple[tuple, dict]:
     arr = _Arrays(args.device, _dtype(args.dtype))
     tensors = {name: arr.raw(shape, dtypes[0] if dtypes[0] != "bfloat16" or arr.use_torch else "float32")
                for name, (shape, dtypes, _) in _tensor_specs(fmt, N, K).items()}
-    return (arr.float((M, K)), QuantizedWeight(fmt, N, K, tensors)), {}
+    prologue = args.prologue or None
+    return (arr.float((M, 2 * K if prologue == "silu_mul" else K)), QuantizedWeight(fmt, N, K, tensors)), \
+        ({"prologue": prologue} if prologue else {})
 
 
 def _tensor_specs(fmt, N: int, K: int) -> dict:
@@ -301,7 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
     qg = exsub.add_parser("quant_gemv", help="explain portakern.quant_gemv", formatter_class=fmt,
                           epilog="examples:\n"
                                  "  portakern explain quant_gemv --shape 1,4096,4096 --bits 4 --group-size 128\n"
-                                 "  portakern explain quant_gemv --shape 8,4096,4096 --packing gguf_q4_0 --json")
+                                 "  portakern explain quant_gemv --shape 8,4096,4096 --packing gguf_q4_0 --json\n"
+                                 "  portakern explain quant_gemv --shape 1,4096,14336 --prologue silu_mul")
     qg.add_argument("--shape", required=True, metavar="M,N,K", help="rows of x, output features, input features")
     qg.add_argument("--bits", type=int, default=4, choices=(2, 3, 4, 8), help="bits per weight (default 4)")
     qg.add_argument("--group-size", type=int, default=128, metavar="G",
@@ -310,6 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="native | awq | gptq | gguf_q4_0 | gguf_q8_0 (default native)")
     qg.add_argument("--symmetric", action="store_true", help="no zero points (native packing only)")
     qg.add_argument("--act-order", action="store_true", help="gptq with g_idx")
+    qg.add_argument("--prologue", choices=("silu_mul",), default=None,
+                    help="silu_mul: x is (M, 2K), gate then up, and the input is silu(gate) * up (backends that "
+                         "do not implement it are shown refusing it)")
     _common(qg)
     ex.set_defaults(func=cmd_explain)
 

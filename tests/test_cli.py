@@ -105,6 +105,12 @@ def test_explain_quant_gemv(fresh_registry, capsys, packing):
     assert (d["op"]["M"], d["op"]["N"], d["op"]["K"]) == (4, 256, 512)
 
 
+def test_explain_quant_gemv_with_the_silu_mul_prologue(fresh_registry, capsys):
+    code, out, _ = run(capsys, "explain", "quant_gemv", "--shape", "1,64,256", "--prologue", "silu_mul", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["chosen"] == "cpu" and d["op"]["prologue"] == "silu_mul" and d["op"]["K"] == 256
+
+
 def test_explain_quant_gemv_symmetric_8bit_text(fresh_registry, capsys):
     code, out, _ = run(capsys, "explain", "quant_gemv", "--shape", "1,64,256", "--bits", "8", "--symmetric",
                        "--group-size", "0")
