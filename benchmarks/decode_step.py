@@ -45,6 +45,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(__file__))
 from gemv import copy_bandwidth_TBps, random_prepared  # noqa: E402
 
+from step_timing import capture, kernel_profile, logits_diff, time_step  # noqa: E402
 from step_variants import ATTENTION_VARIANTS, add_variant_arguments, gemv_op, variants_for  # noqa: E402
 
 from portakern.backends.triton import gemv_tuning as T  # noqa: E402
@@ -402,46 +403,7 @@ class TorchStep:
         return w + LAYERS * 2 * (self.ctx + 1) * HKV * D * 2
 
 
-# -- timing ------------------------------------------------------------------------------------------
-
-def warm(step, runs: int = 3):
-    """Run ``step`` a few times on a side stream (compiles, allocator pools) before timing or capture."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(runs):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-
-
-def capture(step):
-    """``step`` captured in a CUDA graph (after ``warm``), replayed once."""
-    warm(step)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
-    g.replay()
-    torch.cuda.synchronize()
-    return g
-
-
-def time_step(step, graph: bool, reps=20):
-    if graph:
-        fn = capture(step).replay
-    else:
-        warm(step)
-        fn = step
-    ts = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn()
-        e1.record()
-        torch.cuda.synchronize()
-        ts.append(e0.elapsed_time(e1))
-    return statistics.median(ts)
-
+# -- logits of two glues ----------------------------------------------------------------------------
 
 def same_logits(step, glue: str, other: str) -> dict:
     """Logits of ``step`` captured with each glue compiled in Inductor's deterministic mode (no configuration
@@ -456,41 +418,6 @@ def same_logits(step, glue: str, other: str) -> dict:
         capture(st)
         outs.append(st.out["lm"].float().clone())
     return {"glues": [glue, other], **logits_diff(*outs)}
-
-
-def logits_diff(ref, other) -> dict:
-    """How far the logits ``other`` are from ``ref`` (fp32 copies of bf16 logits): the largest difference, the
-    scale of the logits, one bf16 unit in the last place at the logit of the largest difference, how many differ,
-    whether both are finite."""
-    d = (other - ref).abs()
-    worst = ref.flatten()[d.argmax()].abs().item()
-    return {"logits_max_abs_diff": d.max().item(), "logits_max_abs": ref.abs().max().item(),
-            "logits_ulp_at_max_diff": 2.0 ** (math.floor(math.log2(max(worst, 1e-30))) - 7),
-            "logits_differing": int((other != ref).sum().item()),
-            "logits_finite": bool(torch.isfinite(ref).all() & torch.isfinite(other).all())}
-
-
-def kernel_profile(step, replays: int = 3):
-    """Per-kernel device time of the step replayed in its CUDA graph (torch.profiler / CUPTI): one row
-    per kernel name with calls and microseconds per replay, largest total first. Durations only; the
-    gaps between kernels are what the graph time adds on top of their sum."""
-    from torch.profiler import ProfilerActivity, profile
-
-    g = capture(step)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            g.replay()
-        torch.cuda.synchronize()
-    rows = {}
-    for ev in prof.events():
-        if ev.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        r = rows.setdefault(ev.name, [0, 0.0])
-        r[0] += 1
-        r[1] += ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
-    out = [{"name": n, "calls": c // replays, "us_total": t / replays, "us_mean": t / max(c, 1)}
-           for n, (c, t) in rows.items()]
-    return sorted(out, key=lambda r: -r["us_total"])
 
 
 def main():

@@ -193,7 +193,9 @@ class GemvCase:
 
     @property
     def x_columns(self) -> int:
-        return 2 * self.K if self.prologue == "silu_mul" else self.K
+        from portakern.ir.ops import x_columns
+
+        return x_columns(self.K, self.prologue or None)
 
     @property
     def seed(self) -> int:

@@ -173,6 +173,12 @@ class Attention:
 X_PROLOGUES = ("silu_mul",)
 
 
+def x_columns(K: int, prologue: str | None) -> int:
+    """Columns of a quant_gemv's stored ``x`` for weights of ``K`` inputs: ``K``, or ``2K`` (gate, up) with
+    the ``silu_mul`` prologue."""
+    return 2 * K if prologue == "silu_mul" else K
+
+
 @dataclass(frozen=True)
 class QuantGemv:
     """``out (M, N) = x (M, K) @ dequant(W (N, K))^T`` with fp32 accumulation.
@@ -201,7 +207,7 @@ class QuantGemv:
     @property
     def x_columns(self) -> int:
         """Columns of ``x``: ``K``, or ``2K`` with the ``silu_mul`` prologue."""
-        return 2 * self.K if self.prologue == "silu_mul" else self.K
+        return x_columns(self.K, self.prologue)
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {"x": (self.M, self.x_columns), "out": (self.M, self.N)}

@@ -166,8 +166,10 @@ def _quant_gemv_call(args) -> tuple[tuple, dict]:
     arr = _Arrays(args.device, _dtype(args.dtype))
     tensors = {name: arr.raw(shape, dtypes[0] if dtypes[0] != "bfloat16" or arr.use_torch else "float32")
                for name, (shape, dtypes, _) in _tensor_specs(fmt, N, K).items()}
-    prologue = args.prologue or None
-    return (arr.float((M, 2 * K if prologue == "silu_mul" else K)), QuantizedWeight(fmt, N, K, tensors)), \
+    from portakern.ir.ops import x_columns
+
+    prologue = args.prologue
+    return (arr.float((M, x_columns(K, prologue))), QuantizedWeight(fmt, N, K, tensors)), \
         ({"prologue": prologue} if prologue else {})
 
 

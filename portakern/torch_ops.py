@@ -30,7 +30,8 @@ from portakern.backends.triton.quant_gemv import PreparedGemvWeight
 from portakern.devices import CPU, Device, torch_device
 from portakern.errors import InvalidInputError, InvalidTypeError
 from portakern.ir import DType, QuantFormat
-from portakern.ir.ops import QuantGemv
+from portakern.ir.ops import QuantGemv, x_columns
+from portakern.validate import check_prologue
 
 Tensor = torch.Tensor
 
@@ -131,13 +132,9 @@ def quant_linear(x: Tensor, w, prologue: str | None = None) -> Tensor:
     """``x (..., K) @ dequant(w)^T`` through ``torch.ops.portakern.quant_gemv``; w a QuantizedWeight
     (prepared for x's device on first use) or a PreparedGemvWeight. ``prologue="silu_mul"``: ``x`` is
     ``(..., 2K)``, gate then up, and the input is ``silu(gate) * up``."""
-    from portakern.ir.ops import X_PROLOGUES
-
-    if prologue is not None and prologue not in X_PROLOGUES:
-        raise InvalidInputError(f"prologue={prologue!r} is not a quant_gemv prologue: use None or one of "
-                                f"{', '.join(map(repr, X_PROLOGUES))}")
+    check_prologue(prologue)
     p = prepared(w, x.device)
-    width = 2 * p.K if prologue == "silu_mul" else p.K
+    width = x_columns(p.K, prologue)
     if x.shape[-1] != width:
         rule = f"(..., 2 * {p.K}) with prologue='silu_mul', gate first" if prologue else f"(..., {p.K})"
         raise InvalidInputError(f"x has {x.shape[-1]} columns but the weight is ({p.N}, {p.K}): x must be {rule}")

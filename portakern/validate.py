@@ -210,15 +210,20 @@ def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
     return op.verify(), qi
 
 
-def quant_gemv_op(x, w, prologue: str | None = None) -> tuple[QuantGemv, ArrayInfo]:
-    """Validate the arguments of ``portakern.quant_gemv`` and build its ``QuantGemv`` node."""
+def check_prologue(prologue) -> None:
+    """Raise ``InvalidInputError`` unless ``prologue`` is None or one of ``X_PROLOGUES``."""
     from portakern.ir.ops import X_PROLOGUES
-
-    from .quantized import QuantizedWeight
 
     if prologue is not None and prologue not in X_PROLOGUES:
         raise InvalidInputError(f"prologue={prologue!r} is not a quant_gemv prologue: use None or one of "
                                 f"{', '.join(map(repr, X_PROLOGUES))}")
+
+
+def quant_gemv_op(x, w, prologue: str | None = None) -> tuple[QuantGemv, ArrayInfo]:
+    """Validate the arguments of ``portakern.quant_gemv`` and build its ``QuantGemv`` node."""
+    from .quantized import QuantizedWeight
+
+    check_prologue(prologue)
     xi = describe(x, "x")
     if not isinstance(w, QuantizedWeight):
         raise InvalidTypeError(f"w is a {type(w).__name__}: expected a portakern.QuantizedWeight; build one with "

@@ -16,6 +16,7 @@ from portakern.errors import InvalidInputError, UnsupportedError
 from portakern.ir import DType, Packing, QuantFormat, QuantGemv
 from portakern.ir.packing import dequantize
 from portakern.quantize import quantize
+from gemv_cases import reference_input  # noqa: E402
 from plugin_helpers import provides  # noqa: E402
 
 parent_only = pytest.mark.skipif(os.environ.get("PORTAKERN_TRITON_TEST_CHILD") == "1",
@@ -23,10 +24,8 @@ parent_only = pytest.mark.skipif(os.environ.get("PORTAKERN_TRITON_TEST_CHILD") =
 
 
 def _silu_mul(x: np.ndarray, K: int) -> np.ndarray:
-    """float64 ``gate / (1 + exp(-gate)) * up`` of ``x = [gate | up]`` (written out, not the backend's code)."""
-    gate, up = x[:, :K].astype(np.float64), x[:, K:].astype(np.float64)
-    with np.errstate(over="ignore"):
-        return gate / (1.0 + np.exp(-gate)) * up
+    """float64 ``silu(gate) * up`` of ``x = [gate | up]`` (the GEMV tests' own formula, not a backend's)."""
+    return reference_input(x.astype(np.float64), "silu_mul", K)
 
 
 def _op(**changes) -> QuantGemv:

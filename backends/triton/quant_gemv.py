@@ -564,7 +564,6 @@ def _check_prologue(op: QuantGemv, cfg: tuning.GemvConfig) -> None:
 def _consts_for(op: QuantGemv, layout, cfg: tuning.GemvConfig, interpret: bool = False) -> dict:
     """The constexpr arguments a launch of ``cfg`` passes (shared by launches and AOT lowering).
     ``interpret``: Triton's CPU interpreter (which computes bf16 wrongly and runs no PTX)."""
-    _check_prologue(op, cfg)
     even_k = layout.KWP * layout.codes_per_word == op.K
     f32 = op.dtype is DType.float32 or (interpret and op.dtype is DType.bfloat16)
     if cfg.kind == "stream":

@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import attention as AB  # noqa: E402  (benchmarks/attention.py)
-from decode_step import kernel_profile  # noqa: E402  (benchmarks/decode_step.py)
+from step_timing import kernel_profile  # noqa: E402  (benchmarks/step_timing.py)
 
 from portakern.backends.triton import attention as A  # noqa: E402
 from portakern.devices import torch_device  # noqa: E402

@@ -52,7 +52,8 @@ def recorded_step(step, seen: dict):
 def main() -> int:
     import torch
 
-    from decode_step import DEFAULT_GLUE, PortakernStep, warm
+    from decode_step import DEFAULT_GLUE, PortakernStep
+    from step_timing import warm
     from experiments.harness import header, parse_args, write
     from gemv import copy_bandwidth_TBps
 
