@@ -473,3 +473,32 @@ def test_gpu_falls_back_to_attn_fwd_for_k_without_a_row_major_view():
         kern(q.to(cuda), kv, v.to(cuda), out, None, {n: t.to(cuda) for n, t in aux.items()})
     torch.cuda.synchronize()
     assert np.abs(out.double().cpu().numpy() - ref_out).max() <= ATOL[op.dtype]
+
+
+@parent_only
+def test_gpu_table_kernel_called_again_on_new_tensors(monkeypatch):
+    """The table's decode kernel and merge called three times on new tensors (new values, lengths and block
+    table; outputs poisoned): the second and third calls launch both kernels straight through their compiled
+    launchers and match the float64 reference."""
+    from portakern.backends.triton.launch import KernelLaunch
+
+    verdicts, guard = [], KernelLaunch._guard
+
+    def logged(self, fast, args):
+        verdicts.append(guard(self, fast, args))
+        return verdicts[-1]
+
+    monkeypatch.setattr(KernelLaunch, "_guard", logged)
+    op = paged(L=2048, page=64, return_lse=True)
+    dev, cuda, kern = _table_kernel(op)
+    for call, lens in enumerate([[2048], [1500], [77]]):
+        inputs = _inputs(op, lens, seed=10 + call)
+        q, k, v, aux, out, lse = _to_device(op, inputs, cuda)
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        kern(q, k, v, out, lse, aux)
+        torch.cuda.synchronize()
+        ref_out, ref_lse = _reference(op, *inputs)
+        assert np.abs(out.double().cpu().numpy() - ref_out).max() <= ATOL[op.dtype], f"call {call}"
+        assert np.abs(lse.double().cpu().numpy() - ref_lse).max() <= LSE_ATOL, f"call {call}"
+    assert verdicts == [True, True, True, True], verdicts   # decode and merge, calls 1 and 2

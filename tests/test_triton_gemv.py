@@ -481,3 +481,52 @@ def test_gpu_graph_with_attention_and_gemv_through_the_api(dev):
         if with_attention:
             ref_o = portakern.attention(q.float().cpu(), k.float().cpu(), v.float().cpu(), backend="cpu")
             assert (o.float().cpu() - ref_o).abs().max().item() < 3e-2
+
+
+@pytest.fixture()
+def guard_log(monkeypatch):
+    """Every KernelLaunch guard's verdict, in call order (True: the launch bypassed Triton's binding)."""
+    from portakern.backends.triton.launch import KernelLaunch
+
+    log, guard = [], KernelLaunch._guard
+
+    def logged(self, fast, args):
+        ok = guard(self, fast, args)
+        log.append(ok)
+        return ok
+
+    monkeypatch.setattr(KernelLaunch, "_guard", logged)
+    return log
+
+
+@gpu_param
+@pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (1, 14336, 4096), (16, 4096, 4096)],
+                         ids=["m1-fma-split", "m1-stream", "m16-tensor-core"])
+def test_gpu_fast_launch_values(dev, guard_log, M, N, K):
+    """The table's kernel called again on new tensors: the later launches go straight through the compiled
+    launcher and still compute the new values (outputs poisoned); an x 2 bytes off 16-byte alignment takes
+    Triton's path (a kernel compiled without the alignment assumption) and is right too."""
+    _need(dev)
+    from portakern.backends.triton import quant_gemv as Q
+    from portakern.ir.packing import dequantize
+    from portakern.validate import quant_gemv_op
+
+    case = ("g", "native", 4, 128, False, M, N, K, "bfloat16", {})
+    w = weight(case)
+    cuda = f"cuda:{dev.index}"
+    op, _ = quant_gemv_op(torch.empty(M, K, dtype=torch.bfloat16), w)
+    kern, p = Q.compile(op, dev), Q.prepare_weight(None, w, dev)
+    wref = dequantize(w.fmt, w.tensors, w.N, w.K)
+    verdicts = []
+    for call, offset in enumerate([0, 0, 0, 1, 0]):
+        buf = torch.randn(M * K + offset, device=cuda).to(torch.bfloat16)
+        x = buf[offset:].view(M, K)
+        out = torch.full((M, N), float("nan"), device=cuda, dtype=torch.bfloat16)
+        n = len(guard_log)
+        kern(x, p, out)
+        verdicts.append(guard_log[n:])
+        ref = x.double().cpu().numpy() @ wref.T
+        err = np.abs(out.double().cpu().numpy() - ref).max() / np.abs(ref).max()
+        assert err <= 1e-2, f"call {call} (x offset {offset}): {err:.3g}"
+    # call 0 compiles (no guard yet); 1 and 2 are fast; the misaligned 3 is not; 4 binds anew (not fast)
+    assert verdicts == [[], [True], [True], [False], [False]], verdicts

@@ -46,6 +46,7 @@ from portakern.ir.ops import Attention, KVLayout
 from . import tuning
 from .backend import KERNEL_OPTIONS, interpret_env
 from .tuning import AttnConfig
+from .launch import KernelLaunch
 
 MAX_HEAD_DIM = 256
 MAX_GRID_Y = 65535
@@ -225,6 +226,8 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
     workspace: dict[Any, tuple[Any, Any]] = {}
     cconsts = _combine_constexprs(op, cfg, consts["BLOCK_DV"])
     combine_opts = {} if interpret else dict(num_warps=4, launch_pdl=cconsts["PDL"], **KERNEL_OPTIONS)
+    fwd_launch = {False: KernelLaunch(fwd, grid, consts, launch_opts, interpret)}   # key: the pointer fallback
+    combine_launch = KernelLaunch(combine, (R * op.heads_q,), cconsts, combine_opts, interpret)
 
     def kernel(q, k, v, out, lse, aux=None) -> None:
         aux = aux or {}
@@ -247,21 +250,22 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
         else:
             ws_o = ws_lse = locks = None
         kd = vd = None
-        cx = consts
+        fallback = False
         if cfg.tma:
             why = tma_blocker(k, v)
             if why is None:
                 kd, vd = _descriptors(cfg, k, v, consts["BLOCK_D"], consts["BLOCK_DV"])
             else:
-                cx = ptr_consts
+                fallback = True
                 warnings.warn(f"portakern: triton attention with tma=True runs pointer loads for this call: "
                               f"{why} (same results, TMA's speed-up lost)", RuntimeWarning, stacklevel=2)
-        fwd[grid](q, k, v, out, lse, ws_o, ws_lse, locks, bt, sk, cu_q, cu_k, kd, vd,
-                  *sq_, *sk_, *sv_, *so_, *sl_, *sbt,
-                  op.batch, op.total_q if varlen else op.seqlen_q, op.seqlen_k, R,
-                  op.scale, **cx, **launch_opts)
+        launch = fwd_launch.get(fallback)
+        if launch is None:
+            launch = fwd_launch[fallback] = KernelLaunch(fwd, grid, ptr_consts, launch_opts, interpret)
+        launch(q, k, v, out, lse, ws_o, ws_lse, locks, bt, sk, cu_q, cu_k, kd, vd, *sq_, *sk_, *sv_, *so_, *sl_, *sbt,
+               op.batch, op.total_q if varlen else op.seqlen_q, op.seqlen_k, R, op.scale)
         if cfg.num_splits > 1 and not cfg.fused_combine:
-            combine[(R * op.heads_q,)](ws_o, ws_lse, out, lse, *so_, *sl_, op.seqlen_q, R, **cconsts, **combine_opts)
+            combine_launch(ws_o, ws_lse, out, lse, *so_, *sl_, op.seqlen_q, R)
 
     kernel.__name__ = f"triton_attention_{op.content_hash()}"
     kernel.config = cfg

@@ -18,6 +18,7 @@ from typing import Any, Callable
 from portakern.ir.ops import Attention, KVLayout
 
 from .backend import KERNEL_OPTIONS
+from .launch import KernelLaunch
 
 QUERY_ROWS = 64          # the wgmma tile's rows: a program's query heads, then padding
 PRODUCER_REGS = 40       # setmaxnreg of the load warp (a page id and box coordinates)
@@ -116,6 +117,9 @@ def launcher(op: Attention, cfg, combine_consts: dict[str, Any]) -> Callable[...
     consts = constexprs(op, cfg)
     grid = (cfg.num_splits, op.batch * op.heads_kv)
     workspace: dict[Any, tuple[Any, Any]] = {}
+    decode = KernelLaunch(fn, grid, consts, dict(num_warps=4, launch_pdl=cfg.pdl, **KERNEL_OPTIONS))
+    merge = KernelLaunch(combine, (op.batch * op.heads_q,), combine_consts,
+                         dict(num_warps=4, launch_pdl=combine_consts["PDL"], **KERNEL_OPTIONS))
 
     def launch(q, k, v, out, lse, aux) -> None:
         qd, kd, vd = descriptors(op, q, k, v, cfg.block_n)
@@ -126,13 +130,10 @@ def launcher(op: Attention, cfg, combine_consts: dict[str, Any]) -> Callable[...
                 workspace[q.device] = split_partials(op, cfg, op.batch, q.device)
             ws_o, ws_lse = workspace[q.device]
         sl = lse.stride() if lse is not None else (0, 0, 0)
-        fn[grid](qd, kd, vd, out, lse, ws_o, ws_lse, bt, sk, out.stride(0), out.stride(2), sl[0], sl[1],
-                 *(bt.stride() if bt is not None else (0, 0)), op.heads_q, k.shape[1], op.scale,
-                 **consts, num_warps=4, launch_pdl=cfg.pdl, **KERNEL_OPTIONS)
+        decode(qd, kd, vd, out, lse, ws_o, ws_lse, bt, sk, out.stride(0), out.stride(2), sl[0], sl[1],
+               *(bt.stride() if bt is not None else (0, 0)), op.heads_q, k.shape[1], op.scale)
         if cfg.num_splits > 1:
-            combine[(op.batch * op.heads_q,)](ws_o, ws_lse, out, lse, *out.stride()[:3], *sl, 1, op.batch,
-                                              **combine_consts, num_warps=4, launch_pdl=combine_consts["PDL"],
-                                              **KERNEL_OPTIONS)
+            merge(ws_o, ws_lse, out, lse, *out.stride()[:3], *sl, 1, op.batch)
 
     return launch
 

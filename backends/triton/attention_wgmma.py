@@ -21,6 +21,7 @@ from typing import Any, Callable
 from portakern.ir.ops import Attention, KVLayout
 
 from .backend import KERNEL_OPTIONS
+from .launch import KernelLaunch
 
 QUERY_ROWS = 64          # rows per consumer warpgroup; a program owns two such halves
 HEAD_DIMS = (64, 128, 256)
@@ -118,14 +119,13 @@ def launcher(op: Attention, cfg) -> Callable[..., None]:
 
     fn = kernels.load("attention_wgmma").attn_fwd_wgmma
     consts = constexprs(op, cfg)
-    g = grid(op)
+    prefill = KernelLaunch(fn, grid(op), consts, dict(num_warps=4, **KERNEL_OPTIONS))
 
     def launch(q, k, v, out, lse, aux) -> None:
         qd, kd, vd = descriptors(op, q, k, v, cfg.block_n)
         sl = lse.stride() if lse is not None else (0, 0, 0)
-        fn[g](qd, kd, vd, out, lse, out.stride(0), out.stride(1), out.stride(2), *sl,
-              op.heads_q, op.group_size, op.seqlen_q, op.seqlen_k, op.scale,
-              **consts, num_warps=4, **KERNEL_OPTIONS)
+        prefill(qd, kd, vd, out, lse, out.stride(0), out.stride(1), out.stride(2), *sl,
+                op.heads_q, op.group_size, op.seqlen_q, op.seqlen_k, op.scale)
 
     return launch
 

@@ -78,6 +78,7 @@ class Launcher:
 
         from . import kernels
         from .backend import KERNEL_OPTIONS
+        from .launch import KernelLaunch
 
         self.fn = kernels.load("gemv_stream").gemv_stream_kernel
         self.programs = grid_programs(op, layout, cfg, num_sms, programs)
@@ -87,8 +88,8 @@ class Launcher:
         self.N = op.N
         self.ws = torch.empty((self.programs * 2, cfg.block_n), dtype=torch.float32, device=tdev)
         self.cnt = torch.zeros((self.n_tiles,), dtype=torch.int32, device=tdev)
+        self.launch = KernelLaunch(self.fn, (self.programs,), self.consts, self.opts)
 
     def __call__(self, x, w, out) -> None:
         z = w.scales if w.zeros is None else w.zeros
-        self.fn[(self.programs,)](x, w.qweight, w.scales, z, out, self.ws, self.cnt, self.N, self.n_tiles,
-                                  w.stride_qk, **self.consts, **self.opts)
+        self.launch(x, w.qweight, w.scales, z, out, self.ws, self.cnt, self.N, self.n_tiles, w.stride_qk)

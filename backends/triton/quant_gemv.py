@@ -41,6 +41,7 @@ from portakern.ir.quant import Packing
 from . import gemv_tuning as tuning
 from .backend import KERNEL_OPTIONS, interpret_env
 from .gemv_frag_layout import FRAG_CHUNK, frag_eligible, pack_fragments, unpack_fragments  # noqa: F401
+from .launch import KernelLaunch
 
 _TARGETS = {"sm_80": 80, "sm_90a": 90, "sm_100a": 100, "sm_120": 120}
 #: words per row are padded to this multiple (64 bytes) so every row starts 16-byte aligned
@@ -299,6 +300,7 @@ class _Launcher:
             kc, nu = int(layout.frag.shape[0]), int(layout.frag.shape[1])
             self.frag_dims = (kc, -(-kc // cfg.split_k), 256, nu * 256)
             self.opts.pop("num_stages", None)
+        self.launch = KernelLaunch(self.fn, self.grid, self.consts, self.opts, interpret)
 
     def __call__(self, x, w: PreparedGemvWeight, out) -> None:
         if self.kind == "stream":
@@ -308,22 +310,20 @@ class _Launcher:
         lock = w.qweight if self.lock is None else self.lock
         z = w.scales if w.zeros is None else w.zeros
         perm = w.qweight if w.perm is None else w.perm
+        launch = self.launch
         if self.kind == "frag":
             kc, kcs, su, sc = self.frag_dims
-            self.fn[self.grid](x, w.frag, w.scales, z, out, ws, lock, M, N, K, kc, sqk, x.stride(0), out.stride(0),
-                               kcs, su, sc, **self.consts, **self.opts)
+            launch(x, w.frag, w.scales, z, out, ws, lock, M, N, K, kc, sqk, x.stride(0), out.stride(0), kcs, su, sc)
         elif self.kind == "mma":
-            self.fn[self.grid](x, w.qweight, w.scales, z, out, ws, lock, M, N, K, KWP, sqk,
-                               x.stride(0), out.stride(0), self.ksw, **self.consts, **self.opts)
+            launch(x, w.qweight, w.scales, z, out, ws, lock, M, N, K, KWP, sqk, x.stride(0), out.stride(0), self.ksw)
         elif self.kind == "fma":
             kg = w.qweight if w.kgroup is None else w.kgroup
             glu = ws if self.glu is None else self.glu
-            self.fn[self.grid](x, w.qweight, w.scales, z, perm, kg, out, ws, lock, M, N, K, KWP, sqk,
-                               x.stride(0), out.stride(0), self.ksw, self.mask_rt, glu, self.glu_len,
-                               **self.consts, **self.opts)
+            launch(x, w.qweight, w.scales, z, perm, kg, out, ws, lock, M, N, K, KWP, sqk,
+                   x.stride(0), out.stride(0), self.ksw, self.mask_rt, glu, self.glu_len)
         else:
-            self.fn[self.grid](x, w.qweight, w.scales, z, perm, out, ws, lock, M, N, K, KWP, sqk,
-                               x.stride(0), out.stride(0), self.ksw, self.mask_rt, **self.consts, **self.opts)
+            launch(x, w.qweight, w.scales, z, perm, out, ws, lock, M, N, K, KWP, sqk,
+                   x.stride(0), out.stride(0), self.ksw, self.mask_rt)
 
 
 def _slice_words(kwp: int, cfg: tuning.GemvConfig) -> int:

@@ -1,0 +1,148 @@
+"""Launching a compiled Triton kernel without Triton's per-call binding.
+
+``fn[grid](*args, **constexprs, **options)`` re-derives on every call what cannot have changed
+since the last one: it binds the arguments to the signature, specialises each one (dtype,
+16-byte alignment, integers equal to 1 or divisible by 16), hashes that into a cache key, looks the
+compiled kernel up, checks the globals it read and builds launch metadata. On the H200's host that
+is most of an eager call (session 2: 27 us of "kernel alone" for a GEMV whose GPU time is 6 us).
+
+``KernelLaunch`` makes the first call of a signature through ``fn[grid]`` (which compiles), keeps
+the compiled kernel that call returned, and launches later calls straight through its launcher
+(``CompiledKernel.run``, the C function Triton itself ends in) when a cheap guard shows that Triton
+would have chosen the same compiled kernel:
+
+* every tensor argument 16-byte aligned (Triton's alignment specialisation), as on the first call;
+* every integer argument equal to the first call's (covers the ``== 1`` / ``% 16`` / 32-bit
+  specialisations, and the rare caller whose strides change falls back rather than guessing);
+* every ``None`` argument still ``None``;
+* the same current device, and no launch hooks installed (profilers such as Proton set them and
+  expect Triton's own path, which this then takes).
+
+Anything else goes through ``fn[grid]``, which is always correct, and that call's kernel becomes
+the fast one. The caller's part of the contract: at each position it passes an argument of the same
+kind and dtype on every call (true for the backend's launchers, whose ops and weight layouts fix
+the dtypes). Under the interpreter every call goes through ``fn[grid]``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+#: ``PORTAKERN_TRITON_FAST_LAUNCH=0`` sends every launch through ``fn[grid]`` (A/B measurement, debugging)
+FAST_LAUNCH_ENV = "PORTAKERN_TRITON_FAST_LAUNCH"
+_enabled = [True]
+
+
+def fast_launch_enabled() -> bool:
+    """Whether launches after the first may bypass Triton's binding: on unless ``$PORTAKERN_TRITON_FAST_LAUNCH``
+    is ``0`` / ``false`` / ``off``, or ``set_fast_launch(False)`` turned it off."""
+    return _enabled[0] and os.environ.get(FAST_LAUNCH_ENV, "1").lower() not in ("0", "", "false", "off")
+
+
+def set_fast_launch(enabled: bool) -> bool:
+    """Turn the fast path on or off for every ``KernelLaunch`` of the process (benchmarks compare the two in one
+    process); returns the previous setting. Off, every launch goes through ``fn[grid]``."""
+    previous, _enabled[0] = _enabled[0], bool(enabled)
+    return previous
+
+
+class _Fast:
+    """The compiled kernel of one guarded call and what its guard compares."""
+
+    __slots__ = ("compiled", "device", "tensor_pos", "int_pos", "none_pos", "ints", "tail")
+
+    def __init__(self, compiled, device, args: tuple, tail: tuple):
+        self.compiled, self.device, self.tail = compiled, device, tail
+        self.tensor_pos = tuple(i for i, a in enumerate(args) if hasattr(a, "data_ptr"))
+        self.int_pos = tuple(i for i, a in enumerate(args) if isinstance(a, int))   # bools included
+        self.none_pos = tuple(i for i, a in enumerate(args) if a is None)
+        self.ints = tuple(args[i] for i in self.int_pos)
+
+
+class KernelLaunch:
+    """``launch(*args)``: ``fn`` on ``grid`` with fixed ``constexprs`` and compile ``options``.
+
+    ``args`` are the kernel's runtime arguments, in signature order, all positional; ``constexprs``
+    name the parameters after them (any the kernel declares with a default may be left out).
+    ``interpret`` (Triton's interpreter) disables the fast path.
+    """
+
+    def __init__(self, fn, grid: tuple[int, ...], constexprs: dict[str, Any], options: dict[str, Any],
+                 interpret: bool = False):
+        self.fn, self.constexprs, self.options = fn, constexprs, options
+        self.grid = tuple(grid)
+        self.grid3 = (tuple(grid) + (1, 1))[:3]
+        self.fast_ok = not interpret   # False also for a Triton whose compiled kernels launch differently
+        self._fast: _Fast | None = None
+        self._driver = self._runtime = None   # triton's active driver and runtime knobs, bound on first use
+        self.fast_calls = self.slow_calls = 0   # introspection (tests, benchmarks)
+
+    def __call__(self, *args) -> None:
+        fast = self._fast
+        if fast is not None and _enabled[0] and self._guard(fast, args):
+            c = fast.compiled
+            self.fast_calls += 1
+            c.run(*self.grid3, self._driver.get_current_stream(fast.device), c.function, c.packed_metadata,
+                  None, None, None, *args, *fast.tail)
+            return
+        self._slow(args)
+
+    def _guard(self, fast: _Fast, args: tuple) -> bool:
+        """Whether ``fn[grid]`` would pick ``fast.compiled`` for ``args`` (see the module docstring)."""
+        rt = self._runtime
+        if rt.launch_enter_hook is not None or rt.launch_exit_hook is not None:
+            return False
+        try:
+            bits = 0
+            for i in fast.tensor_pos:
+                bits |= args[i].data_ptr()
+        except AttributeError:   # a tensor position got something else
+            return False
+        if bits & 15:
+            return False
+        for i in fast.none_pos:
+            if args[i] is not None:
+                return False
+        if tuple([args[i] for i in fast.int_pos]) != fast.ints:
+            return False
+        return self._driver.get_current_device() == fast.device
+
+    def _slow(self, args: tuple) -> None:
+        """Triton's own path (binds, compiles if needed, launches); its kernel becomes the fast one."""
+        self.slow_calls += 1
+        compiled = self.fn[self.grid](*args, **self.constexprs, **self.options)
+        if not self.fast_ok or not fast_launch_enabled():
+            self._fast = None
+            return
+        if hasattr(compiled, "result"):   # an asynchronous compile's future
+            compiled = compiled.result()
+        if not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
+            self.fast_ok = False
+            return
+        aligned = all(a.data_ptr() % 16 == 0 for a in args if hasattr(a, "data_ptr"))
+        if not aligned:   # compiled without the alignment assumption: correct for any call, but keep it simple
+            self._fast = None
+            return
+        if self._driver is None:
+            from triton import knobs
+            from triton.runtime import driver
+
+            self._driver, self._runtime = driver.active, knobs.runtime
+        self._fast = _Fast(compiled, self._driver.get_current_device(), args, self._tail(len(args)))
+
+    def _tail(self, n_args: int) -> tuple:
+        """The parameters after the ``n_args`` runtime ones, as Triton binds them: constexprs and defaults."""
+        import inspect
+
+        params = list(inspect.signature(self.fn.fn).parameters.values())[n_args:]
+        tail = []
+        for p in params:
+            if p.name in self.constexprs:
+                tail.append(self.constexprs[p.name])
+            elif p.default is not inspect.Parameter.empty:
+                tail.append(p.default)
+            else:
+                raise TypeError(f"KernelLaunch of {getattr(self.fn, '__name__', self.fn)}: parameter {p.name!r} was given neither "
+                                "positionally nor as a constexpr; pass runtime arguments positionally")
+        return tuple(tail)
