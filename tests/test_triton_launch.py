@@ -74,7 +74,8 @@ def fake_triton(monkeypatch):
     import triton.runtime
 
     drv = _Driver()
-    rt = types.SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    # Triton 3.6 keeps empty hook chains (no hook installed); earlier versions None
+    rt = types.SimpleNamespace(launch_enter_hook=types.SimpleNamespace(calls=[]), launch_exit_hook=None)
     monkeypatch.setattr(triton.runtime, "driver", types.SimpleNamespace(active=drv))
     monkeypatch.setattr(triton, "knobs", types.SimpleNamespace(runtime=rt))
     monkeypatch.delenv(launch_mod.FAST_LAUNCH_ENV, raising=False)
@@ -100,7 +101,8 @@ def test_first_call_binds_later_calls_launch_directly(fake_triton):
     assert (ln.slow_calls, ln.fast_calls) == (1, 1)
 
 
-@pytest.mark.parametrize("change", ["misaligned", "int", "none", "not_none", "not_tensor", "device", "hook"])
+@pytest.mark.parametrize("change", ["misaligned", "int", "none", "not_none", "not_tensor", "device", "hook",
+                                    "hook_chain"])
 def test_guard_falls_back_to_triton(fake_triton, change):
     drv, rt = fake_triton
     jit = _JIT()
@@ -121,7 +123,9 @@ def test_guard_falls_back_to_triton(fake_triton, change):
     elif change == "device":
         drv.device = 1
     elif change == "hook":
-        rt.launch_enter_hook = lambda *a: None
+        rt.launch_exit_hook = lambda *a: None
+    elif change == "hook_chain":
+        rt.launch_enter_hook.calls.append(lambda *a: None)
     ln(*args)
     assert _kinds(jit) == ["slow", "slow"]
 

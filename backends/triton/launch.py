@@ -47,6 +47,15 @@ def set_fast_launch(enabled: bool) -> bool:
     return previous
 
 
+def _hooked(hook) -> bool:
+    """Whether a launch hook is installed: Triton 3.6+ keeps a ``HookChain`` (installed when it has calls),
+    earlier ones ``None`` or a callable."""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return True if calls is None else bool(calls)
+
+
 class _Fast:
     """The compiled kernel of one guarded call and what its guard compares."""
 
@@ -76,6 +85,7 @@ class KernelLaunch:
         self.fast_ok = not interpret   # False also for a Triton whose compiled kernels launch differently
         self._fast: _Fast | None = None
         self._driver = self._runtime = None   # triton's active driver and runtime knobs, bound on first use
+        self._tails: dict[int, tuple] = {}
         self.fast_calls = self.slow_calls = 0   # introspection (tests, benchmarks)
 
     def __call__(self, *args) -> None:
@@ -91,7 +101,7 @@ class KernelLaunch:
     def _guard(self, fast: _Fast, args: tuple) -> bool:
         """Whether ``fn[grid]`` would pick ``fast.compiled`` for ``args`` (see the module docstring)."""
         rt = self._runtime
-        if rt.launch_enter_hook is not None or rt.launch_exit_hook is not None:
+        if _hooked(rt.launch_enter_hook) or _hooked(rt.launch_exit_hook):
             return False
         try:
             bits = 0
@@ -132,7 +142,14 @@ class KernelLaunch:
         self._fast = _Fast(compiled, self._driver.get_current_device(), args, self._tail(len(args)))
 
     def _tail(self, n_args: int) -> tuple:
-        """The parameters after the ``n_args`` runtime ones, as Triton binds them: constexprs and defaults."""
+        """The parameters after the ``n_args`` runtime ones, as Triton binds them: constexprs and defaults
+        (worked out once: ``inspect.signature`` alone costs tens of microseconds)."""
+        tail = self._tails.get(n_args)
+        if tail is None:
+            tail = self._tails[n_args] = self._bind_tail(n_args)
+        return tail
+
+    def _bind_tail(self, n_args: int) -> tuple:
         import inspect
 
         params = list(inspect.signature(self.fn.fn).parameters.values())[n_args:]

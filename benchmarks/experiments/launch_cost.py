@@ -12,7 +12,7 @@ call, medians over ``--rounds`` rounds; the variants alternate round by round. C
 * paged decode attention (B = 1, 32 / 8 heads, D = 128, 2048 keys in pages of 64: the decode step's):
   ``portakern.attention`` on and off; SDPA over the same keys stored densely (its default backend).
 
-    python benchmarks/experiments/launch_cost.py [--calls 100] [--rounds 15] [--out DIR] [--tag T]
+    python benchmarks/experiments/launch_cost.py [--calls 100] [--rounds 15] [--profile] [--out DIR] [--tag T]
 """
 
 from __future__ import annotations
@@ -104,9 +104,35 @@ def attention_variants(ctx: int = 2048, page: int = 64) -> dict:
     return {"portakern_api_fast": with_fast(api, True), "portakern_api_triton": with_fast(api, False), "sdpa": sdpa}
 
 
+def profile(variants: dict, names: list[str], calls: int = 300) -> None:
+    """cProfile of ``calls`` calls of each named variant: the 18 functions with the most own time."""
+    import cProfile
+    import pstats
+
+    for n in names:
+        fn = variants[n]
+        set_fast_launch(getattr(fn, "fast", True))
+        for _ in range(20):
+            fn()
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(calls):
+            fn()
+        pr.disable()
+        torch.cuda.synchronize()
+        print(f"== profile {n} ({calls} calls)")
+        pstats.Stats(pr).sort_stats("tottime").print_stats(18)
+    set_fast_launch(True)
+
+
 def main() -> int:
     args = harness.parse_args(__doc__, lambda ap: (ap.add_argument("--calls", type=int, default=100),
-                                                   ap.add_argument("--rounds", type=int, default=15)))
+                                                   ap.add_argument("--rounds", type=int, default=15),
+                                                   ap.add_argument("--profile", action="store_true",
+                                                                   help="also cProfile the API calls")))
+    if args.profile:
+        profile(attention_variants(), ["portakern_api_fast"])
+        profile(gemv_variants(4096, 4096), ["portakern_api_fast"])
     res = harness.header(__doc__, copy_bandwidth_TBps(), rows=[])
     cases = [("quant_gemv 4096x4096", lambda: gemv_variants(4096, 4096)),
              ("quant_gemv 14336x4096", lambda: gemv_variants(14336, 4096)),
