@@ -190,6 +190,30 @@ def test_release_next_needs_grid_dependency_control():
 
 
 @parent_only
+def test_rebased_descriptors_equal_fresh_ones_and_hold_no_tensor():
+    """The launcher builds the three TMA descriptors once and later gives each call a copy over its own tensors:
+    the copy has every field of the descriptor ``descriptors`` builds for those tensors, and the kept template
+    holds no tensor (it would keep the first call's KV cache alive)."""
+    pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    from portakern.backends.triton import attention_decode_ws as W
+
+    op = paged(L=2048, page=64)
+    s = op.shapes()
+
+    def tensors(seed):
+        g = torch.Generator().manual_seed(seed)
+        return [torch.randn(s[n], generator=g).to(torch.bfloat16) for n in ("q", "k", "v")]
+
+    (template,) = W._templates(W.descriptors(op, *tensors(0), 64))
+    assert all(t.base is None for t in template)
+    new = tensors(1)
+    for t, fresh, a in zip(template, W.descriptors(op, *new, 64), new):
+        d = W._rebased(t, a)
+        assert type(d) is type(fresh) and d.base is a
+        assert vars(d) == vars(fresh)
+
+
+@parent_only
 def test_early_merge_launches_the_merge_at_the_kernels_start_and_the_next_kernel_before_the_merges_wait():
     """``early_merge``: the decode kernel (launched normally) says ``launch_dependents`` before any global read or
     TMA copy; the merge is then a dependent that releases the next kernel before its own wait and reads the

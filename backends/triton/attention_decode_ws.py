@@ -99,6 +99,31 @@ def constexprs(op: Attention, cfg) -> dict[str, Any]:
                 PDL=cfg.pdl, LAUNCH_MERGE=cfg.early_merge)
 
 
+def _templates(descs: tuple) -> list:
+    """``[descs]`` with their tensors dropped (held, they would keep the first call's KV cache alive), for
+    ``_rebased``; ``[]`` when the descriptor class keeps no ``__dict__`` to copy (then every call builds anew)."""
+    if not all(hasattr(d, "__dict__") for d in descs):
+        return []
+    empty = []
+    for d in descs:
+        t = object.__new__(type(d))
+        t.__dict__.update(d.__dict__)
+        t.base = None
+        empty.append(t)
+    return [tuple(empty)]
+
+
+def _rebased(template, a):
+    """``template`` over tensor ``a``: the descriptor ``descriptors`` would build for ``a``, without its per-call
+    validation. Valid because everything else a descriptor holds (shape, strides, box, layout) is fixed by the op
+    and configuration for tensors that passed ``call_blocker``, which also checks TMA's alignment rules; a Gluon
+    ``TensorDescriptor``'s own checks cost ~10 us a descriptor on the H200's host."""
+    d = object.__new__(type(template))
+    d.__dict__.update(template.__dict__)
+    d.base = a
+    return d
+
+
 def smem_bytes(op: Attention, block_n: int, stages: int) -> int:
     """Shared memory of the kernel: the query tile and ``stages`` K and V tiles (barriers aside)."""
     return 2 * (QUERY_ROWS * op.head_dim + stages * block_n * (op.head_dim + op.head_dim_v))
@@ -121,8 +146,14 @@ def launcher(op: Attention, cfg, combine_consts: dict[str, Any]) -> Callable[...
     merge = KernelLaunch(combine, (op.batch * op.heads_q,), combine_consts,
                          dict(num_warps=4, launch_pdl=combine_consts["PDL"], **KERNEL_OPTIONS))
 
+    templates: list = []
+
     def launch(q, k, v, out, lse, aux) -> None:
-        qd, kd, vd = descriptors(op, q, k, v, cfg.block_n)
+        if templates:
+            qd, kd, vd = (_rebased(t, a) for t, a in zip(templates[0], (q, k, v)))
+        else:
+            qd, kd, vd = descriptors(op, q, k, v, cfg.block_n)
+            templates.extend(_templates((qd, kd, vd)))
         bt, sk = aux.get("block_table"), aux.get("seqlens_k")
         ws_o = ws_lse = None
         if cfg.num_splits > 1:
