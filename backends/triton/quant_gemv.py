@@ -106,9 +106,14 @@ class PreparedGemvWeight:
         return self.kgroup is not None or self.group_size % self.codes_per_word != 0
 
     def key(self) -> tuple:
-        """What a compiled launcher depends on, beyond the op."""
-        return (self.has_z, self.has_perm, self.kgroup is not None, self.zero_point, self.per_elem_group,
-                str(self.scales.dtype), self.KWP, self.stride_qk, self.frag is not None)
+        """What a compiled launcher depends on, beyond the op (worked out on the first call: the weight is frozen,
+        and every GEMV call asks)."""
+        key = self.__dict__.get("_key")
+        if key is None:
+            key = (self.has_z, self.has_perm, self.kgroup is not None, self.zero_point, self.per_elem_group,
+                   str(self.scales.dtype), self.KWP, self.stride_qk, self.frag is not None)
+            object.__setattr__(self, "_key", key)
+        return key
 
     def tensors(self) -> dict[str, Any]:
         return {n: t for n, t in (("qweight", self.qweight), ("scales", self.scales), ("zeros", self.zeros),
