@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import types
 
+import numpy as np
 import pytest
 
 pytest.importorskip("triton")
@@ -183,3 +184,14 @@ def test_parameter_neither_positional_nor_constexpr_is_named(fake_triton):
     ln = KernelLaunch(_JIT(), (1,), {}, {})
     with pytest.raises(TypeError, match=r"KernelLaunch of stand_in: parameter 'BLOCK' was given neither"):
         ln(_Tensor(16), _Tensor(0), 5, 7)
+
+
+def test_numpy_and_float_scalars_are_compared_by_value(fake_triton):
+    jit = _JIT()
+    ln = KernelLaunch(jit, (1,), {"BLOCK": 64}, {})
+    out = _Tensor(0)
+    ln(_Tensor(16), out, np.int64(5), 0.5)
+    ln(_Tensor(16), out, np.int64(5), 0.5)   # same values: fast
+    ln(_Tensor(16), out, np.int64(1), 0.5)   # Triton would specialise the 1
+    ln(_Tensor(16), out, np.int64(1), 0.25)  # a float changed: Triton's path too (stricter than Triton)
+    assert _kinds(jit) == ["slow", "fast", "slow", "slow"]

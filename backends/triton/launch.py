@@ -12,8 +12,8 @@ the compiled kernel that call returned, and launches later calls straight throug
 would have chosen the same compiled kernel:
 
 * every tensor argument 16-byte aligned (Triton's alignment specialisation), as on the first call;
-* every integer argument equal to the first call's (covers the ``== 1`` / ``% 16`` / 32-bit
-  specialisations, and the rare caller whose strides change falls back rather than guessing);
+* every scalar argument equal to the first call's (covers the integers' ``== 1`` / ``% 16`` / 32-bit
+  specialisations; a caller whose strides change falls back rather than guessing);
 * every ``None`` argument still ``None``;
 * the same current device, and no launch hooks installed (profilers such as Proton set them and
   expect Triton's own path, which this then takes).
@@ -26,6 +26,7 @@ the dtypes). Under the interpreter every call goes through ``fn[grid]``.
 
 from __future__ import annotations
 
+import numbers
 import os
 from typing import Any
 
@@ -64,7 +65,9 @@ class _Fast:
     def __init__(self, compiled, device, args: tuple, tail: tuple):
         self.compiled, self.device, self.tail = compiled, device, tail
         self.tensor_pos = tuple(i for i, a in enumerate(args) if hasattr(a, "data_ptr"))
-        self.int_pos = tuple(i for i, a in enumerate(args) if isinstance(a, int))   # bools included
+        # scalars (bools, ints, floats, numpy scalars) compared by value: stricter than Triton, which specialises
+        # integers only and floats not at all, so a changed scalar falls back rather than guessing
+        self.int_pos = tuple(i for i, a in enumerate(args) if isinstance(a, numbers.Number))
         self.none_pos = tuple(i for i, a in enumerate(args) if a is None)
         self.ints = tuple(args[i] for i in self.int_pos)
 
