@@ -16,7 +16,10 @@ return a fresh tensor and do no host synchronisation after their first call, so 
 (``torch.cuda.graph`` or ``torch.compile(mode="reduce-overhead")``) can capture them.
 
 ``QuantLinear`` wraps a ``QuantizedWeight`` as an ``nn.Module`` whose forward calls the op, and
-``quant_linear(x, w)`` is the functional form (any leading dimensions on x).
+``quant_linear(x, w)`` is the functional form (any leading dimensions on x); ``attention_op`` is the keyword
+form of the attention op. In plain eager use (no compiler, tracer or dispatch mode, no autograd) these three
+run the op's implementation directly: torch's operator dispatch of a Python custom op costs ~50 us of host time
+per call, more than a batch-1 GEMV takes on the GPU. Traced, they go through ``torch.ops.portakern.*``.
 """
 
 from __future__ import annotations
@@ -49,12 +52,33 @@ def quant_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Optional[Tenso
     ``prologue="silu_mul"``: ``x`` is ``(M, 2k)``, gate then up, and the input is ``silu(gate) * up``
     (``QuantGemv.prologue``)."""
     w = PreparedGemvWeight(qweight, scales, zeros, perm, kgroup, bits, group_size, zero_point, n, k)
-    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+    return _quant_gemv_impl(x, w, prologue)
+
+
+def _quant_gemv_impl(x: Tensor, w: PreparedGemvWeight, prologue: str | None) -> Tensor:
+    """What the op computes (called by it, and directly by ``quant_linear`` / ``QuantLinear`` when ``_untraced``)."""
+    out = torch.empty((x.shape[0], w.N), dtype=x.dtype, device=x.device)
     if x.is_cuda:
         _cuda_kernel(x, w, prologue)(x, w, out)
     else:
         out.copy_(_dequant_matmul(x, w, prologue))
     return out
+
+
+def _untraced(*tensors) -> bool:
+    """Whether a call may run the op's implementation directly instead of through torch's operator dispatch,
+    which costs ~50 us of host time per eager call (more than a batch-1 GEMV takes on the GPU): plain tensors
+    that do not require grad, and no compiler, tracer, dispatch mode or function mode active. Everything else
+    (``torch.compile``, ``make_fx`` / export, fake or functional tensors, autograd) goes through ``torch.ops`` and
+    is traced or dispatched as a custom op should be."""
+    for t in tensors:
+        if t is not None and (type(t) is not torch.Tensor or t.requires_grad):
+            return False
+    try:
+        return not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
+                    or torch._C._is_torch_function_mode_enabled())
+    except AttributeError:   # a torch without these probes: always dispatch
+        return False
 
 
 @quant_gemv.register_fake
@@ -141,8 +165,11 @@ def quant_linear(x: Tensor, w, prologue: str | None = None) -> Tensor:
     x2 = x.reshape(-1, width)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    y = torch.ops.portakern.quant_gemv(x2, p.qweight, p.scales, p.zeros, p.perm, p.kgroup, p.bits,
-                                       p.group_size, p.zero_point, p.N, p.K, prologue)
+    if _untraced(x2, *p.tensors().values()):
+        y = _quant_gemv_impl(x2, p, prologue)
+    else:
+        y = torch.ops.portakern.quant_gemv(x2, p.qweight, p.scales, p.zeros, p.perm, p.kgroup, p.bits,
+                                           p.group_size, p.zero_point, p.N, p.K, prologue)
     return y.reshape(*x.shape[:-1], p.N)
 
 
@@ -163,9 +190,14 @@ class QuantLinear(torch.nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x2 = x.reshape(-1, self.in_features)
-        y = torch.ops.portakern.quant_gemv(x2, self.qweight, self.scales, self.zeros, self.perm, self.kgroup,
-                                           self.bits, self.group_size, self.zero_point, self.out_features,
-                                           self.in_features)
+        if _untraced(x2, self.qweight, self.scales, self.zeros):
+            w = PreparedGemvWeight(self.qweight, self.scales, self.zeros, self.perm, self.kgroup, self.bits,
+                                   self.group_size, self.zero_point, self.out_features, self.in_features)
+            y = _quant_gemv_impl(x2, w, None)
+        else:
+            y = torch.ops.portakern.quant_gemv(x2, self.qweight, self.scales, self.zeros, self.perm, self.kgroup,
+                                               self.bits, self.group_size, self.zero_point, self.out_features,
+                                               self.in_features)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
@@ -179,6 +211,11 @@ class QuantLinear(torch.nn.Module):
 def attention(q: Tensor, k: Tensor, v: Tensor, block_table: Optional[Tensor], seqlens_k: Optional[Tensor],
               causal: bool, scale: Optional[float], window_left: int, window_right: int, softcap: float) -> Tensor:
     """``portakern.attention`` on BSHD tensors (dense, or paged with block_table + seqlens_k)."""
+    return _attention_impl(q, k, v, block_table, seqlens_k, causal, scale, window_left, window_right, softcap)
+
+
+def _attention_impl(q, k, v, block_table, seqlens_k, causal, scale, window_left, window_right, softcap) -> Tensor:
+    """What the op computes (called by it, and directly by ``attention_op`` when ``_untraced``)."""
     import portakern
 
     window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
@@ -198,7 +235,10 @@ def attention_op(q, k, v, *, causal=False, scale=None, window=None, softcap=0.0,
                  seqlens_k=None) -> Tensor:
     """Keyword form of ``torch.ops.portakern.attention`` (window ``(left, right)``, -1 = unbounded)."""
     wl, wr = window if window is not None else (-1, -1)
-    return torch.ops.portakern.attention(q, k, v, block_table, seqlens_k, causal, scale, wl, wr, softcap)
+    args = (q, k, v, block_table, seqlens_k, causal, scale, wl, wr, softcap)
+    if _untraced(q, k, v, block_table, seqlens_k):
+        return _attention_impl(*args)
+    return torch.ops.portakern.attention(*args)
 
 
 __all__ = ["QuantLinear", "attention", "attention_op", "prepared", "quant_gemv", "quant_linear"]

@@ -157,3 +157,55 @@ def test_cuda_graph_and_compile_on_gpu():
     ref = x.double().cpu().numpy() @ dequantize(w.fmt, {k: v.cpu().numpy() for k, v in w.tensors.items()},
                                                512, 1024).T
     np.testing.assert_allclose(y.double().cpu().numpy(), ref, atol=2e-3 * np.abs(ref).max())
+
+
+def _dispatched(fn) -> set[str]:
+    """The portakern ops torch's dispatcher saw while ``fn`` ran (the profiler records dispatched ops, and
+    installs no mode that would change the path taken)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.name for e in prof.events()} & {"portakern::quant_gemv", "portakern::attention"}
+
+
+class _LogMode(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_eager_calls_run_directly_and_traced_calls_dispatch():
+    """Plain eager calls of quant_linear, QuantLinear and attention_op skip torch's operator dispatch (~50 us of
+    host time a call) with the same values as the op; a dispatch mode, or an x that requires grad, sees the
+    custom op."""
+    from portakern.quantize import quantize
+
+    torch.manual_seed(3)
+    w = quantize(torch.randn(48, 64), bits=4, group_size=32)
+    lin = torch_ops.QuantLinear(w, "cpu")
+    p = torch_ops.prepared(w, "cpu")
+    x = torch.randn(2, 64)
+    q, k, v = torch.randn(1, 3, 4, 16), torch.randn(1, 5, 2, 16), torch.randn(1, 5, 2, 16)
+    calls = {
+        "quant_linear": lambda t: torch_ops.quant_linear(t, w),
+        "QuantLinear": lambda t: lin(t),
+        "attention_op": lambda t: torch_ops.attention_op(q, k, v, causal=True),
+    }
+    via_op = {
+        "quant_linear": lambda t: torch.ops.portakern.quant_gemv(t, p.qweight, p.scales, p.zeros, p.perm, p.kgroup,
+                                                                 p.bits, p.group_size, p.zero_point, p.N, p.K),
+        "attention_op": lambda t: torch.ops.portakern.attention(q, k, v, None, None, True, None, -1, -1, 0.0),
+    }
+    via_op["QuantLinear"] = via_op["quant_linear"]
+    for name, call in calls.items():
+        assert _dispatched(lambda: call(x)) == set(), name
+        torch.testing.assert_close(call(x), via_op[name](x), rtol=0, atol=0)
+        mode = _LogMode()
+        with mode:
+            call(x)
+        assert any(op.startswith("portakern.") for op in mode.ops), (name, mode.ops)
+    for name in ("quant_linear", "QuantLinear"):
+        assert _dispatched(lambda: calls[name](x.clone().requires_grad_())) == {"portakern::quant_gemv"}, name
