@@ -189,6 +189,49 @@ def test_release_next_needs_grid_dependency_control():
         A.compile_for_target(op, "sm_80", cfg)
 
 
+def test_checks_run_once_per_layout(monkeypatch):
+    """The Gluon path's per-call checks (shapes, strides, index arrays, TMA's rules) run when a call's layout key
+    differs from the last that passed them, and are skipped otherwise: new tensors of the same layout launch
+    straight away; a wrong shape still raises, a misaligned q still falls back to attn_fwd (kernels stand-ins)."""
+    from portakern.backends.triton import attention as A
+    from portakern.backends.triton import attention_decode_ws as W
+    from portakern.backends.triton import tuning
+    from portakern.devices import CPU
+    from portakern.errors import InvalidInputError
+
+    log = []
+    monkeypatch.setattr(W, "launcher", lambda op, cfg, cc: lambda *a: log.append("gluon"))
+    real_blocker = W.call_blocker
+    monkeypatch.setattr(W, "call_blocker", lambda *a: log.append("checked") or real_blocker(*a))
+    monkeypatch.setattr(A, "_device_arch", lambda device: ("sm_90", 132))
+    monkeypatch.setattr(A, "build", lambda op, device, cfg: lambda *a: log.append("attn_fwd"))
+    op = paged(L=1024, page=64, return_lse=False)
+    cfg = tuning.AttnConfig(16, 64, 4, 2, pack=op.group_size, num_splits=8, decode_ws=True)
+    kern = A._build_gluon(op, CPU, cfg, "sm_90")
+    s = op.shapes()
+
+    def call(q=None):
+        q = torch.randn(s["q"]).to(torch.bfloat16) if q is None else q
+        k, v = (torch.randn(s[n]).to(torch.bfloat16) for n in ("k", "v"))
+        aux = {"block_table": torch.zeros(s["block_table"], dtype=torch.int32),
+               "seqlens_k": torch.ones(s["seqlens_k"], dtype=torch.int32)}
+        kern(q, k, v, torch.empty(s["out"], dtype=torch.bfloat16), None, aux)
+
+    call()
+    call()
+    assert log == ["checked", "gluon", "gluon"]
+    with pytest.raises(InvalidInputError, match="q has shape"):
+        kern(torch.empty(1, 1, 8, 128, dtype=torch.bfloat16), *(torch.empty(s[n], dtype=torch.bfloat16)
+                                                                 for n in ("k", "v", "out")), None, {})
+    log.clear()
+    buf = torch.empty(op.heads_q * op.head_dim + 8, dtype=torch.bfloat16)
+    with pytest.warns(RuntimeWarning, match="not 16-byte aligned"):   # 8 bytes in
+        call(buf[4:4 + op.heads_q * op.head_dim].view(s["q"]))
+    assert log == ["checked", "attn_fwd"]
+    call()   # the layout that passed before: no checks
+    assert log == ["checked", "attn_fwd", "gluon"]
+
+
 @parent_only
 def test_rebased_descriptors_equal_fresh_ones_and_hold_no_tensor():
     """The launcher builds the three TMA descriptors once and later gives each call a copy over its own tensors:

@@ -290,13 +290,19 @@ def _build_gluon(op: Attention, device: Device, cfg: AttnConfig, arch: str) -> C
         merge = replace(cfg, fused_combine=False)        # the kernel always merges in attn_combine
         launch = attention_decode_ws.launcher(op, cfg, _combine_constexprs(op, merge, tuning.next_pow2(op.head_dim_v)))
     slow: list[Callable[..., None]] = []
+    passed: list[tuple] = [()]   # the layout key of the last call that passed every check
 
     def kernel(q, k, v, out, lse, aux=None) -> None:
         aux = aux or {}
+        key = _layout_key(q, k, v, out, lse, aux)
+        if key == passed[0]:   # what the checks read is as on a call that passed them
+            launch(q, k, v, out, lse, aux)
+            return
         _check(op, shapes, q, k, v, out, lse)
-        _require(op, *(aux.get(n) for n in ("block_table", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k")))
+        _require(op, *(aux.get(n) for n in AUX_NAMES))
         why = mod.call_blocker(q, k, v, out)
         if why is None:
+            passed[0] = key
             launch(q, k, v, out, lse, aux)
             return
         if not slow:
@@ -327,6 +333,19 @@ def _workspace(op: Attention, cfg: AttnConfig, R: int, grid: tuple, device):
 
     return (*split_partials(op, cfg, R, device),
             torch.zeros((grid[0] // cfg.num_splits) * grid[1], dtype=torch.int32, device=device))
+
+
+AUX_NAMES = ("block_table", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k")
+
+
+def _layout_key(q, k, v, out, lse, aux: dict) -> tuple:
+    """Everything ``_check``, ``_require`` and a Gluon kernel's ``call_blocker`` read from a call: the shapes and
+    strides of q, k, v, out (and lse), whether any of the four starts off a 16-byte boundary, which index arrays
+    are given. Equal keys get equal verdicts, so a call whose key matches one that passed skips them (they cost
+    ~10-20 us of host time a call; the element size is the op's)."""
+    return (q.shape, k.shape, v.shape, out.shape, q.stride(), k.stride(), v.stride(), out.stride(),
+            (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr()) & 15,
+            None if lse is None else lse.shape, tuple(aux.get(n) is None for n in AUX_NAMES))
 
 
 def _check(op: Attention, shapes: dict, q, k, v, out, lse) -> None:
