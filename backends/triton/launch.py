@@ -60,16 +60,16 @@ def _hooked(hook) -> bool:
 class _Fast:
     """The compiled kernel of one guarded call and what its guard compares."""
 
-    __slots__ = ("compiled", "device", "tensor_pos", "int_pos", "none_pos", "ints", "tail")
+    __slots__ = ("compiled", "device", "tensor_pos", "scalar_pos", "none_pos", "scalars", "tail")
 
     def __init__(self, compiled, device, args: tuple, tail: tuple):
         self.compiled, self.device, self.tail = compiled, device, tail
         self.tensor_pos = tuple(i for i, a in enumerate(args) if hasattr(a, "data_ptr"))
         # scalars (bools, ints, floats, numpy scalars) compared by value: stricter than Triton, which specialises
         # integers only and floats not at all, so a changed scalar falls back rather than guessing
-        self.int_pos = tuple(i for i, a in enumerate(args) if isinstance(a, numbers.Number))
+        self.scalar_pos = tuple(i for i, a in enumerate(args) if isinstance(a, numbers.Number))
         self.none_pos = tuple(i for i, a in enumerate(args) if a is None)
-        self.ints = tuple(args[i] for i in self.int_pos)
+        self.scalars = tuple(args[i] for i in self.scalar_pos)
 
 
 class KernelLaunch:
@@ -117,7 +117,7 @@ class KernelLaunch:
         for i in fast.none_pos:
             if args[i] is not None:
                 return False
-        if tuple([args[i] for i in fast.int_pos]) != fast.ints:
+        if tuple([args[i] for i in fast.scalar_pos]) != fast.scalars:
             return False
         return self._driver.get_current_device() == fast.device
 
