@@ -61,6 +61,10 @@
 #   gemv-rows3      benchmarks/experiments/gemv_rows3.py (M=1 int4 GEMV with K split among the warps of
 #                   one program, checked against float64, swept against the table)
 #   dispatch        benchmarks/dispatch_overhead.py
+#   launch-cost     benchmarks/experiments/launch_cost.py: host time per eager call (GEMV and paged attention through
+#                   the API and the backend kernel, fast launch on and off) against tinygemm, F.linear, SDPA
+#   launch-tests    the GPU tests of KernelLaunch's fast path (GEMV kernels and the paged decode kernel called again
+#                   on new tensors, graph replays)
 #   ncu             Nsight Compute stall/throughput sections of benchmarks/profile_kernels.py
 #                   ($PROFILE_ONLY=mma: the tensor-core GEMV kernels instead)
 # $PK_COMMIT names the commit in the reports (the device copy has no git history); $TAG suffixes
@@ -148,6 +152,9 @@ for s in "$@"; do
         gemv-anatomy) step gemv-anatomy python3 benchmarks/experiments/gemv_anatomy.py --tag="$TAG" --out "$RES" ;;
         gemv-rows3) step gemv-rows3 python3 benchmarks/experiments/gemv_rows3.py --tag="$TAG" --out "$RES" ;;
         dispatch) step dispatch python3 benchmarks/dispatch_overhead.py --tag="h200$TAG" --out "$RES" ;;
+        launch-cost) step launch-cost python3 benchmarks/experiments/launch_cost.py --tag="$TAG" --out "$RES" ;;
+        launch-tests) step launch-tests python3 -m pytest -q -p no:cacheprovider tests/test_triton_launch.py \
+            tests/test_triton_attention_decode_ws.py tests/test_triton_gemv.py -k "launch or called_again or replays" ;;
         ncu) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
             step ncu "${NCU:-ncu}" --profile-from-start off --clock-control none --section SpeedOfLight \
                 --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
