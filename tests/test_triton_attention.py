@@ -443,6 +443,7 @@ def test_compile_for_target_lowers_what_a_contiguous_launch_runs():
     import re
 
     from portakern.backends.triton import attention as A
+    from portakern.backends.triton import attention_aot as AOT
     from portakern.backends.triton import kernels, tuning
     from portakern.backends.triton.expr_triton import load_mods
 
@@ -457,11 +458,11 @@ def test_compile_for_target_lowers_what_a_contiguous_launch_runs():
     tensors_ = {n: "*bf16" for n in ("Q", "K", "V", "O")}
     absent = {n: None for n in fwd.arg_names[4:fwd.arg_names.index("stride_qb")]}   # LSE ... V_DESC
     cx = A._constexprs(dec, tuning.choose(dec, "sm_90", 132), False, load_mods(None, None, False))
-    sig, consts, attrs = A._as_launched(fwd, tensors_, {**absent, **cx}, A._launch_scalars(dec))
+    sig, consts, attrs = AOT._as_launched(fwd, tensors_, {**absent, **cx}, AOT._launch_scalars(dec))
     assert consts["batch"] == consts["seqlen_q"] == 1 and sig["seqlen_k"] == "i32" and sig["scale"] == "fp32"
     assert attrs[(fwd.arg_names.index("seqlen_k"),)] == [["tt.divisibility", 16]]
     assert (fwd.arg_names.index("Q"),) in attrs and (fwd.arg_names.index("stride_qh"),) in attrs
-    wide = A._launch_scalars(make_op(B=2, Sq=3, Sk=8192, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16))
+    wide = AOT._launch_scalars(make_op(B=2, Sq=3, Sk=8192, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16))
     assert (wide["stride_qs"], wide["stride_kb"], wide["total_rows"]) == (32 * 128, 8192 * 8 * 128, 6)
 
 

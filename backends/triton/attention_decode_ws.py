@@ -172,7 +172,7 @@ def launcher(op: Attention, cfg, combine_consts: dict[str, Any]) -> Callable[...
 def compile_for_target(op: Attention, cfg, cc: int) -> dict:
     """``{"attn_decode_ws": artifact}`` lowered for compute capability ``cc`` as a launch on contiguous
     tensors specialises it (``attention_wgmma.lower_gluon``)."""
-    from .attention import _launch_scalars
+    from .attention_aot import _launch_scalars
     from .attention_wgmma import lower_gluon
 
     consts = constexprs(op, cfg)

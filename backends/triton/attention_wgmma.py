@@ -133,7 +133,7 @@ def launcher(op: Attention, cfg) -> Callable[..., None]:
 def compile_for_target(op: Attention, cfg, cc: int) -> dict:
     """``{"attn_fwd_wgmma": artifact}`` lowered for compute capability ``cc`` as a launch on contiguous
     tensors specialises it (descriptor types from host descriptors over small stand-in tensors)."""
-    from .attention import _launch_scalars
+    from .attention_aot import _launch_scalars
 
     consts = constexprs(op, cfg)
     sc = _launch_scalars(op)
@@ -158,7 +158,7 @@ def lower_gluon(module: str, name: str, op: Attention, make_descriptors, block_n
     from triton.runtime.jit import mangle_type
 
     from . import kernels
-    from .attention import _as_launched
+    from .attention_aot import _as_launched
     from .backend import interpret_env
 
     fn = getattr(kernels.load(module), name)
