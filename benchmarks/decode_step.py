@@ -45,7 +45,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(__file__))
 from gemv import copy_bandwidth_TBps, random_prepared  # noqa: E402
 
-from step_timing import capture, kernel_profile, logits_diff, time_step  # noqa: E402
+from step_timing import capture, kernel_profile, kernel_timeline, logits_diff, time_step  # noqa: E402
 from step_variants import ATTENTION_VARIANTS, add_variant_arguments, gemv_op, variants_for  # noqa: E402
 
 from portakern.backends.triton import gemv_tuning as T  # noqa: E402
@@ -444,7 +444,9 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--tag", default="")
     ap.add_argument("--breakdown", action="store_true",
-                    help="also time portakern's step's GEMVs, attention and glue each alone in its own graph")
+                    help="also time portakern's step's GEMVs, attention and glue each alone in its own graph, "
+                         "profile per-kernel device time, and attribute one replay's span to its kernels "
+                         "(exposed time: what each moved the finish line by, overlaps under PDL counted once)")
     ap.add_argument("--compare-tiles", action="store_true",
                     help="also time portakern's step with the per-word-row GEMV tile everywhere (the table "
                          "without GemvConfig.group_rows and without the stream-K kernel), as int4_portakern_word_rows")
@@ -527,10 +529,16 @@ def main():
                 except Exception as e:
                     parts[part + "_error"] = f"{type(e).__name__}: {str(e)[:300]}"
             parts["kernels"] = kernel_profile(st)
+            parts["timeline"] = kernel_timeline(st)
             out["int4_portakern"]["parts"] = parts
-            print(f"ctx {ctx} parts: {json.dumps({k: v for k, v in parts.items() if k != 'kernels'})}", flush=True)
+            print(f"ctx {ctx} parts: {json.dumps({k: v for k, v in parts.items() if k not in ('kernels', 'timeline')})}",
+                  flush=True)
             for k in parts["kernels"][:20]:
                 print(f"  {k['us_total']:9.1f} us  {k['calls']:5d} x {k['us_mean']:7.2f} us  {k['name'][:90]}")
+            tl = parts["timeline"]
+            print(f"  one replay: span {tl['span_us']:.1f} us, idle {tl['idle_us']:.1f} us; exposed / duration:")
+            for k in tl["kernels"][:20]:
+                print(f"  {k['us_exposed']:9.1f} / {k['us_duration']:9.1f} us  {k['calls']:5d}  {k['name'][:80]}")
             del st
             torch.cuda.empty_cache()
         res["results"][str(ctx)] = out

@@ -82,3 +82,52 @@ def kernel_profile(step, replays: int = 3):
     out = [{"name": n, "calls": c // replays, "us_total": t / replays, "us_mean": t / max(c, 1)}
            for n, (c, t) in rows.items()]
     return sorted(out, key=lambda r: -r["us_total"])
+
+
+def exposed_times(intervals) -> dict:
+    """Attribute a replay's span to its kernels when they overlap (programmatic dependent launches start a kernel
+    before the one it waits for has ended, so durations double-count). ``intervals``: ``(name, start, end)`` of
+    every kernel of one replay, any order, microseconds. Taken in order of their ends, kernel i is charged the part
+    of ``(end_{i-1}, end_i]`` during which some kernel ran -- the time by which it moved the finish line -- and the
+    rest of that stretch, when nothing ran, is idle. Charges and idle add up to the span.
+
+    Returns ``{"span_us", "idle_us", "kernels": [{"name", "calls", "us_duration", "us_exposed"}, ...]}``, largest
+    exposed time first."""
+    spans = sorted((s, e) for _, s, e in intervals)
+    union: list[list[float]] = []
+    for s, e in spans:                       # the union of the intervals, as disjoint sorted segments
+        if union and s <= union[-1][1]:
+            union[-1][1] = max(union[-1][1], e)
+        else:
+            union.append([s, e])
+
+    def covered(lo: float, hi: float) -> float:
+        return sum(max(0.0, min(hi, e) - max(lo, s)) for s, e in union if e > lo and s < hi)
+
+    rows: dict[str, list] = {}
+    idle, prev_end = 0.0, None
+    for name, start, end in sorted(intervals, key=lambda t: (t[2], t[1])):
+        lo = spans[0][0] if prev_end is None else prev_end   # the first to finish: from the replay's first start
+        busy = covered(lo, end) if end > lo else 0.0
+        idle += max(0.0, end - lo) - busy
+        r = rows.setdefault(name, [0, 0.0, 0.0])
+        r[0] += 1
+        r[1] += end - start
+        r[2] += busy
+        prev_end = end if prev_end is None else max(prev_end, end)
+    kernels = [{"name": n, "calls": c, "us_duration": d, "us_exposed": x} for n, (c, d, x) in rows.items()]
+    return {"span_us": 0.0 if not spans else prev_end - spans[0][0], "idle_us": idle,
+            "kernels": sorted(kernels, key=lambda k: -k["us_exposed"])}
+
+
+def kernel_timeline(step) -> dict:
+    """``exposed_times`` of one replay of ``step``'s CUDA graph under the profiler (CUPTI kernel records)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    g = capture(step)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        g.replay()
+        torch.cuda.synchronize()
+    spans = [(ev.name, ev.time_range.start, ev.time_range.end) for ev in prof.events()
+             if ev.device_type == torch.autograd.DeviceType.CUDA]
+    return exposed_times(spans)
