@@ -529,16 +529,20 @@ def main():
                 except Exception as e:
                     parts[part + "_error"] = f"{type(e).__name__}: {str(e)[:300]}"
             parts["kernels"] = kernel_profile(st)
-            parts["timeline"] = kernel_timeline(st)
+            try:   # built after the last device run of session 18: first used on a GPU next session
+                parts["timeline"] = kernel_timeline(st)
+            except Exception as e:
+                parts["timeline_error"] = f"{type(e).__name__}: {str(e)[:300]}"
             out["int4_portakern"]["parts"] = parts
             print(f"ctx {ctx} parts: {json.dumps({k: v for k, v in parts.items() if k not in ('kernels', 'timeline')})}",
                   flush=True)
             for k in parts["kernels"][:20]:
                 print(f"  {k['us_total']:9.1f} us  {k['calls']:5d} x {k['us_mean']:7.2f} us  {k['name'][:90]}")
-            tl = parts["timeline"]
-            print(f"  one replay: span {tl['span_us']:.1f} us, idle {tl['idle_us']:.1f} us; exposed / duration:")
-            for k in tl["kernels"][:20]:
-                print(f"  {k['us_exposed']:9.1f} / {k['us_duration']:9.1f} us  {k['calls']:5d}  {k['name'][:80]}")
+            tl = parts.get("timeline")
+            if tl:
+                print(f"  one replay: span {tl['span_us']:.1f} us, idle {tl['idle_us']:.1f} us; exposed / duration:")
+                for k in tl["kernels"][:20]:
+                    print(f"  {k['us_exposed']:9.1f} / {k['us_duration']:9.1f} us  {k['calls']:5d}  {k['name'][:80]}")
             del st
             torch.cuda.empty_cache()
         res["results"][str(ctx)] = out
