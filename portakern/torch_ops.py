@@ -69,14 +69,14 @@ def _untraced(*tensors) -> bool:
     """Whether a call may run the op's implementation directly instead of through torch's operator dispatch,
     which costs ~50 us of host time per eager call (more than a batch-1 GEMV takes on the GPU): plain tensors
     that do not require grad, and no compiler, tracer, dispatch mode or function mode active. Everything else
-    (``torch.compile``, ``make_fx`` / export, fake or functional tensors, autograd) goes through ``torch.ops`` and
-    is traced or dispatched as a custom op should be."""
+    (``torch.compile``, ``make_fx`` / export, ``torch.jit.trace``, fake or functional tensors, autograd) goes
+    through ``torch.ops`` and is traced or dispatched as a custom op should be."""
     for t in tensors:
         if t is not None and (type(t) is not torch.Tensor or t.requires_grad):
             return False
     try:
         return not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
-                    or torch._C._is_torch_function_mode_enabled())
+                    or torch._C._is_torch_function_mode_enabled() or torch._C._get_tracing_state() is not None)
     except AttributeError:   # a torch without these probes: always dispatch
         return False
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -209,3 +211,8 @@ def test_eager_calls_run_directly_and_traced_calls_dispatch():
         assert any(op.startswith("portakern.") for op in mode.ops), (name, mode.ops)
     for name in ("quant_linear", "QuantLinear"):
         assert _dispatched(lambda: calls[name](x.clone().requires_grad_())) == {"portakern::quant_gemv"}, name
+    with warnings.catch_warnings():   # torch.jit.trace is deprecated, still used
+        warnings.simplefilter("ignore", DeprecationWarning)
+        traced = torch.jit.trace(lin, (x,), check_trace=False)   # the JIT tracer records the op, not its insides
+    assert "portakern::quant_gemv" in str(traced.graph)
+    torch.testing.assert_close(traced(x), lin(x), rtol=0, atol=0)

@@ -7,7 +7,8 @@ call, medians over ``--rounds`` rounds; the variants alternate round by round. C
 
 * the quantized GEMV (int4 g128, bf16, M = 1; 4096 x 4096 and 14336 x 4096): ``portakern.quant_gemv``
   (the public API, output allocated per call) and the backend kernel alone on preallocated tensors,
-  each with the fast launch on and off (``launch.set_fast_launch``); tinygemm
+  each with the fast launch on and off (``launch.set_fast_launch``); the torch integration's ``QuantLinear``
+  (plain eager: no torch dispatch) and ``torch.ops.portakern.quant_gemv`` (dispatched); tinygemm
   (``aten._weight_int4pack_mm``) and bf16 ``F.linear``;
 * paged decode attention (B = 1, 32 / 8 heads, D = 128, 2048 keys in pages of 64: the decode step's):
   ``portakern.attention`` on and off; SDPA over the same keys stored densely (its default backend).
@@ -83,8 +84,15 @@ def gemv_variants(N: int, K: int) -> dict:
     kernel = plan.kernel
     api = lambda: portakern.quant_gemv(x, w)   # noqa: E731
     direct = lambda: kernel(x, prepared, out)   # noqa: E731
+    from portakern import torch_ops
+
+    p = torch_ops.prepared(w)
+    lin = torch_ops.QuantLinear(p)
+    via_op = lambda: torch.ops.portakern.quant_gemv(x, p.qweight, p.scales, p.zeros, p.perm, p.kgroup,  # noqa: E731
+                                                    p.bits, p.group_size, p.zero_point, p.N, p.K)
     return {"portakern_api_fast": with_fast(api, True), "portakern_api_triton": with_fast(api, False),
             "portakern_kernel_fast": with_fast(direct, True), "portakern_kernel_triton": with_fast(direct, False),
+            "QuantLinear_eager": lambda: lin(x), "torch_ops_dispatched": via_op,
             "tinygemm": tinygemm(1, N, K, 128, 1)[0], "bf16_linear": bf16_linear(1, N, K, 1)[0]}
 
 
