@@ -247,7 +247,7 @@ def test_rebased_descriptors_equal_fresh_ones_and_hold_no_tensor():
         g = torch.Generator().manual_seed(seed)
         return [torch.randn(s[n], generator=g).to(torch.bfloat16) for n in ("q", "k", "v")]
 
-    (template,) = W._templates(W.descriptors(op, *tensors(0), 64))
+    template = W._templates(W.descriptors(op, *tensors(0), 64))
     assert all(t.base is None for t in template)
     new = tensors(1)
     for t, fresh, a in zip(template, W.descriptors(op, *new, 64), new):

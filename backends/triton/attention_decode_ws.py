@@ -99,18 +99,12 @@ def constexprs(op: Attention, cfg) -> dict[str, Any]:
                 PDL=cfg.pdl, LAUNCH_MERGE=cfg.early_merge)
 
 
-def _templates(descs: tuple) -> list:
-    """``[descs]`` with their tensors dropped (held, they would keep the first call's KV cache alive), for
-    ``_rebased``; ``[]`` when the descriptor class keeps no ``__dict__`` to copy (then every call builds anew)."""
+def _templates(descs: tuple) -> tuple | None:
+    """``descs`` with their tensors dropped (held, they would keep the first call's KV cache alive), for
+    ``_rebased``; None when the descriptor class keeps no ``__dict__`` to copy (then every call builds anew)."""
     if not all(hasattr(d, "__dict__") for d in descs):
-        return []
-    empty = []
-    for d in descs:
-        t = object.__new__(type(d))
-        t.__dict__.update(d.__dict__)
-        t.base = None
-        empty.append(t)
-    return [tuple(empty)]
+        return None
+    return tuple(_rebased(d, None) for d in descs)
 
 
 def _rebased(template, a):
@@ -146,14 +140,15 @@ def launcher(op: Attention, cfg, combine_consts: dict[str, Any]) -> Callable[...
     merge = KernelLaunch(combine, (op.batch * op.heads_q,), combine_consts,
                          dict(num_warps=4, launch_pdl=combine_consts["PDL"], **KERNEL_OPTIONS))
 
-    templates: list = []
+    kept: list = []   # [the templates, or None when descriptors cannot be rebased], decided on the first call
 
     def launch(q, k, v, out, lse, aux) -> None:
-        if templates:
-            qd, kd, vd = (_rebased(t, a) for t, a in zip(templates[0], (q, k, v)))
+        if kept and kept[0] is not None:
+            qd, kd, vd = (_rebased(t, a) for t, a in zip(kept[0], (q, k, v)))
         else:
             qd, kd, vd = descriptors(op, q, k, v, cfg.block_n)
-            templates.extend(_templates((qd, kd, vd)))
+            if not kept:
+                kept.append(_templates((qd, kd, vd)))
         bt, sk = aux.get("block_table"), aux.get("seqlens_k")
         ws_o = ws_lse = None
         if cfg.num_splits > 1:
