@@ -65,6 +65,9 @@
 #                   the API and the backend kernel, fast launch on and off) against tinygemm, F.linear, SDPA
 #   launch-tests    the GPU tests of KernelLaunch's fast path (GEMV kernels and the paged decode kernel called again
 #                   on new tensors, graph replays)
+#   gemv-chain      benchmarks/experiments/gemv_chain.py: every layer's four GEMVs in one persistent launch, checked
+#                   bit for bit against the stream kernel launched per GEMV (and float64), then timed against the
+#                   table's kernels launched one by one ($CHAIN_VARIANTS: AHEAD,PER_SM,L2_AHEAD ...)
 #   ncu             Nsight Compute stall/throughput sections of benchmarks/profile_kernels.py
 #                   ($PROFILE_ONLY=mma: the tensor-core GEMV kernels instead)
 # $PK_COMMIT names the commit in the reports (the device copy has no git history); $TAG suffixes
@@ -155,6 +158,9 @@ for s in "$@"; do
         launch-cost) step launch-cost python3 benchmarks/experiments/launch_cost.py --tag="$TAG" --out "$RES" ;;
         launch-tests) step launch-tests python3 -m pytest -q -p no:cacheprovider tests/test_triton_launch.py \
             tests/test_triton_attention_decode_ws.py tests/test_triton_gemv.py -k "launch or called_again or replays" ;;
+        gemv-chain) step gemv-chain bash -c "python3 benchmarks/experiments/gemv_chain.py --phase check --tag='$TAG' \
+            --out '$RES' && python3 benchmarks/experiments/gemv_chain.py --phase bench --tag='$TAG' --out '$RES' \
+            ${CHAIN_VARIANTS:+--variants $CHAIN_VARIANTS}" ;;
         ncu) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
             step ncu "${NCU:-ncu}" --profile-from-start off --clock-control none --section SpeedOfLight \
                 --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \

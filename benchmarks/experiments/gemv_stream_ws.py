@@ -84,7 +84,7 @@ def _consumer(x_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, cnt_ptr, N, n_tiles, stride_
     # -- phase 1: the first unit's scales in flight, then x staged (after the previous kernel: PDL)
     s0, z0 = _scales(s_ptr, z_ptr, u0, 0 < n, stride_qk, G, TR, BN, WR, RPT, HAS_Z, L3)
     _S._wait_for_producer(PDL)
-    _S._stage_x(x_ptr, x_smem, xs_smem, u0, n, G, XS, BY_UNIT, TR, WR, RPT, IW, NW)
+    _S._stage_x(x_ptr, x_smem, xs_smem, u0, n, G, XS, BY_UNIT, TR, WR, RPT, IW, NW, "")
     cta_barrier()
 
     # -- phase 2: the units; words from the ring, the next unit's scales in flight

@@ -136,14 +136,16 @@ def _axis(n: gl.constexpr, dim: gl.constexpr, layout: gl.constexpr):
 
 @gluon.jit
 def _stage_x(x_ptr, x_smem, xs_smem, u0, n, G: gl.constexpr, XS: gl.constexpr, BY_UNIT: gl.constexpr,
-             TR: gl.constexpr, WR: gl.constexpr, RPT: gl.constexpr, IW: gl.constexpr, NW: gl.constexpr):
+             TR: gl.constexpr, WR: gl.constexpr, RPT: gl.constexpr, IW: gl.constexpr, NW: gl.constexpr,
+             CACHE: gl.constexpr):
     """x of the groups this program reads into ``x_smem[slot EPW + e, wr, r]`` (fp32, times
     ``2^(149 - pos_e - 64)``: the factor of code position e) for word row ``j = g TR + wr RPT + r`` of the
     slot's group g, and ``xs_smem[slot, wr, r]`` = the sum of x over that row's codes times ``2^-64``.
     ``BY_UNIT``: slot i holds the group of the program's i-th unit (``XS`` >= its units, which are at
     most G, so no group twice); else slot g holds group g (``XS`` >= G). Word row j's code e is column
     ``(j // IW) IW 8 + e IW + j % IW`` of K. One load and one store for all slots: staged in pieces,
-    each piece would wait for its loads behind the barrier the previous piece's stores need."""
+    each piece would wait for its loads behind the barrier the previous piece's stores need. ``CACHE``: the
+    loads' cache modifier ("": default; ".cg" where x was written during this launch: L1 is not coherent)."""
     XL: gl.constexpr = gl.BlockedLayout([1, 1, 1, RPT], [1, EPW, 32 // EPW, 1], [NW, 1, 1, 1], [3, 2, 1, 0])
     e = _axis(EPW, 1, XL)
     slot = _axis(XS, 0, XL)
@@ -155,7 +157,7 @@ def _stage_x(x_ptr, x_smem, xs_smem, u0, n, G: gl.constexpr, XS: gl.constexpr, B
         used = slot < G
     j = gg * TR + _axis(WR, 2, XL) * RPT + _axis(RPT, 3, XL)
     k = (j // IW) * (IW * EPW) + e * IW + j % IW
-    xv = gl.load(x_ptr + k, mask=used, other=0.0).to(gl.float32)
+    xv = gl.load(x_ptr + k, mask=used, other=0.0, cache_modifier=CACHE).to(gl.float32)
     # the power of two of code position e: positions 0..4 sit at bit 4e, 5..7 at 4e - 16 (shifted)
     pos = gl.where(e < 5, e * 4, e * 4 - 16)
     fac = ((149 - DENORM_C + 127 - pos) << 23).to(gl.float32, bitcast=True)
@@ -214,12 +216,13 @@ def _publish(res, ws_ptr, slot, BN: gl.constexpr, L3: gl.constexpr):
 @gluon.jit
 def _arrive(t, P, T, N, out_ptr, ws_ptr, cnt_ptr, G: gl.constexpr, BN: gl.constexpr, L3: gl.constexpr):
     """Count this program's (published) partial of tile ``t``; the last of the tile's programs adds the
-    partials in program order, stores the tile and resets the counter."""
+    partials in program order, stores the tile and resets the counter. Returns whether this program did."""
     arrived = gl.atomic_add(cnt_ptr + t, 1, sem="acq_rel")
     # programs whose ranges meet the tile: c(u) = ((u + 1) P - 1) // T owns unit u
     c_first = ((t * G + 1) * P - 1) // T
     c_last = ((t + 1) * G * P - 1) // T
-    if arrived == c_last - c_first:
+    last = arrived == c_last - c_first
+    if last:
         offs = gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
         tot = gl.zeros([BN], gl.float32, gl.SliceLayout(0, gl.SliceLayout(1, L3)))
         for c0 in range(c_first, c_last + 1, FIXUP_LOADS):
@@ -230,6 +233,7 @@ def _arrive(t, P, T, N, out_ptr, ws_ptr, cnt_ptr, G: gl.constexpr, BN: gl.conste
                                cache_modifier=".cg")
         _store_tile(tot, t, N, out_ptr, BN, L3)
         gl.atomic_xchg(cnt_ptr + t, 0, sem="relaxed")
+    return last
 
 
 @gluon.jit
@@ -267,7 +271,7 @@ def gemv_stream_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, cnt_ptr, N,
         _prefetch_l2(qw_ptr, u0 + AHEAD, n - AHEAD, stride_qk, G, TR, BN, L2_AHEAD, NW)
     _wait_for_producer(PDL)
     if MODE != 3:
-        _stage_x(x_ptr, x_smem, xs_smem, u0, n, G, XS, BY_UNIT, TR, WR, RPT, IW, NW)
+        _stage_x(x_ptr, x_smem, xs_smem, u0, n, G, XS, BY_UNIT, TR, WR, RPT, IW, NW, "")
     cta_barrier()
 
     # -- phase 2: the units, the next ones' loads in flight

@@ -1,0 +1,557 @@
+"""Experiment, not part of the backend: every layer's four int4 GEMVs (o, gate/up, down, qkv) in ONE launch.
+
+Why (``benchmarks/gemv_notes.md`` v19): in the decode step each GEMV is its own kernel, and even launched as a
+programmatic dependent of the kernel before it, a GEMV becomes resident only as that kernel's programs exit,
+then pays a ramp (first bytes one DRAM latency away) and a tail (the split-K merge, the last programs): the
+step's GEMVs take ~1.7x their weight floor where one long read of the same bytes runs at ~90%. Here one
+persistent grid (``per_sm`` programs on every SM, all resident) runs the phases back to back: each program
+walks its stream-K range of a phase exactly as the stream kernel does (``kernels/gemv_stream.py``, whose
+helpers it calls), and when its range is done it at once issues the first units' weight loads of the next
+phase (constant data) and only then spins until every tile of the previous phase is stored -- so DRAM is
+never idle between two GEMVs, and there is no launch at all.
+
+* Phase order per layer: o (4096 x 4096), gate/up (28672 x 4096), down (4096 x 14336: x = the first 14336
+  outputs of gate/up), qkv (6144 x 4096); the next layer's o reads the first 4096 outputs of qkv. No glue
+  (norms, SiLU, RoPE, attention): this measures the GEMVs' chain alone against the same GEMVs launched one by
+  one, which is what decides whether a layer-persistent kernel is worth building.
+* Completion: the program that stores a tile (a whole-tile segment, or the last to arrive at a shared tile)
+  then counts it in the phase's ``done`` counter (CTA barrier, release); a program starting a phase waits
+  for the previous phase's count to reach its tile count (acquire), after which x is staged with ``.cg``
+  loads (L1 is not coherent: the previous layer's x may sit there). A bounded spin raises ``err`` instead of
+  hanging the GPU if a program never arrives. The last program to leave resets every counter.
+* Every program owns at least one unit of every phase (the grid is capped at the smallest phase's units),
+  so a phase's completion implies every program has passed its wait for the phase before: buffers are reused
+  across layers without races.
+
+    python benchmarks/experiments/gemv_chain.py --phase check   # GPU: bit-equal to the stream kernel launched per
+                                                                # GEMV, and the first GEMV against float64
+    python benchmarks/experiments/gemv_chain.py --phase bench   # GPU: the chain against per-GEMV launches
+    python benchmarks/experiments/gemv_chain.py --phase lower   # no GPU: sm_90a lowering, registers, shared memory
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from triton.experimental import gluon  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+
+from portakern.backends.triton import kernels  # noqa: E402
+
+_S = kernels.load("gemv_stream")            # the stream kernel's helpers (jit flavour)
+cta_barrier = kernels.load("gluon_compat").cta_barrier
+
+#: the decode step's linears, in the chain's order (N, K)
+PHASES = (("o", 4096, 4096), ("gu", 28672, 4096), ("down", 4096, 14336), ("qkv", 6144, 4096))
+#: counters the kernel can reset (4 per layer)
+MAX_PHASES = gl.constexpr(512)
+
+
+@gluon.jit
+def _wait_phase(done_ptr, need, err_ptr, SPIN_LIMIT: gl.constexpr):
+    """Spin until ``done_ptr`` counts ``need`` stored tiles of the previous phase (acquire); after ``SPIN_LIMIT``
+    polls give up and raise the error flag (a wrong result rather than a hung GPU)."""
+    seen = gl.atomic_add(done_ptr, 0, sem="acquire")
+    polls = 0
+    while (seen < need) & (polls < SPIN_LIMIT):
+        seen = gl.atomic_add(done_ptr, 0, sem="acquire")
+        polls += 1
+    if seen < need:
+        gl.atomic_xchg(err_ptr, 1)
+
+
+@gluon.jit
+def _count_tile(done_ptr):
+    """This program stored a tile of the phase: count it once its threads' stores are done."""
+    cta_barrier()
+    gl.atomic_add(done_ptr, 1, sem="release")
+
+
+@gluon.jit
+def _phase(idx, x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, cnt_ptr, done_ptr, prev_need, err_ptr, N, n_tiles,
+           stride_qk, pid, P, G: gl.constexpr, XS: gl.constexpr, BY_UNIT: gl.constexpr, TR: gl.constexpr,
+           BN: gl.constexpr, WR: gl.constexpr, WC: gl.constexpr, AHEAD: gl.constexpr, IW: gl.constexpr,
+           ZP: gl.constexpr, HAS_Z: gl.constexpr, L2_AHEAD: gl.constexpr, PDL: gl.constexpr,
+           SPIN_LIMIT: gl.constexpr):
+    """One GEMV of the chain (global phase ``idx``): the stream kernel's program ``pid`` with its wait for the
+    previous kernel replaced by the wait for phase ``idx - 1``'s tiles, and every stored tile counted."""
+    NW: gl.constexpr = WR * WC
+    RPT: gl.constexpr = TR // WR
+    L3: gl.constexpr = gl.BlockedLayout([1, RPT, 4], [1, 1, 32], [WR, 1, WC], [2, 1, 0])
+    X3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    T = n_tiles * G
+    u0 = (pid * T) // P
+    n = ((pid + 1) * T) // P - u0
+    x_smem = gl.allocate_shared_memory(gl.float32, [XS * 8, WR, RPT], X3)
+    xs_smem = gl.allocate_shared_memory(gl.float32, [XS, WR, RPT], X3)
+
+    # -- the first units' words in flight (constant), then the wait for the phase before
+    w0, s0, z0 = _S._load_unit(qw_ptr, s_ptr, z_ptr, u0, 0 < n, stride_qk, G, TR, BN, WR, RPT, HAS_Z, L3)
+    if AHEAD > 1:
+        w1, s1, z1 = _S._load_unit(qw_ptr, s_ptr, z_ptr, u0 + 1, 1 < n, stride_qk, G, TR, BN, WR, RPT, HAS_Z, L3)
+    if L2_AHEAD > 0:
+        _S._prefetch_l2(qw_ptr, u0 + AHEAD, n - AHEAD, stride_qk, G, TR, BN, L2_AHEAD, NW)
+    if idx == 0:
+        _S._wait_for_producer(PDL)
+    else:
+        _wait_phase(done_ptr - 1, prev_need, err_ptr, SPIN_LIMIT)
+    _S._stage_x(x_ptr, x_smem, xs_smem, u0, n, G, XS, BY_UNIT, TR, WR, RPT, IW, NW, ".cg")
+    cta_barrier()
+
+    # -- the units (the stream kernel's loop; stored tiles counted)
+    acc = gl.zeros([WR, BN], gl.float32, gl.SliceLayout(1, L3))
+    head = gl.zeros([BN], gl.float32, gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+    t_head = -1
+    seg_start = u0
+    for i in range(n):
+        u = u0 + i
+        t = u // G
+        g = u - t * G
+        wn, sn, zn = _S._load_unit(qw_ptr, s_ptr, z_ptr, u + AHEAD, i + AHEAD < n, stride_qk, G, TR, BN, WR, RPT,
+                                   HAS_Z, L3)
+        w, s, z = w0, s0, z0
+        if AHEAD > 1:
+            w0, s0, z0 = w1, s1, z1
+            w1, s1, z1 = wn, sn, zn
+        else:
+            w0, s0, z0 = wn, sn, zn
+        xslot = i if BY_UNIT else g
+        acc = _S._scale_unit(acc, _S._row_sums(w, x_smem, xslot, L3), s, z, xs_smem.index(xslot), ZP, HAS_Z, L3)
+        if (g == G - 1) | (i == n - 1):
+            res = _S._tile_sum(acc, L3)
+            if (seg_start == t * G) & (u + 1 == (t + 1) * G):
+                _S._store_tile(res, t, N, out_ptr, BN, L3)
+                _count_tile(done_ptr)
+            elif seg_start == u0:
+                head = res
+                t_head = t
+            else:
+                _S._publish(res, ws_ptr, 2 * pid + 1, BN, L3)
+                if t_head >= 0:
+                    _S._publish(head, ws_ptr, 2 * pid, BN, L3)
+                cta_barrier()
+                if t_head >= 0:
+                    if _S._arrive(t_head, P, T, N, out_ptr, ws_ptr, cnt_ptr, G, BN, L3):
+                        _count_tile(done_ptr)
+                if _S._arrive(t, P, T, N, out_ptr, ws_ptr, cnt_ptr, G, BN, L3):
+                    _count_tile(done_ptr)
+                t_head = -1
+            acc = gl.zeros([WR, BN], gl.float32, gl.SliceLayout(1, L3))
+            seg_start = u + 1
+    if t_head >= 0:
+        _S._publish(head, ws_ptr, 2 * pid, BN, L3)
+        cta_barrier()
+        if _S._arrive(t_head, P, T, N, out_ptr, ws_ptr, cnt_ptr, G, BN, L3):
+            _count_tile(done_ptr)
+
+
+@gluon.jit
+def gemv_chain_kernel(qw0, s0, z0, o0, qw1, s1, z1, o1, qw2, s2, z2, o2, qw3, s3, z3, o3,
+                      ws_ptr, cnt_ptr, done_ptr, exit_ptr, err_ptr, layers,
+                      N0, T0, SQ0, LW0, LS0, N1, T1, SQ1, LW1, LS1, N2, T2, SQ2, LW2, LS2, N3, T3, SQ3, LW3, LS3,
+                      G0: gl.constexpr, XS0: gl.constexpr, BY0: gl.constexpr,
+                      G1: gl.constexpr, XS1: gl.constexpr, BY1: gl.constexpr,
+                      G2: gl.constexpr, XS2: gl.constexpr, BY2: gl.constexpr,
+                      G3: gl.constexpr, XS3: gl.constexpr, BY3: gl.constexpr,
+                      TR: gl.constexpr, BN: gl.constexpr, WR: gl.constexpr, WC: gl.constexpr, AHEAD: gl.constexpr,
+                      IW: gl.constexpr, ZP: gl.constexpr, HAS_Z: gl.constexpr, L2_AHEAD: gl.constexpr,
+                      PDL: gl.constexpr, SPIN_LIMIT: gl.constexpr):
+    """``layers`` x (o, gate/up, down, qkv): phase j of layer l reads x from phase j - 1's output (``o3`` for
+    j = 0: the chain starts from whatever the qkv buffer holds) and its weight at ``qwj + l LWj`` (scales and
+    zeros at ``+ l LSj``); ``Nj``, ``Tj`` (column tiles) and ``SQj`` (row stride of the words) per phase."""
+    pid = gl.program_id(0)
+    P = gl.num_programs(0)
+    for l in range(layers):
+        lw = l.to(gl.int64)
+        base = 4 * l
+        _phase(base, o3, qw0 + lw * LW0, s0 + lw * LS0, z0 + lw * LS0, o0, ws_ptr, cnt_ptr, done_ptr + base, T3,
+               err_ptr, N0, T0, SQ0, pid, P, G0, XS0, BY0, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z, L2_AHEAD, PDL,
+               SPIN_LIMIT)
+        _phase(base + 1, o0, qw1 + lw * LW1, s1 + lw * LS1, z1 + lw * LS1, o1, ws_ptr, cnt_ptr, done_ptr + base + 1,
+               T0, err_ptr, N1, T1, SQ1, pid, P, G1, XS1, BY1, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z, L2_AHEAD, PDL,
+               SPIN_LIMIT)
+        _phase(base + 2, o1, qw2 + lw * LW2, s2 + lw * LS2, z2 + lw * LS2, o2, ws_ptr, cnt_ptr, done_ptr + base + 2,
+               T1, err_ptr, N2, T2, SQ2, pid, P, G2, XS2, BY2, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z, L2_AHEAD, PDL,
+               SPIN_LIMIT)
+        _phase(base + 3, o2, qw3 + lw * LW3, s3 + lw * LS3, z3 + lw * LS3, o3, ws_ptr, cnt_ptr, done_ptr + base + 3,
+               T2, err_ptr, N3, T3, SQ3, pid, P, G3, XS3, BY3, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z, L2_AHEAD, PDL,
+               SPIN_LIMIT)
+    # -- the last program out resets the phase counters for the next launch
+    cta_barrier()
+    left = gl.atomic_add(exit_ptr, 1, sem="acq_rel")
+    if left == P - 1:
+        offs = gl.arange(0, MAX_PHASES, layout=gl.BlockedLayout([1], [32], [WR * WC], [0]))
+        gl.store(done_ptr + offs, gl.zeros_like(offs), mask=offs < 4 * layers)
+        gl.atomic_xchg(exit_ptr, 0)
+
+
+# -- host ----------------------------------------------------------------------------------------------------
+
+class Weights:
+    """Every layer's four int4 g128 asymmetric weights, stacked per linear (one tensor per linear: the kernel
+    steps through layers by stride), with scales that keep the chain's activations near unit size."""
+
+    def __init__(self, layers: int, device: str = "cuda", seed: int = 0):
+        import torch
+
+        from portakern.backends.triton import quant_gemv as Q
+
+        g = torch.Generator(device=device).manual_seed(seed)
+        self.layers = layers
+        self.lin = {}
+        for name, N, K in PHASES:
+            kwp = -(-(K // 8) // Q.K_ALIGN_WORDS) * Q.K_ALIGN_WORDS
+            npad = -(-N // Q.N_ALIGN_WORDS) * Q.N_ALIGN_WORDS
+            qw = torch.randint(-2**31, 2**31 - 1, (layers, kwp, npad), dtype=torch.int32, device=device, generator=g)
+            G = K // 128
+            # (q - z) s with q, z uniform on 0..15 has variance 2 * 21.25 s^2: unit-size outputs for unit-size x
+            sc = 1.0 / (6.5 * K ** 0.5)
+            s = ((torch.rand(layers, G, npad, device=device, generator=g) + 0.5) * sc).to(torch.float16)
+            z = torch.randint(0, 16, (layers, G, npad), device=device, generator=g).to(torch.float16)
+            self.lin[name] = (qw, s, z, N, K)
+
+    def prepared(self, name: str, layer: int):
+        """Layer ``layer``'s weight ``name`` as the backend's ``PreparedGemvWeight`` (views, no copy)."""
+        from portakern.backends.triton import quant_gemv as Q
+
+        qw, s, z, N, K = self.lin[name]
+        return Q.PreparedGemvWeight(qw[layer], s[layer], z[layer], None, None, 4, 128, 8, N, K)
+
+    def nbytes(self) -> int:
+        """Codes + fp16 scales + fp16 zeros of every layer (the floor's bytes; x and outputs are noise)."""
+        return sum(self.layers * (N * K // 2 + N * (K // 128) * 4) for _, N, K in PHASES)
+
+
+def _stream_cfg(layout, ahead: int, per_sm: int, l2_ahead: int = 0):
+    from portakern.backends.triton import gemv_tuning as T
+
+    return T.fit(T.GemvConfig("stream", 256, 16, num_warps=8, prefetch=ahead, per_sm=per_sm, pdl=True,
+                              l2_prefetch=l2_ahead), layout, 1)
+
+
+def _op(N: int, K: int):
+    from portakern.ir import DType, QuantFormat, QuantGemv
+
+    return QuantGemv(M=1, N=N, K=K, dtype=DType.bfloat16, fmt=QuantFormat(bits=4, group_size=128, symmetric=False))
+
+
+class Chain:
+    """The chain kernel over ``weights``: ``per_sm`` programs per SM (capped so every phase gives each program a
+    unit), ``ahead`` units in registers, ``l2_ahead`` units asked of the L2 before each wait. ``outs`` are the four
+    phases' output buffers (bf16, ``(1, N)``); ``self()`` launches once over every layer."""
+
+    def __init__(self, weights: Weights, outs, ahead: int = 1, per_sm: int = 2, l2_ahead: int = 0,
+                 num_sms: int = 132, spin_limit: int = 1 << 24, programs: int | None = None):
+        import torch
+
+        from portakern.backends.triton import gemv_stream as S
+        from portakern.backends.triton.backend import KERNEL_OPTIONS
+
+        self.w, self.outs = weights, outs
+        units = min(-(-N // 256) * (K // 128) for _, N, K in PHASES)
+        self.programs = min(programs or per_sm * num_sms, units)
+        consts = {}
+        self.args = []
+        for j, (name, N, K) in enumerate(PHASES):
+            p = weights.prepared(name, 0)
+            c = S.constexprs(_op(N, K), p, _stream_cfg(p, ahead, per_sm, l2_ahead), self.programs)
+            consts.update({f"G{j}": c["G"], f"XS{j}": c["XS"], f"BY{j}": c["BY_UNIT"]})
+            qw, s, z, _, _ = weights.lin[name]
+            self.args.append((N, -(-N // 256), qw.shape[2], qw.stride(0), s.stride(0)))
+        consts.update(TR=c["TR"], BN=256, WR=c["WR"], WC=c["WC"], AHEAD=ahead, IW=c["IW"], ZP=c["ZP"],
+                      HAS_Z=True, L2_AHEAD=l2_ahead, PDL=True, SPIN_LIMIT=spin_limit)
+        self.consts = consts
+        # the four inlined phases keep every phase's pointers live: ~196 registers, one program per SM; two per SM
+        # need the stream kernel's 128 (ptxas, sm_90a: no spills at one unit ahead, 412 bytes at two)
+        self.opts = dict(num_warps=8, launch_pdl=True, **KERNEL_OPTIONS, **({"maxnreg": 128} if per_sm > 1 else {}))
+        dev = outs[0].device
+        self.ws = torch.empty((self.programs * 2, 256), dtype=torch.float32, device=dev)
+        self.cnt = torch.zeros((max(a[1] for a in self.args),), dtype=torch.int32, device=dev)
+        self.done = torch.zeros((MAX_PHASES.value,), dtype=torch.int32, device=dev)
+        self.exit = torch.zeros((1,), dtype=torch.int32, device=dev)
+        self.err = torch.zeros((1,), dtype=torch.int32, device=dev)
+        self.checked = False
+        if 4 * weights.layers > MAX_PHASES.value:
+            raise ValueError(f"layers={weights.layers}: the kernel resets at most {MAX_PHASES.value // 4} layers' "
+                             f"counters; raise MAX_PHASES")
+
+    def __call__(self) -> None:
+        tensors = []
+        for j, (name, _, _) in enumerate(PHASES):
+            qw, s, z, _, _ = self.w.lin[name]
+            tensors += [qw, s, z, self.outs[j]]
+        scalars = [v for a in self.args for v in a]
+        args = (*tensors, self.ws, self.cnt, self.done, self.exit, self.err, self.w.layers, *scalars)
+        if not self.checked:   # every program must be resident at once, or the spins never end
+            import torch
+
+            ck = gemv_chain_kernel.warmup(*args, grid=(self.programs,), **self.consts, **self.opts)
+            ck._init_handles()
+            sms = torch.cuda.get_device_properties(self.outs[0].device).multi_processor_count
+            fit = resident_per_sm(ck) * sms
+            if fit < self.programs:
+                raise ValueError(f"programs={self.programs}: only {fit} fit on the GPU at once ({ck.n_regs} registers, "
+                                 f"{ck.metadata.shared} bytes of shared memory each); use per_sm=1")
+            self.checked = True
+        gemv_chain_kernel[(self.programs,)](*args, **self.consts, **self.opts)
+
+
+def resident_per_sm(ck, num_warps: int = 8) -> int:
+    """Programs of the compiled kernel ``ck`` that fit on one H100/H200 SM at once (registers, shared memory,
+    warps): the chain deadlocks if its grid does not fit."""
+    regs = max(1, ck.n_regs) * 32 * num_warps
+    by_regs = 65536 // (-(-regs // 256) * 256)
+    by_smem = (228 * 1024) // max(1, ck.metadata.shared + 1024)
+    return min(by_regs, by_smem, 64 // num_warps)
+
+
+# -- phases of the script --------------------------------------------------------------------------------
+
+def _outs(device="cuda"):
+    import torch
+
+    return [torch.zeros((1, N), dtype=torch.bfloat16, device=device) for _, N, _ in PHASES]
+
+
+def per_gemv(weights: Weights, outs, make):
+    """The same chain as one launch per GEMV: ``make(op, prepared)`` gives each linear's launcher."""
+    lin = {}
+    for j, (name, N, K) in enumerate(PHASES):
+        lin[name] = make(_op(N, K), weights.prepared(name, 0))
+    calls = []
+    for layer in range(weights.layers):
+        for j, (name, N, K) in enumerate(PHASES):
+            x = outs[j - 1][:, :K]
+            calls.append((lin[name], x, weights.prepared(name, layer), outs[j]))
+
+    def run():
+        for f, x, w, o in calls:
+            f(x, w, o)
+    return run
+
+
+def check(res) -> int:
+    """The chain (2 and 3 layers, several grids and depths) bit-equal to the stream kernel launched per GEMV from
+    the same start, twice in a row (the counters reset themselves), and its first GEMV against float64."""
+    import numpy as np
+    import torch
+
+    from portakern.backends.triton import gemv_stream as S
+    from portakern.backends.triton import quant_gemv as Q
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    fails = 0
+    w = Weights(3)
+    x0 = torch.randn(1, 6144, device="cuda").to(torch.bfloat16)
+    for ahead, per_sm, l2, programs in ((1, 2, 0, None), (2, 2, 0, None), (1, 1, 2, None), (1, 2, 0, 7),
+                                        (2, 1, 0, 131)):
+        ours, ref = _outs(), _outs()
+        chain = Chain(w, ours, ahead, per_sm, l2, sms, programs=programs)
+
+        def make(op, p):
+            return S.Launcher(op, p, _stream_cfg(p, ahead, per_sm, l2), sms, "cuda", programs=chain.programs)
+        run_ref = per_gemv(w, ref, make)
+        for rep in range(2):
+            for o in ours + ref:
+                o.fill_(float("nan"))
+            ours[3].copy_(x0)
+            ref[3].copy_(x0)
+            chain()
+            run_ref()
+            torch.cuda.synchronize()
+            same = all(torch.equal(a, b) for a, b in zip(ours, ref))
+            finite = all(bool(torch.isfinite(a.float()).all()) for a in ours)
+            err = int(chain.err.item())
+            ok = same and finite and err == 0
+            fails += not ok
+            row = dict(ahead=ahead, per_sm=per_sm, l2_ahead=l2, programs=chain.programs, rep=rep, bit_equal=same,
+                       finite=finite, spin_error=err, ok=ok)
+            res["check"].append(row)
+            print(row, flush=True)
+            chain.err.zero_()
+    # the first GEMV of the chain (layer 0's o on x0[:4096]) against float64
+    ours = _outs()
+    chain = Chain(Weights(1), ours, 1, 2, 0, sms)
+    ours[3].copy_(x0)
+    chain()
+    torch.cuda.synchronize()
+    qw, s, z, N, K = chain.w.lin["o"]
+    codes = Q.unpack_internal(qw[0].cpu().numpy(), 4, 8, N, K).astype(np.float64)          # (N, K)
+    G = K // 128
+    sc = np.repeat(s[0, :, :N].double().cpu().numpy().T, 128, axis=1)
+    zz = np.repeat(z[0, :, :N].double().cpu().numpy().T, 128, axis=1)
+    ref64 = (codes - zz) * sc @ x0[0, :K].double().cpu().numpy()
+    got = ours[0][0].double().cpu().numpy()
+    rel = float(np.abs(got - ref64).max() / np.abs(ref64).max())
+    ok = rel < 1e-2 and G == 32
+    fails += not ok
+    res["check"].append(dict(what="layer 0 o against float64", rel_err=rel, ok=ok))
+    print(f"layer 0 o against float64: rel err {rel:.2e} ({'ok' if ok else 'FAIL'})", flush=True)
+    return fails
+
+
+def _graph_ms(fn, reps: int = 7) -> float:
+    """Median ms of one replay of a CUDA graph of ``fn``."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        e1.record()
+        torch.cuda.synchronize()
+        ts.append(e0.elapsed_time(e1))
+    return statistics.median(ts)
+
+
+def bench(res, layers: int, variants) -> None:
+    """32 layers' GEMVs: the table's kernels launched one by one (PDL, as in the step), the stream kernel launched
+    one by one, and the chain under each ``(ahead, per_sm, l2_ahead)``, each in a CUDA graph, alternating twice."""
+    import torch
+
+    from portakern.backends.triton import gemv_stream as S
+    from portakern.backends.triton import quant_gemv as Q
+    from portakern.devices import torch_device
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    dev = torch_device("cuda", 0)
+    w = Weights(layers)
+    floor_ms = w.nbytes() / (res["copy_TBps"] * 1e12) * 1e3
+    res["floor_ms"] = floor_ms
+    outs = _outs()
+    outs[3].copy_(torch.randn(1, 6144, device="cuda").to(torch.bfloat16))
+    fns = {"table": per_gemv(w, outs, lambda op, p: Q.compile(op, dev)),
+           "stream-per-gemv": per_gemv(w, outs, lambda op, p: S.Launcher(op, p, _stream_cfg(p, 1, 2), sms, "cuda"))}
+    for ahead, per_sm, l2 in variants:
+        ch = Chain(w, outs, ahead, per_sm, l2, sms)
+        fns[f"chain-a{ahead}-x{per_sm}-l2{l2}"] = ch
+    times = {k: [] for k in fns}
+    for rnd in range(2):
+        for k, f in fns.items():
+            try:
+                times[k].append(_graph_ms(f))
+            except Exception as e:       # a variant that fails to build or run is recorded, the rest go on
+                times[k].append(f"{type(e).__name__}: {str(e)[:200]}")
+        errs = [int(f.err.item()) for f in fns.values() if isinstance(f, Chain)]
+        print(f"round {rnd}: " + "  ".join(f"{k} {v[-1]:.3f}" if isinstance(v[-1], float) else f"{k} x"
+                                           for k, v in times.items()) + f"  spin errors {errs}", flush=True)
+    for k, v in times.items():
+        ok = [t for t in v if isinstance(t, float)]
+        best = min(ok) if ok else None
+        res["bench"].append(dict(variant=k, ms=v, best_ms=best,
+                                 of_floor=(floor_ms / best) if best else None,
+                                 spin_error=int(fns[k].err.item()) if isinstance(fns[k], Chain) else None))
+    print(f"\n{layers} layers x (o, gate/up, down, qkv), floor {floor_ms:.3f} ms")
+    print(f"{'variant':24s} {'best ms':>8s} {'of floor':>8s}")
+    for r in res["bench"]:
+        b = r["best_ms"]
+        print(f"{r['variant']:24s} {b if b else float('nan'):8.3f} {(r['of_floor'] or 0):8.0%}")
+
+
+def _ptxas_registers(ptx: str) -> str:
+    """Registers per thread of ``ptx`` for sm_90a, as Triton's bundled ``ptxas -v`` reports them."""
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        p = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", src, "-o", os.path.join(d, "k.cubin")],
+                           capture_output=True, text=True)
+    m = re.search(r"Used (\d+) registers", p.stderr)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", p.stderr)
+    return (m.group(1) if m else "?") + (f" (spill stores {spill.group(1)} B, loads {spill.group(2)} B)" if spill else "")
+
+
+def lower(variants) -> int:
+    """sm_90a lowering of the chain for the decode step's shapes (no GPU): registers, shared memory, programs per
+    SM that fit, spin loops."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from portakern.backends.triton import gemv_stream as S
+    from portakern.backends.triton.backend import KERNEL_OPTIONS, interpret_env
+
+    for ahead, per_sm, l2 in variants:
+        P = per_sm * 132
+        sig = {}
+        consts = {}
+        for j, (name, N, K) in enumerate(PHASES):
+            for a in ("qw", "s", "z", "o"):
+                sig[f"{a}{j}"] = {"qw": "*i32", "s": "*fp16", "z": "*fp16", "o": "*bf16"}[a]
+            G = K // 128
+            xs, by = S.x_slots(G, -(-N // 256) * G, P)
+            consts.update({f"G{j}": G, f"XS{j}": xs, f"BY{j}": by})
+        sig.update(ws_ptr="*fp32", cnt_ptr="*i32", done_ptr="*i32", exit_ptr="*i32", err_ptr="*i32", layers="i32")
+        for j in range(4):
+            for a in ("N", "T", "SQ", "LW", "LS"):
+                sig[f"{a}{j}"] = "i32"
+        consts.update(TR=16, BN=256, WR=S.WARP_ROWS, WC=8 // S.WARP_ROWS, AHEAD=ahead, IW=8, ZP=8, HAS_Z=True,
+                      L2_AHEAD=l2, PDL=True, SPIN_LIMIT=1 << 24)
+        for k in consts:
+            sig[k] = "constexpr"
+        with interpret_env(False):
+            ck = triton.compile(GluonASTSource(gemv_chain_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
+                                options=dict(num_warps=8, maxnreg=128 if per_sm > 1 else None, **KERNEL_OPTIONS))
+        ptx = ck.asm["ptx"]
+        print(f"ahead {ahead}, {per_sm}/SM, l2 {l2}: shared {ck.metadata.shared} bytes, registers "
+              f"{_ptxas_registers(ptx)}, atom {len(re.findall('atom', ptx))}, bar.sync {len(re.findall('bar.sync', ptx))}, "
+              f"griddepcontrol {len(re.findall('griddepcontrol', ptx))}", flush=True)
+    return 0
+
+
+def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--phase", choices=("check", "bench", "lower"), required=True)
+    ap.add_argument("--layers", type=int, default=32, help="layers of the bench (default 32, the decode step's)")
+    ap.add_argument("--variants", nargs="+", default=["1,2,0", "2,2,0", "1,1,0", "2,1,0", "1,2,2"],
+                    metavar="AHEAD,PER_SM,L2_AHEAD")
+    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--tag", default="")
+    a = ap.parse_args()
+    variants = [tuple(int(v) for v in s.split(",")) for s in a.variants]
+    if a.phase == "lower":
+        raise SystemExit(lower(variants))
+    import gemv as B
+    from experiments import harness
+
+    res = harness.header(__doc__, B.copy_bandwidth_TBps(), check=[], bench=[])
+    fails = 0
+    try:
+        if a.phase == "check":
+            fails = check(res)
+        else:
+            bench(res, a.layers, variants)
+    finally:
+        harness.write(res, a.out, f"gemv-chain-{a.phase}", a.tag)
+    raise SystemExit(1 if fails else 0)
+
+
+if __name__ == "__main__":
+    main()
