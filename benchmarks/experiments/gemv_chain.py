@@ -54,9 +54,10 @@ MAX_PHASES = gl.constexpr(512)
 @gluon.jit
 def _wait_phase(done_ptr, need, err_ptr, SPIN_LIMIT: gl.constexpr):
     """Spin until ``done_ptr`` counts ``need`` stored tiles of the previous phase (acquire); after ``SPIN_LIMIT``
-    polls give up and raise the error flag (a wrong result rather than a hung GPU)."""
+    polls give up and raise the error flag (a wrong result rather than a hung GPU); once the flag is up, no
+    later wait spins at all."""
     seen = gl.atomic_add(done_ptr, 0, sem="acquire")
-    polls = 0
+    polls = gl.where(gl.atomic_add(err_ptr, 0, sem="relaxed") != 0, SPIN_LIMIT, 0)
     while (seen < need) & (polls < SPIN_LIMIT):
         seen = gl.atomic_add(done_ptr, 0, sem="acquire")
         polls += 1
@@ -245,7 +246,7 @@ class Chain:
     phases' output buffers (bf16, ``(1, N)``); ``self()`` launches once over every layer."""
 
     def __init__(self, weights: Weights, outs, ahead: int = 1, per_sm: int = 2, l2_ahead: int = 0,
-                 num_sms: int = 132, spin_limit: int = 1 << 24, programs: int | None = None):
+                 num_sms: int = 132, spin_limit: int = 1 << 20, programs: int | None = None):
         import torch
 
         from portakern.backends.triton import gemv_stream as S
@@ -511,7 +512,7 @@ def lower(variants) -> int:
             for a in ("N", "T", "SQ", "LW", "LS"):
                 sig[f"{a}{j}"] = "i32"
         consts.update(TR=16, BN=256, WR=S.WARP_ROWS, WC=8 // S.WARP_ROWS, AHEAD=ahead, IW=8, ZP=8, HAS_Z=True,
-                      L2_AHEAD=l2, PDL=True, SPIN_LIMIT=1 << 24)
+                      L2_AHEAD=l2, PDL=True, SPIN_LIMIT=1 << 20)
         for k in consts:
             sig[k] = "constexpr"
         with interpret_env(False):
