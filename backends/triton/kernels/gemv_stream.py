@@ -135,17 +135,12 @@ def _axis(n: gl.constexpr, dim: gl.constexpr, layout: gl.constexpr):
 
 
 @gluon.jit
-def _stage_x(x_ptr, x_smem, xs_smem, u0, n, G: gl.constexpr, XS: gl.constexpr, BY_UNIT: gl.constexpr,
-             TR: gl.constexpr, WR: gl.constexpr, RPT: gl.constexpr, IW: gl.constexpr, NW: gl.constexpr,
-             CACHE: gl.constexpr):
-    """x of the groups this program reads into ``x_smem[slot EPW + e, wr, r]`` (fp32, times
-    ``2^(149 - pos_e - 64)``: the factor of code position e) for word row ``j = g TR + wr RPT + r`` of the
-    slot's group g, and ``xs_smem[slot, wr, r]`` = the sum of x over that row's codes times ``2^-64``.
-    ``BY_UNIT``: slot i holds the group of the program's i-th unit (``XS`` >= its units, which are at
-    most G, so no group twice); else slot g holds group g (``XS`` >= G). Word row j's code e is column
-    ``(j // IW) IW 8 + e IW + j % IW`` of K. One load and one store for all slots: staged in pieces,
-    each piece would wait for its loads behind the barrier the previous piece's stores need. ``CACHE``: the
-    loads' cache modifier ("": default; ".cg" where x was written during this launch: L1 is not coherent)."""
+def _x_columns(u0, n, G: gl.constexpr, XS: gl.constexpr, BY_UNIT: gl.constexpr, TR: gl.constexpr,
+               WR: gl.constexpr, RPT: gl.constexpr, IW: gl.constexpr, NW: gl.constexpr):
+    """The columns of K that ``_stage_x`` stages, ``(XS, EPW, WR, RPT)`` in its load layout, and which slots are
+    used: slot ``s``, code position ``e``, word row ``j = g TR + wr RPT + r`` of the slot's group g. ``BY_UNIT``:
+    slot i holds the group of the program's i-th unit (``XS`` >= its units, which are at most G, so no group
+    twice); else slot g holds group g (``XS`` >= G). Word row j's code e is column ``(j // IW) IW 8 + e IW + j % IW``."""
     XL: gl.constexpr = gl.BlockedLayout([1, 1, 1, RPT], [1, EPW, 32 // EPW, 1], [NW, 1, 1, 1], [3, 2, 1, 0])
     e = _axis(EPW, 1, XL)
     slot = _axis(XS, 0, XL)
@@ -156,8 +151,17 @@ def _stage_x(x_ptr, x_smem, xs_smem, u0, n, G: gl.constexpr, XS: gl.constexpr, B
         gg = slot
         used = slot < G
     j = gg * TR + _axis(WR, 2, XL) * RPT + _axis(RPT, 3, XL)
-    k = (j // IW) * (IW * EPW) + e * IW + j % IW
-    xv = gl.load(x_ptr + k, mask=used, other=0.0, cache_modifier=CACHE).to(gl.float32)
+    return (j // IW) * (IW * EPW) + e * IW + j % IW, used
+
+
+@gluon.jit
+def _x_store(xv, x_smem, xs_smem, XS: gl.constexpr, WR: gl.constexpr, RPT: gl.constexpr, NW: gl.constexpr):
+    """Stage ``xv`` (fp32 x at ``_x_columns``' columns, 0 where unused): ``x_smem[slot EPW + e, wr, r]`` = x times
+    ``2^(149 - pos_e - 64)`` (the factor of code position e), ``xs_smem[slot, wr, r]`` = the sum of x over that
+    row's codes times ``2^-64``. One store for all slots: staged in pieces, each piece would wait for its loads
+    behind the barrier the previous piece's stores need."""
+    XL: gl.constexpr = gl.BlockedLayout([1, 1, 1, RPT], [1, EPW, 32 // EPW, 1], [NW, 1, 1, 1], [3, 2, 1, 0])
+    e = _axis(EPW, 1, XL)
     # the power of two of code position e: positions 0..4 sit at bit 4e, 5..7 at 4e - 16 (shifted)
     pos = gl.where(e < 5, e * 4, e * 4 - 16)
     fac = ((149 - DENORM_C + 127 - pos) << 23).to(gl.float32, bitcast=True)
@@ -165,6 +169,17 @@ def _stage_x(x_ptr, x_smem, xs_smem, u0, n, G: gl.constexpr, XS: gl.constexpr, B
     F3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
     _view(x_smem, gl.float32, [XS * EPW, WR, RPT], F3).store(gl.reshape(xv * fac, [XS * EPW, WR, RPT]))
     _view(xs_smem, gl.float32, [XS, WR, RPT], F3).store(gl.sum(xv, axis=1) * (2.0 ** -DENORM_C))
+
+
+@gluon.jit
+def _stage_x(x_ptr, x_smem, xs_smem, u0, n, G: gl.constexpr, XS: gl.constexpr, BY_UNIT: gl.constexpr,
+             TR: gl.constexpr, WR: gl.constexpr, RPT: gl.constexpr, IW: gl.constexpr, NW: gl.constexpr,
+             CACHE: gl.constexpr):
+    """x of the groups this program reads (``_x_columns``), loaded with cache modifier ``CACHE`` ("": default;
+    ".cg" where x was written during this launch: L1 is not coherent) and staged (``_x_store``)."""
+    k, used = _x_columns(u0, n, G, XS, BY_UNIT, TR, WR, RPT, IW, NW)
+    xv = gl.load(x_ptr + k, mask=used, other=0.0, cache_modifier=CACHE).to(gl.float32)
+    _x_store(xv, x_smem, xs_smem, XS, WR, RPT, NW)
 
 
 @gluon.jit
