@@ -14,14 +14,8 @@ never idle between two GEMVs, and there is no launch at all.
   outputs of gate/up), qkv (6144 x 4096); the next layer's o reads the first 4096 outputs of qkv. No glue
   (norms, SiLU, RoPE, attention): this measures the GEMVs' chain alone against the same GEMVs launched one by
   one, which is what decides whether a layer-persistent kernel is worth building.
-* Completion: the program that stores a tile (a whole-tile segment, or the last to arrive at a shared tile)
-  then counts it in the phase's ``done`` counter (CTA barrier, release); a program starting a phase waits
-  for the previous phase's count to reach its tile count (acquire), after which x is staged with ``.cg``
-  loads (L1 is not coherent: the previous layer's x may sit there). A bounded spin raises ``err`` instead of
-  hanging the GPU if a program never arrives. The last program to leave resets every counter.
-* Every program owns at least one unit of every phase (the grid is capped at the smallest phase's units),
-  so a phase's completion implies every program has passed its wait for the phase before: buffers are reused
-  across layers without races.
+* The kernel and its synchronisation: ``experiments/chain_kernels.py`` (``gemv_chain_kernel``, the phases plain:
+  no prologue, epilogue "store").
 
     python benchmarks/experiments/gemv_chain.py --phase check   # GPU: bit-equal to the stream kernel launched per
                                                                 # GEMV, and the first GEMV against float64
@@ -37,157 +31,10 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from triton.experimental import gluon  # noqa: E402
-from triton.experimental.gluon import language as gl  # noqa: E402
-
-from portakern.backends.triton import kernels  # noqa: E402
-
-_S = kernels.load("gemv_stream")            # the stream kernel's helpers (jit flavour)
-cta_barrier = kernels.load("gluon_compat").cta_barrier
+from experiments.chain_kernels import MAX_PHASES, gemv_chain_kernel  # noqa: E402
 
 #: the decode step's linears, in the chain's order (N, K)
 PHASES = (("o", 4096, 4096), ("gu", 28672, 4096), ("down", 4096, 14336), ("qkv", 6144, 4096))
-#: counters the kernel can reset (4 per layer)
-MAX_PHASES = gl.constexpr(512)
-
-
-@gluon.jit
-def _wait_phase(done_ptr, need, err_ptr, SPIN_LIMIT: gl.constexpr):
-    """Spin until ``done_ptr`` counts ``need`` stored tiles of the previous phase (acquire); after ``SPIN_LIMIT``
-    polls give up and raise the error flag (a wrong result rather than a hung GPU); once the flag is up, no
-    later wait spins at all."""
-    seen = gl.atomic_add(done_ptr, 0, sem="acquire")
-    polls = gl.where(gl.atomic_add(err_ptr, 0, sem="relaxed") != 0, SPIN_LIMIT, 0)
-    while (seen < need) & (polls < SPIN_LIMIT):
-        seen = gl.atomic_add(done_ptr, 0, sem="acquire")
-        polls += 1
-    if seen < need:
-        gl.atomic_xchg(err_ptr, 1)
-
-
-@gluon.jit
-def _count_tile(done_ptr):
-    """This program stored a tile of the phase: count it once its threads' stores are done."""
-    cta_barrier()
-    gl.atomic_add(done_ptr, 1, sem="release")
-
-
-@gluon.jit
-def _phase(idx, x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, cnt_ptr, done_ptr, prev_need, err_ptr, N, n_tiles,
-           stride_qk, pid, P, G: gl.constexpr, XS: gl.constexpr, BY_UNIT: gl.constexpr, TR: gl.constexpr,
-           BN: gl.constexpr, WR: gl.constexpr, WC: gl.constexpr, AHEAD: gl.constexpr, IW: gl.constexpr,
-           ZP: gl.constexpr, HAS_Z: gl.constexpr, L2_AHEAD: gl.constexpr, PDL: gl.constexpr,
-           SPIN_LIMIT: gl.constexpr):
-    """One GEMV of the chain (global phase ``idx``): the stream kernel's program ``pid`` with its wait for the
-    previous kernel replaced by the wait for phase ``idx - 1``'s tiles, and every stored tile counted."""
-    NW: gl.constexpr = WR * WC
-    RPT: gl.constexpr = TR // WR
-    L3: gl.constexpr = gl.BlockedLayout([1, RPT, 4], [1, 1, 32], [WR, 1, WC], [2, 1, 0])
-    X3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    T = n_tiles * G
-    u0 = (pid * T) // P
-    n = ((pid + 1) * T) // P - u0
-    x_smem = gl.allocate_shared_memory(gl.float32, [XS * 8, WR, RPT], X3)
-    xs_smem = gl.allocate_shared_memory(gl.float32, [XS, WR, RPT], X3)
-
-    # -- the first units' words in flight (constant), then the wait for the phase before
-    w0, s0, z0 = _S._load_unit(qw_ptr, s_ptr, z_ptr, u0, 0 < n, stride_qk, G, TR, BN, WR, RPT, HAS_Z, L3)
-    if AHEAD > 1:
-        w1, s1, z1 = _S._load_unit(qw_ptr, s_ptr, z_ptr, u0 + 1, 1 < n, stride_qk, G, TR, BN, WR, RPT, HAS_Z, L3)
-    if L2_AHEAD > 0:
-        _S._prefetch_l2(qw_ptr, u0 + AHEAD, n - AHEAD, stride_qk, G, TR, BN, L2_AHEAD, NW)
-    if idx == 0:
-        _S._wait_for_producer(PDL)
-    else:
-        _wait_phase(done_ptr - 1, prev_need, err_ptr, SPIN_LIMIT)
-    _S._stage_x(x_ptr, x_smem, xs_smem, u0, n, G, XS, BY_UNIT, TR, WR, RPT, IW, NW, ".cg")
-    cta_barrier()
-
-    # -- the units (the stream kernel's loop; stored tiles counted)
-    acc = gl.zeros([WR, BN], gl.float32, gl.SliceLayout(1, L3))
-    head = gl.zeros([BN], gl.float32, gl.SliceLayout(0, gl.SliceLayout(1, L3)))
-    t_head = -1
-    seg_start = u0
-    for i in range(n):
-        u = u0 + i
-        t = u // G
-        g = u - t * G
-        wn, sn, zn = _S._load_unit(qw_ptr, s_ptr, z_ptr, u + AHEAD, i + AHEAD < n, stride_qk, G, TR, BN, WR, RPT,
-                                   HAS_Z, L3)
-        w, s, z = w0, s0, z0
-        if AHEAD > 1:
-            w0, s0, z0 = w1, s1, z1
-            w1, s1, z1 = wn, sn, zn
-        else:
-            w0, s0, z0 = wn, sn, zn
-        xslot = i if BY_UNIT else g
-        acc = _S._scale_unit(acc, _S._row_sums(w, x_smem, xslot, L3), s, z, xs_smem.index(xslot), ZP, HAS_Z, L3)
-        if (g == G - 1) | (i == n - 1):
-            res = _S._tile_sum(acc, L3)
-            if (seg_start == t * G) & (u + 1 == (t + 1) * G):
-                _S._store_tile(res, t, N, out_ptr, BN, L3)
-                _count_tile(done_ptr)
-            elif seg_start == u0:
-                head = res
-                t_head = t
-            else:
-                _S._publish(res, ws_ptr, 2 * pid + 1, BN, L3)
-                if t_head >= 0:
-                    _S._publish(head, ws_ptr, 2 * pid, BN, L3)
-                cta_barrier()
-                if t_head >= 0:
-                    if _S._arrive(t_head, P, T, N, out_ptr, ws_ptr, cnt_ptr, G, BN, L3):
-                        _count_tile(done_ptr)
-                if _S._arrive(t, P, T, N, out_ptr, ws_ptr, cnt_ptr, G, BN, L3):
-                    _count_tile(done_ptr)
-                t_head = -1
-            acc = gl.zeros([WR, BN], gl.float32, gl.SliceLayout(1, L3))
-            seg_start = u + 1
-    if t_head >= 0:
-        _S._publish(head, ws_ptr, 2 * pid, BN, L3)
-        cta_barrier()
-        if _S._arrive(t_head, P, T, N, out_ptr, ws_ptr, cnt_ptr, G, BN, L3):
-            _count_tile(done_ptr)
-
-
-@gluon.jit
-def gemv_chain_kernel(qw0, s0, z0, o0, qw1, s1, z1, o1, qw2, s2, z2, o2, qw3, s3, z3, o3,
-                      ws_ptr, cnt_ptr, done_ptr, exit_ptr, err_ptr, layers,
-                      N0, T0, SQ0, LW0, LS0, N1, T1, SQ1, LW1, LS1, N2, T2, SQ2, LW2, LS2, N3, T3, SQ3, LW3, LS3,
-                      G0: gl.constexpr, XS0: gl.constexpr, BY0: gl.constexpr,
-                      G1: gl.constexpr, XS1: gl.constexpr, BY1: gl.constexpr,
-                      G2: gl.constexpr, XS2: gl.constexpr, BY2: gl.constexpr,
-                      G3: gl.constexpr, XS3: gl.constexpr, BY3: gl.constexpr,
-                      TR: gl.constexpr, BN: gl.constexpr, WR: gl.constexpr, WC: gl.constexpr, AHEAD: gl.constexpr,
-                      IW: gl.constexpr, ZP: gl.constexpr, HAS_Z: gl.constexpr, L2_AHEAD: gl.constexpr,
-                      PDL: gl.constexpr, SPIN_LIMIT: gl.constexpr):
-    """``layers`` x (o, gate/up, down, qkv): phase j of layer l reads x from phase j - 1's output (``o3`` for
-    j = 0: the chain starts from whatever the qkv buffer holds) and its weight at ``qwj + l LWj`` (scales and
-    zeros at ``+ l LSj``); ``Nj``, ``Tj`` (column tiles) and ``SQj`` (row stride of the words) per phase."""
-    pid = gl.program_id(0)
-    P = gl.num_programs(0)
-    for l in range(layers):
-        lw = l.to(gl.int64)
-        base = 4 * l
-        _phase(base, o3, qw0 + lw * LW0, s0 + lw * LS0, z0 + lw * LS0, o0, ws_ptr, cnt_ptr, done_ptr + base, T3,
-               err_ptr, N0, T0, SQ0, pid, P, G0, XS0, BY0, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z, L2_AHEAD, PDL,
-               SPIN_LIMIT)
-        _phase(base + 1, o0, qw1 + lw * LW1, s1 + lw * LS1, z1 + lw * LS1, o1, ws_ptr, cnt_ptr, done_ptr + base + 1,
-               T0, err_ptr, N1, T1, SQ1, pid, P, G1, XS1, BY1, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z, L2_AHEAD, PDL,
-               SPIN_LIMIT)
-        _phase(base + 2, o1, qw2 + lw * LW2, s2 + lw * LS2, z2 + lw * LS2, o2, ws_ptr, cnt_ptr, done_ptr + base + 2,
-               T1, err_ptr, N2, T2, SQ2, pid, P, G2, XS2, BY2, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z, L2_AHEAD, PDL,
-               SPIN_LIMIT)
-        _phase(base + 3, o2, qw3 + lw * LW3, s3 + lw * LS3, z3 + lw * LS3, o3, ws_ptr, cnt_ptr, done_ptr + base + 3,
-               T2, err_ptr, N3, T3, SQ3, pid, P, G3, XS3, BY3, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z, L2_AHEAD, PDL,
-               SPIN_LIMIT)
-    # -- the last program out resets the phase counters for the next launch
-    cta_barrier()
-    left = gl.atomic_add(exit_ptr, 1, sem="acq_rel")
-    if left == P - 1:
-        offs = gl.arange(0, MAX_PHASES, layout=gl.BlockedLayout([1], [32], [WR * WC], [0]))
-        gl.store(done_ptr + offs, gl.zeros_like(offs), mask=offs < 4 * layers)
-        gl.atomic_xchg(exit_ptr, 0)
 
 
 # -- host ----------------------------------------------------------------------------------------------------

@@ -229,25 +229,34 @@ def _publish(res, ws_ptr, slot, BN: gl.constexpr, L3: gl.constexpr):
 
 
 @gluon.jit
-def _arrive(t, P, T, N, out_ptr, ws_ptr, cnt_ptr, G: gl.constexpr, BN: gl.constexpr, L3: gl.constexpr):
+def _arrive_sum(t, P, T, ws_ptr, cnt_ptr, G: gl.constexpr, BN: gl.constexpr, L3: gl.constexpr):
     """Count this program's (published) partial of tile ``t``; the last of the tile's programs adds the
-    partials in program order, stores the tile and resets the counter. Returns whether this program did."""
+    partials in program order and resets the counter. Returns ``(last, tile)``: whether this program is
+    that one, and then the tile's ``(BN,)`` sum (zeros otherwise)."""
     arrived = gl.atomic_add(cnt_ptr + t, 1, sem="acq_rel")
     # programs whose ranges meet the tile: c(u) = ((u + 1) P - 1) // T owns unit u
     c_first = ((t * G + 1) * P - 1) // T
     c_last = ((t + 1) * G * P - 1) // T
     last = arrived == c_last - c_first
+    offs = gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+    tot = gl.zeros([BN], gl.float32, gl.SliceLayout(0, gl.SliceLayout(1, L3)))
     if last:
-        offs = gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
-        tot = gl.zeros([BN], gl.float32, gl.SliceLayout(0, gl.SliceLayout(1, L3)))
         for c0 in range(c_first, c_last + 1, FIXUP_LOADS):
             for k in gl.static_range(FIXUP_LOADS):   # independent loads: one latency per FIXUP_LOADS partials
                 cc = c0 + k
                 sl = gl.where((cc * T) // P >= t * G, 0, 1)   # 0: cc's range starts inside the tile
                 tot += gl.load(ws_ptr + (cc * 2 + sl) * BN + offs, mask=(offs >= 0) & (cc <= c_last), other=0.0,
                                cache_modifier=".cg")
-        _store_tile(tot, t, N, out_ptr, BN, L3)
         gl.atomic_xchg(cnt_ptr + t, 0, sem="relaxed")
+    return last, tot
+
+
+@gluon.jit
+def _arrive(t, P, T, N, out_ptr, ws_ptr, cnt_ptr, G: gl.constexpr, BN: gl.constexpr, L3: gl.constexpr):
+    """``_arrive_sum``, and the last of the tile's programs stores the tile. Returns whether this program did."""
+    last, tot = _arrive_sum(t, P, T, ws_ptr, cnt_ptr, G, BN, L3)
+    if last:
+        _store_tile(tot, t, N, out_ptr, BN, L3)
     return last
 
 
