@@ -19,11 +19,12 @@ Floor = (weight bytes: codes + fp16 scale + fp16 zero per group; + K/V bytes rea
     python benchmarks/decode_step.py [--ctx 2048 8192] [--glue compile-combo|compile-pdl|compile|compile-max|eager]
         [--compare-glue GLUE] [--compare-attention table release early early+o2 ...] [--cluster-gemv o,down ...]
         [--l2-prefetch UNITS ...] [--compare-tiles] [--prefetch none after:24 during:24]
-        [--sweep-gemv LINEAR ...] [--sweep-attention] [--ab-gemv LINEAR:CONFIG ...] [--ab-attention CONFIG ...]
+        [--chain AHEAD,PER_SM,L2_AHEAD ...] [--sweep-gemv LINEAR ...] [--sweep-attention]
+        [--ab-gemv LINEAR:CONFIG ...] [--ab-attention CONFIG ...]
         [--captures N] [--breakdown] [--no-peers] [--no-eager] [--out DIR]
 
-The same-process variants (``--compare-*``, ``--sweep-*``, ``--ab-*``, ``--cluster-gemv``, ``--l2-prefetch``) are
-defined in ``benchmarks/step_variants.py``.
+The same-process variants (``--compare-*``, ``--sweep-*``, ``--ab-*``, ``--chain``, ``--cluster-gemv``,
+``--l2-prefetch``) are defined in ``benchmarks/step_variants.py``.
 """
 
 from __future__ import annotations
@@ -165,6 +166,7 @@ class PortakernStep:
         self.zero = torch.zeros(1, HID, device="cuda")
         self.attention = attention
         self.fused_silu = False   # with_fused_silu: the down GEMV forms silu(gate) * up itself
+        self.chain = None         # with_chain: each layer after its attention as one launch
         self.attn_kernel = self.attn_out = None   # portakern.attention's choice unless with_attention
         self.add_rmsnorm, self.rope, self.rope_append, self.silu_mul = glue_functions(glue)
         if attention == "sdpa":  # dense (B, Hkv, S, D) caches instead of pages
@@ -259,6 +261,33 @@ class PortakernStep:
         other.fused_silu = True
         return other
 
+    def with_chain(self, ahead: int = 1, per_sm: int = 2, l2_ahead: int = 0) -> "PortakernStep":
+        """The same step (weights, caches shared) with each layer after its attention run as one launch of
+        ``experiments/layer_chain.py``'s kernel; its layer 0 checked first against this step's own glue and GEMVs
+        (``chain_check``)."""
+        from experiments.layer_chain import LayerChain, check_layer
+
+        other = copy.copy(self)
+        other.chain = LayerChain(self, ahead, per_sm, l2_ahead)
+        other.chain_check = check_layer(self, other.chain)
+        print(f"layer chain {ahead},{per_sm},{l2_ahead}: layer 0 against the step's glue: {other.chain_check}",
+              flush=True)
+        other.out = {**self.out, "lm": other.chain.logits}
+        return other
+
+    def _chained(self):
+        """The step with ``self.chain``: the first qkv and its glue as usual, then per layer the attention and one
+        chain launch (the next layer's qkv, RoPE and KV append included; the lm head after the last)."""
+        c = self.chain
+        r, xn = self.add_rmsnorm(self.h, self.zero, self.norms[0])
+        c.r.copy_(r)
+        q = self.rope_append(self.gemv("qkv", xn, self.layers[0]["qkv"]), self.cos, self.sin,
+                             self.kv[0].view(2, -1, HKV, D), self.slot)
+        for i in range(LAYERS):
+            c.layer(i, self.attend(i, q))
+            q = c.q.view(1, 1, HQ, D)
+        return c.logits
+
     def with_glue(self, glue: str, deterministic: bool = False) -> "PortakernStep":
         """The same step (weights, caches, buffers shared) with its glue run as ``glue``."""
         other = copy.copy(self)
@@ -298,6 +327,8 @@ class PortakernStep:
         return o.reshape(1, HQ * D)
 
     def __call__(self):
+        if self.chain is not None:
+            return self._chained()
         if self.side is not None:
             self.prefetch_weight(self.order[0])
         r, xn = self.add_rmsnorm(self.h, self.zero, self.norms[0])
@@ -512,6 +543,9 @@ def main():
                     logits = st.out["lm"].float().clone()   # the last replay's; every replay computes the same
                 elif name in variants and logits is not None:
                     out[name].update(logits_diff(logits, st.out["lm"].float()))
+                    if getattr(st, "chain", None) is not None:
+                        out[name]["layer_check"] = st.chain_check
+                        out[name]["spin_error"] = int(st.chain.err.item())
                     if name.startswith("int4_portakern_glue_"):
                         out[name]["deterministic_glues"] = same_logits(step, args.glue, args.compare_glue)
             except Exception as e:

@@ -68,6 +68,9 @@
 #   gemv-chain      benchmarks/experiments/gemv_chain.py: every layer's four GEMVs in one persistent launch, checked
 #                   bit for bit against the stream kernel launched per GEMV (and float64), then timed against the
 #                   table's kernels launched one by one ($CHAIN_VARIANTS: AHEAD,PER_SM,L2_AHEAD ...)
+#   decode-step-chain  the step at ctx 2048 and 8192 with each layer after its attention as one persistent launch
+#                   (benchmarks/experiments/layer_chain.py; $CHAIN_CONFIGS, default 1,2,0 1,1,0), layer 0 checked
+#                   against the step's glue, alternating with the table's step (3 rounds), logits compared; no peers
 #   ncu             Nsight Compute stall/throughput sections of benchmarks/profile_kernels.py
 #                   ($PROFILE_ONLY=mma: the tensor-core GEMV kernels instead)
 # $PK_COMMIT names the commit in the reports (the device copy has no git history); $TAG suffixes
@@ -161,6 +164,8 @@ for s in "$@"; do
         gemv-chain) step gemv-chain bash -c "python3 benchmarks/experiments/gemv_chain.py --phase check --tag='$TAG' \
             --out '$RES' && python3 benchmarks/experiments/gemv_chain.py --phase bench --tag='$TAG' --out '$RES' \
             ${CHAIN_VARIANTS:+--variants $CHAIN_VARIANTS}" ;;
+        decode-step-chain) step decode-step-chain python3 benchmarks/decode_step.py --ctx 2048 8192 --no-peers \
+            --no-eager --chain ${CHAIN_CONFIGS:-1,2,0 1,1,0} --ab-rounds 3 --tag="-chain$TAG" --out "$RES" ;;
         ncu) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
             step ncu "${NCU:-ncu}" --profile-from-start off --clock-control none --section SpeedOfLight \
                 --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \

@@ -102,6 +102,14 @@ def add_variant_arguments(ap: argparse.ArgumentParser) -> None:
                          "forming silu(gate) * up from the gate/up output itself (the silu_mul prologue), as "
                          "int4_portakern_abR_fused_silu, alternating with the table's step for --ab-rounds rounds, "
                          "logits compared (the activation is not rounded to bf16: close, not equal)")
+    ap.add_argument("--chain", nargs="+", default=[], metavar="AHEAD,PER_SM,L2_AHEAD",
+                    help="also time portakern's step with each layer after its attention run as ONE persistent launch "
+                         "(o + residual add, RMSNorm + gate/up, SiLU-mul + down + residual add, RMSNorm + the next "
+                         "layer's qkv + RoPE + KV append, or the lm head: benchmarks/experiments/layer_chain.py), "
+                         "units ahead / programs per SM / L2 units ahead as given (e.g. 1,2,0), as "
+                         "int4_portakern_abR_chain_<config>, alternating with the table's step for --ab-rounds rounds, "
+                         "logits compared (its own roundings: close, not equal) and layer 0 checked against the "
+                         "step's torch glue and GEMVs (layer_check)")
     ap.add_argument("--sweep-gemv", nargs="+", default=[], choices=LINEARS, metavar="LINEAR",
                     help="also time portakern's step (same weights, same process) with LINEAR's GEMV under each of the "
                          "autotuner's configurations for its shape (gemv_tuning.candidates; at most --sweep-limit), "
@@ -170,6 +178,9 @@ def variants_for(step, args) -> dict:
         chosen.append((f"{name}_{label}", step.with_gemv_config(name, cfg)))
     if args.fused_silu:
         chosen.append(("fused_silu", step.with_fused_silu()))
+    for spec in args.chain:
+        ahead, per_sm, l2 = (int(v) for v in spec.split(","))
+        chosen.append((f"chain_{ahead}_{per_sm}_{l2}", step.with_chain(ahead, per_sm, l2)))
     for r in range(args.ab_rounds if chosen else 0):
         variants[f"int4_portakern_ab{r}_table"] = copy.copy(step)
         variants.update({f"int4_portakern_ab{r}_{key}": copy.copy(st) for key, st in chosen})

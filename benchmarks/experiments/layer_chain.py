@@ -1,0 +1,204 @@
+"""Experiment, not part of the backend: a decode layer after its attention as ONE launch (``decode_step.py --chain``).
+
+``chain_kernels.layer_chain_kernel`` runs the o projection (+ residual add), gate/up (x = RMSNorm of the
+residual), down (x = SiLU-mul of gate/up; + residual add) and the next layer's qkv (x = RMSNorm; RoPE and the
+KV-cache append in its epilogue) -- or, after the last layer, the lm head -- as four phases of one persistent
+grid. The decode step then launches per layer: the paged attention (decode kernel + merge) and this; against
+the table's step (four GEMV launches, four glue kernels, the attention). This module is the host side:
+``LayerChain`` (buffers, compile-time arguments, one launch per layer) and ``check_layer`` (one layer against
+the same layer computed by the step's own torch glue and GEMVs).
+
+    python benchmarks/experiments/layer_chain.py --phase lower    # no GPU: sm_90a lowering of both kernels
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from experiments.chain_kernels import EPI_ROPE, EPI_STORE, layer_chain_kernel  # noqa: E402
+
+#: RMSNorm epsilon of the decode step (``decode_step.add_rmsnorm``)
+EPS = 1e-5
+#: columns per tile (two heads of 128: the RoPE epilogue relies on it)
+BN = 256
+
+
+def constexprs(shapes, programs: int, ahead: int, l2_ahead: int, epi3) -> dict:
+    """The kernel's compile-time arguments for phases of ``shapes`` ((N, K) of o, gate/up, down, phase 3) on
+    ``programs`` programs: per phase the stream kernel's groups and x slots, shared the tile shape."""
+    from portakern.backends.triton import gemv_stream as S
+
+    c = {}
+    for j, (N, K) in enumerate(shapes):
+        G = K // 128
+        xs, by = S.x_slots(G, -(-N // BN) * G, programs)
+        c.update({f"G{j}": G, f"XS{j}": xs, f"BY{j}": by})
+    c.update(TR=16, BN=BN, WR=S.WARP_ROWS, WC=8 // S.WARP_ROWS, AHEAD=ahead, IW=8, ZP=8, HAS_Z=True,
+             L2_AHEAD=l2_ahead, PDL=True, SPIN_LIMIT=1 << 20, EPI3=epi3, NSS=shapes[0][0] // BN, EPS=EPS)
+    return c
+
+
+class LayerChain:
+    """``layer_chain_kernel`` over a ``decode_step.PortakernStep``'s weights, norms, KV caches and RoPE tables.
+    ``self.r`` is the residual (fp32) the launches update; ``self.q`` the next layer's rotated q; ``self.logits``
+    the lm head's output after the last layer. ``per_sm`` programs per SM (two need the stream kernel's 128
+    registers: ``maxnreg``), ``ahead`` units in registers, ``l2_ahead`` units asked of the L2 before each wait."""
+
+    def __init__(self, step, ahead: int = 1, per_sm: int = 2, l2_ahead: int = 0):
+        import torch
+
+        from portakern.backends.triton.backend import KERNEL_OPTIONS
+
+        self.step = step
+        L0 = step.layers[0]
+        dims = {n: (w.N, w.K) for n, w in L0.items()}
+        self.shapes_qkv = (dims["o"], dims["gu"], dims["down"], dims["qkv"])
+        self.shapes_lm = self.shapes_qkv[:3] + ((step.lm.N, step.lm.K),)
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        units = min(-(-N // BN) * (K // 128) for N, K in self.shapes_lm + self.shapes_qkv[3:])
+        self.programs = min(per_sm * sms, units)
+        self.consts_qkv = constexprs(self.shapes_qkv, self.programs, ahead, l2_ahead, EPI_ROPE)
+        self.consts_lm = constexprs(self.shapes_lm, self.programs, ahead, l2_ahead, EPI_STORE)
+        self.opts = dict(num_warps=8, launch_pdl=True, **KERNEL_OPTIONS, **({"maxnreg": 128} if per_sm > 1 else {}))
+        hid, f32, bf16 = dims["o"][0], torch.float32, torch.bfloat16
+        dev = "cuda"
+        self.r = torch.zeros((1, hid), dtype=f32, device=dev)
+        self.ss = torch.zeros((hid // BN,), dtype=f32, device=dev)
+        self.gu = torch.empty((1, dims["gu"][0]), dtype=bf16, device=dev)
+        self.qkv = torch.empty((1, dims["qkv"][0]), dtype=bf16, device=dev)
+        self.q = torch.empty((1, dims["o"][1]), dtype=bf16, device=dev)
+        self.logits = torch.empty((1, step.lm.N), dtype=bf16, device=dev)
+        self.ws = torch.empty((self.programs * 2, BN), dtype=f32, device=dev)
+        self.cnt = torch.zeros((-(-step.lm.N // BN),), dtype=torch.int32, device=dev)
+        self.done = torch.zeros((4,), dtype=torch.int32, device=dev)
+        self.exit = torch.zeros((1,), dtype=torch.int32, device=dev)
+        self.err = torch.zeros((1,), dtype=torch.int32, device=dev)
+        self.checked = set()
+        self.slot = int(step.slot.item())
+
+    def _kv_rows(self, layer: int):
+        """Layer ``layer``'s cache rows of the new token: k and v, ``(HKV, D)`` each (the step's slot)."""
+        kv = self.step.kv[layer]
+        kvf = kv.view(2, -1, kv.shape[-2], kv.shape[-1])
+        return kvf[0, self.slot], kvf[1, self.slot]
+
+    def layer(self, i: int, a) -> None:
+        """Launch layer ``i``'s chain on the attention output ``a`` (``(1, HQ D)`` bf16): after the last layer
+        phase 3 is the lm head (``self.logits``), else layer ``i + 1``'s qkv with RoPE and the KV append."""
+        st = self.step
+        L = st.layers[i]
+        last = i == len(st.layers) - 1
+        w3 = st.lm if last else st.layers[i + 1]["qkv"]
+        o3 = self.logits if last else self.qkv
+        k_row, v_row = self._kv_rows(i if last else i + 1)
+        ws = (L["o"], L["gu"], L["down"], w3)
+        consts = self.consts_lm if last else self.consts_qkv
+        tens = [a]
+        for j, w in enumerate(ws):
+            tens += [w.qweight, w.scales, w.zeros if w.zeros is not None else w.scales]
+            if j == 1:
+                tens.append(self.gu)
+        tens += [o3, self.r, self.ss, st.norms[2 * i + 1], st.norms[2 * i + 2], self.q, k_row, v_row, st.cos, st.sin,
+                 self.ws, self.cnt, self.done, self.exit, self.err]
+        scalars = []
+        for w in ws:
+            scalars += [w.N, -(-w.N // BN), w.stride_qk]
+        args = (*tens, *scalars)
+        if last not in self.checked:
+            self._check_resident(args, consts)
+            self.checked.add(last)
+        layer_chain_kernel[(self.programs,)](*args, **consts, **self.opts)
+
+    def _check_resident(self, args, consts) -> None:
+        """Every program must be resident at once, or the phase waits never end: refuse a grid that does not fit."""
+        import torch
+
+        from experiments.gemv_chain import resident_per_sm
+
+        ck = layer_chain_kernel.warmup(*args, grid=(self.programs,), **consts, **self.opts)
+        ck._init_handles()
+        fit = resident_per_sm(ck) * torch.cuda.get_device_properties(0).multi_processor_count
+        if fit < self.programs:
+            raise ValueError(f"programs={self.programs}: only {fit} fit on the GPU at once ({ck.n_regs} registers, "
+                             f"{ck.metadata.shared} bytes of shared memory each); use per_sm=1")
+
+
+def check_layer(step, chain: LayerChain) -> dict:
+    """Layer 0 after its attention, from the same residual and attention output, by the chain and by the step's
+    torch glue (eager) and GEMVs: the residual after the layer, layer 1's rotated q and its new k / v rows.
+    Returns each one's ``max |chain - torch| / max |torch|`` and whether all are below 2e-2 (bf16 roundings of
+    different summation orders move values by an ulp or two; a wrong index moves them by their own size)."""
+    import torch
+
+    import decode_step as D
+
+    torch.manual_seed(1)
+    hid = chain.r.shape[1]
+    r0 = torch.randn(1, hid, device="cuda")
+    a = torch.randn(1, hid, device="cuda").to(torch.bfloat16)
+    L0, L1 = step.layers[0], step.layers[1]
+    k_row, v_row = chain._kv_rows(1)
+    # -- the torch step's layer
+    o = step.gemv("o", a, L0["o"]).clone()
+    r1, xn = D.add_rmsnorm(r0, o, step.norms[1])
+    gu = step.gemv("gu", xn, L0["gu"]).clone()
+    d = step.gemv("down", D.silu_mul(gu), L0["down"]).clone()
+    r2, xn2 = D.add_rmsnorm(r1, d, step.norms[2])
+    qkv = step.gemv("qkv", xn2, L1["qkv"]).clone()
+    q = D.rope_append(qkv, step.cos, step.sin, step.kv[1].view(2, -1, D.HKV, D.D), step.slot)
+    ref = {"r": r2, "q": q.reshape(1, -1).float(), "k": k_row.float().clone(), "v": v_row.float().clone()}
+    # -- the chain's
+    k_row.fill_(float("nan"))
+    v_row.fill_(float("nan"))
+    chain.q.fill_(float("nan"))
+    chain.r.copy_(r0)
+    chain.layer(0, a)
+    torch.cuda.synchronize()
+    got = {"r": chain.r, "q": chain.q.float(), "k": k_row.float(), "v": v_row.float()}
+    out = {}
+    for name, want in ref.items():
+        g = got[name]
+        err = ((g - want).abs().max() / want.abs().max()).item() if torch.isfinite(g).all() else float("inf")
+        out[f"{name}_rel_err"] = err
+    out["spin_error"] = int(chain.err.item())
+    out["ok"] = all(v < 2e-2 for k, v in out.items() if k.endswith("rel_err")) and out["spin_error"] == 0
+    return out
+
+
+def lower() -> int:
+    """sm_90a lowering of the layer kernel for the decode step's shapes, phase 3 = qkv (RoPE) and = lm head."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from experiments.gemv_chain import _ptxas_registers
+    from portakern.backends.triton.backend import KERNEL_OPTIONS, interpret_env
+
+    shapes = ((4096, 4096), (28672, 4096), (4096, 14336), (6144, 4096))
+    ptrs = {"a_ptr": "*bf16", "gu_ptr": "*bf16", "o3": "*bf16", "r_ptr": "*fp32", "ss_ptr": "*fp32", "nw1_ptr": "*bf16",
+            "nw3_ptr": "*bf16", "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "cos_ptr": "*fp32",
+            "sin_ptr": "*fp32", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "done_ptr": "*i32", "exit_ptr": "*i32",
+            "err_ptr": "*i32"}
+    for j in range(4):
+        ptrs.update({f"qw{j}": "*i32", f"s{j}": "*fp16", f"z{j}": "*fp16"})
+        ptrs.update({f"N{j}": "i32", f"T{j}": "i32", f"SQ{j}": "i32"})
+    for name, sh, epi in (("qkv", shapes, EPI_ROPE), ("lm", shapes[:3] + ((128256, 4096),), EPI_STORE)):
+        consts = constexprs(sh, 264, 1, 0, epi)
+        sig = {a: ("constexpr" if a in consts else ptrs[a]) for a in layer_chain_kernel.arg_names}
+        with interpret_env(False):
+            ck = triton.compile(GluonASTSource(layer_chain_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
+                                options=dict(num_warps=8, maxnreg=128, **KERNEL_OPTIONS))
+        print(f"phase 3 = {name}: shared {ck.metadata.shared} bytes, registers {_ptxas_registers(ck.asm['ptx'])}",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--phase", choices=("lower",), required=True)
+    raise SystemExit(lower())
