@@ -67,7 +67,8 @@
 #                   on new tensors, graph replays)
 #   gemv-chain      benchmarks/experiments/gemv_chain.py: every layer's four GEMVs in one persistent launch, checked
 #                   bit for bit against the stream kernel launched per GEMV (and float64), then timed against the
-#                   table's kernels launched one by one ($CHAIN_VARIANTS: AHEAD,PER_SM,L2_AHEAD ...)
+#                   table's kernels launched one by one, whatever the check said (its JSON says it; the step fails
+#                   if either does) ($CHAIN_VARIANTS: AHEAD,PER_SM,L2_AHEAD ...)
 #   decode-step-chain  the step at ctx 2048 and 8192 with each layer after its attention as one persistent launch
 #                   (benchmarks/experiments/layer_chain.py; $CHAIN_CONFIGS, default 1,2,0 1,1,0), layer 0 checked
 #                   against the step's glue, alternating with the table's step (3 rounds), logits compared; no peers
@@ -162,8 +163,8 @@ for s in "$@"; do
         launch-tests) step launch-tests python3 -m pytest -q -p no:cacheprovider tests/test_triton_launch.py \
             tests/test_triton_attention_decode_ws.py tests/test_triton_gemv.py -k "launch or called_again or replays" ;;
         gemv-chain) step gemv-chain bash -c "python3 benchmarks/experiments/gemv_chain.py --phase check --tag='$TAG' \
-            --out '$RES' && python3 benchmarks/experiments/gemv_chain.py --phase bench --tag='$TAG' --out '$RES' \
-            ${CHAIN_VARIANTS:+--variants $CHAIN_VARIANTS}" ;;
+            --out '$RES'; c=\$?; python3 benchmarks/experiments/gemv_chain.py --phase bench --tag='$TAG' --out '$RES' \
+            ${CHAIN_VARIANTS:+--variants $CHAIN_VARIANTS}; b=\$?; exit \$((c | b))" ;;
         decode-step-chain) step decode-step-chain python3 benchmarks/decode_step.py --ctx 2048 8192 --no-peers \
             --no-eager --chain ${CHAIN_CONFIGS:-1,2,0 1,1,0} --ab-rounds 3 --tag="-chain$TAG" --out "$RES" ;;
         ncu) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
