@@ -153,3 +153,20 @@ def test_chain_kernels_lower_for_sm90a_with_two_programs_per_sm(which):
     assert re.search(r"(red|atom)\.global\.gpu\.release\.add", ptx)         # a finished tile counted
     assert "ld.global.cg" in ptx and ".reqntid 256" in ptx
     assert ck.metadata.shared <= 99 * 1024
+
+
+@pytest.mark.parametrize("spec,want", [("1,2,0", (1, 2, 0)), ("2,1,8", (2, 1, 8)), ("1,3,0", None), ("0,2,0", None),
+                                       ("1,2", None), ("1,2,x", None), ("1,2,9", None)])
+def test_chain_option_takes_three_small_numbers_and_says_which(spec, want):
+    """``decode_step.py --chain``: a bad configuration is refused by the parser, naming the rule and an example."""
+    import argparse
+
+    from step_variants import chain_spec
+
+    if want is not None:
+        assert chain_spec(spec) == want
+    else:
+        with pytest.raises(argparse.ArgumentTypeError, match=r"AHEAD 1 or 2, PER_SM 1 or 2 and L2_AHEAD 0 to 8, e\.g\. "
+                                                             r"1,2,0") as e:
+            chain_spec(spec)
+        assert repr(spec) in str(e.value)
