@@ -108,46 +108,28 @@ def test_layer_constexprs_follow_the_stream_kernel_per_phase():
 @parent_only
 @pytest.mark.parametrize("which", ["gemv-chain", "layer-qkv", "layer-lm"])
 def test_chain_kernels_lower_for_sm90a_with_two_programs_per_sm(which):
-    """Both kernels lower for sm_90a at 8 warps within 128 registers and no spills at one unit ahead (two programs
-    per SM: the grid must be resident at once), with the PDL wait of phase 0, the acquire spin of the others and
-    x read past L1 (``ld.global.cg``)."""
+    """Both kernels, specialised as a launch would (aligned pointers, strides divisible by 16), lower for sm_90a
+    at 8 warps within 128 registers and no spills at one unit ahead (two programs per SM: the grid must be
+    resident at once), with 16-byte word loads, the PDL wait of phase 0 only, the acquire spin of the others,
+    finished tiles counted with release, and x read past L1 (``ld.global.cg``)."""
     import re
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     from experiments import chain_kernels as CK
-    from experiments.gemv_chain import _ptxas_registers
+    from experiments.chain_lowering import lower_sm90, ptxas_registers, step_ints
     from experiments.layer_chain import constexprs
 
-    from portakern.backends.triton.backend import KERNEL_OPTIONS, interpret_env
-
-    types = {"qw": "*i32", "s": "*fp16", "z": "*fp16", "ws_ptr": "*fp32", "r_ptr": "*fp32", "ss_ptr": "*fp32",
-             "cos_ptr": "*fp32", "sin_ptr": "*fp32", "cnt_ptr": "*i32", "done_ptr": "*i32", "exit_ptr": "*i32",
-             "err_ptr": "*i32"}
     if which == "gemv-chain":
-        kernel = CK.gemv_chain_kernel
-        consts = constexprs(STEP_SHAPES[:4], 264, 1, 0, CK.EPI_STORE)
-        consts = {k: v for k, v in consts.items() if k in kernel.arg_names}
+        kernel, shapes, epi, ints = CK.gemv_chain_kernel, STEP_SHAPES[:4], CK.EPI_STORE, step_ints(STEP_SHAPES[:4], 32)
     else:
         kernel = CK.layer_chain_kernel
         shapes = STEP_SHAPES[:4] if which == "layer-qkv" else STEP_SHAPES[:3] + STEP_SHAPES[4:]
-        consts = constexprs(shapes, 264, 1, 0, CK.EPI_ROPE if which == "layer-qkv" else CK.EPI_STORE)
-
-    def ty(a):
-        if a in types:
-            return types[a]
-        if a.rstrip("0123") in ("qw", "s", "z"):
-            return types[a.rstrip("0123")]
-        return "i32" if a[0] in "NTSL" or a == "layers" else "*bf16"
-    sig = {a: ("constexpr" if a in consts else ty(a)) for a in kernel.arg_names}
-    with interpret_env(False):
-        ck = triton.compile(GluonASTSource(kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
-                            options=dict(num_warps=8, maxnreg=128, **KERNEL_OPTIONS))
+        epi = CK.EPI_ROPE if which == "layer-qkv" else CK.EPI_STORE
+        ints = step_ints(shapes)
+    ck = lower_sm90(kernel, constexprs(shapes, 264, 1, 0, epi), ints, maxnreg=128)
     ptx = ck.asm["ptx"]
-    regs = _ptxas_registers(ptx)
-    assert int(regs.split()[0]) <= 128 and "spill stores 0 B, loads 0 B" in regs, regs
+    regs, spilled = ptxas_registers(ptx)
+    assert regs is not None and regs <= 128 and spilled == 0, (regs, spilled)
+    assert len(re.findall(r"ld\.global(\.\w+)*\.v4\.b32", ptx)) >= 4 * 16     # the words, 16 bytes a load
     assert ptx.count("griddepcontrol.wait") == 1
     assert re.search(r"(ld|atom)\.global\.gpu\.acquire", ptx)               # the spin on the previous phase
     assert re.search(r"(red|atom)\.global\.gpu\.release\.add", ptx)         # a finished tile counted

@@ -313,62 +313,17 @@ def bench(res, layers: int, variants) -> None:
         print(f"{r['variant']:24s} {b if b else float('nan'):8.3f} {(r['of_floor'] or 0):8.0%}")
 
 
-def _ptxas_registers(ptx: str) -> str:
-    """Registers per thread of ``ptx`` for sm_90a, as Triton's bundled ``ptxas -v`` reports them."""
-    import re
-    import subprocess
-    import tempfile
-
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    with tempfile.TemporaryDirectory() as d:
-        src = os.path.join(d, "k.ptx")
-        with open(src, "w") as f:
-            f.write(ptx)
-        p = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", src, "-o", os.path.join(d, "k.cubin")],
-                           capture_output=True, text=True)
-    m = re.search(r"Used (\d+) registers", p.stderr)
-    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", p.stderr)
-    return (m.group(1) if m else "?") + (f" (spill stores {spill.group(1)} B, loads {spill.group(2)} B)" if spill else "")
-
-
 def lower(variants) -> int:
-    """sm_90a lowering of the chain for the decode step's shapes (no GPU): registers, shared memory, programs per
-    SM that fit, spin loops."""
-    import re
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from portakern.backends.triton import gemv_stream as S
-    from portakern.backends.triton.backend import KERNEL_OPTIONS, interpret_env
+    """sm_90a lowering of the 32-layer chain for the decode step's shapes as a launch specialises it (no GPU):
+    shared memory, registers and spills (two programs per SM: capped at 128), 16-byte loads, waits."""
+    from experiments.chain_lowering import describe, lower_sm90, step_ints
+    from experiments.layer_chain import constexprs
 
     for ahead, per_sm, l2 in variants:
-        P = per_sm * 132
-        sig = {}
-        consts = {}
-        for j, (name, N, K) in enumerate(PHASES):
-            for a in ("qw", "s", "z", "o"):
-                sig[f"{a}{j}"] = {"qw": "*i32", "s": "*fp16", "z": "*fp16", "o": "*bf16"}[a]
-            G = K // 128
-            xs, by = S.x_slots(G, -(-N // 256) * G, P)
-            consts.update({f"G{j}": G, f"XS{j}": xs, f"BY{j}": by})
-        sig.update(ws_ptr="*fp32", cnt_ptr="*i32", done_ptr="*i32", exit_ptr="*i32", err_ptr="*i32", layers="i32")
-        for j in range(4):
-            for a in ("N", "T", "SQ", "LW", "LS"):
-                sig[f"{a}{j}"] = "i32"
-        consts.update(TR=16, BN=256, WR=S.WARP_ROWS, WC=8 // S.WARP_ROWS, AHEAD=ahead, IW=8, ZP=8, HAS_Z=True,
-                      L2_AHEAD=l2, PDL=True, SPIN_LIMIT=1 << 20)
-        for k in consts:
-            sig[k] = "constexpr"
-        with interpret_env(False):
-            ck = triton.compile(GluonASTSource(gemv_chain_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
-                                options=dict(num_warps=8, maxnreg=128 if per_sm > 1 else None, **KERNEL_OPTIONS))
-        ptx = ck.asm["ptx"]
-        print(f"ahead {ahead}, {per_sm}/SM, l2 {l2}: shared {ck.metadata.shared} bytes, registers "
-              f"{_ptxas_registers(ptx)}, atom {len(re.findall('atom', ptx))}, bar.sync {len(re.findall('bar.sync', ptx))}, "
-              f"griddepcontrol {len(re.findall('griddepcontrol', ptx))}", flush=True)
+        consts = constexprs([(N, K) for _, N, K in PHASES], per_sm * 132, ahead, l2, 0)
+        ck = lower_sm90(gemv_chain_kernel, consts, step_ints([(N, K) for _, N, K in PHASES], layers=32),
+                        maxnreg=128 if per_sm > 1 else None)
+        print(f"ahead {ahead}, {per_sm}/SM, l2 {l2}: {describe(ck)}", flush=True)
     return 0
 
 

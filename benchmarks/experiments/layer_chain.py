@@ -169,30 +169,14 @@ def check_layer(step, chain: LayerChain) -> dict:
 
 
 def lower() -> int:
-    """sm_90a lowering of the layer kernel for the decode step's shapes, phase 3 = qkv (RoPE) and = lm head."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from experiments.gemv_chain import _ptxas_registers
-    from portakern.backends.triton.backend import KERNEL_OPTIONS, interpret_env
+    """sm_90a lowering of the layer kernel for the decode step's shapes as a launch specialises it (no GPU),
+    phase 3 = qkv (RoPE) and = lm head."""
+    from experiments.chain_lowering import describe, lower_sm90, step_ints
 
     shapes = ((4096, 4096), (28672, 4096), (4096, 14336), (6144, 4096))
-    ptrs = {"a_ptr": "*bf16", "gu_ptr": "*bf16", "o3": "*bf16", "r_ptr": "*fp32", "ss_ptr": "*fp32", "nw1_ptr": "*bf16",
-            "nw3_ptr": "*bf16", "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "cos_ptr": "*fp32",
-            "sin_ptr": "*fp32", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "done_ptr": "*i32", "exit_ptr": "*i32",
-            "err_ptr": "*i32"}
-    for j in range(4):
-        ptrs.update({f"qw{j}": "*i32", f"s{j}": "*fp16", f"z{j}": "*fp16"})
-        ptrs.update({f"N{j}": "i32", f"T{j}": "i32", f"SQ{j}": "i32"})
     for name, sh, epi in (("qkv", shapes, EPI_ROPE), ("lm", shapes[:3] + ((128256, 4096),), EPI_STORE)):
-        consts = constexprs(sh, 264, 1, 0, epi)
-        sig = {a: ("constexpr" if a in consts else ptrs[a]) for a in layer_chain_kernel.arg_names}
-        with interpret_env(False):
-            ck = triton.compile(GluonASTSource(layer_chain_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
-                                options=dict(num_warps=8, maxnreg=128, **KERNEL_OPTIONS))
-        print(f"phase 3 = {name}: shared {ck.metadata.shared} bytes, registers {_ptxas_registers(ck.asm['ptx'])}",
-              flush=True)
+        ck = lower_sm90(layer_chain_kernel, constexprs(sh, 264, 1, 0, epi), step_ints(sh), maxnreg=128)
+        print(f"phase 3 = {name}: {describe(ck)}", flush=True)
     return 0
 
 

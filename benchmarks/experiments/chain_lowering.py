@@ -1,0 +1,97 @@
+"""sm_90a lowering of the GEMV-chain kernels without a GPU (``chain_kernels.py``), specialised as a launch would be.
+
+A launch marks 16-byte aligned pointers and integers divisible by 16 (and turns an integer equal to 1 into a
+constant); without those marks the words load 4 bytes at a time instead of 16, so a lowering meant to stand for
+the launched kernel must apply them. ``lower_sm90`` does, from the integers' launch values; ``step_ints`` gives
+those of the decode step's shapes; ``ptxas_registers`` reads the registers and spills ``ptxas -v`` reports.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+
+#: pointer element types by argument name (the rest of the pointers are bf16 activations / outputs)
+_POINTERS = {"qw": "*i32", "s": "*fp16", "z": "*fp16", "ws_ptr": "*fp32", "r_ptr": "*fp32", "ss_ptr": "*fp32",
+             "cos_ptr": "*fp32", "sin_ptr": "*fp32", "cnt_ptr": "*i32", "done_ptr": "*i32", "exit_ptr": "*i32",
+             "err_ptr": "*i32"}
+
+
+def _pointer_type(name: str) -> str:
+    return _POINTERS.get(name) or _POINTERS.get(name.rstrip("0123456789")) or "*bf16"
+
+
+def step_ints(shapes, layers: int | None = None, bn: int = 256) -> dict[str, int]:
+    """Launch values of the chain kernels' integer arguments for phases of ``shapes`` ((N, K) each) in the
+    backend's internal layout (rows padded to 128 columns, K to 64 words): ``Nj``, ``Tj`` (column tiles), ``SQj``
+    (row stride of the words), and for the pure chain (``layers`` given) ``LWj`` / ``LSj`` (a layer's words and
+    scales) and ``layers``."""
+    ints = {}
+    for j, (N, K) in enumerate(shapes):
+        npad = -(-N // 128) * 128
+        kwp = -(-(K // 8) // 64) * 64
+        ints.update({f"N{j}": N, f"T{j}": -(-N // bn), f"SQ{j}": npad})
+        if layers is not None:
+            ints.update({f"LW{j}": kwp * npad, f"LS{j}": (K // 128) * npad})
+    if layers is not None:
+        ints["layers"] = layers
+    return ints
+
+
+def lower_sm90(kernel, consts: dict, ints: dict[str, int], maxnreg: int | None = None, num_warps: int = 8):
+    """``kernel`` compiled for sm_90a with ``consts``, its integers specialised on ``ints`` as a launch would and
+    its pointers 16-byte aligned; the compiled kernel (``.asm["ptx"]``, ``.metadata.shared``)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from portakern.backends.triton.backend import KERNEL_OPTIONS, interpret_env
+
+    consts = {k: v for k, v in consts.items() if k in kernel.arg_names}
+    sig, attrs = {}, {}
+    for i, name in enumerate(kernel.arg_names):
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name in ints:
+            v = ints[name]
+            if v == 1:
+                sig[name], consts[name] = "constexpr", 1
+                continue
+            sig[name] = "i64" if abs(v) >= 1 << 31 else "i32"
+            if v % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            sig[name] = _pointer_type(name)
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    opts = dict(num_warps=num_warps, **KERNEL_OPTIONS, **({"maxnreg": maxnreg} if maxnreg else {}))
+    with interpret_env(False):
+        return triton.compile(GluonASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                              options=opts)
+
+
+def ptxas_registers(ptx: str) -> tuple[int | None, int | None]:
+    """``(registers per thread, spill bytes stored)`` of ``ptx`` for sm_90a, as Triton's bundled ``ptxas -v``
+    reports them (None where it says nothing)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        p = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", src, "-o", os.path.join(d, "k.cubin")],
+                           capture_output=True, text=True)
+    m = re.search(r"Used (\d+) registers", p.stderr)
+    spill = re.search(r"(\d+) bytes spill stores", p.stderr)
+    return (int(m.group(1)) if m else None), (int(spill.group(1)) if spill else None)
+
+
+def describe(ck) -> str:
+    """One line: shared memory, registers and spills, 16-byte loads, the waits."""
+    ptx = ck.asm["ptx"]
+    regs, spill = ptxas_registers(ptx)
+    wide = len(re.findall(r"ld\.global(\.\w+)*\.v4\.b32", ptx))
+    acquires = len(re.findall(r"gpu\.acquire", ptx))
+    return (f"shared {ck.metadata.shared} B, {regs} registers, {spill} B spilled, {wide} 16-byte loads, "
+            f"{ptx.count('griddepcontrol.wait')} PDL wait, {acquires} acquire loads")
