@@ -416,6 +416,9 @@ def random_inputs(op: Attention, device, seed: int = 0):
 
 # -- compile for a target without the device: attention_aot.py (the backend asks this module, like quant_gemv) --
 
-from . import attention_aot  # noqa: E402  (it imports this module's helpers)
+def compile_for_target(op: Attention, target: str, config=None) -> dict:
+    """``attention_aot.compile_for_target`` (imported on use: that module imports this one's helpers, so
+    importing either first works)."""
+    from . import attention_aot
 
-compile_for_target = attention_aot.compile_for_target
+    return attention_aot.compile_for_target(op, target, config)

@@ -47,24 +47,12 @@ def lower_sm90(kernel, consts: dict, ints: dict[str, int], maxnreg: int | None =
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    from portakern.backends.triton.attention_aot import _as_launched
     from portakern.backends.triton.backend import KERNEL_OPTIONS, interpret_env
 
     consts = {k: v for k, v in consts.items() if k in kernel.arg_names}
-    sig, attrs = {}, {}
-    for i, name in enumerate(kernel.arg_names):
-        if name in consts:
-            sig[name] = "constexpr"
-        elif name in ints:
-            v = ints[name]
-            if v == 1:
-                sig[name], consts[name] = "constexpr", 1
-                continue
-            sig[name] = "i64" if abs(v) >= 1 << 31 else "i32"
-            if v % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        else:
-            sig[name] = _pointer_type(name)
-            attrs[(i,)] = [["tt.divisibility", 16]]
+    ptrs = {n: _pointer_type(n) for n in kernel.arg_names if n not in consts and n not in ints}
+    sig, consts, attrs = _as_launched(kernel, ptrs, consts, ints)
     opts = dict(num_warps=num_warps, **KERNEL_OPTIONS, **({"maxnreg": maxnreg} if maxnreg else {}))
     with interpret_env(False):
         return triton.compile(GluonASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
