@@ -152,3 +152,120 @@ def test_chain_option_takes_three_small_numbers_and_says_which(spec, want):
                                                              r"1,2,0") as e:
             chain_spec(spec)
         assert repr(spec) in str(e.value)
+
+
+# -- the host sides' launches, argument by argument (a fake kernel records them; CPU tensors) --------------------
+
+class _FakeKernel:
+    """Stands for a Gluon kernel: its real parameter names, a ``warmup`` giving a compiled kernel of ``n_regs``
+    registers, and launches that record ``(grid, args, kwargs)``."""
+
+    def __init__(self, real, n_regs: int = 106, shared: int = 13312):
+        self.arg_names, self.launches = real.arg_names, []
+        self.compiled = SimpleNamespace(n_regs=n_regs, metadata=SimpleNamespace(shared=shared),
+                                        _init_handles=lambda: None)
+
+    def warmup(self, *args, grid, **kwargs):
+        return self.compiled
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((grid, args, kwargs))
+
+
+def _bound(kernel: _FakeKernel, launch: int = -1) -> tuple[dict, dict, tuple]:
+    """The recorded launch's runtime arguments by parameter name, its keyword arguments, its grid."""
+    grid, args, kwargs = kernel.launches[launch]
+    names = [n for n in kernel.arg_names if n not in kwargs]
+    assert len(names) == len(args), (names, len(args))
+    return dict(zip(names, args)), kwargs, grid
+
+
+def _fake_step(layers: int = 2):
+    import torch
+
+    def w(N, K):
+        t = torch.empty(1)
+        return SimpleNamespace(qweight=torch.empty(1, dtype=torch.int32), scales=t.half(), zeros=t.half() + 1, N=N,
+                               K=K, stride_qk=-(-N // 128) * 128)
+    return SimpleNamespace(
+        layers=[{"qkv": w(6144, 4096), "o": w(4096, 4096), "gu": w(28672, 4096), "down": w(4096, 14336)}
+                for _ in range(layers)],
+        lm=w(128256, 4096), norms=[torch.empty(4096, dtype=torch.bfloat16) for _ in range(2 * layers + 1)],
+        kv=[torch.zeros(2, 3, 64, 8, 128, dtype=torch.bfloat16) for _ in range(layers)], slot=torch.tensor([70]),
+        cos=torch.empty(64), sin=torch.empty(64), h=torch.empty(1, 4096))
+
+
+def test_layer_chain_launch_passes_each_tensor_and_size_to_its_parameter(monkeypatch):
+    """``LayerChain.layer``: layer i's o / gate-up / down weights and the next layer's qkv (or, after the last
+    layer, the lm head), the norms 2i+1 and 2i+2, the next layer's cache rows at the step's slot, every buffer and
+    size at the parameter of that name; phase 3 RoPE before the last layer, a plain store after it."""
+    import torch
+
+    import experiments.layer_chain as LC
+    from experiments import chain_kernels as CK
+
+    fake = _FakeKernel(CK.layer_chain_kernel)
+    monkeypatch.setattr(LC, "layer_chain_kernel", fake)
+    st = _fake_step()
+    ch = LC.LayerChain(st, num_sms=132)
+    a = torch.empty(1, 4096, dtype=torch.bfloat16)
+    for i in range(2):
+        ch.layer(i, a)
+        rec, kw, grid = _bound(fake)
+        last = i == 1
+        L = st.layers[i]
+        w3 = st.lm if last else st.layers[i + 1]["qkv"]
+        assert grid == (264,) and kw["num_warps"] == 8 and kw["launch_pdl"] and kw["maxnreg"] == 128
+        assert rec["a_ptr"] is a and rec["gu_ptr"] is ch.gu and rec["o3"] is (ch.logits if last else ch.qkv)
+        for j, wj in enumerate((L["o"], L["gu"], L["down"], w3)):
+            assert (rec[f"qw{j}"], rec[f"s{j}"], rec[f"z{j}"]) == (wj.qweight, wj.scales, wj.zeros)
+            assert (rec[f"N{j}"], rec[f"T{j}"], rec[f"SQ{j}"]) == (wj.N, -(-wj.N // 256), wj.stride_qk)
+        assert rec["nw1_ptr"] is st.norms[2 * i + 1] and rec["nw3_ptr"] is st.norms[2 * i + 2]
+        kvf = st.kv[min(i + 1, 1)].view(2, -1, 8, 128)
+        assert rec["k_ptr"].data_ptr() == kvf[0, 70].data_ptr() and rec["v_ptr"].data_ptr() == kvf[1, 70].data_ptr()
+        assert rec["k_ptr"].shape == (8, 128)
+        for name, buf in (("r_ptr", ch.r), ("ss_ptr", ch.ss), ("q_ptr", ch.q), ("cos_ptr", st.cos),
+                          ("sin_ptr", st.sin), ("ws_ptr", ch.ws), ("cnt_ptr", ch.cnt), ("done_ptr", ch.done),
+                          ("exit_ptr", ch.exit), ("err_ptr", ch.err)):
+            assert rec[name] is buf, name
+        assert kw["EPI3"] == (CK.EPI_STORE if last else CK.EPI_ROPE) and kw["NSS"] == 16
+        assert [kw[f"G{j}"] for j in range(4)] == [32, 32, 112, 32]
+    assert ch.cnt.numel() == 501 and ch.ws.shape == (528, 256)
+
+
+def test_layer_chain_refuses_a_grid_that_cannot_be_resident(monkeypatch):
+    """Two programs per SM of 196 registers do not fit: the first launch is refused with the way out, before any
+    launch (the phase waits would never end)."""
+    import torch
+
+    import experiments.layer_chain as LC
+    from experiments import chain_kernels as CK
+
+    fake = _FakeKernel(CK.layer_chain_kernel, n_regs=196)
+    monkeypatch.setattr(LC, "layer_chain_kernel", fake)
+    ch = LC.LayerChain(_fake_step(), num_sms=132)
+    with pytest.raises(ValueError, match=r"programs=264: only 132 fit on the GPU at once \(196 registers.*use per_sm=1"):
+        ch.layer(0, torch.empty(1, 4096, dtype=torch.bfloat16))
+    assert fake.launches == []
+
+
+def test_gemv_chain_launch_passes_each_phase_its_weights_strides_and_output(monkeypatch):
+    """``gemv_chain.Chain``: phase j's stacked weight, scales, zeros and output at ``qwj`` / ``sj`` / ``zj`` / ``oj``,
+    its size, tiles, row stride and per-layer strides at ``Nj`` / ``Tj`` / ``SQj`` / ``LWj`` / ``LSj``."""
+    import experiments.gemv_chain as GC
+    from experiments import chain_kernels as CK
+
+    fake = _FakeKernel(CK.gemv_chain_kernel)
+    monkeypatch.setattr(GC, "gemv_chain_kernel", fake)
+    w = GC.Weights(1, device="cpu")
+    outs = GC._outs("cpu")
+    ch = GC.Chain(w, outs, 1, 2, 0, 132)
+    ch()
+    rec, kw, grid = _bound(fake)
+    assert grid == (264,) and rec["layers"] == 1 and kw["maxnreg"] == 128 and kw["AHEAD"] == 1
+    for j, (name, N, K) in enumerate(GC.PHASES):
+        qw, s, z, _, _ = w.lin[name]
+        assert (rec[f"qw{j}"], rec[f"s{j}"], rec[f"z{j}"], rec[f"o{j}"]) == (qw, s, z, outs[j])
+        assert (rec[f"N{j}"], rec[f"T{j}"], rec[f"SQ{j}"]) == (N, -(-N // 256), qw.shape[2])
+        assert (rec[f"LW{j}"], rec[f"LS{j}"]) == (qw.shape[1] * qw.shape[2], s.shape[1] * s.shape[2])
+        assert kw[f"G{j}"] == K // 128

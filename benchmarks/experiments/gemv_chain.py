@@ -99,7 +99,7 @@ class Chain:
         from portakern.backends.triton import gemv_stream as S
         from portakern.backends.triton.backend import KERNEL_OPTIONS
 
-        self.w, self.outs = weights, outs
+        self.w, self.outs, self.num_sms = weights, outs, num_sms
         units = min(-(-N // 256) * (K // 128) for _, N, K in PHASES)
         self.programs = min(programs or per_sm * num_sms, units)
         consts = {}
@@ -135,12 +135,9 @@ class Chain:
         scalars = [v for a in self.args for v in a]
         args = (*tensors, self.ws, self.cnt, self.done, self.exit, self.err, self.w.layers, *scalars)
         if not self.checked:   # every program must be resident at once, or the spins never end
-            import torch
-
             ck = gemv_chain_kernel.warmup(*args, grid=(self.programs,), **self.consts, **self.opts)
             ck._init_handles()
-            sms = torch.cuda.get_device_properties(self.outs[0].device).multi_processor_count
-            fit = resident_per_sm(ck) * sms
+            fit = resident_per_sm(ck) * self.num_sms
             if fit < self.programs:
                 raise ValueError(f"programs={self.programs}: only {fit} fit on the GPU at once ({ck.n_regs} registers, "
                                  f"{ck.metadata.shared} bytes of shared memory each); use per_sm=1")

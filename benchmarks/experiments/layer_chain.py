@@ -47,7 +47,7 @@ class LayerChain:
     the lm head's output after the last layer. ``per_sm`` programs per SM (two need the stream kernel's 128
     registers: ``maxnreg``), ``ahead`` units in registers, ``l2_ahead`` units asked of the L2 before each wait."""
 
-    def __init__(self, step, ahead: int = 1, per_sm: int = 2, l2_ahead: int = 0):
+    def __init__(self, step, ahead: int = 1, per_sm: int = 2, l2_ahead: int = 0, num_sms: int | None = None):
         import torch
 
         from portakern.backends.triton.backend import KERNEL_OPTIONS
@@ -57,14 +57,14 @@ class LayerChain:
         dims = {n: (w.N, w.K) for n, w in L0.items()}
         self.shapes_qkv = (dims["o"], dims["gu"], dims["down"], dims["qkv"])
         self.shapes_lm = self.shapes_qkv[:3] + ((step.lm.N, step.lm.K),)
-        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        self.num_sms = num_sms or torch.cuda.get_device_properties(0).multi_processor_count
         units = min(-(-N // BN) * (K // 128) for N, K in self.shapes_lm + self.shapes_qkv[3:])
-        self.programs = min(per_sm * sms, units)
+        self.programs = min(per_sm * self.num_sms, units)
         self.consts_qkv = constexprs(self.shapes_qkv, self.programs, ahead, l2_ahead, EPI_ROPE)
         self.consts_lm = constexprs(self.shapes_lm, self.programs, ahead, l2_ahead, EPI_STORE)
         self.opts = dict(num_warps=8, launch_pdl=True, **KERNEL_OPTIONS, **({"maxnreg": 128} if per_sm > 1 else {}))
         hid, f32, bf16 = dims["o"][0], torch.float32, torch.bfloat16
-        dev = "cuda"
+        dev = step.h.device
         self.r = torch.zeros((1, hid), dtype=f32, device=dev)
         self.ss = torch.zeros((hid // BN,), dtype=f32, device=dev)
         self.gu = torch.empty((1, dims["gu"][0]), dtype=bf16, device=dev)
@@ -114,13 +114,11 @@ class LayerChain:
 
     def _check_resident(self, args, consts) -> None:
         """Every program must be resident at once, or the phase waits never end: refuse a grid that does not fit."""
-        import torch
-
         from experiments.gemv_chain import resident_per_sm
 
         ck = layer_chain_kernel.warmup(*args, grid=(self.programs,), **consts, **self.opts)
         ck._init_handles()
-        fit = resident_per_sm(ck) * torch.cuda.get_device_properties(0).multi_processor_count
+        fit = resident_per_sm(ck) * self.num_sms
         if fit < self.programs:
             raise ValueError(f"programs={self.programs}: only {fit} fit on the GPU at once ({ck.n_regs} registers, "
                              f"{ck.metadata.shared} bytes of shared memory each); use per_sm=1")
