@@ -135,6 +135,22 @@ def test_chain_kernels_lower_for_sm90a_with_two_programs_per_sm(which):
     assert re.search(r"(red|atom)\.global\.gpu\.release\.add", ptx)         # a finished tile counted
     assert "ld.global.cg" in ptx and ".reqntid 256" in ptx
     assert ck.metadata.shared <= 99 * 1024
+    # the point of the chain: each phase's first unit of words (four 16-byte loads a thread) is requested before
+    # the phase waits -- for the kernel before (PDL) or for the previous phase (the acquire spin) -- and after the
+    # previous phase's last tile count
+    events = []
+    for line in ptx.splitlines():
+        kind = ("wait" if "griddepcontrol.wait" in line or "gpu.acquire" in line else
+                "count" if "gpu.release.add" in line else
+                "words" if re.search(r"ld\.global(\.\w+)*\.v4\.b32", line) else None)
+        if kind and events and events[-1][0] == kind:
+            events[-1][1] += 1
+        elif kind:
+            events.append([kind, 1])
+    waits = [i for i, (kind, _) in enumerate(events) if kind == "wait"]
+    assert len(waits) == 4                        # one per phase (the pure chain's loop holds the four once)
+    for i in waits:
+        assert events[i - 1] == ["words", 4] and (i == 1 or events[i - 2][0] == "count"), events
 
 
 @pytest.mark.parametrize("spec,want", [("1,2,0", (1, 2, 0)), ("2,1,8", (2, 1, 8)), ("1,3,0", None), ("0,2,0", None),
