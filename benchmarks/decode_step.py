@@ -19,7 +19,7 @@ Floor = (weight bytes: codes + fp16 scale + fp16 zero per group; + K/V bytes rea
     python benchmarks/decode_step.py [--ctx 2048 8192] [--glue compile-combo|compile-pdl|compile|compile-max|eager]
         [--compare-glue GLUE] [--compare-attention table release early early+o2 ...] [--cluster-gemv o,down ...]
         [--l2-prefetch UNITS ...] [--compare-tiles] [--prefetch none after:24 during:24]
-        [--chain AHEAD,PER_SM,L2_AHEAD ...] [--sweep-gemv LINEAR ...] [--sweep-attention]
+        [--chain AHEAD,PER_SM,L2_AHEAD[,attn] ...] [--sweep-gemv LINEAR ...] [--sweep-attention]
         [--ab-gemv LINEAR:CONFIG ...] [--ab-attention CONFIG ...]
         [--captures N] [--breakdown] [--no-peers] [--no-eager] [--out DIR]
 
@@ -261,17 +261,17 @@ class PortakernStep:
         other.fused_silu = True
         return other
 
-    def with_chain(self, ahead: int = 1, per_sm: int = 2, l2_ahead: int = 0) -> "PortakernStep":
-        """The same step (weights, caches shared) with each layer after its attention run as one launch of
-        ``experiments/layer_chain.py``'s kernel; its layer 0 checked first against this step's own glue and GEMVs
-        (``chain_check``)."""
+    def with_chain(self, ahead: int = 1, per_sm: int = 2, l2_ahead: int = 0, attention: bool = False) -> "PortakernStep":
+        """The same step (weights, caches shared) with each layer after its attention -- or, ``attention``, each
+        whole layer -- run as one launch of ``experiments/layer_chain.py``'s kernels; its layer 0 checked first
+        against this step's own attention, glue and GEMVs (``chain_check``)."""
         from experiments.layer_chain import LayerChain, check_layer
 
         other = copy.copy(self)
-        other.chain = LayerChain(self, ahead, per_sm, l2_ahead)
+        other.chain = LayerChain(self, ahead, per_sm, l2_ahead, attention=attention)
         other.chain_check = check_layer(self, other.chain)
-        print(f"layer chain {ahead},{per_sm},{l2_ahead}: layer 0 against the step's glue: {other.chain_check}",
-              flush=True)
+        print(f"layer chain {ahead},{per_sm},{l2_ahead}{',attn' if attention else ''}: layer 0 against the step's "
+              f"glue: {other.chain_check}", flush=True)
         other.out = {**self.out, "lm": other.chain.logits}
         return other
 
@@ -283,6 +283,11 @@ class PortakernStep:
         c.r.copy_(r)
         q = self.rope_append(self.gemv("qkv", xn, self.layers[0]["qkv"]), self.cos, self.sin,
                              self.kv[0].view(2, -1, HKV, D), self.slot)
+        if c.attention:             # every layer one launch, attention included: it reads q from the chain
+            c.q.copy_(q.reshape(1, -1))
+            for i in range(LAYERS):
+                c.layer(i)
+            return c.logits
         for i in range(LAYERS):
             c.layer(i, self.attend(i, q))
             q = c.q.view(1, 1, HQ, D)

@@ -153,8 +153,9 @@ def test_chain_kernels_lower_for_sm90a_with_two_programs_per_sm(which):
         assert events[i - 1] == ["words", 4] and (i == 1 or events[i - 2][0] == "count"), events
 
 
-@pytest.mark.parametrize("spec,want", [("1,2,0", (1, 2, 0)), ("2,1,8", (2, 1, 8)), ("1,3,0", None), ("0,2,0", None),
-                                       ("1,2", None), ("1,2,x", None), ("1,2,9", None)])
+@pytest.mark.parametrize("spec,want", [("1,2,0", (1, 2, 0, False)), ("2,1,8", (2, 1, 8, False)),
+                                       ("1,2,0,attn", (1, 2, 0, True)), ("1,3,0", None), ("0,2,0", None),
+                                       ("1,2", None), ("1,2,x", None), ("1,2,9", None), ("1,2,0,at", None)])
 def test_chain_option_takes_three_small_numbers_and_says_which(spec, want):
     """``decode_step.py --chain``: a bad configuration is refused by the parser, naming the rule and an example."""
     import argparse
@@ -164,8 +165,8 @@ def test_chain_option_takes_three_small_numbers_and_says_which(spec, want):
     if want is not None:
         assert chain_spec(spec) == want
     else:
-        with pytest.raises(argparse.ArgumentTypeError, match=r"AHEAD 1 or 2, PER_SM 1 or 2 and L2_AHEAD 0 to 8, e\.g\. "
-                                                             r"1,2,0") as e:
+        with pytest.raises(argparse.ArgumentTypeError, match=r"AHEAD 1 or 2, PER_SM 1 or 2 and L2_AHEAD 0 to 8, "
+                                                             r"e\.g\. 1,2,0 or 1,2,0,attn") as e:
             chain_spec(spec)
         assert repr(spec) in str(e.value)
 
@@ -208,7 +209,8 @@ def _fake_step(layers: int = 2):
                 for _ in range(layers)],
         lm=w(128256, 4096), norms=[torch.empty(4096, dtype=torch.bfloat16) for _ in range(2 * layers + 1)],
         kv=[torch.zeros(2, 3, 64, 8, 128, dtype=torch.bfloat16) for _ in range(layers)], slot=torch.tensor([70]),
-        cos=torch.empty(64), sin=torch.empty(64), h=torch.empty(1, 4096))
+        cos=torch.empty(64), sin=torch.empty(64), h=torch.empty(1, 4096),
+        block_table=torch.tensor([[2, 0, 1]], dtype=torch.int32), seqlens=torch.tensor([130], dtype=torch.int32))
 
 
 def test_layer_chain_launch_passes_each_tensor_and_size_to_its_parameter(monkeypatch):
@@ -285,3 +287,65 @@ def test_gemv_chain_launch_passes_each_phase_its_weights_strides_and_output(monk
         assert (rec[f"N{j}"], rec[f"T{j}"], rec[f"SQ{j}"]) == (N, -(-N // 256), qw.shape[2])
         assert (rec[f"LW{j}"], rec[f"LS{j}"]) == (qw.shape[1] * qw.shape[2], s.shape[1] * s.shape[2])
         assert kw[f"G{j}"] == K // 128
+
+
+def test_whole_layer_launch_adds_the_attention_inputs_and_constants(monkeypatch):
+    """``LayerChain(attention=True)``: the launch attends the chain's q over layer i's own cache (its block table,
+    the sequence length, one plane's elements), writes the partials and the attention output to the chain's
+    buffers, and carries the GEMV phases' arguments as the chain without attention does; ``layer(i, a)`` with an
+    attention output is refused (the launch makes its own)."""
+    import torch
+
+    import experiments.layer_chain as LC
+    from experiments import chain_kernels as CK
+
+    fake = _FakeKernel(CK.decode_layer_kernel)
+    monkeypatch.setattr(LC, "decode_layer_kernel", fake)
+    st = _fake_step()
+    ch = LC.LayerChain(st, num_sms=132, attention=True)
+    assert ch.part.shape == (32, 4, 130) and ch.a.shape == (1, 4096) and ch.done.numel() == 5
+    with pytest.raises(ValueError, match=r"attends self\.q itself: call layer\(i\) without a"):
+        ch.layer(0, torch.empty(1, 4096, dtype=torch.bfloat16))
+    for i in range(2):
+        ch.layer(i)
+        rec, kw, grid = _bound(fake)
+        assert rec["q_ptr"] is ch.q and rec["kv_ptr"] is st.kv[i] and rec["part_ptr"] is ch.part and rec["a_ptr"] is ch.a
+        assert rec["bt_ptr"].data_ptr() == st.block_table.data_ptr() and rec["bt_ptr"].shape == (3,)
+        assert rec["seqlen"] == 130 and rec["kv_plane"] == 3 * 64 * 8 * 128
+        assert (kw["HKV"], kw["QG"], kw["PAGE"], kw["D"], kw["NPMAX"]) == (8, 4, 64, 128, 4)
+        assert kw["SM_SCALE"] == pytest.approx(128 ** -0.5)
+        L = st.layers[i]
+        w3 = st.lm if i == 1 else st.layers[1]["qkv"]
+        for j, wj in enumerate((L["o"], L["gu"], L["down"], w3)):
+            assert (rec[f"qw{j}"], rec[f"N{j}"], rec[f"SQ{j}"]) == (wj.qweight, wj.N, wj.stride_qk)
+        assert rec["nw1_ptr"] is st.norms[2 * i + 1] and rec["nw3_ptr"] is st.norms[2 * i + 2]
+        assert rec["o3"] is (ch.logits if i == 1 else ch.qkv) and rec["gu_ptr"] is ch.gu
+        for name, buf in (("r_ptr", ch.r), ("ss_ptr", ch.ss), ("cos_ptr", st.cos), ("ws_ptr", ch.ws),
+                          ("cnt_ptr", ch.cnt), ("done_ptr", ch.done), ("err_ptr", ch.err)):
+            assert rec[name] is buf, name
+
+
+@parent_only
+@pytest.mark.parametrize("ctx", [2048, 8192])
+def test_whole_layer_kernel_lowers_attention_first_then_the_chain(ctx):
+    """``decode_layer_kernel`` for sm_90a as launched: within 128 registers, no spills; the PDL wait comes first
+    (the attention reads q and the new cache row the previous launch wrote), then each GEMV phase requests its
+    first words before spinning on the phase before."""
+    import re
+
+    from experiments import chain_kernels as CK
+    from experiments.chain_lowering import lower_sm90, ptxas_registers, step_ints
+    from experiments.layer_chain import attention_constexprs, attention_ints, constexprs
+
+    consts = {**constexprs(STEP_SHAPES[:4], 264, 1, 0, CK.EPI_ROPE), **attention_constexprs(ctx + 1)}
+    ck = lower_sm90(CK.decode_layer_kernel, consts, {**step_ints(STEP_SHAPES[:4]), **attention_ints(ctx + 1)},
+                    maxnreg=128)
+    ptx = ck.asm["ptx"]
+    regs, spilled = ptxas_registers(ptx)
+    assert regs is not None and regs <= 128 and spilled == 0, (regs, spilled)
+    first_wait = ptx.index("griddepcontrol.wait")
+    assert ptx.count("griddepcontrol.wait") == 1 and "gpu.acquire" not in ptx[:first_wait]
+    assert not re.search(r"ld\.global(\.\w+)*\.v4\.b32", ptx[:first_wait])   # nothing read before the wait
+    spins = [m.start() for m in re.finditer(r"gpu\.acquire", ptx)]
+    assert len(spins) >= 4
+    assert consts["NPMAX"] == (64 if ctx == 2048 else 256)

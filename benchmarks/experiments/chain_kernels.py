@@ -291,3 +291,129 @@ def layer_chain_kernel(a_ptr, qw0, s0, z0, qw1, s1, z1, gu_ptr, qw2, s2, z2, qw3
            cnt_ptr, done_ptr + 3, T2, err_ptr, N3, T3, SQ3, pid, P, G3, XS3, BY3, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z,
            L2_AHEAD, PDL, SPIN_LIMIT, PRO_NORM, EPI3, NSS, EPS)
     _leave(done_ptr, exit_ptr, 4, P, WR * WC)
+
+
+# -- the paged decode attention as a phase (decode_layer_kernel) ---------------------------------------------------
+
+@gluon.jit
+def _attn_item(q_ptr, kv_ptr, bt_ptr, part_ptr, w, seqlen, kv_plane, HKV: gl.constexpr, QG: gl.constexpr,
+               PAGE: gl.constexpr, D: gl.constexpr, NPMAX: gl.constexpr, NW: gl.constexpr, SM_SCALE: gl.constexpr):
+    """Item ``w`` = (page ``p`` of the sequence, KV head ``hk``): for each of the ``QG`` query heads of ``hk``, the
+    softmax of its scores over the page's keys (past ``seqlen`` masked), unnormalised: ``acc = sum_j e_j v_j``,
+    ``m`` (the largest score) and ``l = sum_j e_j``, ``e_j = exp(s_j - m)``, written as row ``(hq, p)`` of
+    ``part`` (``D`` + 2 floats: acc, m, l). The cache is ``(2, pages, PAGE, HKV, D)`` (``kv_plane`` elements per
+    plane), its pages named by ``bt_ptr``; q is ``(HKV QG, D)``, rotated."""
+    KL: gl.constexpr = gl.BlockedLayout([PAGE // (2 * NW), D // 16], [2, 16], [NW, 1], [1, 0])   # (PAGE, D)
+    hk = w % HKV
+    p = w // HKV
+    page = gl.load(bt_ptr + p)
+    key = gl.arange(0, PAGE, layout=gl.SliceLayout(1, KL))
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, KL))
+    valid = (p * PAGE + key) < seqlen
+    offs = ((page.to(gl.int64) * PAGE + key) * (HKV * D) + hk * D)[:, None] + d[None, :]
+    k = gl.load(kv_ptr + offs, mask=valid[:, None], other=0.0, cache_modifier=".cg").to(gl.float32)
+    v = gl.load(kv_ptr + kv_plane + offs, mask=valid[:, None], other=0.0, cache_modifier=".cg").to(gl.float32)
+    for j in gl.static_range(QG):
+        hq = hk * QG + j
+        q = gl.load(q_ptr + hq * D + d, cache_modifier=".cg").to(gl.float32)
+        s = gl.where(valid, gl.sum(k * q[None, :], axis=1) * SM_SCALE, float("-inf"))      # (PAGE,)
+        m = gl.max(s, axis=0)
+        e = gl.exp(s - m)
+        row = part_ptr + (hq * NPMAX + p) * (D + 2)
+        gl.store(row + d, gl.sum(v * e[:, None], axis=0))
+        gl.store(row + D, m)
+        gl.store(row + D + 1, gl.sum(e, axis=0))
+
+
+@gluon.jit
+def _attn_merge(part_ptr, a_ptr, hk, NP, QG: gl.constexpr, D: gl.constexpr, NPMAX: gl.constexpr, NW: gl.constexpr):
+    """The attention output of KV head ``hk``'s query heads from their ``NP`` page partials: weights
+    ``exp(m_p - M)`` (M the largest m), ``a = sum_p w_p acc_p / sum_p w_p l_p``, stored as bf16 at ``hq D + d``."""
+    M2: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, NW], [1, 0])                          # (QG, NPMAX)
+    C3: gl.constexpr = gl.BlockedLayout([QG, 4, D // 32], [1, 1, 32], [1, NW, 1], [2, 1, 0])       # (QG, 4 NW, D)
+    CH: gl.constexpr = 4 * NW
+    # -- M per query head over every page (one load of the m column)
+    hq2 = hk * QG + gl.arange(0, QG, layout=gl.SliceLayout(1, M2))
+    p2 = gl.arange(0, NPMAX, layout=gl.SliceLayout(0, M2))
+    mcol = gl.load(part_ptr + (hq2[:, None] * NPMAX + p2[None, :]) * (D + 2) + D, mask=p2[None, :] < NP,
+                   other=float("-inf"), cache_modifier=".cg")
+    big = gl.convert_layout(gl.max(mcol, axis=1), gl.SliceLayout(1, gl.SliceLayout(2, C3)))
+    # -- the weighted sums, CH pages at a time
+    hq3 = hk * QG + gl.arange(0, QG, layout=gl.SliceLayout(1, gl.SliceLayout(2, C3)))
+    pc = gl.arange(0, CH, layout=gl.SliceLayout(0, gl.SliceLayout(2, C3)))
+    d3 = gl.arange(0, D, layout=gl.SliceLayout(0, gl.SliceLayout(1, C3)))
+    num = gl.zeros([QG, D], gl.float32, gl.SliceLayout(1, C3))
+    den = gl.zeros([QG], gl.float32, gl.SliceLayout(1, gl.SliceLayout(2, C3)))
+    for c0 in range(0, NP, CH):
+        pp = c0 + pc
+        rows = (hq3[:, None] * NPMAX + pp[None, :]) * (D + 2)                     # (QG, CH)
+        ok = pp[None, :] < NP
+        m = gl.load(part_ptr + rows + D, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        wgt = gl.where(ok, gl.exp(m - big[:, None]), 0.0)
+        den += gl.sum(wgt * gl.load(part_ptr + rows + D + 1, mask=ok, other=0.0, cache_modifier=".cg"), axis=1)
+        acc = gl.load(part_ptr + rows[:, :, None] + d3[None, None, :], mask=ok[:, :, None], other=0.0,
+                      cache_modifier=".cg")
+        num += gl.sum(acc * wgt[:, :, None], axis=1)
+    den = gl.convert_layout(den, gl.SliceLayout(1, gl.SliceLayout(1, C3)))
+    out = num / den[:, None]
+    hqo = hk * QG + gl.arange(0, QG, layout=gl.SliceLayout(1, gl.SliceLayout(1, C3)))
+    gl.store(a_ptr + hqo[:, None] * D + d3[None, :], out.to(a_ptr.dtype.element_ty))
+
+
+@gluon.jit
+def _attn_phase(q_ptr, kv_ptr, bt_ptr, part_ptr, a_ptr, cnt_ptr, done_ptr, seqlen, kv_plane, pid, P,
+                PDL: gl.constexpr, HKV: gl.constexpr, QG: gl.constexpr, PAGE: gl.constexpr, D: gl.constexpr,
+                NPMAX: gl.constexpr, NW: gl.constexpr, SM_SCALE: gl.constexpr):
+    """Paged decode attention of one token as the launch's first phase: after the previous kernel (which wrote q
+    and the new k / v row), the ``HKV`` x pages items spread over the programs; the last item of a KV head to
+    arrive merges that head's partials into ``a`` and counts the head in ``done`` (the next phase waits for
+    ``HKV``)."""
+    _S._wait_for_producer(PDL)
+    n_pages = (seqlen + PAGE - 1) // PAGE
+    for w in range(pid, HKV * n_pages, P):
+        _attn_item(q_ptr, kv_ptr, bt_ptr, part_ptr, w, seqlen, kv_plane, HKV, QG, PAGE, D, NPMAX, NW, SM_SCALE)
+        cta_barrier()                                   # the partial's stores before the arrival
+        hk = w % HKV
+        arrived = gl.atomic_add(cnt_ptr + hk, 1, sem="acq_rel")
+        if arrived == n_pages - 1:
+            _attn_merge(part_ptr, a_ptr, hk, n_pages, QG, D, NPMAX, NW)
+            gl.atomic_xchg(cnt_ptr + hk, 0, sem="relaxed")
+            cta_barrier()
+            gl.atomic_add(done_ptr, 1, sem="release")
+
+
+@gluon.jit
+def decode_layer_kernel(q_ptr, kv_ptr, bt_ptr, part_ptr, a_ptr, qw0, s0, z0, qw1, s1, z1, gu_ptr, qw2, s2, z2,
+                        qw3, s3, z3, o3, r_ptr, ss_ptr, nw1_ptr, nw3_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr,
+                        ws_ptr, cnt_ptr, done_ptr, exit_ptr, err_ptr, seqlen, kv_plane,
+                        N0, T0, SQ0, N1, T1, SQ1, N2, T2, SQ2, N3, T3, SQ3,
+                        G0: gl.constexpr, XS0: gl.constexpr, BY0: gl.constexpr,
+                        G1: gl.constexpr, XS1: gl.constexpr, BY1: gl.constexpr,
+                        G2: gl.constexpr, XS2: gl.constexpr, BY2: gl.constexpr,
+                        G3: gl.constexpr, XS3: gl.constexpr, BY3: gl.constexpr,
+                        TR: gl.constexpr, BN: gl.constexpr, WR: gl.constexpr, WC: gl.constexpr, AHEAD: gl.constexpr,
+                        IW: gl.constexpr, ZP: gl.constexpr, HAS_Z: gl.constexpr, L2_AHEAD: gl.constexpr,
+                        PDL: gl.constexpr, SPIN_LIMIT: gl.constexpr, EPI3: gl.constexpr, NSS: gl.constexpr,
+                        EPS: gl.constexpr, HKV: gl.constexpr, QG: gl.constexpr, PAGE: gl.constexpr, D: gl.constexpr,
+                        NPMAX: gl.constexpr, SM_SCALE: gl.constexpr):
+    """A whole decode layer as one launch: the paged attention of ``q`` over the layer's cache (phase 0, output
+    ``a``), then ``layer_chain_kernel``'s four phases (o, gate/up, down, next qkv or lm head) as phases 1-4; q for
+    the next layer is rotated back into ``q_ptr`` by phase 4's epilogue (the attention has read it by then)."""
+    pid = gl.program_id(0)
+    P = gl.num_programs(0)
+    NW: gl.constexpr = WR * WC
+    _attn_phase(q_ptr, kv_ptr, bt_ptr, part_ptr, a_ptr, cnt_ptr, done_ptr, seqlen, kv_plane, pid, P, PDL, HKV, QG,
+                PAGE, D, NPMAX, NW, SM_SCALE)
+    _phase(1, a_ptr, qw0, s0, z0, o3, r_ptr, ss_ptr, nw1_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, ws_ptr, cnt_ptr,
+           done_ptr + 1, HKV, err_ptr, N0, T0, SQ0, pid, P, G0, XS0, BY0, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z,
+           L2_AHEAD, PDL, SPIN_LIMIT, PRO_PLAIN, EPI_RESID, NSS, EPS)
+    _phase(2, a_ptr, qw1, s1, z1, gu_ptr, r_ptr, ss_ptr, nw1_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, ws_ptr,
+           cnt_ptr, done_ptr + 2, T0, err_ptr, N1, T1, SQ1, pid, P, G1, XS1, BY1, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z,
+           L2_AHEAD, PDL, SPIN_LIMIT, PRO_NORM, EPI_STORE, NSS, EPS)
+    _phase(3, gu_ptr, qw2, s2, z2, o3, r_ptr, ss_ptr, nw1_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, ws_ptr,
+           cnt_ptr, done_ptr + 3, T1, err_ptr, N2, T2, SQ2, pid, P, G2, XS2, BY2, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z,
+           L2_AHEAD, PDL, SPIN_LIMIT, PRO_GLU, EPI_RESID, NSS, EPS)
+    _phase(4, a_ptr, qw3, s3, z3, o3, r_ptr, ss_ptr, nw3_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, ws_ptr,
+           cnt_ptr, done_ptr + 4, T2, err_ptr, N3, T3, SQ3, pid, P, G3, XS3, BY3, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z,
+           L2_AHEAD, PDL, SPIN_LIMIT, PRO_NORM, EPI3, NSS, EPS)
+    _leave(done_ptr, exit_ptr, 5, P, NW)

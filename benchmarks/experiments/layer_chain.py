@@ -18,7 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from experiments.chain_kernels import EPI_ROPE, EPI_STORE, layer_chain_kernel  # noqa: E402
+from experiments.chain_kernels import EPI_ROPE, EPI_STORE, decode_layer_kernel, layer_chain_kernel  # noqa: E402
 
 #: RMSNorm epsilon of the decode step (``decode_step.add_rmsnorm``)
 EPS = 1e-5
@@ -41,13 +41,29 @@ def constexprs(shapes, programs: int, ahead: int, l2_ahead: int, epi3) -> dict:
     return c
 
 
+def attention_constexprs(seqlen: int, hq: int = 32, hkv: int = 8, page: int = 64, d: int = 128) -> dict:
+    """``decode_layer_kernel``'s attention constants: heads, page, head size, the partials' page capacity (the
+    pages rounded up to a power of two) and the softmax scale."""
+    pages = -(-seqlen // page)
+    return dict(HKV=hkv, QG=hq // hkv, PAGE=page, D=d, NPMAX=1 << (pages - 1).bit_length(), SM_SCALE=d ** -0.5)
+
+
+def attention_ints(seqlen: int, hkv: int = 8, page: int = 64, d: int = 128) -> dict:
+    """Launch values of ``decode_layer_kernel``'s attention integers for the decode step's cache (its pages: the
+    sequence's, rounded up)."""
+    return {"seqlen": seqlen, "kv_plane": -(-seqlen // page) * page * hkv * d}
+
+
 class LayerChain:
     """``layer_chain_kernel`` over a ``decode_step.PortakernStep``'s weights, norms, KV caches and RoPE tables.
     ``self.r`` is the residual (fp32) the launches update; ``self.q`` the next layer's rotated q; ``self.logits``
     the lm head's output after the last layer. ``per_sm`` programs per SM (two need the stream kernel's 128
-    registers: ``maxnreg``), ``ahead`` units in registers, ``l2_ahead`` units asked of the L2 before each wait."""
+    registers: ``maxnreg``), ``ahead`` units in registers, ``l2_ahead`` units asked of the L2 before each wait.
+    ``attention``: ``decode_layer_kernel`` instead, the layer's paged attention of ``self.q`` its first phase
+    (``self.a`` its output; partials in ``self.part``): the whole layer one launch."""
 
-    def __init__(self, step, ahead: int = 1, per_sm: int = 2, l2_ahead: int = 0, num_sms: int | None = None):
+    def __init__(self, step, ahead: int = 1, per_sm: int = 2, l2_ahead: int = 0, num_sms: int | None = None,
+                 attention: bool = False):
         import torch
 
         from portakern.backends.triton.backend import KERNEL_OPTIONS
@@ -73,11 +89,26 @@ class LayerChain:
         self.logits = torch.empty((1, step.lm.N), dtype=bf16, device=dev)
         self.ws = torch.empty((self.programs * 2, BN), dtype=f32, device=dev)
         self.cnt = torch.zeros((-(-step.lm.N // BN),), dtype=torch.int32, device=dev)
-        self.done = torch.zeros((4,), dtype=torch.int32, device=dev)
+        self.done = torch.zeros((5,), dtype=torch.int32, device=dev)
         self.exit = torch.zeros((1,), dtype=torch.int32, device=dev)
         self.err = torch.zeros((1,), dtype=torch.int32, device=dev)
         self.checked = set()
         self.slot = int(step.slot.item())
+        self.attention = attention
+        self.kernel = decode_layer_kernel if attention else layer_chain_kernel
+        if attention:
+            kv = step.kv[0]                     # (2, pages, PAGE, HKV, D)
+            _, _, page, hkv, d = kv.shape
+            self.seqlen = int(step.seqlens.item())
+            hq = dims["o"][1] // d
+            att = attention_constexprs(self.seqlen, hq, hkv, page, d)
+            npmax = att["NPMAX"]
+            self.consts_qkv.update(att)
+            self.consts_lm.update(att)
+            self.part = torch.empty((hq, npmax, d + 2), dtype=f32, device=dev)
+            self.a = torch.empty((1, hq * d), dtype=bf16, device=dev)
+            if self.cnt.numel() < hkv:
+                raise ValueError(f"{hkv} KV heads need as many arrival counters as the lm head's tiles hold")
 
     def _kv_rows(self, layer: int):
         """Layer ``layer``'s cache rows of the new token: k and v, ``(HKV, D)`` each (the step's slot)."""
@@ -85,9 +116,10 @@ class LayerChain:
         kvf = kv.view(2, -1, kv.shape[-2], kv.shape[-1])
         return kvf[0, self.slot], kvf[1, self.slot]
 
-    def layer(self, i: int, a) -> None:
-        """Launch layer ``i``'s chain on the attention output ``a`` (``(1, HQ D)`` bf16): after the last layer
-        phase 3 is the lm head (``self.logits``), else layer ``i + 1``'s qkv with RoPE and the KV append."""
+    def layer(self, i: int, a=None) -> None:
+        """Launch layer ``i``'s chain on the attention output ``a`` (``(1, HQ D)`` bf16; with ``attention``: None,
+        the launch attends ``self.q`` over layer ``i``'s cache itself): after the last layer phase 3 is the lm
+        head (``self.logits``), else layer ``i + 1``'s qkv with RoPE and the KV append."""
         st = self.step
         L = st.layers[i]
         last = i == len(st.layers) - 1
@@ -96,27 +128,34 @@ class LayerChain:
         k_row, v_row = self._kv_rows(i if last else i + 1)
         ws = (L["o"], L["gu"], L["down"], w3)
         consts = self.consts_lm if last else self.consts_qkv
-        tens = [a]
+        if self.attention:
+            if a is not None:
+                raise ValueError("a LayerChain with attention attends self.q itself: call layer(i) without a")
+            kv = st.kv[i]
+            tens = [self.q, kv, st.block_table[0], self.part, self.a]
+        else:
+            tens = [a]
         for j, w in enumerate(ws):
             tens += [w.qweight, w.scales, w.zeros if w.zeros is not None else w.scales]
             if j == 1:
                 tens.append(self.gu)
-        tens += [o3, self.r, self.ss, st.norms[2 * i + 1], st.norms[2 * i + 2], self.q, k_row, v_row, st.cos, st.sin,
-                 self.ws, self.cnt, self.done, self.exit, self.err]
-        scalars = []
+        tens += [o3, self.r, self.ss, st.norms[2 * i + 1], st.norms[2 * i + 2]]
+        tens += ([] if self.attention else [self.q]) + [k_row, v_row, st.cos, st.sin]
+        tens += [self.ws, self.cnt, self.done, self.exit, self.err]
+        scalars = [self.seqlen, kv[0].numel()] if self.attention else []
         for w in ws:
             scalars += [w.N, -(-w.N // BN), w.stride_qk]
         args = (*tens, *scalars)
         if last not in self.checked:
             self._check_resident(args, consts)
             self.checked.add(last)
-        layer_chain_kernel[(self.programs,)](*args, **consts, **self.opts)
+        self.kernel[(self.programs,)](*args, **consts, **self.opts)
 
     def _check_resident(self, args, consts) -> None:
         """Every program must be resident at once, or the phase waits never end: refuse a grid that does not fit."""
         from experiments.gemv_chain import resident_per_sm
 
-        ck = layer_chain_kernel.warmup(*args, grid=(self.programs,), **consts, **self.opts)
+        ck = self.kernel.warmup(*args, grid=(self.programs,), **consts, **self.opts)
         ck._init_handles()
         fit = resident_per_sm(ck) * self.num_sms
         if fit < self.programs:
@@ -125,8 +164,9 @@ class LayerChain:
 
 
 def check_layer(step, chain: LayerChain) -> dict:
-    """Layer 0 after its attention, from the same residual and attention output, by the chain and by the step's
-    torch glue (eager) and GEMVs: the residual after the layer, layer 1's rotated q and its new k / v rows.
+    """Layer 0 by the chain and by the step's own torch glue (eager) and GEMVs, from the same residual and the same
+    attention output (or, with ``chain.attention``, the same q attended by ``portakern.attention`` over layer 0's
+    cache): the residual after the layer, layer 1's rotated q and its new k / v rows (and the attention output).
     Returns each one's ``max |chain - torch| / max |torch|`` and whether all are below 2e-2 (bf16 roundings of
     different summation orders move values by an ulp or two; a wrong index moves them by their own size)."""
     import torch
@@ -136,10 +176,16 @@ def check_layer(step, chain: LayerChain) -> dict:
     torch.manual_seed(1)
     hid = chain.r.shape[1]
     r0 = torch.randn(1, hid, device="cuda")
-    a = torch.randn(1, hid, device="cuda").to(torch.bfloat16)
     L0, L1 = step.layers[0], step.layers[1]
     k_row, v_row = chain._kv_rows(1)
+    ref = {}
     # -- the torch step's layer
+    if chain.attention:
+        q0 = torch.randn(1, 1, D.HQ, D.D, device="cuda").to(torch.bfloat16)
+        a = step.attend(0, q0).clone()
+        ref["a"] = a.float()
+    else:
+        a = torch.randn(1, hid, device="cuda").to(torch.bfloat16)
     o = step.gemv("o", a, L0["o"]).clone()
     r1, xn = D.add_rmsnorm(r0, o, step.norms[1])
     gu = step.gemv("gu", xn, L0["gu"]).clone()
@@ -147,15 +193,22 @@ def check_layer(step, chain: LayerChain) -> dict:
     r2, xn2 = D.add_rmsnorm(r1, d, step.norms[2])
     qkv = step.gemv("qkv", xn2, L1["qkv"]).clone()
     q = D.rope_append(qkv, step.cos, step.sin, step.kv[1].view(2, -1, D.HKV, D.D), step.slot)
-    ref = {"r": r2, "q": q.reshape(1, -1).float(), "k": k_row.float().clone(), "v": v_row.float().clone()}
+    ref.update(r=r2, q=q.reshape(1, -1).float(), k=k_row.float().clone(), v=v_row.float().clone())
     # -- the chain's
     k_row.fill_(float("nan"))
     v_row.fill_(float("nan"))
-    chain.q.fill_(float("nan"))
     chain.r.copy_(r0)
-    chain.layer(0, a)
+    if chain.attention:
+        chain.a.fill_(float("nan"))
+        chain.q.copy_(q0.reshape(1, -1))
+        chain.layer(0)
+    else:
+        chain.q.fill_(float("nan"))
+        chain.layer(0, a)
     torch.cuda.synchronize()
     got = {"r": chain.r, "q": chain.q.float(), "k": k_row.float(), "v": v_row.float()}
+    if chain.attention:
+        got["a"] = chain.a.float()
     out = {}
     for name, want in ref.items():
         g = got[name]
@@ -175,6 +228,10 @@ def lower() -> int:
     for name, sh, epi in (("qkv", shapes, EPI_ROPE), ("lm", shapes[:3] + ((128256, 4096),), EPI_STORE)):
         ck = lower_sm90(layer_chain_kernel, constexprs(sh, 264, 1, 0, epi), step_ints(sh), maxnreg=128)
         print(f"phase 3 = {name}: {describe(ck)}", flush=True)
+        for ctx in (2048, 8192):   # the whole layer: attention first
+            ck = lower_sm90(decode_layer_kernel, {**constexprs(sh, 264, 1, 0, epi), **attention_constexprs(ctx + 1)},
+                            {**step_ints(sh), **attention_ints(ctx + 1)}, maxnreg=128)
+            print(f"  with the attention, ctx {ctx}: {describe(ck)}", flush=True)
     return 0
 
 
