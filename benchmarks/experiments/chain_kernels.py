@@ -259,6 +259,34 @@ def gemv_chain_kernel(qw0, s0, z0, o0, qw1, s1, z1, o1, qw2, s2, z2, o2, qw3, s3
 
 
 @gluon.jit
+def _layer_gemvs(BASE: gl.constexpr, first_need, a_ptr, qw0, s0, z0, qw1, s1, z1, gu_ptr, qw2, s2, z2, qw3, s3, z3,
+                 o3, r_ptr, ss_ptr, nw1_ptr, nw3_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, ws_ptr, cnt_ptr, done_ptr,
+                 err_ptr, N0, T0, SQ0, N1, T1, SQ1, N2, T2, SQ2, N3, T3, SQ3, pid, P,
+                 G0: gl.constexpr, XS0: gl.constexpr, BY0: gl.constexpr, G1: gl.constexpr, XS1: gl.constexpr,
+                 BY1: gl.constexpr, G2: gl.constexpr, XS2: gl.constexpr, BY2: gl.constexpr, G3: gl.constexpr,
+                 XS3: gl.constexpr, BY3: gl.constexpr, TR: gl.constexpr, BN: gl.constexpr, WR: gl.constexpr,
+                 WC: gl.constexpr, AHEAD: gl.constexpr, IW: gl.constexpr, ZP: gl.constexpr, HAS_Z: gl.constexpr,
+                 L2_AHEAD: gl.constexpr, PDL: gl.constexpr, SPIN_LIMIT: gl.constexpr, EPI3: gl.constexpr,
+                 NSS: gl.constexpr, EPS: gl.constexpr):
+    """A decode layer's four GEMV phases as the launch's phases ``BASE`` .. ``BASE + 3`` (the first waits for
+    ``first_need`` counts of phase ``BASE - 1``, or for the previous kernel when ``BASE`` is 0): o on ``a``
+    (+ residual add), gate/up on RMSNorm(r) into ``gu``, down on SiLU-mul(gu) (+ residual add), and on RMSNorm(r)
+    the next layer's qkv with RoPE and the KV append or the lm head (``EPI3``) into ``o3``."""
+    _phase(BASE, a_ptr, qw0, s0, z0, o3, r_ptr, ss_ptr, nw1_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, ws_ptr,
+           cnt_ptr, done_ptr + BASE, first_need, err_ptr, N0, T0, SQ0, pid, P, G0, XS0, BY0, TR, BN, WR, WC, AHEAD, IW,
+           ZP, HAS_Z, L2_AHEAD, PDL, SPIN_LIMIT, PRO_PLAIN, EPI_RESID, NSS, EPS)
+    _phase(BASE + 1, a_ptr, qw1, s1, z1, gu_ptr, r_ptr, ss_ptr, nw1_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, ws_ptr,
+           cnt_ptr, done_ptr + BASE + 1, T0, err_ptr, N1, T1, SQ1, pid, P, G1, XS1, BY1, TR, BN, WR, WC, AHEAD, IW, ZP,
+           HAS_Z, L2_AHEAD, PDL, SPIN_LIMIT, PRO_NORM, EPI_STORE, NSS, EPS)
+    _phase(BASE + 2, gu_ptr, qw2, s2, z2, o3, r_ptr, ss_ptr, nw1_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, ws_ptr,
+           cnt_ptr, done_ptr + BASE + 2, T1, err_ptr, N2, T2, SQ2, pid, P, G2, XS2, BY2, TR, BN, WR, WC, AHEAD, IW, ZP,
+           HAS_Z, L2_AHEAD, PDL, SPIN_LIMIT, PRO_GLU, EPI_RESID, NSS, EPS)
+    _phase(BASE + 3, a_ptr, qw3, s3, z3, o3, r_ptr, ss_ptr, nw3_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, ws_ptr,
+           cnt_ptr, done_ptr + BASE + 3, T2, err_ptr, N3, T3, SQ3, pid, P, G3, XS3, BY3, TR, BN, WR, WC, AHEAD, IW, ZP,
+           HAS_Z, L2_AHEAD, PDL, SPIN_LIMIT, PRO_NORM, EPI3, NSS, EPS)
+
+
+@gluon.jit
 def layer_chain_kernel(a_ptr, qw0, s0, z0, qw1, s1, z1, gu_ptr, qw2, s2, z2, qw3, s3, z3, o3,
                        r_ptr, ss_ptr, nw1_ptr, nw3_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr,
                        ws_ptr, cnt_ptr, done_ptr, exit_ptr, err_ptr,
@@ -278,18 +306,10 @@ def layer_chain_kernel(a_ptr, qw0, s0, z0, qw1, s1, z1, gu_ptr, qw2, s2, z2, qw3
     (``EPI_STORE`` into ``o3``). ``ss`` holds the residual's ``NSS`` per-tile sums of squares."""
     pid = gl.program_id(0)
     P = gl.num_programs(0)
-    _phase(0, a_ptr, qw0, s0, z0, o3, r_ptr, ss_ptr, nw1_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, ws_ptr, cnt_ptr,
-           done_ptr, 0, err_ptr, N0, T0, SQ0, pid, P, G0, XS0, BY0, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z, L2_AHEAD,
-           PDL, SPIN_LIMIT, PRO_PLAIN, EPI_RESID, NSS, EPS)
-    _phase(1, a_ptr, qw1, s1, z1, gu_ptr, r_ptr, ss_ptr, nw1_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, ws_ptr,
-           cnt_ptr, done_ptr + 1, T0, err_ptr, N1, T1, SQ1, pid, P, G1, XS1, BY1, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z,
-           L2_AHEAD, PDL, SPIN_LIMIT, PRO_NORM, EPI_STORE, NSS, EPS)
-    _phase(2, gu_ptr, qw2, s2, z2, o3, r_ptr, ss_ptr, nw1_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, ws_ptr,
-           cnt_ptr, done_ptr + 2, T1, err_ptr, N2, T2, SQ2, pid, P, G2, XS2, BY2, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z,
-           L2_AHEAD, PDL, SPIN_LIMIT, PRO_GLU, EPI_RESID, NSS, EPS)
-    _phase(3, a_ptr, qw3, s3, z3, o3, r_ptr, ss_ptr, nw3_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, ws_ptr,
-           cnt_ptr, done_ptr + 3, T2, err_ptr, N3, T3, SQ3, pid, P, G3, XS3, BY3, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z,
-           L2_AHEAD, PDL, SPIN_LIMIT, PRO_NORM, EPI3, NSS, EPS)
+    _layer_gemvs(0, 0, a_ptr, qw0, s0, z0, qw1, s1, z1, gu_ptr, qw2, s2, z2, qw3, s3, z3, o3, r_ptr, ss_ptr, nw1_ptr,
+                 nw3_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, ws_ptr, cnt_ptr, done_ptr, err_ptr,
+                 N0, T0, SQ0, N1, T1, SQ1, N2, T2, SQ2, N3, T3, SQ3, pid, P, G0, XS0, BY0, G1, XS1, BY1, G2, XS2, BY2,
+                 G3, XS3, BY3, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z, L2_AHEAD, PDL, SPIN_LIMIT, EPI3, NSS, EPS)
     _leave(done_ptr, exit_ptr, 4, P, WR * WC)
 
 
@@ -404,16 +424,8 @@ def decode_layer_kernel(q_ptr, kv_ptr, bt_ptr, part_ptr, a_ptr, qw0, s0, z0, qw1
     NW: gl.constexpr = WR * WC
     _attn_phase(q_ptr, kv_ptr, bt_ptr, part_ptr, a_ptr, cnt_ptr, done_ptr, seqlen, kv_plane, pid, P, PDL, HKV, QG,
                 PAGE, D, NPMAX, NW, SM_SCALE)
-    _phase(1, a_ptr, qw0, s0, z0, o3, r_ptr, ss_ptr, nw1_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, ws_ptr, cnt_ptr,
-           done_ptr + 1, HKV, err_ptr, N0, T0, SQ0, pid, P, G0, XS0, BY0, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z,
-           L2_AHEAD, PDL, SPIN_LIMIT, PRO_PLAIN, EPI_RESID, NSS, EPS)
-    _phase(2, a_ptr, qw1, s1, z1, gu_ptr, r_ptr, ss_ptr, nw1_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, ws_ptr,
-           cnt_ptr, done_ptr + 2, T0, err_ptr, N1, T1, SQ1, pid, P, G1, XS1, BY1, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z,
-           L2_AHEAD, PDL, SPIN_LIMIT, PRO_NORM, EPI_STORE, NSS, EPS)
-    _phase(3, gu_ptr, qw2, s2, z2, o3, r_ptr, ss_ptr, nw1_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, ws_ptr,
-           cnt_ptr, done_ptr + 3, T1, err_ptr, N2, T2, SQ2, pid, P, G2, XS2, BY2, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z,
-           L2_AHEAD, PDL, SPIN_LIMIT, PRO_GLU, EPI_RESID, NSS, EPS)
-    _phase(4, a_ptr, qw3, s3, z3, o3, r_ptr, ss_ptr, nw3_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, ws_ptr,
-           cnt_ptr, done_ptr + 4, T2, err_ptr, N3, T3, SQ3, pid, P, G3, XS3, BY3, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z,
-           L2_AHEAD, PDL, SPIN_LIMIT, PRO_NORM, EPI3, NSS, EPS)
+    _layer_gemvs(1, HKV, a_ptr, qw0, s0, z0, qw1, s1, z1, gu_ptr, qw2, s2, z2, qw3, s3, z3, o3, r_ptr, ss_ptr,
+                 nw1_ptr, nw3_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, ws_ptr, cnt_ptr, done_ptr, err_ptr,
+                 N0, T0, SQ0, N1, T1, SQ1, N2, T2, SQ2, N3, T3, SQ3, pid, P, G0, XS0, BY0, G1, XS1, BY1, G2, XS2, BY2,
+                 G3, XS3, BY3, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z, L2_AHEAD, PDL, SPIN_LIMIT, EPI3, NSS, EPS)
     _leave(done_ptr, exit_ptr, 5, P, NW)
