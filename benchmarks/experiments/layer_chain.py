@@ -1,14 +1,15 @@
-"""Experiment, not part of the backend: a decode layer after its attention as ONE launch (``decode_step.py --chain``).
+"""Experiment, not part of the backend: a decode layer as ONE launch (``decode_step.py --chain``).
 
 ``chain_kernels.layer_chain_kernel`` runs the o projection (+ residual add), gate/up (x = RMSNorm of the
 residual), down (x = SiLU-mul of gate/up; + residual add) and the next layer's qkv (x = RMSNorm; RoPE and the
 KV-cache append in its epilogue) -- or, after the last layer, the lm head -- as four phases of one persistent
-grid. The decode step then launches per layer: the paged attention (decode kernel + merge) and this; against
-the table's step (four GEMV launches, four glue kernels, the attention). This module is the host side:
-``LayerChain`` (buffers, compile-time arguments, one launch per layer) and ``check_layer`` (one layer against
-the same layer computed by the step's own torch glue and GEMVs).
+grid; the decode step then launches per layer the paged attention (decode kernel + merge) and this, against the
+table's step (four GEMV launches, four glue kernels, the attention). ``chain_kernels.decode_layer_kernel``
+(``attention=True``) puts the layer's paged attention in the same launch as its first phase: one launch a layer.
+This module is the host side: ``LayerChain`` (buffers, compile-time arguments, one launch per layer) and
+``check_layer`` (layer 0 against the same layer computed by the step's own attention, torch glue and GEMVs).
 
-    python benchmarks/experiments/layer_chain.py --phase lower    # no GPU: sm_90a lowering of both kernels
+    python benchmarks/experiments/layer_chain.py --phase lower    # no GPU: sm_90a lowering of the kernels
 """
 
 from __future__ import annotations
