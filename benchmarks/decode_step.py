@@ -19,7 +19,7 @@ Floor = (weight bytes: codes + fp16 scale + fp16 zero per group; + K/V bytes rea
     python benchmarks/decode_step.py [--ctx 2048 8192] [--glue compile-combo|compile-pdl|compile|compile-max|eager]
         [--compare-glue GLUE] [--compare-attention table release early early+o2 ...] [--cluster-gemv o,down ...]
         [--l2-prefetch UNITS ...] [--compare-tiles] [--prefetch none after:24 during:24]
-        [--chain AHEAD,PER_SM,L2_AHEAD[,attn] ...] [--sweep-gemv LINEAR ...] [--sweep-attention]
+        [--chain AHEAD,PER_SM,L2_AHEAD[,attn|,step] ...] [--sweep-gemv LINEAR ...] [--sweep-attention]
         [--ab-gemv LINEAR:CONFIG ...] [--ab-attention CONFIG ...]
         [--captures N] [--breakdown] [--no-peers] [--no-eager] [--out DIR]
 
@@ -261,17 +261,28 @@ class PortakernStep:
         other.fused_silu = True
         return other
 
-    def with_chain(self, ahead: int = 1, per_sm: int = 2, l2_ahead: int = 0, attention: bool = False) -> "PortakernStep":
-        """The same step (weights, caches shared) with each layer after its attention -- or, ``attention``, each
-        whole layer -- run as one launch of ``experiments/layer_chain.py``'s kernels; its layer 0 checked first
-        against this step's own attention, glue and GEMVs (``chain_check``)."""
+    def with_chain(self, ahead: int = 1, per_sm: int = 2, l2_ahead: int = 0, mode: str = "gemv",
+                   check: bool = True) -> "PortakernStep":
+        """The same step (weights, caches shared) with each layer after its attention (``mode`` "gemv"), each whole
+        layer ("attn") or every layer at once ("step": stacked copies of the weights and caches) run as one launch
+        of ``experiments/layer_chain.py`` / ``step_chain.py``'s kernels; ``check``: layer 0 checked first against
+        this step's own attention, glue and GEMVs, or the one-launch step bit for bit against the layer launches
+        (``chain_check``)."""
         from experiments.layer_chain import LayerChain, check_layer
+        from experiments.step_chain import StepChain, check_step
 
+        if mode not in ("gemv", "attn", "step"):
+            raise ValueError(f"mode={mode!r}: one of 'gemv' (the layer after its attention), 'attn' (the whole layer) "
+                             f"or 'step' (every layer in one launch)")
         other = copy.copy(self)
-        other.chain = LayerChain(self, ahead, per_sm, l2_ahead, attention=attention)
-        other.chain_check = check_layer(self, other.chain)
-        print(f"layer chain {ahead},{per_sm},{l2_ahead}{',attn' if attention else ''}: layer 0 against the step's "
-              f"glue: {other.chain_check}", flush=True)
+        if mode == "step":
+            other.chain = StepChain(self, ahead, per_sm, l2_ahead)
+            other.chain_check = check_step(self, other.chain, ahead, per_sm, l2_ahead) if check else None
+        else:
+            other.chain = LayerChain(self, ahead, per_sm, l2_ahead, attention=mode == "attn")
+            other.chain_check = check_layer(self, other.chain) if check else None
+        if check:
+            print(f"chain {ahead},{per_sm},{l2_ahead},{mode}: {other.chain_check}", flush=True)
         other.out = {**self.out, "lm": other.chain.logits}
         return other
 
@@ -279,6 +290,8 @@ class PortakernStep:
         """The step with ``self.chain``: the first qkv and its glue as usual, then per layer the attention and one
         chain launch (the next layer's qkv, RoPE and KV append included; the lm head after the last)."""
         c = self.chain
+        if getattr(c, "whole_step", False):   # StepChain: the first qkv and its glue, then one launch
+            return c()
         r, xn = self.add_rmsnorm(self.h, self.zero, self.norms[0])
         c.r.copy_(r)
         q = self.rope_append(self.gemv("qkv", xn, self.layers[0]["qkv"]), self.cos, self.sin,

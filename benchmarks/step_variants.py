@@ -74,18 +74,19 @@ def attention_spec(spec: str) -> str:
     return spec
 
 
-def chain_spec(spec: str) -> tuple[int, int, int, bool]:
-    """``--chain``'s argument: ``AHEAD,PER_SM,L2_AHEAD[,attn]`` (units in registers 1 or 2, programs per SM 1 or 2,
-    units asked of the L2 0 to 8; ``attn``: the layer's attention inside the launch too)."""
+def chain_spec(spec: str) -> tuple[int, int, int, str]:
+    """``--chain``'s argument: ``AHEAD,PER_SM,L2_AHEAD[,MODE]`` (units in registers 1 or 2, programs per SM 1 or 2,
+    units asked of the L2 0 to 8; MODE ``attn``: the layer's attention inside the launch too, ``step``: every layer
+    in one launch; default: the layer after its attention)."""
     parts = spec.split(",")
-    attn = len(parts) == 4 and parts[3] == "attn"
-    nums = parts[:3] if attn else parts
-    ok = len(nums) == 3 and all(p.isdigit() for p in nums)
+    mode = parts[3] if len(parts) == 4 else "gemv"
+    nums = parts[:3]
+    ok = len(parts) in (3, 4) and mode in ("gemv", "attn", "step") and all(p.isdigit() for p in nums)
     vals = tuple(int(p) for p in nums) if ok else ()
     if not ok or vals[0] not in (1, 2) or vals[1] not in (1, 2) or not 0 <= vals[2] <= 8:
-        raise argparse.ArgumentTypeError(f"{spec!r}: expected AHEAD,PER_SM,L2_AHEAD[,attn] with AHEAD 1 or 2, PER_SM 1 "
-                                         f"or 2 and L2_AHEAD 0 to 8, e.g. 1,2,0 or 1,2,0,attn")
-    return (*vals, attn)
+        raise argparse.ArgumentTypeError(f"{spec!r}: expected AHEAD,PER_SM,L2_AHEAD[,attn|,step] with AHEAD 1 or 2, "
+                                         f"PER_SM 1 or 2 and L2_AHEAD 0 to 8, e.g. 1,2,0 or 1,2,0,attn")
+    return (*vals, mode)
 
 
 def add_variant_arguments(ap: argparse.ArgumentParser) -> None:
@@ -116,12 +117,14 @@ def add_variant_arguments(ap: argparse.ArgumentParser) -> None:
                          "forming silu(gate) * up from the gate/up output itself (the silu_mul prologue), as "
                          "int4_portakern_abR_fused_silu, alternating with the table's step for --ab-rounds rounds, "
                          "logits compared (the activation is not rounded to bf16: close, not equal)")
-    ap.add_argument("--chain", nargs="+", default=[], type=chain_spec, metavar="AHEAD,PER_SM,L2_AHEAD[,attn]",
+    ap.add_argument("--chain", nargs="+", default=[], type=chain_spec, metavar="AHEAD,PER_SM,L2_AHEAD[,attn|,step]",
                     help="also time portakern's step with each layer after its attention run as ONE persistent launch "
                          "(o + residual add, RMSNorm + gate/up, SiLU-mul + down + residual add, RMSNorm + the next "
                          "layer's qkv + RoPE + KV append, or the lm head: benchmarks/experiments/layer_chain.py), "
                          "units ahead / programs per SM / L2 units ahead as given (e.g. 1,2,0); ',attn': the layer's "
-                         "paged attention as the launch's first phase too (the whole layer one launch), as "
+                         "paged attention as the launch's first phase too (the whole layer one launch); ',step': every "
+                         "layer in ONE launch (stacked copies of the weights and caches; checked bit for bit against "
+                         "the ',attn' launches), as "
                          "int4_portakern_abR_chain_<config>, alternating with the table's step for --ab-rounds rounds, "
                          "logits compared (its own roundings: close, not equal) and layer 0 checked against the "
                          "step's torch glue and GEMVs (layer_check)")
@@ -193,8 +196,8 @@ def variants_for(step, args) -> dict:
         chosen.append((f"{name}_{label}", step.with_gemv_config(name, cfg)))
     if args.fused_silu:
         chosen.append(("fused_silu", step.with_fused_silu()))
-    for ahead, per_sm, l2, attn in args.chain:
-        chosen.append((f"chain_{ahead}_{per_sm}_{l2}{'_attn' if attn else ''}", step.with_chain(ahead, per_sm, l2, attn)))
+    for ahead, per_sm, l2, mode in args.chain:
+        chosen.append((f"chain_{ahead}_{per_sm}_{l2}_{mode}", step.with_chain(ahead, per_sm, l2, mode)))
     for r in range(args.ab_rounds if chosen else 0):
         variants[f"int4_portakern_ab{r}_table"] = copy.copy(step)
         variants.update({f"int4_portakern_ab{r}_{key}": copy.copy(st) for key, st in chosen})

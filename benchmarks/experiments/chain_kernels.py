@@ -381,14 +381,17 @@ def _attn_merge(part_ptr, a_ptr, hk, NP, QG: gl.constexpr, D: gl.constexpr, NPMA
 
 
 @gluon.jit
-def _attn_phase(q_ptr, kv_ptr, bt_ptr, part_ptr, a_ptr, cnt_ptr, done_ptr, seqlen, kv_plane, pid, P,
-                PDL: gl.constexpr, HKV: gl.constexpr, QG: gl.constexpr, PAGE: gl.constexpr, D: gl.constexpr,
-                NPMAX: gl.constexpr, NW: gl.constexpr, SM_SCALE: gl.constexpr):
-    """Paged decode attention of one token as the launch's first phase: after the previous kernel (which wrote q
-    and the new k / v row), the ``HKV`` x pages items spread over the programs; the last item of a KV head to
-    arrive merges that head's partials into ``a`` and counts the head in ``done`` (the next phase waits for
-    ``HKV``)."""
-    _S._wait_for_producer(PDL)
+def _attn_phase(first, q_ptr, kv_ptr, bt_ptr, part_ptr, a_ptr, cnt_ptr, done_ptr, prev_need, err_ptr, seqlen, kv_plane,
+                pid, P, PDL: gl.constexpr, HKV: gl.constexpr, QG: gl.constexpr, PAGE: gl.constexpr, D: gl.constexpr,
+                NPMAX: gl.constexpr, NW: gl.constexpr, SM_SCALE: gl.constexpr, SPIN_LIMIT: gl.constexpr):
+    """Paged decode attention of one token as a phase: once q and the new k / v row are written (``first``: by the
+    previous kernel, PDL; else by the phase before, ``prev_need`` counts at ``done_ptr - 1``), the ``HKV`` x pages
+    items spread over the programs; the last item of a KV head to arrive merges that head's partials into ``a``
+    and counts the head in ``done_ptr`` (the next phase waits for ``HKV``)."""
+    if first:
+        _S._wait_for_producer(PDL)
+    else:
+        _wait_phase(done_ptr - 1, prev_need, err_ptr, SPIN_LIMIT)
     n_pages = (seqlen + PAGE - 1) // PAGE
     for w in range(pid, HKV * n_pages, P):
         _attn_item(q_ptr, kv_ptr, bt_ptr, part_ptr, w, seqlen, kv_plane, HKV, QG, PAGE, D, NPMAX, NW, SM_SCALE)
@@ -422,10 +425,61 @@ def decode_layer_kernel(q_ptr, kv_ptr, bt_ptr, part_ptr, a_ptr, qw0, s0, z0, qw1
     pid = gl.program_id(0)
     P = gl.num_programs(0)
     NW: gl.constexpr = WR * WC
-    _attn_phase(q_ptr, kv_ptr, bt_ptr, part_ptr, a_ptr, cnt_ptr, done_ptr, seqlen, kv_plane, pid, P, PDL, HKV, QG,
-                PAGE, D, NPMAX, NW, SM_SCALE)
+    _attn_phase(True, q_ptr, kv_ptr, bt_ptr, part_ptr, a_ptr, cnt_ptr, done_ptr, 0, err_ptr, seqlen, kv_plane, pid, P,
+                PDL, HKV, QG, PAGE, D, NPMAX, NW, SM_SCALE, SPIN_LIMIT)
     _layer_gemvs(1, HKV, a_ptr, qw0, s0, z0, qw1, s1, z1, gu_ptr, qw2, s2, z2, qw3, s3, z3, o3, r_ptr, ss_ptr,
                  nw1_ptr, nw3_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, ws_ptr, cnt_ptr, done_ptr, err_ptr,
                  N0, T0, SQ0, N1, T1, SQ1, N2, T2, SQ2, N3, T3, SQ3, pid, P, G0, XS0, BY0, G1, XS1, BY1, G2, XS2, BY2,
                  G3, XS3, BY3, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z, L2_AHEAD, PDL, SPIN_LIMIT, EPI3, NSS, EPS)
     _leave(done_ptr, exit_ptr, 5, P, NW)
+
+
+@gluon.jit
+def decode_step_kernel(q_ptr, kv_ptr, bt_ptr, part_ptr, a_ptr, qwO, sO, zO, qwG, sG, zG, gu_ptr, qwD, sD, zD,
+                       qwQ, sQ, zQ, qkv_ptr, qwL, sL, zL, logits_ptr, r_ptr, ss_ptr, nw_ptr, cos_ptr, sin_ptr,
+                       ws_ptr, cnt_ptr, done_ptr, exit_ptr, err_ptr, layers, seqlen, kv_plane, kv_layer, slot_off, hid,
+                       LWO, LSO, LWG, LSG, LWD, LSD, LWQ, LSQ,
+                       N0, T0, SQ0, N1, T1, SQ1, N2, T2, SQ2, N3, T3, SQ3, N4, T4, SQ4,
+                       G0: gl.constexpr, XS0: gl.constexpr, BY0: gl.constexpr,
+                       G1: gl.constexpr, XS1: gl.constexpr, BY1: gl.constexpr,
+                       G2: gl.constexpr, XS2: gl.constexpr, BY2: gl.constexpr,
+                       G3: gl.constexpr, XS3: gl.constexpr, BY3: gl.constexpr,
+                       G4: gl.constexpr, XS4: gl.constexpr, BY4: gl.constexpr,
+                       TR: gl.constexpr, BN: gl.constexpr, WR: gl.constexpr, WC: gl.constexpr, AHEAD: gl.constexpr,
+                       IW: gl.constexpr, ZP: gl.constexpr, HAS_Z: gl.constexpr, L2_AHEAD: gl.constexpr,
+                       PDL: gl.constexpr, SPIN_LIMIT: gl.constexpr, NSS: gl.constexpr, EPS: gl.constexpr,
+                       HKV: gl.constexpr, QG: gl.constexpr, PAGE: gl.constexpr, D: gl.constexpr, NPMAX: gl.constexpr,
+                       SM_SCALE: gl.constexpr):
+    """Every layer of the decode step in ONE launch: per layer l, ``decode_layer_kernel``'s five phases (attention
+    over cache l, o, gate/up, down, and layer l + 1's qkv with RoPE and the KV append -- the lm head after the
+    last layer). Weights, norms and caches are stacked: linear X of layer l at ``qwX + l LWX`` (scales and zeros
+    at ``+ l LSX``), norm j at ``nw_ptr + j hid``, cache l at ``kv_ptr + l kv_layer`` (the new token's k row at
+    ``+ slot_off``, v one plane further). Shapes: 0 o, 1 gate/up, 2 down, 3 qkv, 4 lm head. Phase counters: five a
+    layer; layer l's attention waits for layer l - 1's qkv (``T3`` tiles)."""
+    pid = gl.program_id(0)
+    P = gl.num_programs(0)
+    NW: gl.constexpr = WR * WC
+    for l in range(layers):
+        lw = l.to(gl.int64)
+        dl = done_ptr + 5 * l
+        _attn_phase(l == 0, q_ptr, kv_ptr + lw * kv_layer, bt_ptr, part_ptr, a_ptr, cnt_ptr, dl, T3, err_ptr, seqlen,
+                    kv_plane, pid, P, PDL, HKV, QG, PAGE, D, NPMAX, NW, SM_SCALE, SPIN_LIMIT)
+        nw1 = nw_ptr + (2 * l + 1) * hid
+        nw3 = nw_ptr + (2 * l + 2) * hid
+        if l < layers - 1:
+            kn = kv_ptr + (lw + 1) * kv_layer + slot_off
+            _layer_gemvs(1, HKV, a_ptr, qwO + lw * LWO, sO + lw * LSO, zO + lw * LSO, qwG + lw * LWG, sG + lw * LSG,
+                         zG + lw * LSG, gu_ptr, qwD + lw * LWD, sD + lw * LSD, zD + lw * LSD, qwQ + (lw + 1) * LWQ,
+                         sQ + (lw + 1) * LSQ, zQ + (lw + 1) * LSQ, qkv_ptr, r_ptr, ss_ptr, nw1, nw3, q_ptr, kn,
+                         kn + kv_plane, cos_ptr, sin_ptr, ws_ptr, cnt_ptr, dl, err_ptr,
+                         N0, T0, SQ0, N1, T1, SQ1, N2, T2, SQ2, N3, T3, SQ3, pid, P, G0, XS0, BY0, G1, XS1, BY1, G2,
+                         XS2, BY2, G3, XS3, BY3, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z, L2_AHEAD, PDL, SPIN_LIMIT,
+                         EPI_ROPE, NSS, EPS)
+        else:
+            _layer_gemvs(1, HKV, a_ptr, qwO + lw * LWO, sO + lw * LSO, zO + lw * LSO, qwG + lw * LWG, sG + lw * LSG,
+                         zG + lw * LSG, gu_ptr, qwD + lw * LWD, sD + lw * LSD, zD + lw * LSD, qwL, sL, zL, logits_ptr,
+                         r_ptr, ss_ptr, nw1, nw3, q_ptr, q_ptr, q_ptr, cos_ptr, sin_ptr, ws_ptr, cnt_ptr, dl, err_ptr,
+                         N0, T0, SQ0, N1, T1, SQ1, N2, T2, SQ2, N4, T4, SQ4, pid, P, G0, XS0, BY0, G1, XS1, BY1, G2,
+                         XS2, BY2, G4, XS4, BY4, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z, L2_AHEAD, PDL, SPIN_LIMIT,
+                         EPI_STORE, NSS, EPS)
+    _leave(done_ptr, exit_ptr, 5 * layers, P, NW)

@@ -16,11 +16,14 @@ import tempfile
 #: pointer element types by argument name (the rest of the pointers are bf16 activations / outputs)
 _POINTERS = {"qw": "*i32", "s": "*fp16", "z": "*fp16", "ws_ptr": "*fp32", "r_ptr": "*fp32", "ss_ptr": "*fp32",
              "cos_ptr": "*fp32", "sin_ptr": "*fp32", "cnt_ptr": "*i32", "done_ptr": "*i32", "exit_ptr": "*i32",
-             "err_ptr": "*i32"}
+             "err_ptr": "*i32", "bt_ptr": "*i32", "part_ptr": "*fp32"}
 
 
 def _pointer_type(name: str) -> str:
-    return _POINTERS.get(name) or _POINTERS.get(name.rstrip("0123456789")) or "*bf16"
+    """A pointer argument's type by its name: words, scales and zeros of a phase (``qw0``, ``sG``, ...), the
+    fp32 / int32 buffers by name, bf16 activations otherwise."""
+    m = re.fullmatch(r"(qw|s|z)[0-9A-Z]", name)
+    return _POINTERS[m.group(1)] if m else _POINTERS.get(name, "*bf16")
 
 
 def step_ints(shapes, layers: int | None = None, bn: int = 256) -> dict[str, int]:
