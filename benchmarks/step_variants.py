@@ -150,6 +150,29 @@ def add_variant_arguments(ap: argparse.ArgumentParser) -> None:
                          "--sweep-attention names it), alternating with the table's step for --ab-rounds rounds")
 
 
+class FailedVariant:
+    """A variant whose construction raised: timing it raises the same error again, so the step's run records it as
+    that variant's error and goes on with the others (an experiment kernel that does not compile on the device
+    must not cost the whole run)."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def bytes(self):
+        raise RuntimeError(f"the variant could not be built: {type(self.error).__name__}: {self.error}")
+
+    __call__ = bytes
+
+
+def _built(make):
+    """``make()``, or a ``FailedVariant`` carrying what it raised (printed)."""
+    try:
+        return make()
+    except Exception as e:
+        print(f"variant not built: {type(e).__name__}: {str(e)[:300]}", flush=True)
+        return FailedVariant(e)
+
+
 def _sweep(step, prefix: str, changed: list) -> dict:
     """``prefix_<label>`` for each ``(label, step)`` of ``changed``, the table's step (``prefix_table_<i>``)
     before every ``CONTROL_EVERY``."""
@@ -197,7 +220,8 @@ def variants_for(step, args) -> dict:
     if args.fused_silu:
         chosen.append(("fused_silu", step.with_fused_silu()))
     for ahead, per_sm, l2, mode in args.chain:
-        chosen.append((f"chain_{ahead}_{per_sm}_{l2}_{mode}", step.with_chain(ahead, per_sm, l2, mode)))
+        chosen.append((f"chain_{ahead}_{per_sm}_{l2}_{mode}",
+                       _built(lambda a=ahead, p=per_sm, l=l2, m=mode: step.with_chain(a, p, l, m))))
     for r in range(args.ab_rounds if chosen else 0):
         variants[f"int4_portakern_ab{r}_table"] = copy.copy(step)
         variants.update({f"int4_portakern_ab{r}_{key}": copy.copy(st) for key, st in chosen})

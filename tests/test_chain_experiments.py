@@ -405,3 +405,17 @@ def test_one_launch_step_lowers_within_the_register_budget():
     regs, spilled = ptxas_registers(ptx)
     assert regs is not None and regs <= 128 and spilled is not None and spilled <= 512, (regs, spilled)
     assert ptx.count("griddepcontrol.wait") == 1 and ptx.count("gpu.acquire") >= 5
+
+
+def test_a_variant_that_cannot_be_built_is_timed_as_its_error():
+    """``decode_step.py``: a chain variant whose construction raises (a kernel that does not compile on the device)
+    becomes a ``FailedVariant``: timing it raises the original error's name and text, which the run records as that
+    variant's error, and the other variants still run."""
+    from step_variants import FailedVariant, _built
+
+    assert _built(lambda: "built") == "built"
+    failed = _built(lambda: {}["missing"])
+    assert isinstance(failed, FailedVariant)
+    for attempt in (failed.bytes, failed):
+        with pytest.raises(RuntimeError, match=r"could not be built: KeyError: 'missing'"):
+            attempt()
