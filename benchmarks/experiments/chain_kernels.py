@@ -1,5 +1,9 @@
-"""Gluon kernels of the GEMV-chain experiments (``gemv_chain.py``, ``layer_chain.py``): int4 M=1 GEMVs run as
-phases of ONE persistent launch.
+"""Gluon kernels of the GEMV-chain experiments (``gemv_chain.py``, ``layer_chain.py``, ``step_chain.py``): int4
+M=1 GEMVs -- and the decode step's glue and paged attention -- run as phases of ONE persistent launch.
+
+Kernels: ``gemv_chain_kernel`` (layers x four GEMVs, nothing else), ``layer_chain_kernel`` (a layer after its
+attention, glue included), ``decode_layer_kernel`` (a whole layer, the attention its first phase),
+``decode_step_kernel`` (every layer, a loop over ``decode_layer_kernel``'s phases).
 
 Each program walks its stream-K range of a phase exactly as the backend's stream kernel does
 (``backends/triton/kernels/gemv_stream.py``, whose helpers are called here); when its range is done it issues
@@ -22,6 +26,8 @@ the previous phase is stored, so DRAM is not left idle between two GEMVs and not
   and the tile's sum of squares into ``ss[t]`` (the residual add; no output); ``EPI_ROPE`` store it, then
   rotate its two heads (half-split RoPE) into q, or the new token's k row, or copy v (the qkv projection's RoPE
   and KV-cache append; tiles of 256 columns are two heads of 128).
+* The attention phase (``_attn_phase``): items (page, KV head) over the programs, each writing its query heads'
+  unnormalised page softmax as partials; the last item of a KV head to arrive merges the head and counts it.
 """
 
 from __future__ import annotations
