@@ -286,26 +286,6 @@ class PortakernStep:
         other.out = {**self.out, "lm": other.chain.logits}
         return other
 
-    def _chained(self):
-        """The step with ``self.chain``: the first qkv and its glue as usual, then per layer the attention and one
-        chain launch (the next layer's qkv, RoPE and KV append included; the lm head after the last)."""
-        c = self.chain
-        if getattr(c, "whole_step", False):   # StepChain: the first qkv and its glue, then one launch
-            return c()
-        r, xn = self.add_rmsnorm(self.h, self.zero, self.norms[0])
-        c.r.copy_(r)
-        q = self.rope_append(self.gemv("qkv", xn, self.layers[0]["qkv"]), self.cos, self.sin,
-                             self.kv[0].view(2, -1, HKV, D), self.slot)
-        if c.attention:             # every layer one launch, attention included: it reads q from the chain
-            c.q.copy_(q.reshape(1, -1))
-            for i in range(LAYERS):
-                c.layer(i)
-            return c.logits
-        for i in range(LAYERS):
-            c.layer(i, self.attend(i, q))
-            q = c.q.view(1, 1, HQ, D)
-        return c.logits
-
     def with_glue(self, glue: str, deterministic: bool = False) -> "PortakernStep":
         """The same step (weights, caches, buffers shared) with its glue run as ``glue``."""
         other = copy.copy(self)
@@ -345,8 +325,8 @@ class PortakernStep:
         return o.reshape(1, HQ * D)
 
     def __call__(self):
-        if self.chain is not None:
-            return self._chained()
+        if self.chain is not None:   # with_chain: the chain runs the step (experiments/layer_chain.py, step_chain.py)
+            return self.chain()
         if self.side is not None:
             self.prefetch_weight(self.order[0])
         r, xn = self.add_rmsnorm(self.h, self.zero, self.norms[0])

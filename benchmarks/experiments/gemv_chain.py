@@ -96,25 +96,21 @@ class Chain:
                  num_sms: int = 132, spin_limit: int = 1 << 20, programs: int | None = None):
         import torch
 
-        from portakern.backends.triton import gemv_stream as S
+        from experiments.layer_chain import constexprs
         from portakern.backends.triton.backend import KERNEL_OPTIONS
 
         self.w, self.outs, self.num_sms = weights, outs, num_sms
         units = min(-(-N // 256) * (K // 128) for _, N, K in PHASES)
         self.programs = min(programs or per_sm * num_sms, units)
-        consts = {}
         self.args = []
-        for j, (name, N, K) in enumerate(PHASES):
-            p = weights.prepared(name, 0)
-            c = S.constexprs(_op(N, K), p, _stream_cfg(p, ahead, per_sm, l2_ahead), self.programs)
-            consts.update({f"G{j}": c["G"], f"XS{j}": c["XS"], f"BY{j}": c["BY_UNIT"]})
-            qw, s, z, _, _ = weights.lin[name]
+        for name, N, K in PHASES:
+            qw, s, _, _, _ = weights.lin[name]
             self.args.append((N, -(-N // 256), qw.shape[2], qw.stride(0), s.stride(0)))
-        consts.update(TR=c["TR"], BN=256, WR=c["WR"], WC=c["WC"], AHEAD=ahead, IW=c["IW"], ZP=c["ZP"],
-                      HAS_Z=True, L2_AHEAD=l2_ahead, PDL=True, SPIN_LIMIT=spin_limit)
-        self.consts = consts
-        # the four inlined phases keep every phase's pointers live: ~196 registers, one program per SM; two per SM
-        # need the stream kernel's 128 (ptxas, sm_90a: no spills at one unit ahead, 412 bytes at two)
+        consts = constexprs([(N, K) for _, N, K in PHASES], self.programs, ahead, l2_ahead)
+        self.consts = {**{k: v for k, v in consts.items() if k in gemv_chain_kernel.arg_names},
+                       "SPIN_LIMIT": spin_limit}
+        # two programs per SM need the stream kernel's 128 registers (ptxas, sm_90a as launched: 106 at one unit
+        # ahead, 128 at two, no spills)
         self.opts = dict(num_warps=8, launch_pdl=True, **KERNEL_OPTIONS, **({"maxnreg": 128} if per_sm > 1 else {}))
         dev = outs[0].device
         self.ws = torch.empty((self.programs * 2, 256), dtype=torch.float32, device=dev)
@@ -134,15 +130,21 @@ class Chain:
             tensors += [qw, s, z, self.outs[j]]
         scalars = [v for a in self.args for v in a]
         args = (*tensors, self.ws, self.cnt, self.done, self.exit, self.err, self.w.layers, *scalars)
-        if not self.checked:   # every program must be resident at once, or the spins never end
-            ck = gemv_chain_kernel.warmup(*args, grid=(self.programs,), **self.consts, **self.opts)
-            ck._init_handles()
-            fit = resident_per_sm(ck) * self.num_sms
-            if fit < self.programs:
-                raise ValueError(f"programs={self.programs}: only {fit} fit on the GPU at once ({ck.n_regs} registers, "
-                                 f"{ck.metadata.shared} bytes of shared memory each); use per_sm=1")
+        if not self.checked:
+            check_resident(gemv_chain_kernel, args, self.programs, self.num_sms, self.consts, self.opts)
             self.checked = True
         gemv_chain_kernel[(self.programs,)](*args, **self.consts, **self.opts)
+
+
+def check_resident(kernel, args, programs: int, num_sms: int, consts: dict, opts: dict) -> None:
+    """Compile ``kernel`` for ``args`` and refuse a grid of ``programs`` that cannot be resident at once on
+    ``num_sms`` SMs (a chain's phase waits would never end): ValueError naming the way out."""
+    ck = kernel.warmup(*args, grid=(programs,), **consts, **opts)
+    ck._init_handles()
+    fit = resident_per_sm(ck) * num_sms
+    if fit < programs:
+        raise ValueError(f"programs={programs}: only {fit} fit on the GPU at once ({ck.n_regs} registers, "
+                         f"{ck.metadata.shared} bytes of shared memory each); use per_sm=1")
 
 
 def resident_per_sm(ck, num_warps: int = 8) -> int:

@@ -20,6 +20,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from experiments.chain_kernels import EPI_ROPE, EPI_STORE, decode_layer_kernel, layer_chain_kernel  # noqa: E402
+from experiments.gemv_chain import check_resident  # noqa: E402
 
 #: RMSNorm epsilon of the decode step (``decode_step.add_rmsnorm``)
 EPS = 1e-5
@@ -27,9 +28,10 @@ EPS = 1e-5
 BN = 256
 
 
-def constexprs(shapes, programs: int, ahead: int, l2_ahead: int, epi3) -> dict:
-    """The kernel's compile-time arguments for phases of ``shapes`` ((N, K) of o, gate/up, down, phase 3) on
-    ``programs`` programs: per phase the stream kernel's groups and x slots, shared the tile shape."""
+def constexprs(shapes, programs: int, ahead: int, l2_ahead: int, epi3=None) -> dict:
+    """The chain kernels' compile-time arguments for phases of ``shapes`` ((N, K) each: o, gate/up, down, phase 3
+    ...) on ``programs`` programs: per phase the stream kernel's groups and x slots, shared the tile shape;
+    ``EPI3`` (phase 3's epilogue) where given."""
     from portakern.backends.triton import gemv_stream as S
 
     c = {}
@@ -38,8 +40,20 @@ def constexprs(shapes, programs: int, ahead: int, l2_ahead: int, epi3) -> dict:
         xs, by = S.x_slots(G, -(-N // BN) * G, programs)
         c.update({f"G{j}": G, f"XS{j}": xs, f"BY{j}": by})
     c.update(TR=16, BN=BN, WR=S.WARP_ROWS, WC=8 // S.WARP_ROWS, AHEAD=ahead, IW=8, ZP=8, HAS_Z=True,
-             L2_AHEAD=l2_ahead, PDL=True, SPIN_LIMIT=1 << 20, EPI3=epi3, NSS=shapes[0][0] // BN, EPS=EPS)
+             L2_AHEAD=l2_ahead, PDL=True, SPIN_LIMIT=1 << 20, NSS=shapes[0][0] // BN, EPS=EPS)
+    if epi3 is not None:
+        c["EPI3"] = epi3
     return c
+
+
+def start_step(step, chain, kv0):
+    """The decode step's part before the chain: the first RMSNorm (its residual into ``chain.r``), layer 0's qkv
+    GEMV and its RoPE with the append into the cache ``kv0`` (layer 0's, ``(2, pages, PAGE, HKV, D)``); returns
+    layer 0's rotated q ``(1, 1, HQ, D)``."""
+    r, xn = step.add_rmsnorm(step.h, step.zero, step.norms[0])
+    chain.r.copy_(r)
+    return step.rope_append(step.gemv("qkv", xn, step.layers[0]["qkv"]), step.cos, step.sin,
+                            kv0.view(2, -1, kv0.shape[-2], kv0.shape[-1]), step.slot)
 
 
 def attention_constexprs(seqlen: int, hq: int = 32, hkv: int = 8, page: int = 64, d: int = 128) -> dict:
@@ -61,7 +75,7 @@ class LayerChain:
     the lm head's output after the last layer. ``per_sm`` programs per SM (two need the stream kernel's 128
     registers: ``maxnreg``), ``ahead`` units in registers, ``l2_ahead`` units asked of the L2 before each wait.
     ``attention``: ``decode_layer_kernel`` instead, the layer's paged attention of ``self.q`` its first phase
-    (``self.a`` its output; partials in ``self.part``): the whole layer one launch."""
+    (``self.a`` its output; partials in ``self.part``): the whole layer one launch. ``self()`` runs the step."""
 
     def __init__(self, step, ahead: int = 1, per_sm: int = 2, l2_ahead: int = 0, num_sms: int | None = None,
                  attention: bool = False):
@@ -148,20 +162,24 @@ class LayerChain:
             scalars += [w.N, -(-w.N // BN), w.stride_qk]
         args = (*tens, *scalars)
         if last not in self.checked:
-            self._check_resident(args, consts)
+            check_resident(self.kernel, args, self.programs, self.num_sms, consts, self.opts)
             self.checked.add(last)
         self.kernel[(self.programs,)](*args, **consts, **self.opts)
 
-    def _check_resident(self, args, consts) -> None:
-        """Every program must be resident at once, or the phase waits never end: refuse a grid that does not fit."""
-        from experiments.gemv_chain import resident_per_sm
-
-        ck = self.kernel.warmup(*args, grid=(self.programs,), **consts, **self.opts)
-        ck._init_handles()
-        fit = resident_per_sm(ck) * self.num_sms
-        if fit < self.programs:
-            raise ValueError(f"programs={self.programs}: only {fit} fit on the GPU at once ({ck.n_regs} registers, "
-                             f"{ck.metadata.shared} bytes of shared memory each); use per_sm=1")
+    def __call__(self):
+        """The whole decode step: ``start_step``, then per layer one launch (with ``attention``: it attends q
+        itself) or the step's paged attention and one launch; returns the logits."""
+        st = self.step
+        q = start_step(st, self, st.kv[0])
+        if self.attention:
+            self.q.copy_(q.reshape(1, -1))
+        for i in range(len(st.layers)):
+            if self.attention:
+                self.layer(i)
+            else:
+                self.layer(i, st.attend(i, q))
+                q = self.q.view(q.shape)
+        return self.logits
 
 
 def check_layer(step, chain: LayerChain) -> dict:

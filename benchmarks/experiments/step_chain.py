@@ -19,7 +19,8 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from experiments.chain_kernels import decode_step_kernel  # noqa: E402
-from experiments.layer_chain import BN, EPS, attention_constexprs  # noqa: E402
+from experiments.gemv_chain import check_resident  # noqa: E402
+from experiments.layer_chain import BN, attention_constexprs, constexprs, start_step  # noqa: E402
 
 #: the order of the kernel's shape sets: o, gate/up, down, qkv, lm head
 LINEARS = ("o", "gu", "down", "qkv")
@@ -27,27 +28,15 @@ LINEARS = ("o", "gu", "down", "qkv")
 
 def step_constexprs(shapes, programs: int, ahead: int, l2_ahead: int, seqlen: int, hq: int = 32, hkv: int = 8,
                     page: int = 64, d: int = 128) -> dict:
-    """``decode_step_kernel``'s compile-time arguments: per shape set (o, gate/up, down, qkv, lm head) the stream
-    kernel's groups and x slots on ``programs`` programs, the tile shape, the attention's constants."""
-    from portakern.backends.triton import gemv_stream as S
-
-    c = {}
-    for j, (N, K) in enumerate(shapes):
-        G = K // 128
-        xs, by = S.x_slots(G, -(-N // BN) * G, programs)
-        c.update({f"G{j}": G, f"XS{j}": xs, f"BY{j}": by})
-    c.update(TR=16, BN=BN, WR=S.WARP_ROWS, WC=8 // S.WARP_ROWS, AHEAD=ahead, IW=8, ZP=8, HAS_Z=True,
-             L2_AHEAD=l2_ahead, PDL=True, SPIN_LIMIT=1 << 20, NSS=shapes[0][0] // BN, EPS=EPS)
-    c.update(attention_constexprs(seqlen, hq, hkv, page, d))
-    return c
+    """``decode_step_kernel``'s compile-time arguments: ``layer_chain.constexprs`` for the five shape sets (o,
+    gate/up, down, qkv, lm head) on ``programs`` programs, and the attention's constants."""
+    return {**constexprs(shapes, programs, ahead, l2_ahead), **attention_constexprs(seqlen, hq, hkv, page, d)}
 
 
 class StepChain:
     """``decode_step_kernel`` over stacked copies of ``step``'s layers (weights, norms, KV caches); ``self()`` runs
     the whole step (the first qkv and its glue by the step's own kernels, then one launch) and returns the
-    logits. ``whole_step``: ``PortakernStep`` calls it as its step."""
-
-    whole_step = True
+    logits."""
 
     def __init__(self, step, ahead: int = 1, per_sm: int = 2, l2_ahead: int = 0, num_sms: int | None = None):
         import torch
@@ -111,30 +100,15 @@ class StepChain:
             ints += [N, -(-N // BN), sq]
         args = (*tens, *ints)
         if not self.checked:
-            self._check_resident(args)
+            check_resident(decode_step_kernel, args, self.programs, self.num_sms, self.consts, self.opts)
             self.checked = True
         decode_step_kernel[(self.programs,)](*args, **self.consts, **self.opts)
 
     def __call__(self):
-        st = self.step
-        r, xn = st.add_rmsnorm(st.h, st.zero, st.norms[0])
-        self.r.copy_(r)
-        q = st.rope_append(st.gemv("qkv", xn, st.layers[0]["qkv"]), st.cos, st.sin,
-                           self.kv[0].view(2, -1, self.kv.shape[-2], self.kv.shape[-1]), st.slot)
-        self.q.copy_(q.reshape(1, -1))
+        """The whole decode step: ``start_step`` (on the stacked cache), then one launch; returns the logits."""
+        self.q.copy_(start_step(self.step, self, self.kv[0]).reshape(1, -1))
         self.launch()
         return self.logits
-
-    def _check_resident(self, args) -> None:
-        """Every program must be resident at once, or the phase waits never end: refuse a grid that does not fit."""
-        from experiments.gemv_chain import resident_per_sm
-
-        ck = decode_step_kernel.warmup(*args, grid=(self.programs,), **self.consts, **self.opts)
-        ck._init_handles()
-        fit = resident_per_sm(ck) * self.num_sms
-        if fit < self.programs:
-            raise ValueError(f"programs={self.programs}: only {fit} fit on the GPU at once ({ck.n_regs} registers, "
-                             f"{ck.metadata.shared} bytes of shared memory each); use per_sm=1")
 
 
 def check_step(step, chain: StepChain, ahead: int, per_sm: int, l2_ahead: int) -> dict:
