@@ -26,7 +26,6 @@ never idle between two GEMVs, and there is no launch at all.
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -241,33 +240,6 @@ def check(res) -> int:
     return fails
 
 
-def _graph_ms(fn, reps: int = 7) -> float:
-    """Median ms of one replay of a CUDA graph of ``fn``."""
-    import torch
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        ts.append(e0.elapsed_time(e1))
-    return statistics.median(ts)
-
-
 def bench(res, layers: int, variants) -> None:
     """32 layers' GEMVs: the table's kernels launched one by one (PDL, as in the step), the stream kernel launched
     one by one, and the chain under each ``(ahead, per_sm, l2_ahead)``, each in a CUDA graph, alternating twice."""
@@ -276,6 +248,7 @@ def bench(res, layers: int, variants) -> None:
     from portakern.backends.triton import gemv_stream as S
     from portakern.backends.triton import quant_gemv as Q
     from portakern.devices import torch_device
+    from step_timing import time_step
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     dev = torch_device("cuda", 0)
@@ -293,7 +266,7 @@ def bench(res, layers: int, variants) -> None:
     for rnd in range(2):
         for k, f in fns.items():
             try:
-                times[k].append(_graph_ms(f))
+                times[k].append(time_step(f, graph=True, reps=7))
             except Exception as e:       # a variant that fails to build or run is recorded, the rest go on
                 times[k].append(f"{type(e).__name__}: {str(e)[:200]}")
         errs = [int(f.err.item()) for f in fns.values() if isinstance(f, Chain)]
