@@ -258,6 +258,28 @@ def with_split(cfg: GemvConfig, op: QuantGemv, splits=None) -> list[GemvConfig]:
     return [replace(cfg, split_k=s) for s in sorted({auto} | more | set(splits or ()))]
 
 
+def frag_candidates(op: QuantGemv, pdls=(False,), num_sms: int = 132) -> list[GemvConfig]:
+    """Kind "frag" (M > 1, int4 groups of a multiple of 128): the table's row counts (64 rows of 2 warps,
+    128 of 4) at the automatic split of K, half and twice it, with each setting in ``pdls``."""
+    if op.M < tuning.FRAG_MIN_M or op.fmt.bits != 4 or op.fmt.group_size % 128:
+        return []
+    out = []
+    for bn, w in ((64, 2), (128, 4)):
+        base = GemvConfig("frag", bn, 32, w)
+        auto = tuning.frag_split(op.N, op.K, base, op.M, num_sms)
+        for sk in sorted({max(1, auto // 2), auto, min(2 * auto, tuning.FRAG_MAX_SPLIT)}):
+            out += [replace(base, split_k=sk, pdl=bool(p)) for p in pdls]
+    return out
+
+
+def split_for_shape(cfg: GemvConfig, M: int, N: int, K: int, bits: int) -> GemvConfig:
+    """``cfg`` (a sweep winner of another shape) with the split of K its kind's rule gives ``(N, K)``."""
+    if cfg.kind == "frag":
+        return replace(cfg, split_k=tuning.frag_split(N, K, cfg, M, 132))
+    kwp = -(-(-(-K // (32 // bits))) // Q.K_ALIGN_WORDS) * Q.K_ALIGN_WORDS
+    return replace(cfg, split_k=tuning.split_k_for(N, kwp, cfg, 132))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
@@ -289,6 +311,9 @@ def main():
     ap.add_argument("--swap", choices=("no", "yes", "both", "none"), default="no",
                     help="operand order(s) the sweep times for the tensor-core kernel (GemvConfig.swap_ab); "
                          "none: no 'dot' candidates")
+    ap.add_argument("--frag", type=int, default=0, choices=(0, 1),
+                    help="1: the sweep also times the fragment-layout tensor-core kernel (kind 'frag', M > 1): 64 "
+                         "and 128 rows per program at the automatic split of K, half and twice it, each --pdl")
     ap.add_argument("--mma", type=int, default=0, choices=(0, 1),
                     help="1: the sweep also times the group-scaled tensor-core kernel (kind 'mma')")
     ap.add_argument("--mma-bn", type=int, nargs="+", default=[64, 128], help="block_n values of the 'mma' sweep")
@@ -327,14 +352,18 @@ def main():
     jobs = []
     sweep_problems = [(bits, M, N, K) for bits in args.sweep_bits for M in (ms if bits == 4 else (1,))
                       for (N, K) in sweep_shapes]
+    def sweep_configs(op: QuantGemv) -> list[GemvConfig]:
+        """The concrete configurations the sweep times for ``op`` (each with its split of K)."""
+        out = [cs for c in sweep_candidates(op.M, args.dq, swaps, stages, tuple(args.prefetch), tuple(args.pdl),
+                                            tuple(bool(g) for g in args.group_rows), bool(args.mma),
+                                            (args.mma_bn, args.mma_warps, args.mma_stages), op.fmt.bits)
+               for cs in with_split(c, op)]
+        return out + (frag_candidates(op, tuple(bool(p) for p in args.pdl)) if args.frag else [])
+
     if args.sweep:
         for bits, M, N, K in sweep_problems:
             op = gemv_op(M, N, K, bits=bits)
-            for c in sweep_candidates(M, args.dq, swaps, stages, tuple(args.prefetch), tuple(args.pdl),
-                                       tuple(bool(g) for g in args.group_rows), bool(args.mma),
-                                       (args.mma_bn, args.mma_warps, args.mma_stages), bits):
-                for cs in with_split(c, op):
-                    jobs.append({"op": op.to_json(), "cfg": asdict(cs)})
+            jobs += [{"op": op.to_json(), "cfg": asdict(cs)} for cs in sweep_configs(op)]
     if args.no_table:
         shapes = []
     table = [(bits, M, N, K) for bits in args.table_bits for M in (ms if bits == 4 else (1,))
@@ -348,22 +377,19 @@ def main():
             op = gemv_op(M, N, K, bits=bits)
             copies = copies_for(floor_bytes(op))
             timed = []
-            for c in sweep_candidates(M, args.dq, swaps, stages, tuple(args.prefetch), tuple(args.pdl),
-                                       tuple(bool(g) for g in args.group_rows), bool(args.mma),
-                                       (args.mma_bn, args.mma_warps, args.mma_stages), bits):
-                for cs in with_split(c, op):
-                    if json.dumps({"op": op.to_json(), "cfg": asdict(cs)}, sort_keys=True) in failed:
-                        continue
-                    try:
-                        fns, _ = ours(op, cs, copies)
-                        t = graph_us(fns, calls=60)
-                    except Exception as e:
-                        print(f"  sweep error {cs}: {type(e).__name__}: {str(e)[:200]}", flush=True)
-                        continue
-                    del fns
-                    timed.append((t, cs))
-                    res["sweep"].append({"bits": bits, "M": M, "N": N, "K": K, "cfg": asdict(cs), "graph_us": t,
-                                         "frac_floor": floor_bytes(op) / (t * 1e-6) / (bw * 1e12)})
+            for cs in sweep_configs(op):
+                if json.dumps({"op": op.to_json(), "cfg": asdict(cs)}, sort_keys=True) in failed:
+                    continue
+                try:
+                    fns, _ = ours(op, cs, copies)
+                    t = graph_us(fns, calls=60)
+                except Exception as e:
+                    print(f"  sweep error {cs}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                    continue
+                del fns
+                timed.append((t, cs))
+                res["sweep"].append({"bits": bits, "M": M, "N": N, "K": K, "cfg": asdict(cs), "graph_us": t,
+                                     "frac_floor": floor_bytes(op) / (t * 1e-6) / (bw * 1e12)})
             timed.sort(key=lambda p: p[0])
             if timed:
                 best[(bits, M, N, K)] = timed[0][1]
@@ -383,8 +409,7 @@ def main():
         dist, c = min(cands, key=lambda p: p[0])
         if dist == 0:   # the swept shape itself: its winner as timed
             return c
-        kwp = -(-(-(-K // (32 // bits))) // Q.K_ALIGN_WORDS) * Q.K_ALIGN_WORDS
-        return replace(c, split_k=tuning.split_k_for(N, kwp, c, 132))   # the split follows the shape
+        return split_for_shape(c, M, N, K, bits)   # the split follows the shape
 
     # -- main table
     rows = []

@@ -27,6 +27,9 @@
 #                   six bench shapes and the decode step's (6144x4096, 28672x4096, 128256x4096)
 #   gemv-int8-sweep benchmarks/gemv.py --sweep at M=1 int8 over both tile families (group_rows 0/1) on the
 #                   three int8 table shapes, then the int8 table rows with the winners (torch int8 peer)
+#   gemv-frag-sweep benchmarks/gemv.py --sweep at M 4 and 16 over the fragment-layout kernel ("frag": 64/128
+#                   rows, half/auto/twice the split) with and without pdl on the six bench shapes, then those
+#                   table rows with the winners beside tinygemm (session 20: built, not yet run)
 #   gemv-mma-sweep  benchmarks/gemv.py --sweep at M 4 and 16 over the group-scaled tensor-core kernel
 #                   (kind "mma"), then the main table with the winners
 #   gemv-mma-m1-sweep  the same kernel at M=1 (pdl) against both CUDA-core tile families, three shapes
@@ -128,6 +131,9 @@ for s in "$@"; do
         gemv-int8-sweep) step gemv-int8-sweep python3 benchmarks/gemv.py --sweep --sweep-bits 8 --dq 3 --pdl 1 \
             --group-rows 0 1 --table-bits 8 --sweep-shapes 8192x8192 28672x8192 16384x16384 \
             --tag="-int8-sweep$TAG" --out "$RES" ;;
+        gemv-frag-sweep) step gemv-frag-sweep python3 benchmarks/gemv.py --sweep --ms 4 16 --swap none --frag 1 \
+            --pdl 0 1 --table-bits 4 --sweep-shapes 4096x4096 14336x4096 4096x14336 8192x8192 28672x8192 16384x16384 \
+            --tag="-frag-sweep$TAG" --out "$RES" ;;
         gemv-mma-sweep) step gemv-mma-sweep python3 benchmarks/gemv.py --sweep --ms 4 16 --swap none --mma 1 \
             --mma-bn 64 128 --mma-warps 4 --mma-stages 1 3 \
             --sweep-shapes 4096x4096 4096x14336 28672x8192 16384x16384 --tag="-mma-sweep$TAG" --out "$RES" ;;

@@ -211,6 +211,9 @@ COMPILE_CASES = [
                                                                  "pdl": True, "swap_ab": True}, ("sm_90a",)),
     ("mma-int4-g128-m16-pdl", 16, 4, 128, False, "native", {"kind": "mma", "block_n": 64, "block_kw": 16, "num_warps": 4,
                                                             "num_stages": 1, "pdl": True}, ("sm_90a", "sm_100a")),
+    ("frag-int4-g128-m4-pdl", 4, 4, 128, False, "native", {"kind": "frag", "pdl": True}, ("sm_90a", "sm_100a")),
+    ("frag-int4-sym-g128-m16-w4nt2-pdl", 16, 4, 128, True, "native", {"kind": "frag", "block_n": 128, "num_warps": 4,
+                                                                      "pdl": True}, ("sm_90a",)),
 ]
 TARGETS = ("sm_80", "sm_90a", "sm_100a")
 
@@ -387,7 +390,8 @@ def run_compile(case):
             assert all(r["config"][k] == v for k, v in case[6].items()), r["config"]
         name, k = next(iter(r["kernels"].items()))
         out[t] = {"kernel": name, "cubin_bytes": len(k["cubin"] or b""), "kind": r["config"]["kind"], "pdl": r["config"]["pdl"],
-                  "num_stages": r["config"]["num_stages"],
+                  "num_stages": r["config"]["num_stages"], "block_n": r["config"]["block_n"],
+                  "num_warps": r["config"]["num_warps"],
                   "mma": _has_mma(k["ptx"] or ""), **_before_wait(k["ptx"] or "")}
     return {"id": cid, "targets": out}
 

@@ -87,6 +87,12 @@ def test_compile_for_targets(case, compile_results):
             # the first weight tiles (16-byte word / scale vectors) are requested before the wait, x after it
             assert art["wide_loads_before_wait"] > 0
             assert art["loads_before_wait"] == art["wide_loads_before_wait"], art
+        elif pdl and art["kind"] == "frag":
+            # the first chunk's words (two 16-byte vectors per unit a lane holds) and its scales and zeros are
+            # requested before the wait; x (16-byte tiles too) only after it
+            units_per_warp = art["block_n"] // (16 * art["num_warps"])
+            assert art["wide_loads_before_wait"] == 2 * units_per_warp, art
+            assert art["loads_before_wait"] > art["wide_loads_before_wait"], art
         elif pdl:
             assert art["loads_before_wait"] == 0, art
 
@@ -381,7 +387,8 @@ def test_gpu_cuda_graph_replay_with_new_inputs(dev, split):
 
 
 @gpu_param
-@pytest.mark.parametrize("kind", ["fma-split1", "fma-split4", "fma-ahead2-split4", "dot-swap"])
+@pytest.mark.parametrize("kind", ["fma-split1", "fma-split4", "fma-ahead2-split4", "dot-swap", "frag-split2",
+                                  "frag-m16-split4"])
 def test_gpu_pdl_chain_in_a_graph(dev, kind):
     """pdl=True launches read the previous kernel's output: a chain y1 = W1 x, y2 = W2 y1, y3 = W1 y2
     (split-K reusing one workspace back to back) captured in a CUDA graph, replayed with new x, every
@@ -394,11 +401,13 @@ def test_gpu_pdl_chain_in_a_graph(dev, kind):
     from portakern.ir.packing import dequantize
     from portakern.validate import quant_gemv_op
 
-    M = 16 if kind == "dot-swap" else 1
+    M = {"dot-swap": 16, "frag-split2": 4, "frag-m16-split4": 16}.get(kind, 1)
     cfg = {"fma-split1": GemvConfig("fma", 32, 64, 4, 1, 1, 3, pdl=True),
            "fma-split4": GemvConfig("fma", 32, 64, 4, 1, 4, 3, pdl=True),
            "fma-ahead2-split4": GemvConfig("fma", 32, 64, 8, 1, 4, 3, prefetch=2, pdl=True),
-           "dot-swap": GemvConfig("dot", 128, 32, 4, 2, 2, 2, swap_ab=True, pdl=True)}[kind]
+           "dot-swap": GemvConfig("dot", 128, 32, 4, 2, 2, 2, swap_ab=True, pdl=True),
+           "frag-split2": GemvConfig("frag", 64, 32, 2, split_k=2, pdl=True),
+           "frag-m16-split4": GemvConfig("frag", 128, 32, 4, split_k=4, pdl=True)}[kind]
     n = 2048
     ws = [weight(("c", "native", 4, 128, False, M, n, n, "bfloat16", {}), seed=s) for s in (1, 2)]
     x = torch.randn(M, n, device="cuda", dtype=torch.bfloat16)

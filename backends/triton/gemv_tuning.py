@@ -131,7 +131,9 @@ class GemvConfig:
     pdl        programmatic dependent launch (sm_90+, compiled kernels only): the kernel may start
                while the previous kernel in the stream drains; it requests its first weight tiles,
                then waits for that kernel (``griddepcontrol.wait``) before touching x or the output.
-               The GPU tables' choice for the CUDA-core kernel
+               The GPU tables' choice for the CUDA-core and stream kernels; "frag" accepts it (its
+               first chunk's words, scales and zeros before the wait) but no table takes it yet
+               (session 20: built, not measured; the sweep ``gemv.py --sweep --frag 1 --pdl 0 1`` times it)
     group_rows (CUDA-core kernel) every K tile lies in one quantization group (``fit`` caps block_kw
                at the words per group) and each thread holds all of its rows: the products are
                summed over the rows in registers and scaled once per tile and column instead of
@@ -325,7 +327,7 @@ def _fit_frag(cfg: GemvConfig, layout, M: int) -> GemvConfig:
         bn //= 2
         w = min(w, bn // 16)
     return replace(cfg, block_n=bn, num_warps=w, block_kw=32, num_stages=1, dq=2, swap_ab=False, prefetch=1,
-                   pdl=False, group_rows=False, x_runs=False)
+                   group_rows=False, x_runs=False)
 
 
 def fit(cfg: GemvConfig, layout, M: int) -> GemvConfig:

@@ -30,6 +30,8 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from . import load
 
 cta_barrier = load("gluon_compat").cta_barrier
+#: PDL: wait for the previous kernel (only the constant weight is read before), then let the next launch
+_wait_for_producer = load("gluon_compat").wait_for_producer
 
 UNIT_WORDS = gl.constexpr(128)
 
@@ -64,22 +66,36 @@ def _x_steps(xv, BM: gl.constexpr, b_l: gl.constexpr):
 
 
 @gluon.jit
-def _chunk_loads(w_ptrs, x_ptrs, s_ptrs, z_ptrs, c, c_hi, stride_s, stride_c, GS: gl.constexpr, HAS_Z: gl.constexpr):
-    """Everything chunk ``c`` (128 columns of K: two 64-column units) needs, issued together: its
-    words ``(J, 256)``, its two x tiles, its group's scales and zeros. ``c`` past ``c_hi - 1`` reads
-    chunk ``c_hi - 1`` again (the prefetch past the end: cache hits, never used). K is a multiple of
-    the group size, itself a multiple of 128 (``gemv_frag_layout.frag_eligible``): no column is masked."""
+def _chunk_weights(w_ptrs, s_ptrs, z_ptrs, c, c_hi, stride_s, stride_c, GS: gl.constexpr, HAS_Z: gl.constexpr):
+    """The constant part of chunk ``c`` (128 columns of K: two 64-column units): its words ``(J, 256)``
+    and its group's scales and zeros. ``c`` past ``c_hi - 1`` reads chunk ``c_hi - 1`` again (the
+    prefetch past the end: cache hits, never used). K is a multiple of the group size, itself a multiple
+    of 128 (``gemv_frag_layout.frag_eligible``): no column is masked."""
     c = gl.minimum(c, c_hi - 1)
     words = gl.load(w_ptrs + c.to(gl.int64) * stride_c)
-    kx = c * 128
-    x0 = gl.load(x_ptrs + kx)
-    x1 = gl.load(x_ptrs + kx + 64)
-    g = kx // GS
+    g = (c * 128) // GS
     s = gl.load(s_ptrs + g * stride_s)
     if HAS_Z:
         z = gl.load(z_ptrs + g * stride_s)
     else:
         z = s
+    return words, s, z
+
+
+@gluon.jit
+def _chunk_x(x_ptrs, c, c_hi):
+    """Chunk ``c``'s two ``(BM, 64)`` x tiles (the previous kernel's output under PDL), clamped as
+    ``_chunk_weights``."""
+    kx = gl.minimum(c, c_hi - 1) * 128
+    return gl.load(x_ptrs + kx), gl.load(x_ptrs + kx + 64)
+
+
+@gluon.jit
+def _chunk_loads(w_ptrs, x_ptrs, s_ptrs, z_ptrs, c, c_hi, stride_s, stride_c, GS: gl.constexpr, HAS_Z: gl.constexpr):
+    """Everything chunk ``c`` needs, issued together: its words, its two x tiles, its group's scales
+    and zeros."""
+    words, s, z = _chunk_weights(w_ptrs, s_ptrs, z_ptrs, c, c_hi, stride_s, stride_c, GS, HAS_Z)
+    x0, x1 = _chunk_x(x_ptrs, c, c_hi)
     return words, x0, x1, s, z
 
 
@@ -117,11 +133,13 @@ def _chunk_mma(acc, words, x0, x1, s, z, J: gl.constexpr, BN: gl.constexpr, BM: 
 def gemv_frag_kernel(x_ptr, fw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr,
                      M, N, K, KC, stride_s, stride_xm, stride_om, KC_SPLIT, stride_u, stride_c,
                      BM: gl.constexpr, W: gl.constexpr, NT: gl.constexpr, GS: gl.constexpr,
-                     HAS_Z: gl.constexpr, ZP: gl.constexpr, SPLIT_K: gl.constexpr):
+                     HAS_Z: gl.constexpr, ZP: gl.constexpr, SPLIT_K: gl.constexpr, PDL: gl.constexpr):
     """``out (M, N) = x (M, K) @ dequant(W)^T`` with W's int4 words in the fragment layout: a program
     owns ``16 W NT`` rows of W (``NT`` units per warp) and one of ``SPLIT_K`` slices of ``KC_SPLIT``
     128-column chunks; ``BM`` (8 or 16) columns of the MMA result are rows of x. Unit ``u`` of chunk
-    ``c`` starts at word ``u * stride_u + c * stride_c``."""
+    ``c`` starts at word ``u * stride_u + c * stride_c``. ``PDL``: launched as a programmatic dependent
+    (sm_90+): the first chunk's words, scales and zeros (constant) are requested before
+    ``griddepcontrol.wait``, x and every store after it."""
     J: gl.constexpr = W * NT           # 16-row units per program
     BN: gl.constexpr = 16 * J
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8])
@@ -150,7 +168,9 @@ def gemv_frag_kernel(x_ptr, fw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr,
     c_lo = pid_k * KC_SPLIT
     c_hi = gl.minimum(c_lo + KC_SPLIT, KC)
     acc = gl.zeros((BN, BM), gl.float32, layout=mma)
-    w0, xa0, xb0, s0, z0 = _chunk_loads(w_ptrs, x_ptrs, s_ptrs, z_ptrs, c_lo, c_hi, stride_s, stride_c, GS, HAS_Z)
+    w0, s0, z0 = _chunk_weights(w_ptrs, s_ptrs, z_ptrs, c_lo, c_hi, stride_s, stride_c, GS, HAS_Z)
+    _wait_for_producer(PDL)     # the previous kernel may still be writing x (PDL): only constants above
+    xa0, xb0 = _chunk_x(x_ptrs, c_lo, c_hi)
     for c in range(c_lo, c_hi):
         wn, xan, xbn, sn, zn = _chunk_loads(w_ptrs, x_ptrs, s_ptrs, z_ptrs, c + 1, c_hi, stride_s, stride_c, GS,
                                             HAS_Z)

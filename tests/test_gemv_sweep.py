@@ -1,0 +1,49 @@
+"""benchmarks/gemv.py's sweep candidates for the fragment-layout kernel (pure configuration logic, CPU)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("triton")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from gemv import frag_candidates, gemv_op, split_for_shape  # noqa: E402
+
+from portakern.backends.triton import gemv_tuning as T  # noqa: E402
+from portakern.backends.triton import quant_gemv as Q  # noqa: E402
+
+
+@pytest.mark.parametrize("M, N, K", [(4, 4096, 4096), (4, 14336, 4096), (16, 4096, 14336), (16, 28672, 8192),
+                                     (16, 16384, 16384)])
+def test_frag_candidates_hold_the_table_choice_with_and_without_pdl(M, N, K):
+    op = gemv_op(M, N, K)
+    cands = frag_candidates(op, (False, True))
+    table = T.choose(Q._LayoutStub(op), M, N, "sm_90", 132, dtype="bfloat16")
+    assert table.kind == "frag"
+    for pdl in (False, True):
+        assert replace(table, pdl=pdl) in cands, (table, cands)
+    # every candidate is already what fit makes of it (the sweep launches exactly what it records)
+    for c in cands:
+        assert T.fit(c, Q._LayoutStub(op), M) == c
+        assert 1 <= c.split_k <= T.FRAG_MAX_SPLIT
+    assert len(cands) == len(set(cands)) and {c.pdl for c in cands} == {False, True}
+
+
+def test_frag_candidates_only_where_the_kernel_serves():
+    assert frag_candidates(gemv_op(1, 4096, 4096), (False, True)) == []      # M = 1: CUDA-core kernels
+    assert frag_candidates(gemv_op(4, 4096, 4096, bits=8)) == []             # int8: no fragment layout
+    assert frag_candidates(gemv_op(4, 4096, 4096, gs=64)) == []              # groups below a 128-column chunk
+    assert all(not c.pdl for c in frag_candidates(gemv_op(4, 4096, 4096)))  # pdl only when asked
+
+
+def test_a_winner_moved_to_another_shape_takes_that_shape_s_split():
+    c = T.GemvConfig("frag", 64, 32, 2, split_k=3)
+    assert split_for_shape(c, 16, 4096, 14336, 4).split_k == T.frag_split(4096, 14336, c, 16, 132)
+    f = T.GemvConfig("fma", 32, 64, 4, split_k=7)
+    kwp = -(-(14336 // 8) // Q.K_ALIGN_WORDS) * Q.K_ALIGN_WORDS
+    assert split_for_shape(f, 1, 4096, 14336, 4).split_k == T.split_k_for(4096, kwp, f, 132)
