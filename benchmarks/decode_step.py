@@ -268,6 +268,7 @@ class PortakernStep:
         of ``experiments/layer_chain.py`` / ``step_chain.py``'s kernels; ``check``: layer 0 checked first against
         this step's own attention, glue and GEMVs, or the one-launch step bit for bit against the layer launches
         (``chain_check``)."""
+        from experiments.gemv_chain import reset_counters
         from experiments.layer_chain import LayerChain, check_layer
         from experiments.step_chain import StepChain, check_step
 
@@ -283,6 +284,7 @@ class PortakernStep:
             other.chain_check = check_layer(self, other.chain) if check else None
         if check:
             print(f"chain {ahead},{per_sm},{l2_ahead},{mode}: {other.chain_check}", flush=True)
+            reset_counters(other.chain)     # a spin error in the check must not leave the timed launches mixed
         other.out = {**self.out, "lm": other.chain.logits}
         return other
 

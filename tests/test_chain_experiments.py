@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -79,7 +79,8 @@ def _compiled(n_regs: int, shared: int):
 
 
 @pytest.mark.parametrize("regs,shared,fit", [(128, 13312, 2), (196, 13312, 1), (110, 22528, 2), (64, 13312, 4),
-                                             (32, 13312, 8), (64, 120 * 1024, 1)])
+                                             (32, 13312, 8), (64, 120 * 1024, 1),
+                                             (84, 13312, 2)])   # 84 registers take 88 a thread: 3 x 22528 > 64K
 def test_resident_per_sm_counts_registers_shared_memory_and_warps(regs, shared, fit):
     """Programs of 8 warps that fit on an H100/H200 SM at once: 64K registers (allocated per warp in 256s), 228
     KiB of shared memory (1 KiB reserved per block), 64 warps."""
@@ -419,3 +420,16 @@ def test_a_variant_that_cannot_be_built_is_timed_as_its_error():
     for attempt in (failed.bytes, failed):
         with pytest.raises(RuntimeError, match=r"could not be built: KeyError: 'missing'"):
             attempt()
+
+
+def test_reset_counters_zeroes_every_synchronisation_buffer():
+    """After a spin error the counters may be left mid-count: ``reset_counters`` zeroes all four (arrival counts,
+    phases done, programs left, error flag) before the next launch."""
+    from types import SimpleNamespace
+
+    from experiments.gemv_chain import reset_counters
+
+    c = SimpleNamespace(cnt=torch.tensor([3, 0, 7], dtype=torch.int32), done=torch.tensor([16, 5], dtype=torch.int32),
+                        exit=torch.tensor([200], dtype=torch.int32), err=torch.tensor([1], dtype=torch.int32))
+    reset_counters(c)
+    assert all(int(t.abs().sum()) == 0 for t in (c.cnt, c.done, c.exit, c.err))

@@ -117,7 +117,12 @@ def _finish_tile(res, t, N, out_ptr, r_ptr, ss_ptr, q_ptr, k_ptr, v_ptr, cos_ptr
                  BN: gl.constexpr, L3: gl.constexpr, EPI: gl.constexpr, NW: gl.constexpr):
     """Tile ``t``'s sum ``res`` (``(BN,)``, fp32) through the phase's epilogue, then counted as done."""
     if EPI == 1:
-        cols = t * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+        # a read-modify-write of the residual: in a layout without copies (in L3's slice the warps hold copies
+        # of the tile, and a copy whose read came late could see its column already updated, then add again
+        # into the sum of squares), each column read, added and written back by one thread
+        RL: gl.constexpr = gl.BlockedLayout([BN // (32 * NW)], [32], [NW], [0])
+        res = gl.convert_layout(res, RL)
+        cols = t * BN + gl.arange(0, BN, layout=RL)
         m = cols < N
         rn = gl.load(r_ptr + cols, mask=m, other=0.0, cache_modifier=".cg") + res.to(gl.bfloat16).to(gl.float32)
         gl.store(r_ptr + cols, rn, mask=m)

@@ -135,6 +135,14 @@ class Chain:
         gemv_chain_kernel[(self.programs,)](*args, **self.consts, **self.opts)
 
 
+def reset_counters(chain) -> None:
+    """Zero a chain's synchronisation state: the tiles' arrival counts, the phases' tiles done, the programs left
+    and the spin error flag. A clean launch leaves them zeroed; after a spin error (later waits skipped, phases
+    overlapped) arrivals of two phases may have mixed, and the next launch needs this first."""
+    for t in (chain.cnt, chain.done, chain.exit, chain.err):
+        t.zero_()
+
+
 def check_resident(kernel, args, programs: int, num_sms: int, consts: dict, opts: dict) -> None:
     """Compile ``kernel`` for ``args`` and refuse a grid of ``programs`` that cannot be resident at once on
     ``num_sms`` SMs (a chain's phase waits would never end): ValueError naming the way out."""
@@ -149,8 +157,8 @@ def check_resident(kernel, args, programs: int, num_sms: int, consts: dict, opts
 def resident_per_sm(ck, num_warps: int = 8) -> int:
     """Programs of the compiled kernel ``ck`` that fit on one H100/H200 SM at once (registers, shared memory,
     warps): the chain deadlocks if its grid does not fit."""
-    regs = max(1, ck.n_regs) * 32 * num_warps
-    by_regs = 65536 // (-(-regs // 256) * 256)
+    warp_regs = -(-max(1, ck.n_regs) // 8) * 8 * 32      # a warp's registers, allocated in units of 256
+    by_regs = 65536 // (warp_regs * num_warps)
     by_smem = (228 * 1024) // max(1, ck.metadata.shared + 1024)
     return min(by_regs, by_smem, 64 // num_warps)
 
@@ -218,7 +226,7 @@ def check(res) -> int:
                        finite=finite, spin_error=err, ok=ok)
             res["check"].append(row)
             print(row, flush=True)
-            chain.err.zero_()
+            reset_counters(chain)
     # the first GEMV of the chain (layer 0's o on x0[:4096]) against float64
     ours = _outs()
     chain = Chain(Weights(1), ours, 1, 2, 0, sms)
