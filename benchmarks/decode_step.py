@@ -544,8 +544,10 @@ def main():
                 elif name in variants and logits is not None:
                     out[name].update(logits_diff(logits, st.out["lm"].float()))
                     if getattr(st, "chain", None) is not None:
+                        from experiments.gemv_chain import spin_error, wait_profile
                         out[name]["layer_check"] = st.chain_check
-                        out[name]["spin_error"] = int(st.chain.err.item())
+                        out[name]["spin_error"] = spin_error(st.chain)
+                        out[name]["wait_profile"] = wait_profile(st.chain)   # after the timing: its own launches
                     if name.startswith("int4_portakern_glue_"):
                         out[name]["deterministic_glues"] = same_logits(step, args.glue, args.compare_glue)
             except Exception as e:

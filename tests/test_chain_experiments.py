@@ -433,3 +433,57 @@ def test_reset_counters_zeroes_every_synchronisation_buffer():
                         exit=torch.tensor([200], dtype=torch.int32), err=torch.tensor([1], dtype=torch.int32))
     reset_counters(c)
     assert all(int(t.abs().sum()) == 0 for t in (c.cnt, c.done, c.exit, c.err))
+
+
+def test_wait_profile_reads_the_kernels_wrapped_cycle_sums():
+    """The kernels add ``-clock`` at a program's start and ``clock`` at its leave, and each wait's cycles to its
+    kind, into int32 slots after the error flag (``chain_kernels.STAT_KINDS``): sums that wrap. ``wait_profile``
+    must read them modulo 2^32 and report each kind's share of all programs' cycles."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from experiments import chain_kernels as CK
+    from experiments.gemv_chain import wait_profile
+
+    P, K1 = 3, CK.STAT_KINDS.value + 1
+    c = SimpleNamespace(programs=P, cnt=torch.zeros(1, dtype=torch.int32), done=torch.zeros(1, dtype=torch.int32),
+                        exit=torch.zeros(1, dtype=torch.int32), err=torch.zeros(1 + K1 * P, dtype=torch.int32))
+    start = [2**32 - 1000, 5, 2**31 + 7]          # clocks near and past the int32 wrap
+    spans = [10_000, 20_000, 30_000]
+    waits = {1: [1000, 0, 3000], 7: [500, 500, 0], CK.ATTN_KIND.value: [0, 2000, 0]}
+
+    def launch():      # what one launch of the kernels adds, with int32 wrap-around
+        acc = c.err.numpy().astype(np.int64)
+        for p in range(P):
+            slot = 1 + CK.STAT_KINDS.value * P + p
+            acc[slot] += -start[p] + (start[p] + spans[p]) % 2**32
+            for k, w in waits.items():
+                acc[1 + k * P + p] += w[p]
+        c.err.copy_(torch.from_numpy(((acc + 2**31) % 2**32 - 2**31).astype(np.int32)))
+
+    prof = wait_profile(c, run=launch, launches=2)
+    total = sum(spans)
+    assert prof["cycles_per_call"] == total // P and prof["spin_error"] == 0
+    assert prof["wait_o"] == pytest.approx(4000 / total) and prof["wait_down"] == pytest.approx(1000 / total)
+    assert prof["wait_attention"] == pytest.approx(2000 / total) and "wait_qkv" not in prof
+    assert prof["wait_all"] == pytest.approx(7000 / total)
+    assert prof["wait_max_program"] == pytest.approx(1500 / 10_000)      # program 0: o 1000 + down 500
+
+
+def test_chain_kernels_count_their_waits_in_cycles():
+    """The layer kernel as launched reads the SM clock around each wait and adds it, with relaxed atomics, to its
+    statistics; the whole-layer kernel still reads nothing before its PDL wait."""
+    from experiments import chain_kernels as CK
+    from experiments.chain_lowering import lower_sm90, step_ints
+    from experiments.layer_chain import attention_constexprs, attention_ints, constexprs
+
+    consts = {**constexprs(STEP_SHAPES[:4], 264, 1, 0, CK.EPI_ROPE), **attention_constexprs(2049)}
+    ptx = lower_sm90(CK.decode_layer_kernel, consts, {**step_ints(STEP_SHAPES[:4]), **attention_ints(2049)},
+                     maxnreg=128).asm["ptx"]
+    import re
+
+    # one clock read at the start and at the leave, two around the PDL wait and around each of the four phase
+    # waits; one relaxed add of cycles for each of those seven
+    assert ptx.count("%clock;") == 2 + 2 * 5
+    assert len(re.findall(r"(atom|red)\.global\.gpu\.relaxed\.add", ptx)) == 7

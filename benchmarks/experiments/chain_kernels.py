@@ -46,13 +46,31 @@ EPI_STORE, EPI_RESID, EPI_ROPE = gl.constexpr(0), gl.constexpr(1), gl.constexpr(
 MAX_PHASES = gl.constexpr(512)
 #: RoPE epilogue: column tiles of q (32 heads) and of k (8 heads) in the qkv output, head size
 Q_TILES, K_TILES, HEAD = gl.constexpr(16), gl.constexpr(4), gl.constexpr(128)
+#: Cycle counts kept after the error flag ``err[0]``: ``err[1 + kind P + p]`` the cycles program p spent waiting
+#: before phases of ``kind`` (a GEMV phase's ``3 PRO + EPI``, ``ATTN_KIND`` the attention, ``PDL_KIND`` the launch's
+#: first phase waiting for the previous kernel), ``err[1 + STAT_KINDS P + p]`` its cycles from start to leave; int32
+#: sums that wrap (read modulo 2^32: ``gemv_chain.wait_profile``)
+STAT_KINDS, ATTN_KIND, PDL_KIND = gl.constexpr(11), gl.constexpr(9), gl.constexpr(10)
 
 
 @gluon.jit
-def _wait_phase(done_ptr, need, err_ptr, SPIN_LIMIT: gl.constexpr):
+def _clock():
+    """The SM's cycle counter (low 32 bits: differences taken modulo 2^32)."""
+    return gl.inline_asm_elementwise("mov.u32 $0, %clock;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _count_cycles(err_ptr, slot, cycles):
+    """Add ``cycles`` to this program's statistics slot ``slot`` (0 .. STAT_KINDS) after the error flag."""
+    gl.atomic_add(err_ptr + 1 + slot * gl.num_programs(0) + gl.program_id(0), cycles, sem="relaxed")
+
+
+@gluon.jit
+def _wait_phase(done_ptr, need, err_ptr, SPIN_LIMIT: gl.constexpr, KIND: gl.constexpr):
     """Spin until ``done_ptr`` counts ``need`` stored tiles of the previous phase (acquire); after ``SPIN_LIMIT``
     polls give up and raise the error flag (a wrong result rather than a hung GPU); once the flag is up, no
-    later wait spins at all."""
+    later wait spins at all. The cycles spent here count towards statistics slot ``KIND``."""
+    t0 = _clock()
     seen = gl.atomic_add(done_ptr, 0, sem="acquire")
     polls = gl.where(gl.atomic_add(err_ptr, 0, sem="relaxed") != 0, SPIN_LIMIT, 0)
     while (seen < need) & (polls < SPIN_LIMIT):
@@ -60,6 +78,15 @@ def _wait_phase(done_ptr, need, err_ptr, SPIN_LIMIT: gl.constexpr):
         polls += 1
     if seen < need:
         gl.atomic_xchg(err_ptr, 1)
+    _count_cycles(err_ptr, KIND, _clock() - t0)
+
+
+@gluon.jit
+def _wait_producer(err_ptr, PDL: gl.constexpr):
+    """The launch's first phase: wait for the previous kernel (PDL), the cycles counted as ``PDL_KIND``."""
+    t0 = _clock()
+    _S._wait_for_producer(PDL)
+    _count_cycles(err_ptr, PDL_KIND, _clock() - t0)
 
 
 @gluon.jit
@@ -164,9 +191,9 @@ def _phase(idx, x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, r_ptr, ss_ptr, nw_ptr, q_p
     if L2_AHEAD > 0:
         _S._prefetch_l2(qw_ptr, u0 + AHEAD, n - AHEAD, stride_qk, G, TR, BN, L2_AHEAD, NW)
     if idx == 0:
-        _S._wait_for_producer(PDL)
+        _wait_producer(err_ptr, PDL)
     else:
-        _wait_phase(done_ptr - 1, prev_need, err_ptr, SPIN_LIMIT)
+        _wait_phase(done_ptr - 1, prev_need, err_ptr, SPIN_LIMIT, PRO * 3 + EPI)
     _stage_pro(x_ptr, r_ptr, ss_ptr, nw_ptr, x_smem, xs_smem, u0, n, G, XS, BY_UNIT, TR, WR, RPT, IW, NW, PRO, NSS,
                EPS)
     cta_barrier()
@@ -225,14 +252,22 @@ def _phase(idx, x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, r_ptr, ss_ptr, nw_ptr, q_p
 
 
 @gluon.jit
-def _leave(done_ptr, exit_ptr, n_phases, P, NW: gl.constexpr):
-    """The last program out resets the launch's ``n_phases`` phase counters and the exit counter."""
+def _leave(done_ptr, exit_ptr, err_ptr, n_phases, P, NW: gl.constexpr):
+    """The last program out resets the launch's ``n_phases`` phase counters and the exit counter; every program
+    adds its cycles since ``_enter`` to its statistics."""
+    _count_cycles(err_ptr, STAT_KINDS, _clock())
     cta_barrier()
     left = gl.atomic_add(exit_ptr, 1, sem="acq_rel")
     if left == P - 1:
         offs = gl.arange(0, MAX_PHASES, layout=gl.BlockedLayout([1], [32], [NW], [0]))
         gl.store(done_ptr + offs, gl.zeros_like(offs), mask=offs < n_phases)
         gl.atomic_xchg(exit_ptr, 0)
+
+
+@gluon.jit
+def _enter(err_ptr):
+    """A program's start in its statistics (``_leave`` adds the end)."""
+    _count_cycles(err_ptr, STAT_KINDS, 0 - _clock())
 
 
 @gluon.jit
@@ -251,6 +286,7 @@ def gemv_chain_kernel(qw0, s0, z0, o0, qw1, s1, z1, o1, qw2, s2, z2, o2, qw3, s3
     (scales and zeros at ``+ l LSj``); ``Nj``, ``Tj`` (column tiles) and ``SQj`` (row stride of the words)."""
     pid = gl.program_id(0)
     P = gl.num_programs(0)
+    _enter(err_ptr)
     for l in range(layers):
         lw = l.to(gl.int64)
         b = 4 * l
@@ -266,7 +302,7 @@ def gemv_chain_kernel(qw0, s0, z0, o0, qw1, s1, z1, o1, qw2, s2, z2, o2, qw3, s3
         _phase(b + 3, o2, qw3 + lw * LW3, s3 + lw * LS3, z3 + lw * LS3, o3, ws_ptr, ws_ptr, o3, o3, o3, o3, ws_ptr,
                ws_ptr, ws_ptr, cnt_ptr, done_ptr + b + 3, T2, err_ptr, N3, T3, SQ3, pid, P, G3, XS3, BY3, TR, BN, WR,
                WC, AHEAD, IW, ZP, HAS_Z, L2_AHEAD, PDL, SPIN_LIMIT, PRO_PLAIN, EPI_STORE, 1, 0.0)
-    _leave(done_ptr, exit_ptr, 4 * layers, P, WR * WC)
+    _leave(done_ptr, exit_ptr, err_ptr, 4 * layers, P, WR * WC)
 
 
 @gluon.jit
@@ -317,11 +353,12 @@ def layer_chain_kernel(a_ptr, qw0, s0, z0, qw1, s1, z1, gu_ptr, qw2, s2, z2, qw3
     (``EPI_STORE`` into ``o3``). ``ss`` holds the residual's ``NSS`` per-tile sums of squares."""
     pid = gl.program_id(0)
     P = gl.num_programs(0)
+    _enter(err_ptr)
     _layer_gemvs(0, 0, a_ptr, qw0, s0, z0, qw1, s1, z1, gu_ptr, qw2, s2, z2, qw3, s3, z3, o3, r_ptr, ss_ptr, nw1_ptr,
                  nw3_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, ws_ptr, cnt_ptr, done_ptr, err_ptr,
                  N0, T0, SQ0, N1, T1, SQ1, N2, T2, SQ2, N3, T3, SQ3, pid, P, G0, XS0, BY0, G1, XS1, BY1, G2, XS2, BY2,
                  G3, XS3, BY3, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z, L2_AHEAD, PDL, SPIN_LIMIT, EPI3, NSS, EPS)
-    _leave(done_ptr, exit_ptr, 4, P, WR * WC)
+    _leave(done_ptr, exit_ptr, err_ptr, 4, P, WR * WC)
 
 
 # -- the paged decode attention as a phase (decode_layer_kernel) ---------------------------------------------------
@@ -400,9 +437,9 @@ def _attn_phase(first, q_ptr, kv_ptr, bt_ptr, part_ptr, a_ptr, cnt_ptr, done_ptr
     items spread over the programs; the last item of a KV head to arrive merges that head's partials into ``a``
     and counts the head in ``done_ptr`` (the next phase waits for ``HKV``)."""
     if first:
-        _S._wait_for_producer(PDL)
+        _wait_producer(err_ptr, PDL)
     else:
-        _wait_phase(done_ptr - 1, prev_need, err_ptr, SPIN_LIMIT)
+        _wait_phase(done_ptr - 1, prev_need, err_ptr, SPIN_LIMIT, ATTN_KIND)
     n_pages = (seqlen + PAGE - 1) // PAGE
     for w in range(pid, HKV * n_pages, P):
         _attn_item(q_ptr, kv_ptr, bt_ptr, part_ptr, w, seqlen, kv_plane, HKV, QG, PAGE, D, NPMAX, NW, SM_SCALE)
@@ -435,6 +472,7 @@ def decode_layer_kernel(q_ptr, kv_ptr, bt_ptr, part_ptr, a_ptr, qw0, s0, z0, qw1
     the next layer is rotated back into ``q_ptr`` by phase 4's epilogue (the attention has read it by then)."""
     pid = gl.program_id(0)
     P = gl.num_programs(0)
+    _enter(err_ptr)
     NW: gl.constexpr = WR * WC
     _attn_phase(True, q_ptr, kv_ptr, bt_ptr, part_ptr, a_ptr, cnt_ptr, done_ptr, 0, err_ptr, seqlen, kv_plane, pid, P,
                 PDL, HKV, QG, PAGE, D, NPMAX, NW, SM_SCALE, SPIN_LIMIT)
@@ -442,7 +480,7 @@ def decode_layer_kernel(q_ptr, kv_ptr, bt_ptr, part_ptr, a_ptr, qw0, s0, z0, qw1
                  nw1_ptr, nw3_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, ws_ptr, cnt_ptr, done_ptr, err_ptr,
                  N0, T0, SQ0, N1, T1, SQ1, N2, T2, SQ2, N3, T3, SQ3, pid, P, G0, XS0, BY0, G1, XS1, BY1, G2, XS2, BY2,
                  G3, XS3, BY3, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z, L2_AHEAD, PDL, SPIN_LIMIT, EPI3, NSS, EPS)
-    _leave(done_ptr, exit_ptr, 5, P, NW)
+    _leave(done_ptr, exit_ptr, err_ptr, 5, P, NW)
 
 
 @gluon.jit
@@ -469,6 +507,7 @@ def decode_step_kernel(q_ptr, kv_ptr, bt_ptr, part_ptr, a_ptr, qwO, sO, zO, qwG,
     layer; layer l's attention waits for layer l - 1's qkv (``T3`` tiles)."""
     pid = gl.program_id(0)
     P = gl.num_programs(0)
+    _enter(err_ptr)
     NW: gl.constexpr = WR * WC
     for l in range(layers):
         lw = l.to(gl.int64)
@@ -493,4 +532,4 @@ def decode_step_kernel(q_ptr, kv_ptr, bt_ptr, part_ptr, a_ptr, qwO, sO, zO, qwG,
                          N0, T0, SQ0, N1, T1, SQ1, N2, T2, SQ2, N4, T4, SQ4, pid, P, G0, XS0, BY0, G1, XS1, BY1, G2,
                          XS2, BY2, G4, XS4, BY4, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z, L2_AHEAD, PDL, SPIN_LIMIT,
                          EPI_STORE, NSS, EPS)
-    _leave(done_ptr, exit_ptr, 5 * layers, P, NW)
+    _leave(done_ptr, exit_ptr, err_ptr, 5 * layers, P, NW)

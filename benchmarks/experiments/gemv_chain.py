@@ -30,7 +30,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from experiments.chain_kernels import MAX_PHASES, gemv_chain_kernel  # noqa: E402
+from experiments.chain_kernels import ATTN_KIND, MAX_PHASES, PDL_KIND, STAT_KINDS, gemv_chain_kernel  # noqa: E402
 
 #: the decode step's linears, in the chain's order (N, K)
 PHASES = (("o", 4096, 4096), ("gu", 28672, 4096), ("down", 4096, 14336), ("qkv", 6144, 4096))
@@ -93,8 +93,6 @@ class Chain:
 
     def __init__(self, weights: Weights, outs, ahead: int = 1, per_sm: int = 2, l2_ahead: int = 0,
                  num_sms: int = 132, spin_limit: int = 1 << 20, programs: int | None = None):
-        import torch
-
         from experiments.layer_chain import constexprs
         from portakern.backends.triton.backend import KERNEL_OPTIONS
 
@@ -112,11 +110,7 @@ class Chain:
         # ahead, 128 at two, no spills)
         self.opts = dict(num_warps=8, launch_pdl=True, **KERNEL_OPTIONS, **({"maxnreg": 128} if per_sm > 1 else {}))
         dev = outs[0].device
-        self.ws = torch.empty((self.programs * 2, 256), dtype=torch.float32, device=dev)
-        self.cnt = torch.zeros((max(a[1] for a in self.args),), dtype=torch.int32, device=dev)
-        self.done = torch.zeros((MAX_PHASES.value,), dtype=torch.int32, device=dev)
-        self.exit = torch.zeros((1,), dtype=torch.int32, device=dev)
-        self.err = torch.zeros((1,), dtype=torch.int32, device=dev)
+        sync_buffers(self, max(a[1] for a in self.args), MAX_PHASES.value, dev)
         self.checked = False
         if 4 * weights.layers > MAX_PHASES.value:
             raise ValueError(f"layers={weights.layers}: the kernel resets at most {MAX_PHASES.value // 4} layers' "
@@ -133,6 +127,56 @@ class Chain:
             check_resident(gemv_chain_kernel, args, self.programs, self.num_sms, self.consts, self.opts)
             self.checked = True
         gemv_chain_kernel[(self.programs,)](*args, **self.consts, **self.opts)
+
+
+def sync_buffers(chain, tiles: int, phases: int, dev, bn: int = 256) -> None:
+    """A chain launch's shared state, set on ``chain`` (whose ``programs`` is its grid): ``ws`` the split-K partials
+    (two rows of ``bn`` a program), ``cnt`` arrival counts for ``tiles`` column tiles, ``done`` tiles finished for
+    ``phases`` phases, ``exit`` programs gone, ``err`` the spin error flag followed by the kernels' cycle statistics
+    (``chain_kernels.STAT_KINDS``; ``wait_profile`` reads them). All int32 and zeroed but the partials."""
+    import torch
+
+    i32 = dict(dtype=torch.int32, device=dev)
+    chain.ws = torch.empty((chain.programs * 2, bn), dtype=torch.float32, device=dev)
+    chain.cnt = torch.zeros((tiles,), **i32)
+    chain.done = torch.zeros((phases,), **i32)
+    chain.exit = torch.zeros((1,), **i32)
+    chain.err = torch.zeros((1 + (STAT_KINDS.value + 1) * chain.programs,), **i32)
+
+
+def spin_error(chain) -> int:
+    """The chain's spin error flag: 1 if a wait gave up since the counters were last reset (the results are then
+    wrong), else 0."""
+    return int(chain.err[0].item())
+
+
+#: ``wait_profile``'s names of the statistics kinds (``chain_kernels``: a GEMV phase's ``3 PRO + EPI``)
+KIND_NAMES = {0: "gemv", 1: "o", 3: "gate_up_or_lm", 5: "qkv", 7: "down", ATTN_KIND.value: "attention",
+              PDL_KIND.value: "previous_kernel"}
+
+
+def wait_profile(chain, run=None, launches: int = 16) -> dict:
+    """Where a chain's programs wait: ``launches`` calls of ``run`` (default: the chain) from zeroed counters, then
+    the cycles spent waiting before each kind of phase (``KIND_NAMES``) as a fraction of all programs' cycles from
+    start to leave, their sum (``wait_all``), the most any one program waited (``wait_max_program``) and the mean
+    cycles of a program per launch (a step of a layer chain is one call and several launches: per call)."""
+    import torch
+
+    reset_counters(chain)
+    for _ in range(launches):
+        (run or chain)()
+    if chain.err.is_cuda:
+        torch.cuda.synchronize()
+    k1, P = STAT_KINDS.value + 1, chain.programs
+    v = (chain.err[1:1 + k1 * P].to(torch.int64).cpu() % 2**32).double().view(k1, P)   # int32 sums that wrapped
+    total, waits = v[-1], v[:-1]
+    out = {"launches": launches, "spin_error": spin_error(chain),
+           "cycles_per_call": round(float(total.mean()) / launches),
+           "wait_all": float(waits.sum() / total.sum()),
+           "wait_max_program": float((waits.sum(0) / total.clamp(min=1)).max())}
+    out.update({f"wait_{name}": float(waits[k].sum() / total.sum()) for k, name in KIND_NAMES.items()
+                if waits[k].sum() > 0})
+    return out
 
 
 def reset_counters(chain) -> None:
@@ -219,7 +263,7 @@ def check(res) -> int:
             torch.cuda.synchronize()
             same = all(torch.equal(a, b) for a, b in zip(ours, ref))
             finite = all(bool(torch.isfinite(a.float()).all()) for a in ours)
-            err = int(chain.err.item())
+            err = spin_error(chain)
             ok = same and finite and err == 0
             fails += not ok
             row = dict(ahead=ahead, per_sm=per_sm, l2_ahead=l2, programs=chain.programs, rep=rep, bit_equal=same,
@@ -277,20 +321,26 @@ def bench(res, layers: int, variants) -> None:
                 times[k].append(time_step(f, graph=True, reps=7))
             except Exception as e:       # a variant that fails to build or run is recorded, the rest go on
                 times[k].append(f"{type(e).__name__}: {str(e)[:200]}")
-        errs = [int(f.err.item()) for f in fns.values() if isinstance(f, Chain)]
+        errs = [spin_error(f) for f in fns.values() if isinstance(f, Chain)]
         print(f"round {rnd}: " + "  ".join(f"{k} {v[-1]:.3f}" if isinstance(v[-1], float) else f"{k} x"
                                            for k, v in times.items()) + f"  spin errors {errs}", flush=True)
     for k, v in times.items():
         ok = [t for t in v if isinstance(t, float)]
         best = min(ok) if ok else None
-        res["bench"].append(dict(variant=k, ms=v, best_ms=best,
-                                 of_floor=(floor_ms / best) if best else None,
-                                 spin_error=int(fns[k].err.item()) if isinstance(fns[k], Chain) else None))
+        row = dict(variant=k, ms=v, best_ms=best, of_floor=(floor_ms / best) if best else None)
+        if isinstance(fns[k], Chain):
+            row["spin_error"] = spin_error(fns[k])
+            try:      # after the timing: its own launches, eager
+                row["wait_profile"] = wait_profile(fns[k])
+            except Exception as e:
+                row["wait_profile"] = f"{type(e).__name__}: {str(e)[:200]}"
+        res["bench"].append(row)
     print(f"\n{layers} layers x (o, gate/up, down, qkv), floor {floor_ms:.3f} ms")
-    print(f"{'variant':24s} {'best ms':>8s} {'of floor':>8s}")
+    print(f"{'variant':24s} {'best ms':>8s} {'of floor':>8s} {'waiting':>8s}")
     for r in res["bench"]:
-        b = r["best_ms"]
-        print(f"{r['variant']:24s} {b if b else float('nan'):8.3f} {(r['of_floor'] or 0):8.0%}")
+        b, wp = r["best_ms"], r.get("wait_profile")
+        waiting = f"{wp['wait_all']:8.0%}" if isinstance(wp, dict) else f"{'-':>8s}"
+        print(f"{r['variant']:24s} {b if b else float('nan'):8.3f} {(r['of_floor'] or 0):8.0%} {waiting}")
 
 
 def lower(variants) -> int:

@@ -20,7 +20,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from experiments.chain_kernels import EPI_ROPE, EPI_STORE, decode_layer_kernel, layer_chain_kernel  # noqa: E402
-from experiments.gemv_chain import check_resident  # noqa: E402
+from experiments.gemv_chain import check_resident, spin_error, sync_buffers  # noqa: E402
 
 #: RMSNorm epsilon of the decode step (``decode_step.add_rmsnorm``)
 EPS = 1e-5
@@ -102,11 +102,7 @@ class LayerChain:
         self.qkv = torch.empty((1, dims["qkv"][0]), dtype=bf16, device=dev)
         self.q = torch.empty((1, dims["o"][1]), dtype=bf16, device=dev)
         self.logits = torch.empty((1, step.lm.N), dtype=bf16, device=dev)
-        self.ws = torch.empty((self.programs * 2, BN), dtype=f32, device=dev)
-        self.cnt = torch.zeros((-(-step.lm.N // BN),), dtype=torch.int32, device=dev)
-        self.done = torch.zeros((5,), dtype=torch.int32, device=dev)
-        self.exit = torch.zeros((1,), dtype=torch.int32, device=dev)
-        self.err = torch.zeros((1,), dtype=torch.int32, device=dev)
+        sync_buffers(self, -(-step.lm.N // BN), 5, dev, BN)
         self.checked = set()
         self.slot = int(step.slot.item())
         self.attention = attention
@@ -233,7 +229,7 @@ def check_layer(step, chain: LayerChain) -> dict:
         g = got[name]
         err = ((g - want).abs().max() / want.abs().max()).item() if torch.isfinite(g).all() else float("inf")
         out[f"{name}_rel_err"] = err
-    out["spin_error"] = int(chain.err.item())
+    out["spin_error"] = spin_error(chain)
     out["ok"] = all(v < 2e-2 for k, v in out.items() if k.endswith("rel_err")) and out["spin_error"] == 0
     return out
 

@@ -19,7 +19,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from experiments.chain_kernels import decode_step_kernel  # noqa: E402
-from experiments.gemv_chain import check_resident  # noqa: E402
+from experiments.gemv_chain import check_resident, spin_error, sync_buffers  # noqa: E402
 from experiments.layer_chain import BN, attention_constexprs, constexprs, start_step  # noqa: E402
 
 #: the order of the kernel's shape sets: o, gate/up, down, qkv, lm head
@@ -73,11 +73,7 @@ class StepChain:
         self.a = torch.empty((1, hq * d), dtype=bf16, device=dev)
         self.part = torch.empty((hq, npmax, d + 2), dtype=f32, device=dev)
         self.logits = torch.empty((1, step.lm.N), dtype=bf16, device=dev)
-        self.ws = torch.empty((self.programs * 2, BN), dtype=f32, device=dev)
-        self.cnt = torch.zeros((max(-(-step.lm.N // BN), hkv),), dtype=torch.int32, device=dev)
-        self.done = torch.zeros((5 * len(step.layers),), dtype=torch.int32, device=dev)
-        self.exit = torch.zeros((1,), dtype=torch.int32, device=dev)
-        self.err = torch.zeros((1,), dtype=torch.int32, device=dev)
+        sync_buffers(self, max(-(-step.lm.N // BN), hkv), 5 * len(step.layers), dev, BN)
         self.slot = int(step.slot.item())
         self.checked = False
 
@@ -123,8 +119,8 @@ def check_step(step, chain: StepChain, ahead: int, per_sm: int, l2_ahead: int) -
     got = chain().float().clone()
     torch.cuda.synchronize()
     out = {"logits_bit_equal": bool(torch.equal(got, want)), "logits_max_abs_diff": (got - want).abs().max().item(),
-           "finite": bool(torch.isfinite(got).all()), "spin_error": int(chain.err.item()),
-           "per_layer_spin_error": int(per_layer.chain.err.item())}
+           "finite": bool(torch.isfinite(got).all()), "spin_error": spin_error(chain),
+           "per_layer_spin_error": spin_error(per_layer.chain)}
     out["ok"] = out["logits_bit_equal"] and out["finite"] and out["spin_error"] == 0
     return out
 
