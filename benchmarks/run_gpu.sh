@@ -30,6 +30,8 @@
 #   gemv-frag-sweep benchmarks/gemv.py --sweep at M 4 and 16 over the fragment-layout kernel ("frag": 64/128
 #                   rows, half/auto/twice the split) with and without pdl on the six bench shapes, then those
 #                   table rows with the winners beside tinygemm (session 20: built, not yet run)
+#   frag-anatomy    benchmarks/experiments/frag_anatomy.py: the M = 4 / 16 "frag" kernel with its arithmetic, split-K
+#                   merge or x loads removed (measurement-only MODE), beside a plain read (session 20: not yet run)
 #   gemv-mma-sweep  benchmarks/gemv.py --sweep at M 4 and 16 over the group-scaled tensor-core kernel
 #                   (kind "mma"), then the main table with the winners
 #   gemv-mma-m1-sweep  the same kernel at M=1 (pdl) against both CUDA-core tile families, three shapes
@@ -134,6 +136,7 @@ for s in "$@"; do
         gemv-frag-sweep) step gemv-frag-sweep python3 benchmarks/gemv.py --sweep --ms 4 16 --swap none --frag 1 \
             --pdl 0 1 --table-bits 4 --sweep-shapes 4096x4096 14336x4096 4096x14336 8192x8192 28672x8192 16384x16384 \
             --tag="-frag-sweep$TAG" --out "$RES" ;;
+        frag-anatomy) step frag-anatomy python3 benchmarks/experiments/frag_anatomy.py --tag="$TAG" --out "$RES" ;;
         gemv-mma-sweep) step gemv-mma-sweep python3 benchmarks/gemv.py --sweep --ms 4 16 --swap none --mma 1 \
             --mma-bn 64 128 --mma-warps 4 --mma-stages 1 3 \
             --sweep-shapes 4096x4096 4096x14336 28672x8192 16384x16384 --tag="-mma-sweep$TAG" --out "$RES" ;;

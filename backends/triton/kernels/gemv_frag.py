@@ -130,16 +130,54 @@ def _chunk_mma(acc, words, x0, x1, s, z, J: gl.constexpr, BN: gl.constexpr, BM: 
 
 
 @gluon.jit
+def _anatomy_chunks(acc, w0, s0, z0, w_ptrs, x_ptrs, s_ptrs, z_ptrs, c_lo, c_hi, stride_s, stride_c, J: gl.constexpr,
+                    BN: gl.constexpr, BM: gl.constexpr, GS: gl.constexpr, HAS_Z: gl.constexpr, ZP: gl.constexpr,
+                    MODE: gl.constexpr, mma: gl.constexpr, w_l: gl.constexpr, a_l: gl.constexpr, b_l: gl.constexpr,
+                    ld_l: gl.constexpr, x_l: gl.constexpr):
+    """The chunk loop of ``gemv_frag_kernel`` with the parts ``MODE`` names removed (measurement only): without
+    the arithmetic (bit 1) every loaded value is XORed or added into a per-thread accumulator, folded into the
+    result once at the end; without the x loads (bit 4) x is a constant tile."""
+    accw = gl.zeros((J, 2 * UNIT_WORDS), gl.int32, layout=ld_l)
+    accx = gl.zeros((BM,), gl.float32, layout=gl.SliceLayout(1, x_l))
+    accs = gl.zeros((BN,), gl.float32, layout=gl.SliceLayout(1, mma))
+    ones = gl.full((BM, 64), 1.0, gl.bfloat16, layout=x_l)
+    if MODE >= 4:
+        xa0, xb0 = ones, ones
+    else:
+        xa0, xb0 = _chunk_x(x_ptrs, c_lo, c_hi)
+    for c in range(c_lo, c_hi):
+        wn, sn, zn = _chunk_weights(w_ptrs, s_ptrs, z_ptrs, c + 1, c_hi, stride_s, stride_c, GS, HAS_Z)
+        if MODE >= 4:
+            xan, xbn = ones, ones
+        else:
+            xan, xbn = _chunk_x(x_ptrs, c + 1, c_hi)
+        if MODE % 2 == 1:
+            accw = accw ^ w0
+            accx = accx + gl.sum(xa0.to(gl.float32) + xb0.to(gl.float32), axis=1)
+            accs = accs + s0.to(gl.float32) + gl.convert_layout(z0, gl.SliceLayout(1, mma)).to(gl.float32)
+        else:
+            acc = _chunk_mma(acc, w0, xa0, xb0, s0, z0, J, BN, BM, HAS_Z, ZP, mma, w_l, a_l, b_l)
+        w0, xa0, xb0, s0, z0 = wn, xan, xbn, sn, zn
+    if MODE % 2 == 1:
+        folded = gl.sum(gl.sum(accw, axis=1), axis=0).to(gl.float32) + gl.sum(accx, axis=0)
+        acc = acc + accs[:, None] + folded
+    return acc
+
+
+@gluon.jit
 def gemv_frag_kernel(x_ptr, fw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr,
                      M, N, K, KC, stride_s, stride_xm, stride_om, KC_SPLIT, stride_u, stride_c,
                      BM: gl.constexpr, W: gl.constexpr, NT: gl.constexpr, GS: gl.constexpr,
-                     HAS_Z: gl.constexpr, ZP: gl.constexpr, SPLIT_K: gl.constexpr, PDL: gl.constexpr):
+                     HAS_Z: gl.constexpr, ZP: gl.constexpr, SPLIT_K: gl.constexpr, PDL: gl.constexpr,
+                     MODE: gl.constexpr):
     """``out (M, N) = x (M, K) @ dequant(W)^T`` with W's int4 words in the fragment layout: a program
     owns ``16 W NT`` rows of W (``NT`` units per warp) and one of ``SPLIT_K`` slices of ``KC_SPLIT``
     128-column chunks; ``BM`` (8 or 16) columns of the MMA result are rows of x. Unit ``u`` of chunk
     ``c`` starts at word ``u * stride_u + c * stride_c``. ``PDL``: launched as a programmatic dependent
     (sm_90+): the first chunk's words, scales and zeros (constant) are requested before
-    ``griddepcontrol.wait``, x and every store after it."""
+    ``griddepcontrol.wait``, x and every store after it. ``MODE`` (measurement only, ``experiments/frag_anatomy.py``;
+    0 in every real launch) removes parts, giving wrong results: bit 1 the arithmetic (the loaded values are only
+    XORed / added up), bit 2 the split-K merge (every slice stores its partial as the output), bit 4 the x loads."""
     J: gl.constexpr = W * NT           # 16-row units per program
     BN: gl.constexpr = 16 * J
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8])
@@ -170,17 +208,21 @@ def gemv_frag_kernel(x_ptr, fw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr,
     acc = gl.zeros((BN, BM), gl.float32, layout=mma)
     w0, s0, z0 = _chunk_weights(w_ptrs, s_ptrs, z_ptrs, c_lo, c_hi, stride_s, stride_c, GS, HAS_Z)
     _wait_for_producer(PDL)     # the previous kernel may still be writing x (PDL): only constants above
-    xa0, xb0 = _chunk_x(x_ptrs, c_lo, c_hi)
-    for c in range(c_lo, c_hi):
-        wn, xan, xbn, sn, zn = _chunk_loads(w_ptrs, x_ptrs, s_ptrs, z_ptrs, c + 1, c_hi, stride_s, stride_c, GS,
-                                            HAS_Z)
-        acc = _chunk_mma(acc, w0, xa0, xb0, s0, z0, J, BN, BM, HAS_Z, ZP, mma, w_l, a_l, b_l)
-        w0, xa0, xb0, s0, z0 = wn, xan, xbn, sn, zn
+    if MODE == 0:
+        xa0, xb0 = _chunk_x(x_ptrs, c_lo, c_hi)
+        for c in range(c_lo, c_hi):
+            wn, xan, xbn, sn, zn = _chunk_loads(w_ptrs, x_ptrs, s_ptrs, z_ptrs, c + 1, c_hi, stride_s, stride_c, GS,
+                                                HAS_Z)
+            acc = _chunk_mma(acc, w0, xa0, xb0, s0, z0, J, BN, BM, HAS_Z, ZP, mma, w_l, a_l, b_l)
+            w0, xa0, xb0, s0, z0 = wn, xan, xbn, sn, zn
+    else:
+        acc = _anatomy_chunks(acc, w0, s0, z0, w_ptrs, x_ptrs, s_ptrs, z_ptrs, c_lo, c_hi, stride_s, stride_c, J, BN,
+                              BM, GS, HAS_Z, ZP, MODE, mma, w_l, a_l, b_l, ld_l, x_l)
 
     # -- out[m, n] = acc[n, m]: directly, or through the split-K workspace (the last slice adds)
     mo = gl.arange(0, BM, layout=gl.SliceLayout(0, mma))
     omask = (mo[None, :] < M) & (ns[:, None] < N)
-    if SPLIT_K == 1:
+    if (SPLIT_K == 1) | (MODE % 4 >= 2):
         gl.store(out_ptr + mo[None, :] * stride_om + ns[:, None], acc.to(out_ptr.dtype.element_ty), mask=omask)
     else:
         gl.store(ws_ptr + (pid_k * BM + mo[None, :]) * N + ns[:, None], acc, mask=omask)
