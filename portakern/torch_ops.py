@@ -67,16 +67,18 @@ def _quant_gemv_impl(x: Tensor, w: PreparedGemvWeight, prologue: str | None) -> 
 
 def _untraced(*tensors) -> bool:
     """Whether a call may run the op's implementation directly instead of through torch's operator dispatch,
-    which costs ~50 us of host time per eager call (more than a batch-1 GEMV takes on the GPU): plain tensors
-    that do not require grad, and no compiler, tracer, dispatch mode or function mode active. Everything else
-    (``torch.compile``, ``make_fx`` / export, ``torch.jit.trace``, fake or functional tensors, autograd) goes
-    through ``torch.ops`` and is traced or dispatched as a custom op should be."""
+    which costs ~50 us of host time per eager call (more than a batch-1 GEMV takes on the GPU): plain CPU or CUDA
+    tensors (not meta) that do not require grad, and no compiler, tracer, dispatch mode, function mode or
+    functorch transform (``vmap``, ``grad``) active. Everything else (``torch.compile``, ``make_fx`` / export,
+    ``torch.jit.trace``, fake, functional or meta tensors, autograd, ``torch.func``) goes through ``torch.ops``
+    and is traced, batched or dispatched as a custom op should be."""
     for t in tensors:
-        if t is not None and (type(t) is not torch.Tensor or t.requires_grad):
+        if t is not None and (type(t) is not torch.Tensor or t.requires_grad or t.is_meta):
             return False
     try:
         return not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
-                    or torch._C._is_torch_function_mode_enabled() or torch._C._get_tracing_state() is not None)
+                    or torch._C._is_torch_function_mode_enabled() or torch._C._get_tracing_state() is not None
+                    or torch._C._are_functorch_transforms_active())
     except AttributeError:   # a torch without these probes: always dispatch
         return False
 

@@ -216,3 +216,19 @@ def test_eager_calls_run_directly_and_traced_calls_dispatch():
         traced = torch.jit.trace(lin, (x,), check_trace=False)   # the JIT tracer records the op, not its insides
     assert "portakern::quant_gemv" in str(traced.graph)
     torch.testing.assert_close(traced(x), lin(x), rtol=0, atol=0)
+
+
+def test_meta_tensors_and_vmap_take_the_dispatched_op():
+    """The direct eager path is for plain CPU / CUDA tensors only: meta tensors get the op's fake result (shape,
+    dtype, no data) and ``torch.func.vmap`` batches the op, as when called through ``torch.ops``."""
+    from portakern.quantize import quantize
+
+    torch.manual_seed(4)
+    q = torch.empty(1, 1, 8, 64, device="meta", dtype=torch.bfloat16)
+    k = torch.empty(1, 16, 8, 64, device="meta", dtype=torch.bfloat16)
+    out = torch_ops.attention_op(q, k, k)
+    assert out.device.type == "meta" and tuple(out.shape) == (1, 1, 8, 64) and out.dtype == torch.bfloat16
+    lin = torch_ops.QuantLinear(quantize(torch.randn(48, 64), bits=4, group_size=32), "cpu")
+    xs = torch.randn(4, 2, 64)
+    batched = torch.func.vmap(lin)(xs)
+    torch.testing.assert_close(batched, torch.stack([lin(x) for x in xs]), rtol=0, atol=0)

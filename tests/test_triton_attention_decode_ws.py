@@ -231,6 +231,26 @@ def test_checks_run_once_per_layout(monkeypatch):
     call()   # the layout that passed before: no checks
     assert log == ["checked", "attn_fwd", "gluon"]
 
+    # an output 8 bytes off passes (the kernel stores it without TMA), and its layout key must not let a later
+    # call with q 8 bytes off and the output aligned skip the checks: the key keeps each tensor's offset
+    def off8(shape):
+        n = int(torch.tensor(shape).prod())
+        b = torch.empty(n + 16, dtype=torch.bfloat16)
+        start = ((-b.data_ptr()) % 16 + 8) // 2
+        return b[start:start + n].view(shape)
+
+    log.clear()
+    q, k, v = (torch.randn(s[n]).to(torch.bfloat16) for n in ("q", "k", "v"))
+    aux = {"block_table": torch.zeros(s["block_table"], dtype=torch.int32),
+           "seqlens_k": torch.ones(s["seqlens_k"], dtype=torch.int32)}
+    out8, q8 = off8(s["out"]), off8(s["q"])
+    q8.copy_(q)
+    assert out8.data_ptr() % 16 == 8 and q8.data_ptr() % 16 == 8
+    kern(q, k, v, out8, None, aux)
+    with pytest.warns(RuntimeWarning, match="not 16-byte aligned"):
+        kern(q8, k, v, torch.empty(s["out"], dtype=torch.bfloat16), None, aux)
+    assert log == ["checked", "gluon", "checked", "attn_fwd"]
+
 
 @parent_only
 def test_rebased_descriptors_equal_fresh_ones_and_hold_no_tensor():

@@ -24,8 +24,8 @@ def _kernel_py(x_ptr, out_ptr, n, stride, BLOCK, FLAG=True):   # the stand-in ke
 
 
 class _Tensor:
-    def __init__(self, ptr):
-        self.ptr = ptr
+    def __init__(self, ptr, dtype="bf16"):
+        self.ptr, self.dtype = ptr, dtype
 
     def data_ptr(self):
         return self.ptr
@@ -103,7 +103,7 @@ def test_first_call_binds_later_calls_launch_directly(fake_triton):
 
 
 @pytest.mark.parametrize("change", ["misaligned", "int", "none", "not_none", "not_tensor", "device", "hook",
-                                    "hook_chain"])
+                                    "hook_chain", "dtype", "float_for_int", "bool_for_int", "extra_arg"])
 def test_guard_falls_back_to_triton(fake_triton, change):
     drv, rt = fake_triton
     jit = _JIT()
@@ -127,7 +127,19 @@ def test_guard_falls_back_to_triton(fake_triton, change):
         rt.launch_exit_hook = lambda *a: None
     elif change == "hook_chain":
         rt.launch_enter_hook.calls.append(lambda *a: None)
+    elif change == "dtype":
+        args[0] = _Tensor(512, "fp16")   # same element size, another compiled kernel
+    elif change == "float_for_int":
+        args[3] = 7.0                 # equal in Python, a float argument to Triton
+    elif change == "bool_for_int":
+        ln(x, out, None, 1)           # the kernel compiled for the integer 1 ...
+        args[3] = True                # ... is not the one for a bool, though 1 == True
+    elif change == "extra_arg":
+        args.append(5)                # would shift every later argument of the compiled launcher
     ln(*args)
+    if change == "bool_for_int":
+        assert _kinds(jit) == ["slow", "slow", "slow"]
+        return
     assert _kinds(jit) == ["slow", "slow"]
 
 

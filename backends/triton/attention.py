@@ -342,11 +342,12 @@ AUX_NAMES = ("block_table", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k")
 
 def _layout_key(q, k, v, out, lse, aux: dict) -> tuple:
     """Everything ``_check``, ``_require`` and a Gluon kernel's ``call_blocker`` read from a call: the shapes and
-    strides of q, k, v, out (and lse), whether any of the four starts off a 16-byte boundary, which index arrays
+    strides of q, k, v, out (and lse), where each of the four starts against a 16-byte boundary (one value per
+    tensor: the Gluon kernels' ``call_blocker`` requires q, k and v aligned but not ``out``), which index arrays
     are given. Equal keys get equal verdicts, so a call whose key matches one that passed skips them (they cost
     ~10-20 us of host time a call; the element size is the op's)."""
     return (q.shape, k.shape, v.shape, out.shape, q.stride(), k.stride(), v.stride(), out.stride(),
-            (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr()) & 15,
+            q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15, out.data_ptr() & 15,
             None if lse is None else lse.shape, tuple(aux.get(n) is None for n in AUX_NAMES))
 
 

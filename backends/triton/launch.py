@@ -12,16 +12,20 @@ the compiled kernel that call returned, and launches later calls straight throug
 would have chosen the same compiled kernel:
 
 * every tensor argument 16-byte aligned (Triton's alignment specialisation), as on the first call;
-* every scalar argument equal to the first call's (covers the integers' ``== 1`` / ``% 16`` / 32-bit
-  specialisations; a caller whose strides change falls back rather than guessing);
+* the same number of arguments, every tensor of the first call's dtype;
+* every scalar argument equal to the first call's and of its type (covers the integers' ``== 1`` / ``% 16`` /
+  32-bit specialisations and bool / int / float, which compare equal in Python but specialise differently; a
+  caller whose strides change falls back rather than guessing);
 * every ``None`` argument still ``None``;
 * the same current device, and no launch hooks installed (profilers such as Proton set them and
   expect Triton's own path, which this then takes).
 
 Anything else goes through ``fn[grid]``, which is always correct, and that call's kernel becomes
-the fast one. The caller's part of the contract: at each position it passes an argument of the same
-kind and dtype on every call (true for the backend's launchers, whose ops and weight layouts fix
-the dtypes). Under the interpreter every call goes through ``fn[grid]``.
+the fast one. The caller's part of the contract: an argument that is none of a tensor, a number or
+``None`` (a TMA descriptor) is not guarded, so it must keep its block shape and dtype at its position
+(true for the backend's launchers, whose ops fix them). Under the interpreter every call goes
+through ``fn[grid]``. ``$PORTAKERN_TRITON_FAST_LAUNCH`` is read when a kernel is launched through
+``fn[grid]`` (the first call of each signature); ``set_fast_launch`` switches every launch at once.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ _enabled = [True]
 
 def fast_launch_enabled() -> bool:
     """Whether launches after the first may bypass Triton's binding: on unless ``$PORTAKERN_TRITON_FAST_LAUNCH``
-    is ``0`` / ``false`` / ``off``, or ``set_fast_launch(False)`` turned it off."""
+    is ``0`` / ``false`` / ``off`` (read at each launch through ``fn[grid]``, i.e. before a signature's first
+    call), or ``set_fast_launch(False)`` turned it off (at once, for every launch)."""
     return _enabled[0] and os.environ.get(FAST_LAUNCH_ENV, "1").lower() not in ("0", "", "false", "off")
 
 
@@ -60,16 +65,19 @@ def _hooked(hook) -> bool:
 class _Fast:
     """The compiled kernel of one guarded call and what its guard compares."""
 
-    __slots__ = ("compiled", "device", "tensor_pos", "scalar_pos", "none_pos", "scalars", "tail")
+    __slots__ = ("compiled", "device", "n_args", "tensor_pos", "dtypes", "scalar_pos", "none_pos", "scalars",
+                 "scalar_types", "tail")
 
     def __init__(self, compiled, device, args: tuple, tail: tuple):
-        self.compiled, self.device, self.tail = compiled, device, tail
+        self.compiled, self.device, self.tail, self.n_args = compiled, device, tail, len(args)
         self.tensor_pos = tuple(i for i, a in enumerate(args) if hasattr(a, "data_ptr"))
+        self.dtypes = tuple(args[i].dtype for i in self.tensor_pos)
         # scalars (bools, ints, floats, numpy scalars) compared by value: stricter than Triton, which specialises
         # integers only and floats not at all, so a changed scalar falls back rather than guessing
         self.scalar_pos = tuple(i for i, a in enumerate(args) if isinstance(a, numbers.Number))
         self.none_pos = tuple(i for i, a in enumerate(args) if a is None)
         self.scalars = tuple(args[i] for i in self.scalar_pos)
+        self.scalar_types = tuple(type(s) for s in self.scalars)
 
 
 class KernelLaunch:
@@ -104,12 +112,15 @@ class KernelLaunch:
     def _guard(self, fast: _Fast, args: tuple) -> bool:
         """Whether ``fn[grid]`` would pick ``fast.compiled`` for ``args`` (see the module docstring)."""
         rt = self._runtime
-        if _hooked(rt.launch_enter_hook) or _hooked(rt.launch_exit_hook):
+        if len(args) != fast.n_args or _hooked(rt.launch_enter_hook) or _hooked(rt.launch_exit_hook):
             return False
         try:
             bits = 0
-            for i in fast.tensor_pos:
-                bits |= args[i].data_ptr()
+            for i, dt in zip(fast.tensor_pos, fast.dtypes):
+                a = args[i]
+                if a.dtype is not dt:
+                    return False
+                bits |= a.data_ptr()
         except AttributeError:   # a tensor position got something else
             return False
         if bits & 15:
@@ -117,8 +128,10 @@ class KernelLaunch:
         for i in fast.none_pos:
             if args[i] is not None:
                 return False
-        if tuple([args[i] for i in fast.scalar_pos]) != fast.scalars:
-            return False
+        for i, v, t in zip(fast.scalar_pos, fast.scalars, fast.scalar_types):
+            a = args[i]
+            if a != v or type(a) is not t:
+                return False
         return self._driver.get_current_device() == fast.device
 
     def _slow(self, args: tuple) -> None:
