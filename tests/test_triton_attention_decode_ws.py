@@ -250,6 +250,10 @@ def test_checks_run_once_per_layout(monkeypatch):
     with pytest.warns(RuntimeWarning, match="not 16-byte aligned"):
         kern(q8, k, v, torch.empty(s["out"], dtype=torch.bfloat16), None, aux)
     assert log == ["checked", "gluon", "checked", "attn_fwd"]
+    # a q of another dtype of the same size is a new key and is refused by name, not run as the op's bf16
+    with pytest.raises(InvalidInputError, match=r"q has dtype torch.float16, but this attention op was compiled "
+                                                r"for bfloat16"):
+        kern(q.to(torch.float16), k, v, torch.empty(s["out"], dtype=torch.bfloat16), None, aux)
 
 
 @parent_only

@@ -342,25 +342,30 @@ AUX_NAMES = ("block_table", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k")
 
 def _layout_key(q, k, v, out, lse, aux: dict) -> tuple:
     """Everything ``_check``, ``_require`` and a Gluon kernel's ``call_blocker`` read from a call: the shapes and
-    strides of q, k, v, out (and lse), where each of the four starts against a 16-byte boundary (one value per
+    strides and dtypes of q, k, v, out (and lse), where each of the four starts against a 16-byte boundary (one value per
     tensor: the Gluon kernels' ``call_blocker`` requires q, k and v aligned but not ``out``), which index arrays
     are given. Equal keys get equal verdicts, so a call whose key matches one that passed skips them (they cost
     ~10-20 us of host time a call; the element size is the op's)."""
     return (q.shape, k.shape, v.shape, out.shape, q.stride(), k.stride(), v.stride(), out.stride(),
             q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15, out.data_ptr() & 15,
-            None if lse is None else lse.shape, tuple(aux.get(n) is None for n in AUX_NAMES))
+            q.dtype, k.dtype, v.dtype, out.dtype,
+            None if lse is None else (lse.shape, lse.dtype), tuple(aux.get(n) is None for n in AUX_NAMES))
 
 
 def _check(op: Attention, shapes: dict, q, k, v, out, lse) -> None:
-    """Cheap per-call checks of what the signature cache cannot see (shapes, inner strides)."""
+    """Cheap per-call checks of what the signature cache cannot see (shapes, dtypes, inner strides)."""
+    want = str(op.dtype.value)
     for name, a in (("q", q), ("k", k), ("v", v), ("out", out)):
+        if str(a.dtype).rpartition(".")[2] != want:
+            raise InvalidInputError(f"{name} has dtype {a.dtype}, but this attention op was compiled for {want}; "
+                                    f"pass {want} arrays or compile the op for {a.dtype}")
         if tuple(a.shape) != shapes[name]:
             raise InvalidInputError(f"{name} has shape {tuple(a.shape)}, expected {shapes[name]} for this "
                                     f"{op.kv_layout.value} attention op")
         if a.shape[-1] > 1 and a.stride(-1) != 1:
             raise InvalidInputError(f"{name} has stride {a.stride(-1)} in its last dimension: the triton "
                                     f"backend needs it contiguous; pass {name}.contiguous()")
-    if op.return_lse and (lse is None or tuple(lse.shape) != shapes["lse"]):
+    if op.return_lse and (lse is None or tuple(lse.shape) != shapes["lse"] or str(lse.dtype) != "torch.float32"):
         raise InvalidInputError(f"lse must be a float32 array of shape {shapes['lse']} when return_lse=True")
 
 
