@@ -75,7 +75,7 @@
 #                   table's kernels launched one by one, whatever the check said (its JSON says it; the step fails
 #                   if either does) ($CHAIN_VARIANTS: AHEAD,PER_SM,L2_AHEAD ...)
 #   decode-step-chain  the step at ctx 2048 and 8192 with each layer after its attention as one persistent launch
-#                   (benchmarks/experiments/layer_chain.py; $CHAIN_CONFIGS, default 1,2,0 1,1,0 1,2,0,attn 1,2,0,step:
+#                   (benchmarks/experiments/layer_chain.py; $CHAIN_CONFIGS, default 1,2,0 1,2,2 1,2,0,attn 1,2,2,attn 1,2,0,step:
 #                   attn with the attention inside, the whole layer one launch; step every layer in one launch,
 #                   step_chain.py, checked bit for bit against attn), layer 0 checked
 #                   against the step's glue, alternating with the table's step (3 rounds), logits compared; no peers
@@ -177,7 +177,7 @@ for s in "$@"; do
             --out '$RES'; c=\$?; python3 benchmarks/experiments/gemv_chain.py --phase bench --tag='$TAG' --out '$RES' \
             ${CHAIN_VARIANTS:+--variants $CHAIN_VARIANTS}; b=\$?; exit \$((c | b))" ;;
         decode-step-chain) step decode-step-chain python3 benchmarks/decode_step.py --ctx 2048 8192 --no-peers \
-            --no-eager --chain ${CHAIN_CONFIGS:-1,2,0 1,1,0 1,2,0,attn 1,2,0,step} --ab-rounds 3 --tag="-chain$TAG" --out "$RES" ;;
+            --no-eager --chain ${CHAIN_CONFIGS:-1,2,0 1,2,2 1,2,0,attn 1,2,2,attn 1,2,0,step} --ab-rounds 3 --tag="-chain$TAG" --out "$RES" ;;
         ncu) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
             step ncu "${NCU:-ncu}" --profile-from-start off --clock-control none --section SpeedOfLight \
                 --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
