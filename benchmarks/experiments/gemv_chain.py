@@ -363,7 +363,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--phase", choices=("check", "bench", "lower"), required=True)
     ap.add_argument("--layers", type=int, default=32, help="layers of the bench (default 32, the decode step's)")
-    ap.add_argument("--variants", nargs="+", default=["1,2,0", "2,2,0", "1,1,0", "2,1,0", "1,2,2"],
+    ap.add_argument("--variants", nargs="+", default=["1,2,0", "2,2,0", "1,1,0", "1,2,2", "1,2,4"],
                     metavar="AHEAD,PER_SM,L2_AHEAD")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--tag", default="")
