@@ -2,10 +2,11 @@
 
 Importing this module registers, in the ``portakern`` namespace of ``torch.library``:
 
-``torch.ops.portakern.quant_gemv(x, qweight, scales, zeros, perm, kgroup, bits, group_size, zero_point, n, k, prologue=None)``
+``torch.ops.portakern.quant_gemv(x, qweight, scales, zeros, perm, kgroup, bits, group_size, zero_point, n, k, prologue=None, frag=None)``
     ``x (M, K) @ dequant(W)^T`` (``prologue="silu_mul"``: ``x (M, 2K)``, input ``silu(gate) * up``) for a weight
     already in the triton backend's GEMV layout (the
-    tensors of a ``PreparedGemvWeight``; see ``backends/triton/kernels/gemv_quant.py``). CUDA
+    tensors of a ``PreparedGemvWeight``; see ``backends/triton/kernels/gemv_quant.py``; ``frag``, where the
+    prepared weight has one, its tensor-core fragment layout, which the M = 2..16 table runs). CUDA
     tensors run the triton kernel; CPU tensors run a plain torch dequantize-and-matmul in fp32.
 
 ``torch.ops.portakern.attention(q, k, v, block_table, seqlens_k, causal, scale, window_left, window_right, softcap)``
@@ -47,11 +48,12 @@ _kernels_lock = threading.Lock()
 @torch.library.custom_op("portakern::quant_gemv", mutates_args=())
 def quant_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Optional[Tensor], perm: Optional[Tensor],
                kgroup: Optional[Tensor], bits: int, group_size: int, zero_point: int, n: int, k: int,
-               prologue: Optional[str] = None) -> Tensor:
+               prologue: Optional[str] = None, frag: Optional[Tensor] = None) -> Tensor:
     """``x (M, K) @ dequant(W (n, k))^T`` with the weight in the triton GEMV layout; returns (M, n).
     ``prologue="silu_mul"``: ``x`` is ``(M, 2k)``, gate then up, and the input is ``silu(gate) * up``
-    (``QuantGemv.prologue``)."""
-    w = PreparedGemvWeight(qweight, scales, zeros, perm, kgroup, bits, group_size, zero_point, n, k)
+    (``QuantGemv.prologue``). ``frag``: the prepared weight's fragment layout (``PreparedGemvWeight.frag``), or
+    None; without it M = 2..16 on CUDA runs a slower tensor-core kernel."""
+    w = PreparedGemvWeight(qweight, scales, zeros, perm, kgroup, bits, group_size, zero_point, n, k, frag=frag)
     return _quant_gemv_impl(x, w, prologue)
 
 
@@ -84,7 +86,8 @@ def _untraced(*tensors) -> bool:
 
 
 @quant_gemv.register_fake
-def _quant_gemv_fake(x, qweight, scales, zeros, perm, kgroup, bits, group_size, zero_point, n, k, prologue=None):
+def _quant_gemv_fake(x, qweight, scales, zeros, perm, kgroup, bits, group_size, zero_point, n, k, prologue=None,
+                     frag=None):
     return x.new_empty((x.shape[0], n))
 
 
@@ -171,15 +174,20 @@ def quant_linear(x: Tensor, w, prologue: str | None = None) -> Tensor:
         y = _quant_gemv_impl(x2, p, prologue)
     else:
         y = torch.ops.portakern.quant_gemv(x2, p.qweight, p.scales, p.zeros, p.perm, p.kgroup, p.bits,
-                                           p.group_size, p.zero_point, p.N, p.K, prologue)
+                                           p.group_size, p.zero_point, p.N, p.K, prologue, p.frag)
     return y.reshape(*x.shape[:-1], p.N)
+
+
+#: the tensors of a ``PreparedGemvWeight`` that ``QuantLinear`` keeps as buffers
+_BUFFERS = ("qweight", "scales", "zeros", "perm", "kgroup", "frag")
 
 
 class QuantLinear(torch.nn.Module):
     """``nn.Linear`` without bias over a quantized weight: ``forward(x) = x @ dequant(W)^T``.
 
-    The weight is repacked once (``prepared``) and kept as buffers, so ``.to(device)`` moves it and
-    ``torch.compile`` sees plain tensors.
+    The weight is repacked once (``prepared``) and kept as buffers (with the fragment layout the M = 2..16 kernel
+    reads, where the device has one), so ``.to(device)`` moves it and ``torch.compile`` sees plain tensors. Eager
+    calls reuse one ``PreparedGemvWeight`` over the buffers until a buffer is replaced (``.to``, ``_apply``).
     """
 
     def __init__(self, w, device: Device | str | torch.device | None = None):
@@ -187,19 +195,27 @@ class QuantLinear(torch.nn.Module):
         p = prepared(w, device)
         self.in_features, self.out_features = p.K, p.N
         self.bits, self.group_size, self.zero_point = p.bits, p.group_size, p.zero_point
-        for name in ("qweight", "scales", "zeros", "perm", "kgroup"):
+        for name in _BUFFERS:
             self.register_buffer(name, getattr(p, name))
+        self._prepared = None
+
+    def _prepared_weight(self) -> PreparedGemvWeight:
+        """The buffers as one ``PreparedGemvWeight``, built again only when a buffer object changed."""
+        p = self._prepared
+        if p is None or any(getattr(p, n) is not getattr(self, n) for n in _BUFFERS):
+            p = self._prepared = PreparedGemvWeight(self.qweight, self.scales, self.zeros, self.perm, self.kgroup,
+                                                    self.bits, self.group_size, self.zero_point, self.out_features,
+                                                    self.in_features, frag=self.frag)
+        return p
 
     def forward(self, x: Tensor) -> Tensor:
         x2 = x.reshape(-1, self.in_features)
         if _untraced(x2, self.qweight, self.scales, self.zeros):
-            w = PreparedGemvWeight(self.qweight, self.scales, self.zeros, self.perm, self.kgroup, self.bits,
-                                   self.group_size, self.zero_point, self.out_features, self.in_features)
-            y = _quant_gemv_impl(x2, w, None)
+            y = _quant_gemv_impl(x2, self._prepared_weight(), None)
         else:
             y = torch.ops.portakern.quant_gemv(x2, self.qweight, self.scales, self.zeros, self.perm, self.kgroup,
                                                self.bits, self.group_size, self.zero_point, self.out_features,
-                                               self.in_features)
+                                               self.in_features, None, self.frag)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

@@ -232,3 +232,30 @@ def test_meta_tensors_and_vmap_take_the_dispatched_op():
     xs = torch.randn(4, 2, 64)
     batched = torch.func.vmap(lin)(xs)
     torch.testing.assert_close(batched, torch.stack([lin(x) for x in xs]), rtol=0, atol=0)
+
+
+def test_quant_linear_carries_the_fragment_layout_and_reuses_its_prepared_weight(monkeypatch):
+    """``QuantLinear`` keeps the prepared weight's fragment layout (what the M = 2..16 CUDA table runs) as a buffer
+    and hands it to the kernel on both paths -- eager, and through ``torch.ops`` (compile, graphs) -- where before
+    the op rebuilt the weight without it; eager calls reuse one ``PreparedGemvWeight`` until a buffer object
+    changes."""
+    from portakern.quantize import quantize
+
+    torch.manual_seed(5)
+    lin = torch_ops.QuantLinear(quantize(torch.randn(48, 128), bits=4, group_size=128), "cpu")
+    assert "frag" in lin._buffers and lin.frag is None                      # a CPU weight has none
+    frag = torch.zeros(1, 3, 256, dtype=torch.int32)      # stands in for the CUDA-only fragment layout
+    lin.frag = frag
+    seen = []
+    real = torch_ops._quant_gemv_impl
+    monkeypatch.setattr(torch_ops, "_quant_gemv_impl", lambda x, w, pro: seen.append(w) or real(x, w, pro))
+    x = torch.randn(2, 128)
+    y0 = lin(x)
+    lin(x)
+    assert seen[0].frag is frag and seen[1] is seen[0]                      # eager: the same prepared weight
+    y1 = lin(x.clone().requires_grad_())                                    # dispatched through torch.ops
+    assert seen[2].frag is frag and seen[2] is not seen[0]
+    torch.testing.assert_close(y1.detach(), y0, rtol=0, atol=0)
+    lin._apply(lambda t: t.clone())                                         # new buffer objects (as .to does)
+    lin(x)
+    assert seen[3] is not seen[0] and seen[3].qweight is lin.qweight and seen[3].frag is lin.frag
