@@ -547,7 +547,10 @@ def main():
                         from experiments.gemv_chain import spin_error, wait_profile
                         out[name]["layer_check"] = st.chain_check
                         out[name]["spin_error"] = spin_error(st.chain)
-                        out[name]["wait_profile"] = wait_profile(st.chain)   # after the timing: its own launches
+                        try:      # after the timing: its own launches
+                            out[name]["wait_profile"] = wait_profile(st.chain)
+                        except Exception as e:
+                            out[name]["wait_profile"] = f"{type(e).__name__}: {str(e)[:200]}"
                     if name.startswith("int4_portakern_glue_"):
                         out[name]["deterministic_glues"] = same_logits(step, args.glue, args.compare_glue)
             except Exception as e:

@@ -259,9 +259,9 @@ def with_split(cfg: GemvConfig, op: QuantGemv, splits=None) -> list[GemvConfig]:
 
 
 def frag_candidates(op: QuantGemv, pdls=(False,), num_sms: int = 132) -> list[GemvConfig]:
-    """Kind "frag" (M > 1, int4 groups of a multiple of 128): the table's row counts (64 rows of 2 warps,
+    """Kind "frag" (M = 2..16, int4 groups of a multiple of 128): the table's row counts (64 rows of 2 warps,
     128 of 4) at the automatic split of K, half and twice it, with each setting in ``pdls``."""
-    if op.M < tuning.FRAG_MIN_M or op.fmt.bits != 4 or op.fmt.group_size % 128:
+    if not tuning.FRAG_MIN_M <= op.M <= 16 or op.fmt.bits != 4 or op.fmt.group_size % 128:
         return []
     out = []
     for bn, w in ((64, 2), (128, 4)):

@@ -108,9 +108,8 @@ def _cuda_kernel(x: Tensor, w: PreparedGemvWeight, prologue: str | None = None):
     return kern
 
 
-def _dequant_matmul(x: Tensor, w: PreparedGemvWeight, prologue: str | None = None) -> Tensor:
-    """CPU path: unpack the words with torch ops, ``(q - z) * s``, one fp32 matmul (``silu_mul``: of
-    ``silu(gate) * up`` in fp32)."""
+def _codes(w: PreparedGemvWeight) -> Tensor:
+    """The weight's codes ``(K, N)`` (int32, in ``qweight``'s column order) unpacked with torch ops."""
     epw = 32 // w.bits
     mask = (1 << w.bits) - 1
     q = w.qweight
@@ -118,8 +117,14 @@ def _dequant_matmul(x: Tensor, w: PreparedGemvWeight, prologue: str | None = Non
     codes = torch.stack([(q >> (w.bits * e)) & mask for e in range(epw)], dim=1)   # (KWP, epw, NP)
     # interleaved rows: (block, j, e, NP) -> (block, e, j, NP) is column k's order
     codes = codes.reshape(-1, iw, epw, q.shape[1]).transpose(1, 2)
-    codes = codes.reshape(-1, q.shape[1])[: w.K, : w.N].float()                    # (K, N)
-    g = w.kgroup.long() if w.kgroup is not None else torch.arange(w.K, device=q.device) // w.group_size
+    return codes.reshape(-1, q.shape[1])[: w.K, : w.N]
+
+
+def _dequant_matmul(x: Tensor, w: PreparedGemvWeight, prologue: str | None = None) -> Tensor:
+    """CPU path: unpack the words with torch ops, ``(q - z) * s``, one fp32 matmul (``silu_mul``: of
+    ``silu(gate) * up`` in fp32)."""
+    codes = _codes(w).float()                                                     # (K, N)
+    g = w.kgroup.long() if w.kgroup is not None else torch.arange(w.K, device=codes.device) // w.group_size
     s = w.scales.float()[g, : w.N]
     z = w.zeros.float()[g, : w.N] if w.zeros is not None else float(w.zero_point)
     wt = (codes - z) * s                                                           # (K, N) = W^T
@@ -185,9 +190,12 @@ _BUFFERS = ("qweight", "scales", "zeros", "perm", "kgroup", "frag")
 class QuantLinear(torch.nn.Module):
     """``nn.Linear`` without bias over a quantized weight: ``forward(x) = x @ dequant(W)^T``.
 
-    The weight is repacked once (``prepared``) and kept as buffers (with the fragment layout the M = 2..16 kernel
-    reads, where the device has one), so ``.to(device)`` moves it and ``torch.compile`` sees plain tensors. Eager
-    calls reuse one ``PreparedGemvWeight`` over the buffers until a buffer is replaced (``.to``, ``_apply``).
+    The weight is repacked once (``prepared``) and kept as buffers, so ``.to(device)`` moves it and
+    ``torch.compile`` sees plain tensors. Where the device has one, the buffer ``frag`` holds the same codes in the
+    fragment layout the M = 2..16 kernel reads: derived data, not saved in the state dict and rebuilt from
+    ``qweight`` after ``load_state_dict``; after writing ``qweight`` in place any other way, call
+    ``refresh_fragments()`` (else M = 2..16 would keep reading the old codes). Eager calls reuse one
+    ``PreparedGemvWeight`` over the buffers until a buffer is replaced (``.to``, ``_apply``).
     """
 
     def __init__(self, w, device: Device | str | torch.device | None = None):
@@ -196,8 +204,20 @@ class QuantLinear(torch.nn.Module):
         self.in_features, self.out_features = p.K, p.N
         self.bits, self.group_size, self.zero_point = p.bits, p.group_size, p.zero_point
         for name in _BUFFERS:
-            self.register_buffer(name, getattr(p, name))
+            self.register_buffer(name, getattr(p, name), persistent=name != "frag")
         self._prepared = None
+        self.register_load_state_dict_post_hook(lambda module, incompatible: module.refresh_fragments())
+
+    def refresh_fragments(self) -> None:
+        """Rebuild the fragment layout (``frag``, if this module has one) from ``qweight``'s codes."""
+        if self.frag is None:
+            return
+        from portakern.backends.triton.quant_gemv import N_ALIGN_WORDS, pack_fragments
+
+        w = PreparedGemvWeight(self.qweight, self.scales, self.zeros, self.perm, self.kgroup, self.bits,
+                               self.group_size, self.zero_point, self.out_features, self.in_features)
+        codes = _codes(w).T.cpu().numpy()
+        self.frag.copy_(torch.from_numpy(pack_fragments(codes, N_ALIGN_WORDS)))
 
     def _prepared_weight(self) -> PreparedGemvWeight:
         """The buffers as one ``PreparedGemvWeight``, built again only when a buffer object changed."""

@@ -436,9 +436,10 @@ def test_reset_counters_zeroes_every_synchronisation_buffer():
 
 
 def test_wait_profile_reads_the_kernels_wrapped_cycle_sums():
-    """The kernels add ``-clock`` at a program's start and ``clock`` at its leave, and each wait's cycles to its
+    """The kernels add each program's cycles from its first clock read to its leave, and each wait's cycles to its
     kind, into int32 slots after the error flag (``chain_kernels.STAT_KINDS``): sums that wrap. ``wait_profile``
-    must read them modulo 2^32 and report each kind's share of all programs' cycles."""
+    must read them modulo 2^32, report each kind's share of the programs' cycles after their wait for the previous
+    kernel, and that wait apart."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -449,26 +450,29 @@ def test_wait_profile_reads_the_kernels_wrapped_cycle_sums():
     P, K1 = 3, CK.STAT_KINDS.value + 1
     c = SimpleNamespace(programs=P, cnt=torch.zeros(1, dtype=torch.int32), done=torch.zeros(1, dtype=torch.int32),
                         exit=torch.zeros(1, dtype=torch.int32), err=torch.zeros(1 + K1 * P, dtype=torch.int32))
-    start = [2**32 - 1000, 5, 2**31 + 7]          # clocks near and past the int32 wrap
-    spans = [10_000, 20_000, 30_000]
-    waits = {1: [1000, 0, 3000], 7: [500, 500, 0], CK.ATTN_KIND.value: [0, 2000, 0]}
+    spans = [1_500_000_000, 200_000_000, 300_000_000]      # two launches of program 0 pass 2^31: the sum wraps
+    pdl = [500_000_000, 0, 100_000_000]
+    waits = {1: [100_000_000, 0, 20_000_000], 7: [50_000_000, 50_000_000, 0],
+             CK.ATTN_KIND.value: [0, 10_000_000, 0], CK.PDL_KIND.value: pdl}
 
     def launch():      # what one launch of the kernels adds, with int32 wrap-around
         acc = c.err.numpy().astype(np.int64)
         for p in range(P):
-            slot = 1 + CK.STAT_KINDS.value * P + p
-            acc[slot] += -start[p] + (start[p] + spans[p]) % 2**32
+            acc[1 + CK.STAT_KINDS.value * P + p] += spans[p]
             for k, w in waits.items():
                 acc[1 + k * P + p] += w[p]
         c.err.copy_(torch.from_numpy(((acc + 2**31) % 2**32 - 2**31).astype(np.int32)))
 
     prof = wait_profile(c, run=launch, launches=2)
-    total = sum(spans)
-    assert prof["cycles_per_call"] == total // P and prof["spin_error"] == 0
-    assert prof["wait_o"] == pytest.approx(4000 / total) and prof["wait_down"] == pytest.approx(1000 / total)
-    assert prof["wait_attention"] == pytest.approx(2000 / total) and "wait_qkv" not in prof
-    assert prof["wait_all"] == pytest.approx(7000 / total)
-    assert prof["wait_max_program"] == pytest.approx(1500 / 10_000)      # program 0: o 1000 + down 500
+    after = [s - d for s, d in zip(spans, pdl)]          # cycles after the wait for the previous kernel
+    total = sum(after)
+    assert int(c.err[1 + CK.STAT_KINDS.value * P]) < 0                      # the int32 slot did wrap
+    assert prof["cycles_per_call"] == round(total / P) and prof["spin_error"] == 0
+    assert prof["wait_o"] == pytest.approx(120e6 / total) and prof["wait_down"] == pytest.approx(100e6 / total)
+    assert prof["wait_attention"] == pytest.approx(10e6 / total) and "wait_qkv" not in prof
+    assert prof["wait_all"] == pytest.approx(230e6 / total)
+    assert prof["wait_previous_kernel"] == pytest.approx(sum(pdl) / sum(spans))
+    assert prof["wait_max_program"] == pytest.approx(60e6 / after[1])       # program 1: down + attention
 
 
 def test_chain_kernels_count_their_waits_in_cycles():
@@ -484,6 +488,7 @@ def test_chain_kernels_count_their_waits_in_cycles():
     import re
 
     # one clock read at the start and at the leave, two around the PDL wait and around each of the four phase
-    # waits; one relaxed add of cycles for each of those seven
+    # waits; one relaxed add of cycles at the leave and for each of the five waits; no write before the PDL wait
     assert ptx.count("%clock;") == 2 + 2 * 5
-    assert len(re.findall(r"(atom|red)\.global\.gpu\.relaxed\.add", ptx)) == 7
+    assert len(re.findall(r"(atom|red)\.global\.gpu\.relaxed\.add", ptx)) == 6
+    assert not re.search(r"\b(atom|red|st)\.global", ptx[:ptx.index("griddepcontrol.wait")])

@@ -36,6 +36,7 @@ def test_frag_candidates_hold_the_table_choice_with_and_without_pdl(M, N, K):
 
 def test_frag_candidates_only_where_the_kernel_serves():
     assert frag_candidates(gemv_op(1, 4096, 4096), (False, True)) == []      # M = 1: CUDA-core kernels
+    assert frag_candidates(gemv_op(32, 4096, 4096)) == []                    # the kernel holds 16 rows of x
     assert frag_candidates(gemv_op(4, 4096, 4096, bits=8)) == []             # int8: no fragment layout
     assert frag_candidates(gemv_op(4, 4096, 4096, gs=64)) == []              # groups below a 128-column chunk
     assert all(not c.pdl for c in frag_candidates(gemv_op(4, 4096, 4096)))  # pdl only when asked

@@ -259,3 +259,29 @@ def test_quant_linear_carries_the_fragment_layout_and_reuses_its_prepared_weight
     lin._apply(lambda t: t.clone())                                         # new buffer objects (as .to does)
     lin(x)
     assert seen[3] is not seen[0] and seen[3].qweight is lin.qweight and seen[3].frag is lin.frag
+
+
+def test_fragment_layout_is_derived_not_saved_and_follows_loaded_codes():
+    """``frag`` (present on CUDA) is derived from ``qweight``: it stays out of the state dict (CPU- and CUDA-built
+    modules load each other's), and ``load_state_dict`` rebuilds it from the loaded codes, so M = 2..16 never
+    reads a previous weight's codes."""
+    import numpy as np
+
+    from portakern.backends.triton.quant_gemv import N_ALIGN_WORDS, pack_fragments
+    from portakern.ir.packing import unpack
+    from portakern.quantize import quantize
+
+    torch.manual_seed(6)
+    w_old, w_new = (quantize(torch.randn(40, 256), bits=4, group_size=128) for _ in range(2))
+
+    def frag_of(w):   # what prepare_weight builds on a CUDA device
+        codes = unpack(w.fmt, {k: np.asarray(v) for k, v in w.tensors.items()}, w.N, w.K)[0]
+        return torch.from_numpy(pack_fragments(codes, N_ALIGN_WORDS))
+
+    lin = torch_ops.QuantLinear(w_old, "cpu")
+    lin.frag = frag_of(w_old)                            # as a CUDA-built module has it
+    state = torch_ops.QuantLinear(w_new, "cpu").state_dict()
+    assert "frag" not in state and "frag" not in lin.state_dict()
+    lin.load_state_dict(state)                           # strict: no missing or unexpected key
+    torch.testing.assert_close(lin.frag, frag_of(w_new), rtol=0, atol=0)
+    assert not torch.equal(lin.frag, frag_of(w_old))

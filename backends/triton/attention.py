@@ -365,7 +365,7 @@ def _check(op: Attention, shapes: dict, q, k, v, out, lse) -> None:
         if a.shape[-1] > 1 and a.stride(-1) != 1:
             raise InvalidInputError(f"{name} has stride {a.stride(-1)} in its last dimension: the triton "
                                     f"backend needs it contiguous; pass {name}.contiguous()")
-    if op.return_lse and (lse is None or tuple(lse.shape) != shapes["lse"] or str(lse.dtype) != "torch.float32"):
+    if op.return_lse and (lse is None or tuple(lse.shape) != shapes["lse"] or str(lse.dtype).rpartition(".")[2] != "float32"):
         raise InvalidInputError(f"lse must be a float32 array of shape {shapes['lse']} when return_lse=True")
 
 

@@ -252,22 +252,16 @@ def _phase(idx, x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, r_ptr, ss_ptr, nw_ptr, q_p
 
 
 @gluon.jit
-def _leave(done_ptr, exit_ptr, err_ptr, n_phases, P, NW: gl.constexpr):
+def _leave(done_ptr, exit_ptr, err_ptr, n_phases, P, t_start, NW: gl.constexpr):
     """The last program out resets the launch's ``n_phases`` phase counters and the exit counter; every program
-    adds its cycles since ``_enter`` to its statistics."""
-    _count_cycles(err_ptr, STAT_KINDS, _clock())
+    adds its cycles since ``t_start`` (its first clock read) to its statistics."""
+    _count_cycles(err_ptr, STAT_KINDS, _clock() - t_start)
     cta_barrier()
     left = gl.atomic_add(exit_ptr, 1, sem="acq_rel")
     if left == P - 1:
         offs = gl.arange(0, MAX_PHASES, layout=gl.BlockedLayout([1], [32], [NW], [0]))
         gl.store(done_ptr + offs, gl.zeros_like(offs), mask=offs < n_phases)
         gl.atomic_xchg(exit_ptr, 0)
-
-
-@gluon.jit
-def _enter(err_ptr):
-    """A program's start in its statistics (``_leave`` adds the end)."""
-    _count_cycles(err_ptr, STAT_KINDS, 0 - _clock())
 
 
 @gluon.jit
@@ -286,7 +280,7 @@ def gemv_chain_kernel(qw0, s0, z0, o0, qw1, s1, z1, o1, qw2, s2, z2, o2, qw3, s3
     (scales and zeros at ``+ l LSj``); ``Nj``, ``Tj`` (column tiles) and ``SQj`` (row stride of the words)."""
     pid = gl.program_id(0)
     P = gl.num_programs(0)
-    _enter(err_ptr)
+    t_start = _clock()          # kept in a register: nothing is written before the PDL wait
     for l in range(layers):
         lw = l.to(gl.int64)
         b = 4 * l
@@ -302,7 +296,7 @@ def gemv_chain_kernel(qw0, s0, z0, o0, qw1, s1, z1, o1, qw2, s2, z2, o2, qw3, s3
         _phase(b + 3, o2, qw3 + lw * LW3, s3 + lw * LS3, z3 + lw * LS3, o3, ws_ptr, ws_ptr, o3, o3, o3, o3, ws_ptr,
                ws_ptr, ws_ptr, cnt_ptr, done_ptr + b + 3, T2, err_ptr, N3, T3, SQ3, pid, P, G3, XS3, BY3, TR, BN, WR,
                WC, AHEAD, IW, ZP, HAS_Z, L2_AHEAD, PDL, SPIN_LIMIT, PRO_PLAIN, EPI_STORE, 1, 0.0)
-    _leave(done_ptr, exit_ptr, err_ptr, 4 * layers, P, WR * WC)
+    _leave(done_ptr, exit_ptr, err_ptr, 4 * layers, P, t_start, WR * WC)
 
 
 @gluon.jit
@@ -353,12 +347,12 @@ def layer_chain_kernel(a_ptr, qw0, s0, z0, qw1, s1, z1, gu_ptr, qw2, s2, z2, qw3
     (``EPI_STORE`` into ``o3``). ``ss`` holds the residual's ``NSS`` per-tile sums of squares."""
     pid = gl.program_id(0)
     P = gl.num_programs(0)
-    _enter(err_ptr)
+    t_start = _clock()          # kept in a register: nothing is written before the PDL wait
     _layer_gemvs(0, 0, a_ptr, qw0, s0, z0, qw1, s1, z1, gu_ptr, qw2, s2, z2, qw3, s3, z3, o3, r_ptr, ss_ptr, nw1_ptr,
                  nw3_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, ws_ptr, cnt_ptr, done_ptr, err_ptr,
                  N0, T0, SQ0, N1, T1, SQ1, N2, T2, SQ2, N3, T3, SQ3, pid, P, G0, XS0, BY0, G1, XS1, BY1, G2, XS2, BY2,
                  G3, XS3, BY3, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z, L2_AHEAD, PDL, SPIN_LIMIT, EPI3, NSS, EPS)
-    _leave(done_ptr, exit_ptr, err_ptr, 4, P, WR * WC)
+    _leave(done_ptr, exit_ptr, err_ptr, 4, P, t_start, WR * WC)
 
 
 # -- the paged decode attention as a phase (decode_layer_kernel) ---------------------------------------------------
@@ -472,7 +466,7 @@ def decode_layer_kernel(q_ptr, kv_ptr, bt_ptr, part_ptr, a_ptr, qw0, s0, z0, qw1
     the next layer is rotated back into ``q_ptr`` by phase 4's epilogue (the attention has read it by then)."""
     pid = gl.program_id(0)
     P = gl.num_programs(0)
-    _enter(err_ptr)
+    t_start = _clock()          # kept in a register: nothing is written before the PDL wait
     NW: gl.constexpr = WR * WC
     _attn_phase(True, q_ptr, kv_ptr, bt_ptr, part_ptr, a_ptr, cnt_ptr, done_ptr, 0, err_ptr, seqlen, kv_plane, pid, P,
                 PDL, HKV, QG, PAGE, D, NPMAX, NW, SM_SCALE, SPIN_LIMIT)
@@ -480,7 +474,7 @@ def decode_layer_kernel(q_ptr, kv_ptr, bt_ptr, part_ptr, a_ptr, qw0, s0, z0, qw1
                  nw1_ptr, nw3_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, ws_ptr, cnt_ptr, done_ptr, err_ptr,
                  N0, T0, SQ0, N1, T1, SQ1, N2, T2, SQ2, N3, T3, SQ3, pid, P, G0, XS0, BY0, G1, XS1, BY1, G2, XS2, BY2,
                  G3, XS3, BY3, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z, L2_AHEAD, PDL, SPIN_LIMIT, EPI3, NSS, EPS)
-    _leave(done_ptr, exit_ptr, err_ptr, 5, P, NW)
+    _leave(done_ptr, exit_ptr, err_ptr, 5, P, t_start, NW)
 
 
 @gluon.jit
@@ -507,7 +501,7 @@ def decode_step_kernel(q_ptr, kv_ptr, bt_ptr, part_ptr, a_ptr, qwO, sO, zO, qwG,
     layer; layer l's attention waits for layer l - 1's qkv (``T3`` tiles)."""
     pid = gl.program_id(0)
     P = gl.num_programs(0)
-    _enter(err_ptr)
+    t_start = _clock()          # kept in a register: nothing is written before the PDL wait
     NW: gl.constexpr = WR * WC
     for l in range(layers):
         lw = l.to(gl.int64)
@@ -532,4 +526,4 @@ def decode_step_kernel(q_ptr, kv_ptr, bt_ptr, part_ptr, a_ptr, qwO, sO, zO, qwG,
                          N0, T0, SQ0, N1, T1, SQ1, N2, T2, SQ2, N4, T4, SQ4, pid, P, G0, XS0, BY0, G1, XS1, BY1, G2,
                          XS2, BY2, G4, XS4, BY4, TR, BN, WR, WC, AHEAD, IW, ZP, HAS_Z, L2_AHEAD, PDL, SPIN_LIMIT,
                          EPI_STORE, NSS, EPS)
-    _leave(done_ptr, exit_ptr, err_ptr, 5 * layers, P, NW)
+    _leave(done_ptr, exit_ptr, err_ptr, 5 * layers, P, t_start, NW)

@@ -158,8 +158,11 @@ KIND_NAMES = {0: "gemv", 1: "o", 3: "gate_up_or_lm", 5: "qkv", 7: "down", ATTN_K
 def wait_profile(chain, run=None, launches: int = 16) -> dict:
     """Where a chain's programs wait: ``launches`` calls of ``run`` (default: the chain) from zeroed counters, then
     the cycles spent waiting before each kind of phase (``KIND_NAMES``) as a fraction of all programs' cycles from
-    start to leave, their sum (``wait_all``), the most any one program waited (``wait_max_program``) and the mean
-    cycles of a program per launch (a step of a layer chain is one call and several launches: per call)."""
+    the end of their wait for the previous kernel to their leave, their sum (``wait_all``), the most any one
+    program waited (``wait_max_program``) and the mean such cycles of a program per call (a step of a layer
+    chain is one call and several launches). The wait for the previous kernel is reported apart, as a fraction
+    of the programs' whole time (``wait_previous_kernel``): with room for two launches' programs on an SM (one
+    per SM), a launch's programs become resident early and wait out most of the launch before them."""
     import torch
 
     reset_counters(chain)
@@ -169,12 +172,16 @@ def wait_profile(chain, run=None, launches: int = 16) -> dict:
         torch.cuda.synchronize()
     k1, P = STAT_KINDS.value + 1, chain.programs
     v = (chain.err[1:1 + k1 * P].to(torch.int64).cpu() % 2**32).double().view(k1, P)   # int32 sums that wrapped
-    total, waits = v[-1], v[:-1]
+    pdl = v[PDL_KIND.value]
+    waits = torch.cat([v[:PDL_KIND.value], v[PDL_KIND.value + 1:-1]])
+    names = {k - (k > PDL_KIND.value): n for k, n in KIND_NAMES.items() if k != PDL_KIND.value}
+    total = (v[-1] - pdl).clamp(min=1)            # from the end of the wait for the previous kernel to the leave
     out = {"launches": launches, "spin_error": spin_error(chain),
            "cycles_per_call": round(float(total.mean()) / launches),
            "wait_all": float(waits.sum() / total.sum()),
-           "wait_max_program": float((waits.sum(0) / total.clamp(min=1)).max())}
-    out.update({f"wait_{name}": float(waits[k].sum() / total.sum()) for k, name in KIND_NAMES.items()
+           "wait_max_program": float((waits.sum(0) / total).max()),
+           "wait_previous_kernel": float(pdl.sum() / v[-1].sum().clamp(min=1))}
+    out.update({f"wait_{name}": float(waits[k].sum() / total.sum()) for k, name in names.items()
                 if waits[k].sum() > 0})
     return out
 
