@@ -260,11 +260,12 @@ def with_split(cfg: GemvConfig, op: QuantGemv, splits=None) -> list[GemvConfig]:
 
 def frag_candidates(op: QuantGemv, pdls=(False,), num_sms: int = 132) -> list[GemvConfig]:
     """Kind "frag" (M = 2..16, int4 groups of a multiple of 128): the table's row counts (64 rows of 2 warps,
-    128 of 4) at the automatic split of K, half and twice it, with each setting in ``pdls``."""
+    128 and 256 of 4; 256 is the LM head's) at the automatic split of K, half and twice it, with each setting in
+    ``pdls``."""
     if not tuning.FRAG_MIN_M <= op.M <= 16 or op.fmt.bits != 4 or op.fmt.group_size % 128:
         return []
     out = []
-    for bn, w in ((64, 2), (128, 4)):
+    for bn, w in ((64, 2), (128, 4), (256, 4)):
         base = GemvConfig("frag", bn, 32, w)
         auto = tuning.frag_split(op.N, op.K, base, op.M, num_sms)
         for sk in sorted({max(1, auto // 2), auto, min(2 * auto, tuning.FRAG_MAX_SPLIT)}):
