@@ -96,6 +96,8 @@ def _layout(N=4096, K=4096, gs=128, frag=True, bits=4):
 def test_table_takes_frag_for_bf16_small_m_on_gpus(M):
     cfg = T.choose(_layout(), M, 4096, "sm_90", 132, dtype="bfloat16")
     assert cfg.kind == "frag" and cfg.block_n == 64 and cfg.num_warps == 2
+    assert cfg.pdl      # H200 session 21 sweep: with PDL best or within noise on 10 of 12 shapes
+    assert not T.choose(_layout(), M, 4096, "sm_80", 108, dtype="bfloat16").pdl    # no griddepcontrol there
     assert T.block_m("frag", M) == (8 if M <= 8 else 16)
 
 

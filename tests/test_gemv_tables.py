@@ -72,9 +72,9 @@ def test_tables_use_group_resident_tiles_for_large_regular_int4_m1_and_fit_guard
 
 
 def test_tables_use_pdl_for_the_cuda_core_kernel_on_sm90_and_later_only():
-    """The GPU tables launch the CUDA-core kernel with pdl from sm_90 on (measured faster on the H200),
-    never the tensor-core kernel (measured slower) nor sm_80 or the interpreter (it cannot run there);
-    autotuning candidates keep the table's setting."""
+    """The GPU tables launch the CUDA-core and fragment-layout ("frag") kernels with pdl from sm_90 on
+    (measured faster on the H200), never the Triton tensor-core kernel (measured slower) nor sm_80 or the
+    interpreter (it cannot run there); autotuning candidates keep the table's setting."""
     from portakern.backends.triton import gemv_tuning as T
     from portakern.backends.triton import quant_gemv as Q
     from portakern.ir import DType, Packing, QuantFormat
@@ -85,7 +85,7 @@ def test_tables_use_pdl_for_the_cuda_core_kernel_on_sm90_and_later_only():
         lay = Q._LayoutStub(QuantGemv(M=M, N=4096, K=4096, dtype=DType.bfloat16, fmt=fmt))
         for arch in ("sm_80", "sm_90", "sm_100", "sm_120", "interp"):
             cfg = T.choose(lay, M, 4096, arch, 132)
-            assert cfg.pdl == (cfg.kind == "fma" and arch in ("sm_90", "sm_100", "sm_120")), (arch, cfg)
+            assert cfg.pdl == (cfg.kind in ("fma", "frag") and arch in ("sm_90", "sm_100", "sm_120")), (arch, cfg)
         cands = T.candidates(lay, M, 4096, "sm_90", 132)
         assert cands[0] == T.choose(lay, M, 4096, "sm_90", 132)
         assert all(c.pdl == cands[0].pdl and c.prefetch == 1 for c in cands if c.kind != "stream")

@@ -85,6 +85,12 @@ FRAG_WIDE_MIN_N = 65536
 #: at 16384^2, M=16: 58.4 / 61.4 us with 4 slices (two sweeps) against 66.2 for the 64-row entry in
 #: the bench; set from the sweeps, not yet re-benched as the table's choice
 FRAG_TALL_MIN_NK = 1 << 28
+#: The "frag" tables launch it as a programmatic dependent (sm_90+). H200 session 21 sweep
+#: (``results/gemv-2026-12-05-frag-sweep-s21.json``, M = 4 and 16, six shapes, each candidate with and without):
+#: with PDL best or within noise on 10 of 12 (M=4 4096^2 7.10 vs 7.90 us, 14336x4096 14.22 vs 14.64, 28672x8192
+#: 39.97 vs 41.15; M=16 4096^2 9.36 vs 10.16, 8192^2 18.13 vs 18.98), 0.3-0.45 us behind at M=4 4096x14336 and
+#: 8192^2
+FRAG_PDL = True
 #: M=1 stays on the CUDA-core kernel: the "frag" kernel tied it within ~3% (H200 session 7: 28672x8192
 #: 37.8 vs 38.7 us, 4096^2 7.0 vs 6.3), and the CUDA-core kernel serves every format and dtype
 FRAG_MIN_M = 2
@@ -131,9 +137,8 @@ class GemvConfig:
     pdl        programmatic dependent launch (sm_90+, compiled kernels only): the kernel may start
                while the previous kernel in the stream drains; it requests its first weight tiles,
                then waits for that kernel (``griddepcontrol.wait``) before touching x or the output.
-               The GPU tables' choice for the CUDA-core and stream kernels; "frag" accepts it (its
-               first chunk's words, scales and zeros before the wait) but no table takes it yet
-               (session 20: built, not measured; the sweep ``gemv.py --sweep --frag 1 --pdl 0 1`` times it)
+               The GPU tables' choice for the CUDA-core, stream and "frag" kernels ("frag": its first
+               chunk's words, scales and zeros before the wait; ``FRAG_PDL``)
     group_rows (CUDA-core kernel) every K tile lies in one quantization group (``fit`` caps block_kw
                at the words per group) and each thread holds all of its rows: the products are
                summed over the rows in registers and scaled once per tile and column instead of
@@ -202,11 +207,12 @@ def _table(arch: str, kind: str, M: int, N: int, K: int, bits: int, rows_ok: boo
         return (GemvConfig("fma", block_n=8, block_kw=8, num_warps=1) if kind == "fma"
                 else GemvConfig(kind, block_n=16, block_kw=16, num_warps=1))
     if kind == "frag":
+        pdl = arch in PDL_ARCHS and FRAG_PDL
         if N >= FRAG_WIDE_MIN_N:
-            return GemvConfig("frag", block_n=256, block_kw=32, num_warps=4)
+            return GemvConfig("frag", block_n=256, block_kw=32, num_warps=4, pdl=pdl)
         if M > 8 and N * K >= FRAG_TALL_MIN_NK:
-            return GemvConfig("frag", block_n=128, block_kw=32, num_warps=4)
-        return GemvConfig("frag", block_n=64, block_kw=32, num_warps=2)
+            return GemvConfig("frag", block_n=128, block_kw=32, num_warps=4, pdl=pdl)
+        return GemvConfig("frag", block_n=64, block_kw=32, num_warps=2, pdl=pdl)
     if kind == "mma":
         # H200 session 5 (M=16, benchmarks/gemv_notes.md v7): 64 columns and 4 warps beat 128 and 8 on
         # every shape; x read in runs won 4096x14336 (24.3 vs 32.0 us) and 4096^2 (11.2 vs 13.3), the
