@@ -37,3 +37,26 @@ def test_each_mode_removes_its_part_and_mode_0_is_the_backend_kernel(M, N, K):
     assert wide[MODES["no_x"]] < wide[0]                                # x's 16-byte tiles gone, the words stay
     assert wide[MODES["no_math"]] == wide[0] and wide[MODES["no_merge"]] == wide[0]
     assert all(v["spilled"] == 0 for v in r.values()), {m: v["spilled"] for m, v in r.items()}
+
+
+@parent_only
+@pytest.mark.parametrize("M, N, K", [(4, 4096, 4096), (16, 28672, 8192)])
+def test_the_other_split_k_merge_lowers_with_the_same_loop_and_its_own_atomics(M, N, K):
+    """MERGE = 1 (the grid's last slice merges): the chunk loop is untouched (same MMAs and wide loads), nothing
+    spills, the publishing slices count with a release atomic, the merging slice polls with acquire atomics in a
+    loop and resets the count; MERGE = 0 reads its count back with one acquire-release atomic."""
+    import re
+
+    from frag_anatomy import lower_modes
+
+    r = lower_modes(M, N, K)
+    zero, one = r[0]["ptx"], r["merge_other"]["ptx"]
+    assert r["merge_other"]["mma"] == r[0]["mma"] and r["merge_other"]["spilled"] == 0
+    wide = {m: v["ptx"].count("ld.global.v4") + v["ptx"].count("ld.global.nc.v4") for m, v in r.items()}
+    assert wide["merge_other"] == wide[0]
+    assert re.search(r"atom\.global\.gpu\.acq_rel\.add|atom\.global\.acq_rel\.gpu\.add", zero), "MERGE 0's counter"
+    assert not re.search(r"acq_rel\.add", one)                          # no count read back by the publishers
+    assert re.search(r"(atom|red)\.global\.(gpu\.release|release\.gpu)\.add", one)
+    polls = r"(atom\.global\.(gpu\.acquire|acquire\.gpu)\.add|ld\.global\.(gpu\.acquire|acquire\.gpu))"
+    assert len(re.findall(polls, one)) >= 2                             # the first poll and the loop's
+    assert re.search(r"atom\.global\.[a-z_.]*exch", one)               # the count reset

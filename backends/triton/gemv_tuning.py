@@ -91,6 +91,10 @@ FRAG_TALL_MIN_NK = 1 << 28
 #: 39.97 vs 41.15; M=16 4096^2 9.36 vs 10.16, 8192^2 18.13 vs 18.98), 0.3-0.45 us behind at M=4 4096x14336 and
 #: 8192^2
 FRAG_PDL = True
+#: The "frag" kernel's split-K merge (``kernels/gemv_frag.py``, ``MERGE``): 0, the last slice to arrive adds the
+#: partials; 1, the grid's last slice does (the others leave without reading the count back). Session 21 anatomy:
+#: the merge costs 2.1-3.3 us at N * K <= 2^26; 1 is timed against 0 by ``experiments/frag_anatomy.py``
+FRAG_MERGE = 0
 #: M=1 stays on the CUDA-core kernel: the "frag" kernel tied it within ~3% (H200 session 7: 28672x8192
 #: 37.8 vs 38.7 us, 4096^2 7.0 vs 6.3), and the CUDA-core kernel serves every format and dtype
 FRAG_MIN_M = 2

@@ -10,6 +10,8 @@ kernel's measurement-only ``MODE`` (``kernels/gemv_frag.py``; those results are 
 * ``no_merge``  MODE 2: every K slice stores its partial as the output (no workspace, counter, last-slice loads)
 * ``no_x``      MODE 4: x never loaded (a constant tile)
 * ``loads``     MODE 3: no arithmetic and no merge: the grid's loads alone
+* ``merge_other`` the table's kernel with its other split-K merge (``MERGE``, ``kernels/gemv_frag.py``; a real
+                kernel): first checked bit for bit against the table's on a NaN-poisoned output, then timed
 * ``read``      the read floor (``read_floor.py``): a plain read of the weight's bytes, best of its shapes
 
 Differences name the parts: frag - no_math = arithmetic not hidden behind the loads; frag - no_merge = split-K
@@ -37,8 +39,9 @@ MODES = {"no_math": 1, "no_merge": 2, "no_x": 4, "loads": 3}
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (28672, 8192), (16384, 16384)]
 
 
-def with_mode(kern, mode: int):
-    """A copy of ``kern``'s (built) frag launcher that launches with ``MODE = mode``: ``f(x, w, out)``."""
+def with_mode(kern, mode: int, merge: int | None = None):
+    """A copy of ``kern``'s (built) frag launcher that launches with ``MODE = mode`` (and ``MERGE = merge`` if
+    given): ``f(x, w, out)``."""
     import copy
 
     from portakern.backends.triton.launch import KernelLaunch
@@ -46,9 +49,25 @@ def with_mode(kern, mode: int):
     ln = copy.copy(next(iter(kern.launchers.values())))
     if ln.kind != "frag":
         raise ValueError(f"the table chose kind {ln.kind!r}, not 'frag': no MODE to set")
-    ln.consts = {**ln.consts, "MODE": mode}
+    ln.consts = {**ln.consts, "MODE": mode, **({} if merge is None else {"MERGE": merge})}
     ln.launch = KernelLaunch(ln.fn, ln.grid, ln.consts, ln.opts, False)
     return ln
+
+
+def _same_bits(ln, other, xwo) -> bool:
+    """Whether launcher ``other`` writes the same bits as ``ln`` on the operands ``xwo`` (NaN-poisoned output,
+    three launches each: the split-K counters must come back to zero between them)."""
+    import torch
+
+    x, w, out = xwo
+    outs = []
+    for f in (ln, other):
+        for _ in range(3):
+            out.fill_(float("nan"))
+            f(x, w, out)
+        torch.cuda.synchronize()
+        outs.append(out.clone())
+    return bool(torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))) and bool(outs[0].isfinite().all())
 
 
 def _registers(ln) -> int | None:
@@ -89,6 +108,11 @@ def bench(args) -> None:
                     mk = with_mode(kern, mode)
                     row[name] = GB.graph_us([(lambda s=s: mk(*s)) for s in sets])
                     row["regs"][name] = _registers(mk)
+                # the other split-K merge (a real kernel): checked bit for bit against the table's, then timed
+                other = 1 - int(ln.consts["MERGE"])
+                mk = with_mode(kern, 0, merge=other)
+                row["merge_other"] = {"MERGE": other, "bit_equal": _same_bits(ln, mk, sets[0])}
+                row["merge_other"]["us"] = GB.graph_us([(lambda s=s: mk(*s)) for s in sets])
                 del fns, sets
             except Exception as e:       # recorded; the other shapes go on
                 row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
@@ -99,15 +123,18 @@ def bench(args) -> None:
                 torch.cuda.empty_cache()
             row["read"] = reads[(N, K)]
             res["rows"].append(row)
+            mo = row.get("merge_other", {})
             print(f"{M:>2} {N:>6}x{K:<5} {row['floor_us']:6.2f} "
                   + " ".join(f"{row[c]:9.2f}" if isinstance(row.get(c), float) else f"{'x':>9}" for c in cols)
+                  + (f"  MERGE={mo['MERGE']} {mo.get('us', float('nan')):.2f} equal={mo['bit_equal']}" if mo else "")
                   + (f"  {row['error']}" if "error" in row else ""), flush=True)
     H.write(res, args.out, "frag-anatomy", args.tag)
 
 
 def lower_modes(M: int, N: int, K: int) -> dict[int, dict]:
-    """Every MODE of the sm_90 table's "frag" entry for ``(M, N, K)`` lowered for sm_90a (no GPU): per mode its
-    PTX, registers, bytes spilled (``ptxas``), MMAs and global atomics."""
+    """Every MODE of the sm_90 table's "frag" entry for ``(M, N, K)`` lowered for sm_90a (no GPU), and the table's
+    kernel with its other split-K merge (key ``"merge_other"``): per mode its PTX, registers, bytes spilled
+    (``ptxas``), MMAs and global atomics."""
     from experiments.chain_lowering import ptxas_registers
 
     from portakern.backends.triton import gemv_tuning as T
@@ -119,8 +146,9 @@ def lower_modes(M: int, N: int, K: int) -> dict[int, dict]:
     lay = Q._LayoutStub(op)
     cfg = T.choose(lay, M, N, "sm_90", 132, dtype="bfloat16")
     out = {}
-    for mode in (0, *MODES.values()):
-        consts = {**Q._consts_for(op, lay, cfg), "MODE": mode}
+    base = Q._consts_for(op, lay, cfg)
+    for mode in (0, *MODES.values(), "merge_other"):
+        consts = ({**base, "MERGE": 1 - base["MERGE"]} if mode == "merge_other" else {**base, "MODE": mode})
         ptx = Q._compile_frag_for_target(op, "sm_90a", 90, cfg, Q._kernel_fn(cfg), consts,
                                          _FRAG_POINTERS)["kernels"]["gemv_frag_kernel"]["ptx"]
         regs, spilled = ptxas_registers(ptx)

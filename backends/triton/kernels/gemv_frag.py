@@ -34,6 +34,8 @@ cta_barrier = load("gluon_compat").cta_barrier
 _wait_for_producer = load("gluon_compat").wait_for_producer
 
 UNIT_WORDS = gl.constexpr(128)
+#: polls of the split-K counter by the merging slice (``MERGE = 1``) before it gives up and stores NaN: ~1 s
+MERGE_SPIN_LIMIT = gl.constexpr(1 << 20)
 
 
 @gluon.jit
@@ -165,11 +167,39 @@ def _anatomy_chunks(acc, w0, s0, z0, w_ptrs, x_ptrs, s_ptrs, z_ptrs, c_lo, c_hi,
 
 
 @gluon.jit
+def _merge_in_last_slice(acc, ws_ptr, lock, out_ptr, pid_k, mo, ns, omask, N, stride_om, BM: gl.constexpr,
+                         SPLIT_K: gl.constexpr):
+    """Split-K merge by the grid's last slice (``MERGE = 1``). Slices ``0 .. SPLIT_K - 2`` publish their partial and
+    count themselves (release; the count is not read back, so they leave at once). The last slice, launched after all
+    of them, polls the count (acquire), adds the published partials in slice order and its own last (the bits of
+    ``MERGE = 0``), stores the output and resets the count. A count that never completes (it cannot while every
+    earlier program runs to its end) stores NaN after ``MERGE_SPIN_LIMIT`` polls instead of hanging the GPU."""
+    if pid_k < SPLIT_K - 1:
+        gl.store(ws_ptr + (pid_k * BM + mo[None, :]) * N + ns[:, None], acc, mask=omask)
+        cta_barrier()
+        gl.atomic_add(lock, 1, sem="release")
+    else:
+        seen = gl.atomic_add(lock, 0, sem="acquire")
+        polls = 0
+        while (seen < SPLIT_K - 1) & (polls < MERGE_SPIN_LIMIT):
+            seen = gl.atomic_add(lock, 0, sem="acquire")
+            polls += 1
+        tot = gl.zeros_like(acc)
+        for sk in gl.static_range(SPLIT_K - 1):
+            tot += gl.load(ws_ptr + (sk * BM + mo[None, :]) * N + ns[:, None], mask=omask, other=0.0,
+                           cache_modifier=".cg")
+        tot += acc
+        tot = gl.where(seen < SPLIT_K - 1, float("nan"), tot)
+        gl.store(out_ptr + mo[None, :] * stride_om + ns[:, None], tot.to(out_ptr.dtype.element_ty), mask=omask)
+        gl.atomic_xchg(lock, 0)
+
+
+@gluon.jit
 def gemv_frag_kernel(x_ptr, fw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr,
                      M, N, K, KC, stride_s, stride_xm, stride_om, KC_SPLIT, stride_u, stride_c,
                      BM: gl.constexpr, W: gl.constexpr, NT: gl.constexpr, GS: gl.constexpr,
                      HAS_Z: gl.constexpr, ZP: gl.constexpr, SPLIT_K: gl.constexpr, PDL: gl.constexpr,
-                     MODE: gl.constexpr):
+                     MODE: gl.constexpr, MERGE: gl.constexpr):
     """``out (M, N) = x (M, K) @ dequant(W)^T`` with W's int4 words in the fragment layout: a program
     owns ``16 W NT`` rows of W (``NT`` units per warp) and one of ``SPLIT_K`` slices of ``KC_SPLIT``
     128-column chunks; ``BM`` (8 or 16) columns of the MMA result are rows of x. Unit ``u`` of chunk
@@ -177,7 +207,11 @@ def gemv_frag_kernel(x_ptr, fw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr,
     (sm_90+): the first chunk's words, scales and zeros (constant) are requested before
     ``griddepcontrol.wait``, x and every store after it. ``MODE`` (measurement only, ``experiments/frag_anatomy.py``;
     0 in every real launch) removes parts, giving wrong results: bit 1 the arithmetic (the loaded values are only
-    XORed / added up), bit 2 the split-K merge (every slice stores its partial as the output), bit 4 the x loads."""
+    XORed / added up), bit 2 the split-K merge (every slice stores its partial as the output), bit 4 the x loads.
+    ``MERGE`` (split K): 0, the last slice to arrive adds the partials (every slice publishes its partial, then
+    counts itself with an acquire-release atomic and reads the count back); 1, the grid's last slice adds them (it is
+    dispatched after every other slice of the grid: the others publish and count themselves without waiting for the
+    count, the last one keeps its own partial in registers and polls the count). Both sum in slice order: equal bits."""
     J: gl.constexpr = W * NT           # 16-row units per program
     BN: gl.constexpr = 16 * J
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[W, 1], instr_shape=[16, 8])
@@ -224,6 +258,8 @@ def gemv_frag_kernel(x_ptr, fw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr,
     omask = (mo[None, :] < M) & (ns[:, None] < N)
     if (SPLIT_K == 1) | (MODE % 4 >= 2):
         gl.store(out_ptr + mo[None, :] * stride_om + ns[:, None], acc.to(out_ptr.dtype.element_ty), mask=omask)
+    elif MERGE == 1:
+        _merge_in_last_slice(acc, ws_ptr, lock_ptr + pid_n, out_ptr, pid_k, mo, ns, omask, N, stride_om, BM, SPLIT_K)
     else:
         gl.store(ws_ptr + (pid_k * BM + mo[None, :]) * N + ns[:, None], acc, mask=omask)
         cta_barrier()
