@@ -32,6 +32,8 @@
 #                   table rows with the winners beside tinygemm (session 20: built, not yet run)
 #   frag-anatomy    benchmarks/experiments/frag_anatomy.py: the M = 4 / 16 "frag" kernel with its arithmetic, split-K
 #                   merge or x loads removed (measurement-only MODE), beside a plain read (session 20: not yet run)
+#   merge-ab        benchmarks/experiments/merge_ab.py: the CUDA-core (M=1) and "frag" (M=4/16) kernels' two split-K
+#                   merges (last slice to arrive / the grid's last slice), bit-compared, then timed alternately
 #   gemv-mma-sweep  benchmarks/gemv.py --sweep at M 4 and 16 over the group-scaled tensor-core kernel
 #                   (kind "mma"), then the main table with the winners
 #   gemv-mma-m1-sweep  the same kernel at M=1 (pdl) against both CUDA-core tile families, three shapes
@@ -136,6 +138,7 @@ for s in "$@"; do
         gemv-frag-sweep) step gemv-frag-sweep python3 benchmarks/gemv.py --sweep --ms 4 16 --swap none --frag 1 \
             --pdl 0 1 --table-bits 4 --sweep-shapes 4096x4096 14336x4096 4096x14336 8192x8192 28672x8192 16384x16384 \
             --tag="-frag-sweep$TAG" --out "$RES" ;;
+        merge-ab) step merge-ab python3 benchmarks/experiments/merge_ab.py --tag="$TAG" --out "$RES" ;;
         frag-anatomy) step frag-anatomy python3 benchmarks/experiments/frag_anatomy.py --tag="$TAG" --out "$RES" ;;
         gemv-mma-sweep) step gemv-mma-sweep python3 benchmarks/gemv.py --sweep --ms 4 16 --swap none --mma 1 \
             --mma-bn 64 128 --mma-warps 4 --mma-stages 1 3 \

@@ -95,6 +95,9 @@ FRAG_PDL = True
 #: partials; 1, the grid's last slice does (the others leave without reading the count back). Session 21 anatomy:
 #: the merge costs 2.1-3.3 us at N * K <= 2^26; 1 is timed against 0 by ``experiments/frag_anatomy.py``
 FRAG_MERGE = 0
+#: The same choice for the CUDA-core kernel ("fma", ``kernels/gemv_quant._finish``; compiled kernels only: the
+#: merging slice polls, which the interpreter's one-program-at-a-time run would not let finish in order)
+GEMV_MERGE = 0
 #: M=1 stays on the CUDA-core kernel: the "frag" kernel tied it within ~3% (H200 session 7: 28672x8192
 #: 37.8 vs 38.7 us, 4096^2 7.0 vs 6.3), and the CUDA-core kernel serves every format and dtype
 FRAG_MIN_M = 2

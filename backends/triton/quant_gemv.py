@@ -588,7 +588,7 @@ def _consts_for(op: QuantGemv, layout, cfg: tuning.GemvConfig, interpret: bool =
     if cfg.kind == "fma":
         c.update(PER_ELEM_GROUP=layout.per_elem_group, HAS_KG=layout.kgroup is not None, PIPE=cfg.num_stages,
                  PREFETCH=cfg.prefetch, GROUP_ROWS=cfg.group_rows, NMASK=layout.stride_qk % cfg.block_n != 0,
-                 GLU=glu_mode(op, layout, cfg))
+                 GLU=glu_mode(op, layout, cfg), MERGE=0 if interpret else tuning.GEMV_MERGE)
     else:
         c.update(COMPUTE_F32=f32, SWAP_AB=cfg.swap_ab)
     return c

@@ -31,6 +31,8 @@ import triton.language as tl
 
 #: DQ=3: products x * q come out scaled by 2^-DENORM_C (see ``_codes``); the result is scaled back once.
 DENORM_C = tl.constexpr(64)
+#: polls of the split-K count by the merging slice (``_finish`` with ``MERGE = 1``) before it stores NaN: ~1 s
+MERGE_SPIN_LIMIT = tl.constexpr(1 << 20)
 
 
 @triton.jit
@@ -134,12 +136,39 @@ def _wait_for_producer(PDL: tl.constexpr):
 
 @triton.jit
 def _finish(res, rows, n, M, N, pid_n, pid_k, pid_m, out_ptr, stride_om, ws_ptr, lock_ptr,
-            BM: tl.constexpr, BN: tl.constexpr, SPLIT_K: tl.constexpr):
-    """Write the ``(BM, BN)`` fp32 tile ``res``: directly, or through the split-K workspace."""
+            BM: tl.constexpr, BN: tl.constexpr, SPLIT_K: tl.constexpr, MERGE: tl.constexpr = 0):
+    """Write the ``(BM, BN)`` fp32 tile ``res``: directly, or through the split-K workspace. ``MERGE`` 0: the
+    last slice to arrive adds the partials (each slice counts itself and reads the count back); 1 (compiled
+    kernels only: it polls): the grid's last slice (``pid_k = SPLIT_K - 1``, dispatched after every other slice)
+    adds them, the others leave without reading the count back. Both add in slice order: the same bits."""
     omask = (rows[:, None] < M) & (n[None, :] < N)
     out_ptrs = out_ptr + rows[:, None] * stride_om + n[None, :]
     if SPLIT_K == 1:
         tl.store(out_ptrs, res.to(out_ptr.dtype.element_ty), mask=omask)
+    elif MERGE == 1:
+        Mp = tl.num_programs(2) * BM
+        lock = lock_ptr + pid_m * tl.num_programs(0) + pid_n
+        if pid_k < SPLIT_K - 1:
+            # -- publish this slice's partial sums and count it (release; the count is not read back)
+            tl.store(ws_ptr + (pid_k * Mp + rows[:, None]) * N + n[None, :], res, mask=omask)
+            tl.debug_barrier()
+            tl.atomic_add(lock, 1, sem="release")
+        else:
+            # -- the last slice: poll the count (acquire; NaN after MERGE_SPIN_LIMIT polls, never a hang), add
+            #    the published partials in slice order, its own last, and reset the count
+            seen = tl.atomic_add(lock, 0, sem="acquire")
+            polls = 0
+            while (seen < SPLIT_K - 1) & (polls < MERGE_SPIN_LIMIT):
+                seen = tl.atomic_add(lock, 0, sem="acquire")
+                polls += 1
+            tot = tl.zeros((BM, BN), tl.float32)
+            for s in tl.static_range(SPLIT_K - 1):
+                part = ws_ptr + (s * Mp + rows[:, None]) * N + n[None, :]
+                tot += tl.load(part, mask=omask, other=0.0, cache_modifier=".cg")
+            tot += res
+            tot = tl.where(seen < SPLIT_K - 1, float("nan"), tot)
+            tl.store(out_ptrs, tot.to(out_ptr.dtype.element_ty), mask=omask)
+            tl.atomic_xchg(lock, 0)
     else:
         # -- publish this slice's partial sums, then count arrivals for the tile
         Mp = tl.num_programs(2) * BM
@@ -343,7 +372,7 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
                     HAS_KG: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr,
                     SPLIT_K: tl.constexpr, DQ: tl.constexpr, EVEN_K: tl.constexpr, PIPE: tl.constexpr,
                     PREFETCH: tl.constexpr, PDL: tl.constexpr, GROUP_ROWS: tl.constexpr, NMASK: tl.constexpr,
-                    IW: tl.constexpr, GLU: tl.constexpr = 0):
+                    IW: tl.constexpr, GLU: tl.constexpr = 0, MERGE: tl.constexpr = 0):
     """CUDA-core GEMV for small M: per code one LOP3 and one exact FMA, then one FMA per row of x.
 
     The zero point is applied per word row: ``sum x (q - z) s = s (sum x q - z sum x)``.
@@ -366,6 +395,8 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
     1 formed where each tile reads its columns of x (``_x_column``; every thread holding a row's x evaluates it);
     2 formed once per program over its K slice into its row of the scratch ``glu_ptr`` (``_glu_stage``, after
     the wait; BM = 1 and no act-order permutation), which the tiles then read as x.
+    ``MERGE``: the split-K merge of ``_finish`` (0: the last slice to arrive; 1: the grid's last slice; compiled
+    kernels only).
     """
     EPW: tl.constexpr = 32 // BITS
     DQE: tl.constexpr = 2 if (DQ == 3 and PER_ELEM_GROUP) else DQ   # DQ=3 needs per-row groups
@@ -437,7 +468,7 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
     else:
         res = tl.sum(acc, axis=1)
     res = _denorm_back(res, DQE)
-    _finish(res, rows, n, M, N, pid_n, pid_k, pid_m, out_ptr, stride_om, ws_ptr, lock_ptr, BM, BN, SPLIT_K)
+    _finish(res, rows, n, M, N, pid_n, pid_k, pid_m, out_ptr, stride_om, ws_ptr, lock_ptr, BM, BN, SPLIT_K, MERGE)
 
 
 @triton.jit

@@ -1,0 +1,67 @@
+"""The two split-K merges (``MERGE``) of the CUDA-core and "frag" GEMV kernels: what each lowers to for sm_90a (no
+GPU), and that the interpreter never polls. Their values are compared bit for bit on a GPU by
+``benchmarks/experiments/merge_ab.py`` (and the "frag" one by ``frag_anatomy.py``)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytest.importorskip("triton")
+
+from portakern.backends.triton import gemv_tuning as T  # noqa: E402
+from portakern.backends.triton import quant_gemv as Q  # noqa: E402
+from portakern.ir import DType, QuantFormat  # noqa: E402
+from portakern.ir.ops import QuantGemv  # noqa: E402
+
+COUNT_READ_BACK = r"atom\.global\.(gpu\.acq_rel|acq_rel\.gpu)\.add"
+COUNT_RELEASED = r"(atom|red)\.global\.(gpu\.release|release\.gpu)\.add"
+COUNT_POLLED = r"(atom\.global\.(gpu\.acquire|acquire\.gpu)\.add|ld\.global\.(gpu\.acquire|acquire\.gpu))"
+
+
+def _op(M=1, N=4096, K=14336, bits=4):
+    return QuantGemv(M=M, N=N, K=K, dtype=DType.bfloat16, fmt=QuantFormat(bits=bits, group_size=128, symmetric=False))
+
+
+def _ptx(op, merge, monkeypatch, attr):
+    monkeypatch.setattr(T, attr, merge)
+    out = Q.compile_for_target(op, "sm_90a")
+    (k,) = out["kernels"].values()
+    return out["config"], k["ptx"]
+
+
+@pytest.mark.parametrize("bits, N, K", [(4, 4096, 14336), (4, 4096, 4096), (8, 8192, 8192)])
+def test_cuda_core_kernel_merges(bits, N, K, monkeypatch):
+    op = _op(1, N, K, bits)
+    cfg0, zero = _ptx(op, 0, monkeypatch, "GEMV_MERGE")
+    cfg1, one = _ptx(op, 1, monkeypatch, "GEMV_MERGE")
+    assert cfg0 == cfg1 and cfg0["kind"] == "fma" and cfg0["split_k"] > 1, cfg0
+    # MERGE 0: one acquire-release count, read back by every slice; no polling
+    assert len(re.findall(COUNT_READ_BACK, zero)) == 1 and not re.search(COUNT_POLLED, zero)
+    # MERGE 1: the publishers' release count, never read back; the last slice's polls (before and in the loop)
+    assert not re.search(COUNT_READ_BACK, one) and re.search(COUNT_RELEASED, one)
+    assert len(re.findall(COUNT_POLLED, one)) >= 2
+    # the main loop is the same: as many 16-byte loads and FMAs
+    for pat in (r"ld\.global(\.nc)?\.v4", r"\bfma\.rn\.f32"):
+        assert len(re.findall(pat, zero)) == len(re.findall(pat, one)), pat
+
+
+def test_frag_kernel_merge_follows_its_table_switch(monkeypatch):
+    op = _op(4, 4096, 4096)
+    cfg, zero = _ptx(op, 0, monkeypatch, "FRAG_MERGE")
+    _, one = _ptx(op, 1, monkeypatch, "FRAG_MERGE")
+    assert cfg["kind"] == "frag" and cfg["split_k"] > 1
+    assert re.search(COUNT_READ_BACK, zero) and not re.search(COUNT_POLLED, zero)
+    assert not re.search(COUNT_READ_BACK, one) and len(re.findall(COUNT_POLLED, one)) >= 2
+
+
+def test_the_interpreter_never_polls(monkeypatch):
+    """The interpreter runs one program at a time: a slice polling for later ones could not finish, so its
+    launches take MERGE 0 whatever the table says."""
+    monkeypatch.setattr(T, "GEMV_MERGE", 1)
+    op = _op(1, 4096, 4096)
+    lay = Q._LayoutStub(op)
+    cfg = T.choose(lay, 1, 4096, "sm_90", 132)
+    assert Q._consts_for(op, lay, cfg, interpret=True)["MERGE"] == 0
+    assert Q._consts_for(op, lay, cfg, interpret=False)["MERGE"] == 1
