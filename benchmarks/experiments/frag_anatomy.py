@@ -54,22 +54,6 @@ def with_mode(kern, mode: int, merge: int | None = None):
     return ln
 
 
-def _same_bits(ln, other, xwo) -> bool:
-    """Whether launcher ``other`` writes the same bits as ``ln`` on the operands ``xwo`` (NaN-poisoned output,
-    three launches each: the split-K counters must come back to zero between them)."""
-    import torch
-
-    x, w, out = xwo
-    outs = []
-    for f in (ln, other):
-        for _ in range(3):
-            out.fill_(float("nan"))
-            f(x, w, out)
-        torch.cuda.synchronize()
-        outs.append(out.clone())
-    return bool(torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))) and bool(outs[0].isfinite().all())
-
-
 def _registers(ln) -> int | None:
     """Registers of the kernel ``ln`` (a frag launcher, launched at least once) compiled to: a mode that takes more
     or fewer than the real kernel also changes the programs per SM, which its figure then includes."""
@@ -83,6 +67,7 @@ def bench(args) -> None:
     import gemv as GB  # benchmarks/gemv.py
     import harness as H
     import read_floor as RF
+    from merge_ab import same_bits
     from gemv_anatomy import best_read_us
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -111,7 +96,7 @@ def bench(args) -> None:
                 # the other split-K merge (a real kernel): checked bit for bit against the table's, then timed
                 other = 1 - int(ln.consts["MERGE"])
                 mk = with_mode(kern, 0, merge=other)
-                row["merge_other"] = {"MERGE": other, "bit_equal": _same_bits(ln, mk, sets[0])}
+                row["merge_other"] = {"MERGE": other, "bit_equal": same_bits(ln, mk, sets[0])}
                 row["merge_other"]["us"] = GB.graph_us([(lambda s=s: mk(*s)) for s in sets])
                 del fns, sets
             except Exception as e:       # recorded; the other shapes go on
