@@ -71,10 +71,12 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, sc
       (or not the one named) can run the problem; BackendError when a forced backend fails.
     """
     has_aux = not (block_table is None and seqlens_k is None and cu_seqlens_q is None and cu_seqlens_k is None)
+    # scalar options with their types: 1 == True == 1.0 hash alike, and a plan hit skips validation
     key = ("attention", _sig(q), _sig(k), _sig(v),
            (_sig(block_table), _sig(seqlens_k), _sig(cu_seqlens_q), _sig(cu_seqlens_k)) if has_aux else None,
-           causal, window if window is None or type(window) is tuple else tuple(window),
-           softcap, scale, score_mod, mask_mod, return_lse, dispatch.override_key(backend))
+           causal, type(causal), window if window is None or type(window) is tuple else _window_key(window),
+           softcap, type(softcap), scale, type(scale), score_mod, mask_mod, return_lse, type(return_lse),
+           dispatch.override_key(backend))
 
     def options() -> dict:
         return dict(causal=causal, window=window, softcap=softcap, scale=scale, score_mod=score_mod,
@@ -92,8 +94,16 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, sc
         except PortakernError:
             raise
         except Exception as e:
-            dispatch.fail_current(plan, plan.backend, e, "run")
-            dispatch.compile_next(plan)
+            plan = dispatch.fall_back(key, plan, e)
+
+
+def _window_key(window) -> Any:
+    """``window`` as part of a plan key: a tuple of its items (with their types), or itself when it is not a
+    sequence (validation then names it)."""
+    try:
+        return tuple((w, type(w)) for w in window)
+    except TypeError:
+        return window
 
 
 def _attention_node(q, k, v, kwargs, has_aux):
@@ -162,8 +172,7 @@ def quant_gemv(x, w, *, prologue=None, backend=None):
         except PortakernError:
             raise
         except Exception as e:
-            dispatch.fail_current(plan, plan.backend, e, "run")
-            dispatch.compile_next(plan)
+            plan = dispatch.fall_back(key, plan, e)
 
 
 def _weight_place(w) -> tuple:

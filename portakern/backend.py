@@ -108,4 +108,8 @@ def support_of(backend: "Backend", op: Any, device: Device) -> Support:
         return no(f"backend {backend.name!r} does not implement the quant_gemv prologue {prologue!r} (it lists "
                   f"{list(backend.x_prologues)} in x_prologues); form the input first (silu(gate) * up) and call "
                   f"quant_gemv without a prologue, or pick a backend that lists it")
-    return backend.supports(op, device)
+    s = backend.supports(op, device)
+    if not isinstance(s, Support):   # a plugin's mistake must not break dispatch for every other backend
+        return no(f"backend {backend.name!r}: supports() returned {type(s).__name__} {s!r}, not a "
+                  f"portakern.Support; return YES or no('reason') (plugin bug: reported, backend skipped)")
+    return s

@@ -22,12 +22,13 @@ import statistics
 import threading
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from .backend import Backend, Support, support_of
 from .devices import Device
-from .errors import BackendError, InvalidInputError, PortakernError, StrictModeError, UnsupportedError
+from .errors import (BackendError, InvalidInputError, InvalidTypeError, PortakernError, StrictModeError,
+                     UnsupportedError)
 from .plugins import registry
 
 
@@ -81,6 +82,9 @@ _override_env = _env_reader("PORTAKERN_BACKEND", "PORTAKERN_STRICT", "PORTAKERN_
 
 def override_key(backend_arg: str | None) -> tuple:
     """The part of a signature that depends on overrides, policy and strict mode (cheap: no registry)."""
+    if backend_arg is not None and type(backend_arg) is not str:
+        raise InvalidTypeError(f"backend={backend_arg!r} must be a backend name (a str) or None; "
+                               f"see portakern.backends() for the registered names")
     return (backend_arg, _context.get(), _override_env())
 
 
@@ -327,9 +331,15 @@ def get_plan(key: tuple, build: Callable[[], tuple[Any, Device, Callable[[Plan],
     """The cached plan for ``key``; on a miss, ``build()`` returns ``(op, device, run)``.
 
     ``run(plan)`` runs ``plan.kernel`` once on the call's own inputs with fresh outputs (the
-    "fastest" policy times it; its result is discarded).
+    "fastest" policy times it; its result is discarded). A key that cannot be hashed (an option of
+    the wrong type, such as a list) goes to ``build()``, whose validation names the argument.
     """
-    plan = _plans.get(key)
+    try:
+        plan = _plans.get(key)
+    except TypeError:
+        build()   # validation raises for the argument that made the key unhashable
+        raise InvalidTypeError(f"an option of this call is not hashable ({_unhashable(key)}); pass plain "
+                               f"Python scalars, tuples or None for the options") from None
     if plan is not None:
         return plan
     op, device, run = build()
@@ -342,6 +352,39 @@ def get_plan(key: tuple, build: Callable[[], tuple[Any, Device, Callable[[Plan],
             plan = compile_next(plan)
             _plans[key] = plan
     return plan
+
+
+def _unhashable(key: tuple) -> str:
+    """The first part of ``key`` that cannot be hashed, for the error message."""
+    for part in key:
+        try:
+            hash(part)
+        except TypeError:
+            return f"{type(part).__name__} {part!r:.80}"
+    return "?"
+
+
+def fall_back(key: tuple, plan: Plan, e: BaseException) -> Plan:
+    """The plan to retry with after ``plan``'s backend raised ``e`` while running: a new plan without that
+    backend, compiled for the next candidate, replaces ``plan`` under ``key`` (copy on write: a thread still
+    running the old plan keeps a whole one). When another thread already replaced it, that plan. When no
+    candidate is left, the key is forgotten (the next call decides afresh) and ``BackendError`` raised; a forced
+    backend or strict mode raises as ``fail_current`` says and keeps the plan."""
+    with _plan_lock:
+        current = _plans.get(key)
+        if current is not None and current is not plan:
+            return current
+        d = plan.decision
+        new = Plan(decision=replace(d, fallbacks=list(d.fallbacks)), order=list(plan.order), backend=plan.backend,
+                   kernel=plan.kernel, compiled=dict(plan.compiled))
+        fail_current(new, plan.backend, e, "run")
+        try:
+            compile_next(new)
+        except BaseException:
+            _plans.pop(key, None)
+            raise
+        _plans[key] = new
+        return new
 
 
 def clear_cache() -> None:

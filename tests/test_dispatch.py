@@ -298,3 +298,114 @@ def test_quant_gemv_output_matches_input(fresh_registry, rng, lib, dtype):
     want = np.asarray(xin.float().numpy() if lib == "torch" else xin, np.float64) @ np.asarray(qw.dequantize(), np.float64).T
     got = np.asarray(y.float().numpy() if lib == "torch" else y, np.float64)
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+
+
+# -- review of session 21: fallback leaves whole plans; plugin and option mistakes -----------------------------
+
+def _only(monkeypatch, *names):
+    """Keep only the backends ``names`` registered (for the rest of the test)."""
+    from portakern import plugins
+    reg = plugins.registry()
+    for n in [n for n in reg.backends if n not in names]:
+        monkeypatch.delitem(reg.backends, n)
+
+
+def test_every_candidate_failing_at_run_raises_the_same_error_on_every_call(register_plugin, q1, monkeypatch):
+    bad = Fake("flaky", priority=50, fail="run")
+    register_plugin(provides(bad), name="flaky")
+    _only(monkeypatch, "flaky")
+    for _ in range(3):   # was: BackendError once, then AttributeError from a plan left without a backend
+        with pytest.warns(FallbackWarning) if _ == 0 else warnings.catch_warnings():
+            with pytest.raises(BackendError, match="every candidate failed for attention .*flaky: run: RuntimeError"):
+                portakern.attention(*q1)
+    assert bad.compile_calls == 3          # the key was forgotten: each call decided afresh
+
+
+def test_fallback_replaces_the_plan_and_leaves_the_old_one_whole(register_plugin, q1, ref_attention):
+    from portakern import dispatch
+    bad = Fake("flaky", priority=50, fail="run")
+    register_plugin(provides(bad), name="flaky")
+    dispatch.clear_cache()
+    key_plan = {}
+    real = dispatch.get_plan
+
+    def spy(key, build, backend_arg):
+        plan = real(key, build, backend_arg)
+        key_plan.setdefault("first", (key, plan))
+        return plan
+
+    dispatch.get_plan = spy
+    try:
+        with pytest.warns(FallbackWarning):
+            out = portakern.attention(*q1)
+    finally:
+        dispatch.get_plan = real
+    np.testing.assert_allclose(out, ref_attention(*q1), atol=1e-6)
+    key, old = key_plan["first"]
+    assert old.backend is bad and old.kernel is not None and old.decision.chosen == "flaky"   # a racing thread's view
+    new = dispatch._plans[key]
+    assert new is not old and new.backend.name == "cpu" and bad not in new.order
+    assert new.decision.fallbacks == [("flaky", "run: RuntimeError: flaky launch failed")] and not old.decision.fallbacks
+
+
+def test_concurrent_calls_during_a_fallback_all_succeed(register_plugin, q1, ref_attention):
+    import time
+    bad = Fake("flaky", priority=50, fail="run")
+    register_plugin(provides(bad), name="flaky")
+    from portakern.backends.cpu.backend import CpuBackend
+    real = CpuBackend.compile
+
+    def slow(self, op, device):
+        time.sleep(0.2)
+        return real(self, op, device)
+
+    CpuBackend.compile = slow
+    results = []
+    try:
+        def call():
+            try:
+                results.append(portakern.attention(*q1))
+            except Exception as e:       # recorded; asserted below
+                results.append(e)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ts = [threading.Thread(target=call) for _ in range(4)]
+            for t in ts:
+                t.start()
+                time.sleep(0.05)
+            for t in ts:
+                t.join()
+    finally:
+        CpuBackend.compile = real
+    ref = ref_attention(*q1)
+    assert len(results) == 4 and all(isinstance(r, np.ndarray) for r in results), results
+    for r in results:
+        np.testing.assert_allclose(r, ref, atol=1e-6)
+
+
+def test_supports_returning_a_bool_is_a_rejection_naming_the_plugin(register_plugin, q1, ref_attention):
+    class Sloppy(Fake):
+        def supports(self, op, device):
+            return device.type == "cpu"      # a plain bool, not a Support
+    register_plugin(provides(Sloppy("sloppy", priority=50)), name="sloppy")
+    np.testing.assert_allclose(portakern.attention(*q1), ref_attention(*q1), atol=1e-6)   # others still dispatch
+    c = {c.name: c for c in portakern.explain(portakern.attention, *q1).candidates}["sloppy"]
+    assert not c.support.ok and "'sloppy': supports() returned bool True, not a portakern.Support" in c.support.reason
+
+
+@pytest.mark.parametrize("opts, match", [
+    (dict(window=5), "window"), (dict(softcap=[1.0]), "softcap"), (dict(causal=[True]), "causal"),
+    (dict(backend=["cpu"]), "backend"),
+])
+def test_options_of_the_wrong_type_are_named_not_a_bare_type_error(fresh_registry, q1, opts, match):
+    with pytest.raises((InvalidInputError, portakern.InvalidTypeError), match=match):
+        portakern.attention(*q1, **opts)
+
+
+def test_an_option_equal_to_a_valid_one_is_still_validated_after_a_hit(fresh_registry, q1):
+    portakern.attention(*q1, causal=True)
+    with pytest.raises(portakern.InvalidTypeError, match="causal"):    # 1 == True: was a plan hit, unvalidated
+        portakern.attention(*q1, causal=1)
+    portakern.attention(*q1, softcap=1.0)
+    with pytest.raises((InvalidInputError, portakern.InvalidTypeError), match="softcap"):
+        portakern.attention(*q1, softcap=True)

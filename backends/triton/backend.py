@@ -45,6 +45,29 @@ def _triton_version() -> str:
         return "not installed"
 
 
+def on_device(kernel, device: Device):
+    """``kernel`` launched on ``device``: Triton launches on the *current* CUDA device and its stream, so a call
+    on cuda:1 tensors while cuda:0 is current would run on the wrong GPU. With one visible GPU (or on the CPU)
+    nothing can differ and ``kernel`` is returned as it is; otherwise a wrapper makes ``device`` current around
+    the call when it is not (one integer compare per call)."""
+    if device.type != "cuda" or device.index is None:
+        return kernel
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        return kernel
+    index, current, switch = device.index, torch.cuda.current_device, torch.cuda.device
+
+    def run(*args):
+        if current() == index:
+            return kernel(*args)
+        with switch(index):
+            return kernel(*args)
+
+    run.inner = kernel
+    return run
+
+
 class TritonBackend(Backend):
     name = "triton"
     version = _triton_version()
@@ -87,7 +110,7 @@ class TritonBackend(Backend):
         return mod.supports(op, device)
 
     def compile(self, op, device: Device):
-        return self._lowering(op).compile(op, device)
+        return on_device(self._lowering(op).compile(op, device), device)
 
     def prepare_weight(self, weight, device: Device):
         from . import quant_gemv
@@ -98,4 +121,4 @@ class TritonBackend(Backend):
         return self._lowering(op).compile_for_target(op, target)
 
 
-__all__ = ["TritonBackend", "YES", "interpret_env", "interpreting"]
+__all__ = ["TritonBackend", "YES", "interpret_env", "interpreting", "on_device"]
