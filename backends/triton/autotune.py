@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Callable, Iterable
 
 
@@ -12,9 +13,11 @@ def cached_best(namespace: str, device: Any, key: str, candidates: Iterable[Any]
 
     ``timer(cfg)`` returns seconds (a candidate that raises, e.g. out of shared memory, is
     skipped); ``default()`` is used when none ran; ``restore(dict)`` rebuilds a cached entry and
-    may raise ``TypeError`` for an entry of another shape (a miss). Winners are stored with
-    ``cfg.to_json()`` in a ``portakern.cache.TuningCache`` keyed by device, portakern and Triton
-    versions.
+    may raise for an entry it cannot serve (another shape: ``TypeError``; a configuration the weight
+    rules out: ``ValueError`` from ``gemv_tuning.fit``), which is a miss: the bucket is timed again.
+    Winners are stored with ``cfg.to_json()`` in a ``portakern.cache.TuningCache`` keyed by device,
+    portakern and Triton versions; a cache directory that cannot be written (read-only, full, a path
+    under a regular file) warns and returns the measured winner without storing it.
     """
     from portakern import __version__ as pk_version
     from portakern.cache import TuningCache
@@ -26,8 +29,8 @@ def cached_best(namespace: str, device: Any, key: str, candidates: Iterable[Any]
     if isinstance(hit, dict):
         try:
             return restore(hit)
-        except TypeError:
-            pass  # an entry of another shape is a miss
+        except Exception:  # noqa: BLE001 - an entry of another shape, or one this weight rules out, is a miss
+            pass
     best, best_t = None, math.inf
     for cfg in candidates:
         try:
@@ -38,5 +41,9 @@ def cached_best(namespace: str, device: Any, key: str, candidates: Iterable[Any]
             best, best_t = cfg, t
     if best is None:
         return default()
-    cache.put(key, best.to_json())
+    try:
+        cache.put(key, best.to_json())
+    except OSError as e:  # an unwritable cache directory costs a re-tune in a later process, not the backend
+        warnings.warn(f"portakern: could not store the autotuned configuration of {namespace} ({key}): {e}",
+                      RuntimeWarning, stacklevel=3)
     return best
