@@ -28,6 +28,8 @@ def _sig(a: Any) -> tuple | None:
         return (a.shape, a.dtype, a.device, a.stride())  # torch
     except AttributeError:
         pass
+    except RuntimeError:   # a sparse torch tensor has no strides: the plan miss validates it and names it
+        return (type(a), id(a))
     except TypeError:
         return (type(a), a.shape, a.dtype, a.strides, a.device)
     try:

@@ -10,6 +10,7 @@ from portakern.ir.dtypes import DType
 from .arrays import device_of, kind_of, to_numpy
 from .errors import InvalidInputError, InvalidTypeError
 from .quantized import QuantizedWeight
+from .validate import _is_int, check_dense_array
 
 _FLOAT_INPUTS = (DType.float16, DType.bfloat16, DType.float32, DType.float64)
 
@@ -35,10 +36,13 @@ def quantize(w: Any, *, bits: int = 4, group_size: int = 128, symmetric: bool = 
         (numpy has no bfloat16: numpy weights keep bfloat16 scales as bf16-exact float32).
 
     Raises:
-        InvalidTypeError: ``w`` is not a float array of a supported library.
-        InvalidInputError: bad shape, bits, group size, non-finite values, scale overflow.
+        InvalidTypeError: ``w`` is not a dense float array of a supported library (sparse torch
+            tensors and numpy masked arrays are refused).
+        InvalidInputError: bad or empty shape (N, K >= 1), bits, group size, non-finite values,
+            scale overflow.
     """
     kind = kind_of(w, "w")
+    check_dense_array(w, kind, "w")  # sparse torch / numpy masked: no plain values to quantize
     try:
         dt = DType.parse(str(w.dtype), argument="w.dtype")
     except InvalidInputError:
@@ -50,12 +54,16 @@ def quantize(w: Any, *, bits: int = 4, group_size: int = 128, symmetric: bool = 
         raise InvalidInputError(f"w has shape {tuple(w.shape)}: expected a 2-D weight (N, K) = (out, in "
                                 "features); reshape it, e.g. w.reshape(N, -1)")
     N, K = (int(s) for s in w.shape)
-    if isinstance(bits, bool) or bits not in (4, 8):
+    if N < 1 or K < 1:
+        raise InvalidInputError(f"w has shape {(N, K)}: quantize needs N >= 1 output rows and K >= 1 input "
+                                "columns; skip the empty weight or pass a non-empty one")
+    if not _is_int(bits) or bits not in (4, 8):
         raise InvalidInputError(f"bits={bits!r} is not supported by portakern.quantize: choose 4 or 8")
     if group_size == -1:
         group_size = K
-    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 2:
+    if not _is_int(group_size) or group_size < 2:
         raise InvalidInputError(f"group_size={group_size!r} must be an int >= 2 (or -1 for one group per row)")
+    bits, group_size = int(bits), int(group_size)  # numpy ints are fine; the packing takes Python ints
     if K % group_size:
         divisors = [g for g in (256, 128, 64, 32) if K % g == 0]
         hint = f"such as {', '.join(map(str, divisors))}, " if divisors else ""

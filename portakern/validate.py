@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from portakern.ir import expr as E
 from portakern.ir.dtypes import STORAGE_FLOATS, DType
 from portakern.ir.expr import Expr
@@ -30,9 +32,52 @@ class ArrayInfo:
     shape: tuple[int, ...]
 
 
-def describe(a: Any, argument: str) -> ArrayInfo:
+_FLOAT_RULE = "float16, bfloat16 or float32"
+_ANY_RULE = "float16, bfloat16, float32, float64, int8, uint8, int32 or int64"
+
+
+def check_dense_array(a: Any, kind: str, argument: str) -> None:
+    """Reject the array flavours whose values a kernel cannot read as a plain strided buffer.
+
+    A sparse torch tensor (any layout but ``torch.strided``) has no dense storage; a numpy masked
+    array carries a mask every kernel would silently ignore.
+    """
+    if kind == "torch":
+        import torch
+
+        if a.layout != torch.strided:
+            raise InvalidTypeError(f"{argument} is a torch tensor with layout={a.layout}: sparse tensors are not "
+                                   f"supported; pass {argument}.to_dense()")
+    elif kind == "numpy" and isinstance(a, np.ma.MaskedArray):
+        raise InvalidTypeError(f"{argument} is a numpy masked array: masked arrays are not supported (the mask "
+                               f"would be ignored); pass np.ma.filled({argument}, fill) or {argument}.data")
+
+
+def describe(a: Any, argument: str, rule: str | None = None) -> ArrayInfo:
+    """Kind, device, IR dtype and shape of an array argument.
+
+    ``rule`` completes the dtype message when the dtype is not one portakern knows at all
+    (complex, bool, str, object, ...): e.g. "attention inputs must be float16, bfloat16 or float32".
+    """
     kind = kind_of(a, argument)
-    return ArrayInfo(kind, device_of(a, kind), dtype_of(a, kind), tuple(a.shape))
+    check_dense_array(a, kind, argument)
+    try:
+        dtype = dtype_of(a, kind)
+    except InvalidInputError:
+        name = str(a.dtype).removeprefix("torch.")
+        raise InvalidTypeError(f"{argument} has dtype {name}: {rule or 'arrays must be ' + _ANY_RULE}; "
+                               f"convert {argument} to one of them first") from None
+    return ArrayInfo(kind, device_of(a, kind), dtype, tuple(a.shape))
+
+
+def _is_real(x: Any) -> bool:
+    """A Python or numpy real scalar (int, float, np.integer, np.floating); bools are not numbers here."""
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
+def _is_int(x: Any) -> bool:
+    """A Python or numpy integer scalar; bools are not integers here."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
 def _same_place(infos: dict[str, ArrayInfo]) -> None:
@@ -48,11 +93,12 @@ def _same_place(infos: dict[str, ArrayInfo]) -> None:
                 f"on one device; move {name} with .to({str(first.device)!r})")
 
 
-def _check_last_dim_contiguous(a: Any, kind: str, argument: str) -> None:
+def _check_last_dim_contiguous(a: Any, kind: str, argument: str, dim: str) -> None:
+    """``dim`` names the last dimension for the message: "head_dim" for q/k/v, "K" for x."""
     stride = a.stride(-1) if kind == "torch" else a.strides[-1] // a.itemsize
     if a.shape[-1] > 1 and stride != 1 and 0 not in a.shape:  # an empty array has no layout to check
         raise InvalidInputError(
-            f"{argument} has stride {stride} in its last (head_dim) dimension: the innermost dimension "
+            f"{argument} has stride {stride} in its last ({dim}) dimension: the innermost dimension "
             f"must be contiguous; pass {argument}.contiguous() (torch) or numpy.ascontiguousarray({argument})")
 
 
@@ -74,15 +120,17 @@ def _mods(causal, window, softcap, score_mod, mask_mod) -> tuple[Expr | None, Ex
         raise InvalidInputError(f"score_mod={score_mod} is a boolean expression: pass masks as mask_mod")
     if mask_mod is not None and not mask_mod.is_bool():
         raise InvalidInputError(f"mask_mod={mask_mod} is not a boolean expression: it must say which keys are kept")
-    if not isinstance(softcap, (int, float)) or isinstance(softcap, bool) or not math.isfinite(softcap) or softcap < 0:
+    if not _is_real(softcap) or not math.isfinite(softcap) or softcap < 0:
         raise InvalidInputError(f"softcap={softcap!r} must be a finite number >= 0 (0 disables soft-capping)")
     masks = [] if mask_mod is None else [mask_mod]
     if causal:
         masks.insert(0, E.causal_mask())
     if window is not None:
         if (not isinstance(window, (tuple, list)) or len(window) != 2
-                or not all(isinstance(w, int) and not isinstance(w, bool) for w in window)):
+                or not all(_is_int(w) for w in window)):
             raise InvalidInputError(f"window={window!r} must be a (left, right) pair of ints; -1 means unbounded")
+        if any(int(w) < -1 for w in window):
+            raise InvalidInputError(f"window={window!r}: each side must be >= 0 keys, or -1 for unbounded")
         masks.append(E.window_mask(int(window[0]), int(window[1])))
     mask = None
     for m in masks:
@@ -98,18 +146,18 @@ def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
                  mask_mod=None, block_table=None, seqlens_k=None, cu_seqlens_q=None, cu_seqlens_k=None,
                  return_lse=False, check_values=True) -> tuple[Attention, ArrayInfo]:
     """Validate the arguments of ``portakern.attention`` and build its ``Attention`` node."""
-    infos = {"q": describe(q, "q"), "k": describe(k, "k"), "v": describe(v, "v")}
+    rule = "attention inputs must be " + _FLOAT_RULE
+    infos = {"q": describe(q, "q", rule), "k": describe(k, "k", rule), "v": describe(v, "v", rule)}
     _same_place(infos)
     qi, ki, vi = infos["q"], infos["k"], infos["v"]
     for name, info in infos.items():
         if info.dtype not in STORAGE_FLOATS:
-            raise InvalidTypeError(f"{name} has dtype {info.dtype.value}: attention inputs must be float16, "
-                                   "bfloat16 or float32")
+            raise InvalidTypeError(f"{name} has dtype {info.dtype.value}: {rule}")
     if not (qi.dtype == ki.dtype == vi.dtype):
         raise InvalidTypeError(f"q, k, v dtypes differ ({qi.dtype.value}, {ki.dtype.value}, {vi.dtype.value}): "
                                "cast them to one dtype")
     for name, a in (("q", q), ("k", k), ("v", v)):
-        _check_last_dim_contiguous(a, infos[name].kind, name)
+        _check_last_dim_contiguous(a, infos[name].kind, name, "head_dim")
     if not isinstance(return_lse, bool):
         raise InvalidTypeError(f"return_lse={return_lse!r} must be True or False")
 
@@ -118,7 +166,7 @@ def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
     for name, a in index_args.items():
         if a is None:
             continue
-        info = describe(a, name)
+        info = describe(a, name, "index arrays must be int32 or int64")
         _same_place({"q": qi, name: info})
         if info.dtype not in INDEX_DTYPES:
             raise InvalidTypeError(f"{name} has dtype {info.dtype.value}: index arrays must be int32 or int64")
@@ -148,19 +196,29 @@ def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
         raise InvalidInputError(f"k head_dim {ki.shape[-1]} != q head_dim {D}: q and k must share head_dim")
     if ki.shape[:-1] != vi.shape[:-1]:
         raise InvalidInputError(f"k shape {ki.shape} and v shape {vi.shape} must agree in all but the last dimension")
+    # heads and head dims divide (Hq % Hkv, 1/sqrt(D), ...): check them before anything uses them
+    for name, info, what, size in (("q", qi, "heads (Hq)", Hq), ("k", ki, "heads (Hkv)", Hkv),
+                                   ("q", qi, "head_dim (D)", D), ("v", vi, "head_dim (Dv)", Dv)):
+        if size < 1:
+            raise InvalidInputError(f"{name} has shape {info.shape} with {what} = {size}: the number of heads and the "
+                                    "head dims must be >= 1; pass non-empty arrays")
     if Hq % Hkv:
         raise InvalidInputError(f"q has {Hq} heads and k has {Hkv}: the number of query heads must be a multiple "
                                 "of the number of KV heads (grouped-query attention)")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale) or scale == 0:
+    if not _is_real(scale) or not math.isfinite(scale) or scale == 0:
         raise InvalidInputError(f"scale={scale!r} must be a finite non-zero number (default 1/sqrt(head_dim))")
     score, mask = _mods(causal, window, softcap, score_mod, mask_mod)
     common = dict(heads_q=Hq, heads_kv=Hkv, head_dim=D, head_dim_v=Dv, dtype=qi.dtype, scale=float(scale),
                   score_mod=score, mask_mod=mask, return_lse=return_lse)
 
     if varlen:
-        B = describe(cu_seqlens_q, "cu_seqlens_q").shape[0] - 1
+        cq = describe(cu_seqlens_q, "cu_seqlens_q").shape
+        if len(cq) != 1 or cq[0] < 2:  # rank first: a 0-d array has no length to read
+            raise InvalidInputError(f"cu_seqlens_q has shape {cq}: expected a 1-D (batch + 1,) array with batch >= 1, "
+                                    "e.g. [0, len_0, len_0 + len_1, ...]")
+        B = cq[0] - 1
         for name, a, total in (("cu_seqlens_q", cu_seqlens_q, qi.shape[0]), ("cu_seqlens_k", cu_seqlens_k, ki.shape[0])):
             shp = describe(a, name).shape
             if len(shp) != 1 or shp[0] != B + 1 or B < 1:
@@ -175,6 +233,9 @@ def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
     elif paged:
         B, Sq = qi.shape[0], qi.shape[1]
         P, page = ki.shape[0], ki.shape[1]
+        if P < 1 or page < 1:  # page divides key positions below
+            raise InvalidInputError(f"k has shape {ki.shape}: paged KV needs num_pages >= 1 and page_size >= 1 "
+                                    "in (num_pages, page_size, Hkv, D)")
         bt = describe(block_table, "block_table").shape
         if len(bt) != 2 or bt[0] != B:
             raise InvalidInputError(f"block_table has shape {bt}: expected (batch, max_pages) = ({B}, max_pages)")
@@ -224,12 +285,12 @@ def quant_gemv_op(x, w, prologue: str | None = None) -> tuple[QuantGemv, ArrayIn
     from .quantized import QuantizedWeight
 
     check_prologue(prologue)
-    xi = describe(x, "x")
+    xi = describe(x, "x", "activations must be " + _FLOAT_RULE)
     if not isinstance(w, QuantizedWeight):
         raise InvalidTypeError(f"w is a {type(w).__name__}: expected a portakern.QuantizedWeight; build one with "
                                "portakern.quantize(w) or QuantizedWeight.from_gguf/from_awq/from_gptq")
     if xi.dtype not in STORAGE_FLOATS:
-        raise InvalidTypeError(f"x has dtype {xi.dtype.value}: activations must be float16, bfloat16 or float32")
+        raise InvalidTypeError(f"x has dtype {xi.dtype.value}: activations must be " + _FLOAT_RULE)
     if len(xi.shape) != 2:
         raise InvalidInputError(f"x has shape {xi.shape}: expected (M, K) = (M, {w.K}); reshape a vector with x[None]")
     M, K = xi.shape
@@ -240,7 +301,7 @@ def quant_gemv_op(x, w, prologue: str | None = None) -> tuple[QuantGemv, ArrayIn
         K = w.K
     elif K != w.K:
         raise InvalidInputError(f"x has K={K} columns but w is ({w.N}, {w.K}): x must be (M, {w.K})")
-    _check_last_dim_contiguous(x, xi.kind, "x")
+    _check_last_dim_contiguous(x, xi.kind, "x", "K")
     for name, t in w.tensors.items():
         ti = describe(t, f"w.tensors[{name!r}]")
         if ti.device != xi.device:
