@@ -76,7 +76,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, sc
     # scalar options with their types: 1 == True == 1.0 hash alike, and a plan hit skips validation
     key = ("attention", _sig(q), _sig(k), _sig(v),
            (_sig(block_table), _sig(seqlens_k), _sig(cu_seqlens_q), _sig(cu_seqlens_k)) if has_aux else None,
-           causal, type(causal), window if window is None or type(window) is tuple else _window_key(window),
+           causal, type(causal), None if window is None else _window_key(window),
            softcap, type(softcap), scale, type(scale), score_mod, mask_mod, return_lse, type(return_lse),
            dispatch.override_key(backend))
 

@@ -367,7 +367,8 @@ def _unhashable(key: tuple) -> str:
 def fall_back(key: tuple, plan: Plan, e: BaseException) -> Plan:
     """The plan to retry with after ``plan``'s backend raised ``e`` while running: a new plan without that
     backend, compiled for the next candidate, replaces ``plan`` under ``key`` (copy on write: a thread still
-    running the old plan keeps a whole one). When another thread already replaced it, that plan. When no
+    running the old plan keeps a whole one; after a ``clear_cache`` meanwhile the new plan serves this call only).
+    When another thread already replaced it, that plan. When no
     candidate is left, the key is forgotten (the next call decides afresh) and ``BackendError`` raised; a forced
     backend or strict mode raises as ``fail_current`` says and keeps the plan."""
     with _plan_lock:
@@ -383,7 +384,8 @@ def fall_back(key: tuple, plan: Plan, e: BaseException) -> Plan:
         except BaseException:
             _plans.pop(key, None)
             raise
-        _plans[key] = new
+        if current is not None:     # None: the cache was cleared meanwhile; the next call decides afresh
+            _plans[key] = new
         return new
 
 

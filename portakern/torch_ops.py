@@ -104,7 +104,10 @@ def _cuda_kernel(x: Tensor, w: PreparedGemvWeight, prologue: str | None = None):
                 dt = DType(str(x.dtype).replace("torch.", ""))
                 fmt = QuantFormat(bits=w.bits, group_size=w.group_size, symmetric=w.zeros is None)
                 op = QuantGemv(M=int(x.shape[0]), N=w.N, K=w.K, dtype=dt, fmt=fmt, prologue=prologue).verify()
-                kern = _kernels[key] = Q.compile(op, torch_device("cuda", x.device.index or 0))
+                from portakern.backends.triton.backend import on_device
+
+                dev = torch_device("cuda", x.device.index or 0)
+                kern = _kernels[key] = on_device(Q.compile(op, dev), dev)   # launched on x's GPU
     return kern
 
 

@@ -129,8 +129,6 @@ def _mods(causal, window, softcap, score_mod, mask_mod) -> tuple[Expr | None, Ex
         if (not isinstance(window, (tuple, list)) or len(window) != 2
                 or not all(_is_int(w) for w in window)):
             raise InvalidInputError(f"window={window!r} must be a (left, right) pair of ints; -1 means unbounded")
-        if any(int(w) < -1 for w in window):
-            raise InvalidInputError(f"window={window!r}: each side must be >= 0 keys, or -1 for unbounded")
         masks.append(E.window_mask(int(window[0]), int(window[1])))
     mask = None
     for m in masks:

@@ -409,3 +409,29 @@ def test_an_option_equal_to_a_valid_one_is_still_validated_after_a_hit(fresh_reg
     portakern.attention(*q1, softcap=1.0)
     with pytest.raises((InvalidInputError, portakern.InvalidTypeError), match="softcap"):
         portakern.attention(*q1, softcap=True)
+
+
+def test_a_window_of_other_item_types_is_still_validated_after_a_hit(fresh_registry, q1):
+    portakern.attention(*q1, window=(1, 0))
+    for bad in ((True, 0), (1.0, 0)):          # equal to (1, 0) and hashed alike: was a plan hit, unvalidated
+        with pytest.raises(InvalidInputError, match="window"):
+            portakern.attention(*q1, window=bad)
+
+
+def test_a_fallback_after_clear_cache_serves_the_call_without_restoring_the_old_plan(register_plugin, q1):
+    from portakern import dispatch
+    bad = Fake("flaky", priority=50, fail="run")
+    register_plugin(provides(bad), name="flaky")
+    real = dispatch.fall_back
+
+    def cleared_first(key, plan, e):
+        dispatch.clear_cache()                  # another thread cleared the plans meanwhile
+        return real(key, plan, e)
+
+    dispatch.fall_back = cleared_first
+    try:
+        with pytest.warns(FallbackWarning):
+            out = portakern.attention(*q1)
+    finally:
+        dispatch.fall_back = real
+    assert out.shape == q1[0].shape and not dispatch._plans     # served, and nothing stale put back

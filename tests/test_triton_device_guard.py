@@ -51,3 +51,18 @@ def test_one_gpu_or_the_cpu_gets_the_kernel_itself(monkeypatch):
     k = object()
     assert _on_device()(k, Device("cuda", 0, "GPU 0")) is k
     assert _on_device()(k, Device("cpu", None, "cpu")) is k
+
+
+def test_the_wrapper_keeps_the_kernel_s_attributes(monkeypatch):
+    _guard(monkeypatch, count=2, current=0)
+
+    class Kernel:
+        def __init__(self):
+            self.launchers = {"a": 1}
+
+        def __call__(self, *a):
+            return a
+
+    k = Kernel()
+    run = _on_device()(k, Device("cuda", 1, "GPU 1"))
+    assert run is not k and run.inner is k and run.launchers == {"a": 1} and run(5) == (5,)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 
 from portakern.backend import YES, Backend, Support, no
@@ -64,6 +65,7 @@ def on_device(kernel, device: Device):
         with switch(index):
             return kernel(*args)
 
+    functools.update_wrapper(run, kernel, assigned=("__name__", "__qualname__", "__doc__"))  # and __dict__
     run.inner = kernel
     return run
 

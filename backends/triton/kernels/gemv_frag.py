@@ -172,7 +172,7 @@ def _merge_in_last_slice(acc, ws_ptr, lock, out_ptr, pid_k, mo, ns, omask, N, st
     """Split-K merge by the grid's last slice (``MERGE = 1``). Slices ``0 .. SPLIT_K - 2`` publish their partial and
     count themselves (release; the count is not read back, so they leave at once). The last slice, launched after all
     of them, polls the count (acquire), adds the published partials in slice order and its own last (the bits of
-    ``MERGE = 0``), stores the output and resets the count. A count that never completes (it cannot while every
+    ``MERGE = 0``), stores the output and takes ``SPLIT_K - 1`` off the count. A count that never completes (it cannot while every
     earlier program runs to its end) stores NaN after ``MERGE_SPIN_LIMIT`` polls instead of hanging the GPU."""
     if pid_k < SPLIT_K - 1:
         gl.store(ws_ptr + (pid_k * BM + mo[None, :]) * N + ns[:, None], acc, mask=omask)
@@ -191,7 +191,9 @@ def _merge_in_last_slice(acc, ws_ptr, lock, out_ptr, pid_k, mo, ns, omask, N, st
         tot += acc
         tot = gl.where(seen < SPLIT_K - 1, float("nan"), tot)
         gl.store(out_ptr + mo[None, :] * stride_om + ns[:, None], tot.to(out_ptr.dtype.element_ty), mask=omask)
-        gl.atomic_xchg(lock, 0)
+        # the count back to zero by subtraction, not an exchange: after a timed-out poll the late slices' adds
+        # still arrive and bring it back to zero by the grid's end (an exchange would leave them in it)
+        gl.atomic_add(lock, -(SPLIT_K - 1), sem="release")
 
 
 @gluon.jit

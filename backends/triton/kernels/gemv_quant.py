@@ -155,7 +155,7 @@ def _finish(res, rows, n, M, N, pid_n, pid_k, pid_m, out_ptr, stride_om, ws_ptr,
             tl.atomic_add(lock, 1, sem="release")
         else:
             # -- the last slice: poll the count (acquire; NaN after MERGE_SPIN_LIMIT polls, never a hang), add
-            #    the published partials in slice order, its own last, and reset the count
+            #    the published partials in slice order, its own last, and take its S - 1 arrivals off the count
             seen = tl.atomic_add(lock, 0, sem="acquire")
             polls = 0
             while (seen < SPLIT_K - 1) & (polls < MERGE_SPIN_LIMIT):
@@ -168,7 +168,8 @@ def _finish(res, rows, n, M, N, pid_n, pid_k, pid_m, out_ptr, stride_om, ws_ptr,
             tot += res
             tot = tl.where(seen < SPLIT_K - 1, float("nan"), tot)
             tl.store(out_ptrs, tot.to(out_ptr.dtype.element_ty), mask=omask)
-            tl.atomic_xchg(lock, 0)
+            # back to zero by subtraction: after a timed-out poll the late slices' adds still land and cancel out
+            tl.atomic_add(lock, -(SPLIT_K - 1), sem="release")
     else:
         # -- publish this slice's partial sums, then count arrivals for the tile
         Mp = tl.num_programs(2) * BM
