@@ -84,7 +84,7 @@
 #   ncu             Nsight Compute stall/throughput sections of benchmarks/profile_kernels.py
 #                   ($PROFILE_ONLY=mma: the tensor-core GEMV kernels instead)
 # $PK_COMMIT names the commit in the reports (the device copy has no git history); $TAG suffixes
-# result names; $STEP_TIMEOUT bounds each step (seconds, default 540).
+# result names; $STEP_TIMEOUT bounds each step (seconds, default 540); $GEMV_K narrows gemv-tests (pytest -k, default gpu).
 set -u
 RES=${RES:-/tmp/pk}
 TAG=${TAG:-}
@@ -109,7 +109,7 @@ for s in "$@"; do
             --tier gpu --jobs 0 --no-progress ${CASES:+--cases "$CASES"} --report "$RES/conformance-triton-h200-gpu$TAG.json" \
             --markdown "$RES/conformance-triton-h200-gpu$TAG.md" ;;
         gemv-tests) step gemv-tests python3 -m pytest -q -p no:cacheprovider tests/test_triton_gemv.py \
-            tests/test_triton_gemv_stream.py -k gpu ;;
+            tests/test_triton_gemv_stream.py -k "${GEMV_K:-gpu}" ;;
         stream-probe) step stream-probe python3 benchmarks/experiments/gemv_stream_probe.py --phase both \
             --tag="$TAG" --out "$RES" ;;
         attention-tests) step attention-tests python3 -m pytest -q -p no:cacheprovider tests/test_triton_attention.py \
