@@ -53,16 +53,17 @@ class Record:
     extra: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
+        """The record as a JSON-safe dict: extras inlined, every NaN null and every Inf ``"inf"``."""
         d = asdict(self)
-        extra = d.pop("extra")
-        for k in ("max_abs_err", "tolerance"):
-            v = d[k]
-            if v is not None and v != v:      # NaN -> JSON null + text in reason
-                d[k] = None
-            elif v is not None and v in (float("inf"), float("-inf")):
-                d[k] = "inf"
-        d.update(extra)
-        return d
+        d.update(d.pop("extra"))
+        return {k: json_number(v) for k, v in d.items()}
+
+
+def json_number(v: Any) -> Any:
+    """``v`` with a non-finite float made JSON-safe: NaN -> None (the reason says why), +-Inf -> "inf"."""
+    if not isinstance(v, float) or v == v and v not in (float("inf"), float("-inf")):
+        return v
+    return None if v != v else "inf"
 
 
 # -- identity ------------------------------------------------------------------------------------
