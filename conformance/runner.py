@@ -178,6 +178,7 @@ def run(backends: Sequence[str] | None = None, device: str | Any = "cpu", cases_
         raise InvalidInputError(f"repeat={repeat} must be >= 1")
     if jobs < 0:
         raise InvalidInputError(f"jobs={jobs} must be >= 0 (0 = one worker per CPU core)")
+    check_output_paths(report=report, markdown=markdown, junit=junit)
     bes = resolve_backends(backends)
     cases = collect_cases(tier, cases_glob)
     if not cases:
@@ -210,17 +211,53 @@ def run(backends: Sequence[str] | None = None, device: str | Any = "cpu", cases_
     rep = R.build(records, suite=SUITE, tier=tier, mode="compile-only" if compile_only else "run",
                   device=dev, backends=bes, repeat=repeat, targets=tlist)
     rep = _with_jobs(rep, jobs)
-    if report:
-        R.write_json(rep, report)
-    if markdown:
-        Path(markdown).write_text(R.markdown(rep))
-    if junit:
-        Path(junit).write_text(R.junit(rep))
     if out is not None:
         print(R.table(records), file=out)
         code = rep["exit_status"]
         print(f"\n{len(records)} records, exit status {code}" + (f"; report: {report}" if report else ""), file=out)
+    write_outputs(rep, report=report, markdown=markdown, junit=junit)
     return rep, rep["exit_status"]
+
+
+#: the report files of a run: (argument of ``run``, command-line option, file suffix, writer)
+_OUTPUTS = (("report", "--report", ".json", R.write_json),
+            ("markdown", "--markdown", ".md", lambda rep, p: Path(p).write_text(R.markdown(rep))),
+            ("junit", "--junit", ".xml", lambda rep, p: Path(p).write_text(R.junit(rep))))
+
+
+def check_output_paths(**paths: str | Path | None) -> None:
+    """Refuse, before anything runs, report paths (``report=``, ``markdown=``, ``junit=``) that
+    cannot be written, so a long run never ends in a traceback that loses its results.
+
+    Raises:
+      InvalidInputError naming the argument, its option, the path, what is wrong and the way out.
+    """
+    for arg, option, suffix, _ in _OUTPUTS:
+        if paths.get(arg):
+            _check_output_path(arg, option, suffix, Path(paths[arg]))
+
+
+def _check_output_path(arg: str, option: str, suffix: str, path: Path) -> None:
+    from portakern.errors import InvalidInputError
+
+    where = f"{arg}={str(path)!r} ({option})"
+    if path.is_dir():
+        raise InvalidInputError(f"{where} is a directory, but the report is one file; name a file in it, "
+                                f"e.g. {option} {path / ('conformance' + suffix)}")
+    parent = path.parent
+    if not parent.is_dir():
+        raise InvalidInputError(f"{where}: the directory {parent} does not exist; create it first "
+                                f"(mkdir -p {parent}) or write the report elsewhere")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise InvalidInputError(f"{where}: {path if path.exists() else parent} is not writable; "
+                                "write the report to a path you may write")
+
+
+def write_outputs(rep: dict, **paths: str | Path | None) -> None:
+    """Write ``rep`` as JSON (``report=``), Markdown (``markdown=``) and JUnit XML (``junit=``)."""
+    for arg, _, _, writer in _OUTPUTS:
+        if paths.get(arg):
+            writer(rep, paths[arg])
 
 
 def _run_case_all(case, backends: Iterable, device, store: Store, repeat: int, prog: Progress) -> list[Record]:

@@ -65,3 +65,24 @@ def test_nan_lse_fails_and_the_report_is_still_written(review_backends, tmp_path
     results = json.loads(path.read_text())["results"]
     assert len(results) == 2
     assert all(r["status"] == "fail" and "lse" in r["reason"] and r["lse_err"] == "inf" for r in results)
+
+
+# -- report paths are checked before the run --------------------------------------------------------
+
+@pytest.mark.parametrize("arg, option", [("report", "--report"), ("markdown", "--markdown"), ("junit", "--junit")])
+def test_a_report_path_in_a_missing_directory_is_refused_before_the_run(tmp_path, arg, option):
+    from portakern.errors import InvalidInputError
+
+    path = tmp_path / "no-such-dir" / "r.out"
+    with pytest.raises(InvalidInputError, match=rf"{arg}=.*\({option}\): the directory .*no-such-dir does not "
+                                                rf"exist; create it first \(mkdir -p "):
+        run(backends=["cpu"], cases_glob="gemv-q8_0-g32-m1-*", progress=False, out=None, **{arg: path})
+
+
+def test_a_report_path_that_is_a_directory_is_refused_by_the_cli(tmp_path, capsys):
+    from portakern.conformance import cli_main
+
+    assert cli_main(["--backend", "cpu", "--cases", "gemv-q8_0-g32-m1-*", "--no-progress",
+                     "--report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "(--report) is a directory" in err and "conformance.json" in err
