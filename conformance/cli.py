@@ -14,6 +14,8 @@ import argparse
 import sys
 from typing import Sequence
 
+from .report import EXIT_INTERRUPTED
+
 _RUN_EPILOG = """\
 examples:
   portakern conformance --backend cpu --device cpu --report r.json
@@ -25,7 +27,8 @@ examples:
 
 status per record: pass | fail | error | nondeterministic | unsupported (with the backend's reason).
 exit status: 0 every record passed or was unsupported; 1 any fail, error or nondeterministic
-record; 2 usage error (unknown backend or device, no case matched).
+record; 2 usage error (unknown backend or device, no case matched); 130 interrupted (Ctrl-C):
+the records made so far are still printed and written to the reports, marked "interrupted".
 """
 
 
@@ -95,6 +98,9 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
         return code
     except PortakernError as e:
         return _usage(p.prog, e)
+    except KeyboardInterrupt:   # before the first case ran (a run in progress writes its report)
+        print(f"{p.prog}: interrupted (Ctrl-C) before any case ran; nothing was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def support_main(argv: Sequence[str] | None = None) -> int:

@@ -11,7 +11,8 @@ JSON (``FORMAT`` 1)::
      "backends": {name: {version, array_kind, status, compile_targets}},
      "git": {"commit": sha, "dirty": bool} | null,
      "summary": {backend: {op: {status: count}}},
-     "exit_status": 0 | 1,
+     "exit_status": 0 | 1 | 130 (interrupted),
+     "interrupted": {"records": n, "expected": m} (only when Ctrl-C stopped the run),
      "results": [{case, op, dtype, backend, device, status, max_abs_err, tolerance, time_ms, reason,
                   ...optional: nmse, lse_err, lse_tolerance, first_call_ms}]}
 
@@ -176,22 +177,35 @@ def summarize(records: Iterable[Record]) -> dict:
     return {b: {op: dict(c) for op, c in ops.items()} for b, ops in s.items()}
 
 
-def exit_status(records: Iterable[Record]) -> int:
-    """0 when every record passed or was unsupported, else 1."""
+#: the exit status of a run stopped by Ctrl-C (128 + SIGINT, the shell's convention)
+EXIT_INTERRUPTED = 130
+
+
+def exit_status(records: Iterable[Record], interrupted: bool = False) -> int:
+    """0 when every record passed or was unsupported, 1 when any did not, 130 when interrupted."""
+    if interrupted:
+        return EXIT_INTERRUPTED
     return 1 if any(r.status in FAILING for r in records) else 0
 
 
 def build(records: list[Record], *, suite: str, tier: str, mode: str, device: Any, backends: list,
-          repeat: int = 1, targets: list[str] | None = None, command: list[str] | None = None) -> dict:
+          repeat: int = 1, targets: list[str] | None = None, command: list[str] | None = None,
+          interrupted: bool = False, expected: int | None = None) -> dict:
+    """The JSON report of ``records`` (see the module docstring for its fields).
+
+    ``interrupted``: the run stopped at Ctrl-C after ``len(records)`` of ``expected`` records; the
+    report then carries ``"interrupted": {"records": n, "expected": m}`` and exit status 130.
+    """
     import portakern
 
-    return {"format": FORMAT, "suite": suite, "tier": tier, "mode": mode,
+    stop = {"interrupted": {"records": len(records), "expected": expected}} if interrupted else {}
+    return {"format": FORMAT, "suite": suite, "tier": tier, "mode": mode, **stop,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "portakern": portakern.__version__, "command": list(command or sys.argv),
             "device": device_identity(device) if device is not None else None,
             "targets": list(targets or []), "repeat": repeat, "packages": package_versions(),
             "backends": backend_info(backends), "git": git_info(),
-            "summary": summarize(records), "exit_status": exit_status(records),
+            "summary": summarize(records), "exit_status": exit_status(records, interrupted),
             "results": [r.to_json() for r in records]}
 
 
@@ -261,7 +275,7 @@ def markdown(report: dict) -> str:
             f"- created: {report['created']}; portakern {report['portakern']}"
             + (f"; commit {report['git']['commit'][:12]}{' (dirty)' if report['git']['dirty'] else ''}"
                if report.get("git") else ""),
-            f"- result: {'PASS' if report['exit_status'] == 0 else 'FAIL'}", ""]
+            f"- result: {_result(report)}", ""]
     if report.get("targets"):
         head.insert(3, f"- targets: {', '.join(report['targets'])}")
 
@@ -294,6 +308,14 @@ def markdown(report: dict) -> str:
         for (b, why), ids in sorted(reasons.items()):
             lines.append(f"| {b} | {len(ids)} | {why.replace('|', '/')} | `{ids[0]}` |")
     return "\n".join(lines) + "\n"
+
+
+def _result(report: dict) -> str:
+    """PASS, FAIL, or INTERRUPTED with how many records were made."""
+    stop = report.get("interrupted")
+    if stop:
+        return f"INTERRUPTED (Ctrl-C) after {stop['records']} of {stop['expected']} records"
+    return "PASS" if report["exit_status"] == 0 else "FAIL"
 
 
 def _num(v) -> str:

@@ -58,6 +58,13 @@ class Progress:
                               f"{self.failed} failing\n")
             self.stream.flush()
 
+    def interrupted(self) -> None:
+        """End the bar's line and say that the run stopped at Ctrl-C (the report keeps what was made)."""
+        if self.enabled:
+            self.stream.write(f"{chr(10) if self.tty else ''}conformance: interrupted after {self.done} of "
+                              f"{self.total} records; writing what was made\n")
+            self.stream.flush()
+
 
 def resolve_backends(names: Sequence[str] | None):
     """Backend objects for ``names`` (comma lists allowed); every registered backend when empty."""
@@ -97,13 +104,6 @@ def target_device(target: str):
     if target.startswith("gfx"):
         return Device("rocm", 0, arch=target, name=f"{target} (compile-only)", warp_size=64)
     return Device(target.split(":")[0], 0, arch=target, name=f"{target} (compile-only)")
-
-
-def compile_records(cases: list, backends: list, targets: list[str], progress: Progress) -> list[Record]:
-    records = []
-    for case in cases:
-        records += _compile_case(case, backends, targets, progress)
-    return records
 
 
 def _compile_case(case, backends: list, targets: list[str], progress) -> list[Record]:
@@ -165,9 +165,13 @@ def run(backends: Sequence[str] | None = None, device: str | Any = "cpu", cases_
         the cases it had not finished into ``error`` records. Backends and cases must reach the
         workers through entry points or ``PORTAKERN_PLUGINS`` (not ``plugins.register``).
 
+    Ctrl-C (``KeyboardInterrupt``) during the cases stops the run but loses nothing: the records
+    made so far are printed and written to the reports, which carry ``"interrupted"``, and the
+    exit status is 130.
+
     Returns:
       ``(report dict, exit status)``. Raises ``InvalidInputError`` for an unknown backend, device,
-      tier or an empty selection.
+      tier, an empty selection or a report path that cannot be written.
     """
     from portakern.devices import Device, parse_device
     from portakern.errors import InvalidInputError
@@ -200,23 +204,50 @@ def run(backends: Sequence[str] | None = None, device: str | Any = "cpu", cases_
         spec = dict(backends=[b.name for b in bes], ids=[c.id for c in cases], tier=tier, device=dev,
                     repeat=repeat, compile_only=compile_only, targets=tlist,
                     golden_dir=str(golden_dir) if golden_dir else None)
-        records = _run_parallel(spec, cases, bes, jobs, prog)
-    elif compile_only:
-        records = compile_records(cases, bes, tlist, prog)
+        records, interrupted = _run_parallel(spec, cases, bes, jobs, prog)
     else:
-        store = Store(golden_dir) if golden_dir else Store()
-        records = []
-        for case in cases:
-            records += _run_case_all(case, bes, dev, store, repeat, prog)
+        store = None if compile_only else Store(golden_dir) if golden_dir else Store()
+        records, interrupted = _run_serial(cases, bes, dev, store, repeat, tlist, prog)
+    if interrupted:
+        prog.interrupted()
     rep = R.build(records, suite=SUITE, tier=tier, mode="compile-only" if compile_only else "run",
-                  device=dev, backends=bes, repeat=repeat, targets=tlist)
+                  device=dev, backends=bes, repeat=repeat, targets=tlist, interrupted=interrupted,
+                  expected=prog.total)
     rep = _with_jobs(rep, jobs)
     if out is not None:
         print(R.table(records), file=out)
         code = rep["exit_status"]
-        print(f"\n{len(records)} records, exit status {code}" + (f"; report: {report}" if report else ""), file=out)
+        stop = f" (interrupted: {len(records)} of {prog.total} records made)" if interrupted else ""
+        print(f"\n{len(records)} records, exit status {code}{stop}" + (f"; report: {report}" if report else ""),
+              file=out)
     write_outputs(rep, report=report, markdown=markdown, junit=junit)
     return rep, rep["exit_status"]
+
+
+class _Keep:
+    """A serial run's progress: keeps every record as it is made, then steps the progress bar."""
+
+    def __init__(self, progress: Progress):
+        self.progress, self.records = progress, []
+
+    def step(self, label: str, failed: bool = False, record: Record | None = None) -> None:
+        self.records.append(record)
+        self.progress.step(label, failed, record)
+
+
+def _run_serial(cases: list, bes: list, dev, store: Store | None, repeat: int, targets: list[str],
+                prog: Progress) -> tuple[list[Record], bool]:
+    """Every case in this process: ``(records, interrupted)``; Ctrl-C keeps the records made so far."""
+    keep = _Keep(prog)
+    try:
+        for case in cases:
+            if store is None:
+                _compile_case(case, bes, targets, keep)
+            else:
+                _run_case_all(case, bes, dev, store, repeat, keep)
+    except KeyboardInterrupt:
+        return keep.records, True
+    return keep.records, False
 
 
 #: the report files of a run: (argument of ``run``, command-line option, file suffix, writer)
@@ -346,7 +377,14 @@ class _PipeProgress:
 
 
 def _worker(conn, spec: dict, shard: list[int]) -> None:
-    """Entry point of a worker process: run the cases ``shard`` (indices into ``spec["ids"]``)."""
+    """Entry point of a worker process: run the cases ``shard`` (indices into ``spec["ids"]``).
+
+    Ctrl-C is the parent's to handle (it keeps the records received and stops the workers), so a
+    worker ignores SIGINT: the terminal sends it to the whole process group.
+    """
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         bes = resolve_backends(spec["backends"])
         known = {c.id: c for c in collect_cases(spec["tier"], None)}
@@ -375,8 +413,12 @@ def _worker(conn, spec: dict, shard: list[int]) -> None:
         conn.close()
 
 
-def _run_parallel(spec: dict, cases: list, bes: list, jobs: int, prog: Progress) -> list[Record]:
-    """Run ``cases`` in ``jobs`` spawned workers; the records in the serial order."""
+def _run_parallel(spec: dict, cases: list, bes: list, jobs: int, prog: Progress) -> tuple[list[Record], bool]:
+    """Run ``cases`` in ``jobs`` spawned workers: ``(records in the serial order, interrupted)``.
+
+    On Ctrl-C the workers are stopped and the records received so far are kept (no error records
+    stand in for the cases that were not run).
+    """
     import multiprocessing as mp
     from multiprocessing.connection import wait
 
@@ -386,6 +428,7 @@ def _run_parallel(spec: dict, cases: list, bes: list, jobs: int, prog: Progress)
     done: set[int] = set()
     crash: dict[int, str] = {}
     procs, readers = [], {}
+    interrupted = False
     try:
         for k, shard in enumerate(shards):
             r, w = ctx.Pipe(duplex=False)
@@ -411,6 +454,8 @@ def _run_parallel(spec: dict, cases: list, bes: list, jobs: int, prog: Progress)
                     crash[readers[r]] = msg[1]
         for p in procs:
             p.join()
+    except KeyboardInterrupt:
+        interrupted = True
     finally:
         for p in procs:
             if p.is_alive():
@@ -419,7 +464,7 @@ def _run_parallel(spec: dict, cases: list, bes: list, jobs: int, prog: Progress)
     records = []
     for i, case in enumerate(cases):
         recs = got.get(i, [])
-        if i not in done:
+        if i not in done and not interrupted:
             k = i % jobs
             why = crash.get(k) or f"exit status {procs[k].exitcode}"
             first = next(j for j in shards[k] if j not in done)
@@ -427,7 +472,7 @@ def _run_parallel(spec: dict, cases: list, bes: list, jobs: int, prog: Progress)
                       f"not run: worker process {k} of {jobs} died ({why}) while running {cases[first].id}")
             recs = _fill(case, bes, spec, recs, reason, prog)
         records += recs
-    return records
+    return records, interrupted
 
 
 def _fill(case, bes: list, spec: dict, recs: list[Record], reason: str, prog: Progress) -> list[Record]:

@@ -180,6 +180,6 @@ def test_jobs_usage_errors(register_plugin, capsys):
 def test_jobs_zero_means_one_per_core(monkeypatch):
     seen = []
     monkeypatch.setattr(runner.os, "cpu_count", lambda: 3)
-    monkeypatch.setattr(runner, "_run_parallel", lambda spec, cases, bes, jobs, prog: seen.append(jobs) or [])
+    monkeypatch.setattr(runner, "_run_parallel", lambda spec, cases, bes, jobs, prog: seen.append(jobs) or ([], False))
     rep, _ = _run(backends=["cpu"], cases_glob=GEMV, jobs=0)
     assert seen == [3] and rep["jobs"] == 3

@@ -7,12 +7,18 @@ silently replaced by the backend under test, and runs that check nothing do not 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
 
 from portakern.backends.cpu.backend import CpuBackend
 from portakern.conformance import report as R
+from portakern.conformance.cases import all_cases, select
 from portakern.conformance.runner import run
 from portakern.plugins import hookimpl
 
@@ -36,10 +42,29 @@ class NanLse(CpuBackend):
         return kernel
 
 
+class Interrupted(CpuBackend):
+    """The CPU reference until its third call, which is "interrupted" (Ctrl-C)."""
+
+    name = "review-ctrl-c"
+    priority = -100
+    calls = 0
+
+    def compile(self, op, device):
+        inner = super().compile(op, device)
+
+        def kernel(*args):
+            Interrupted.calls += 1
+            if Interrupted.calls == 3:
+                raise KeyboardInterrupt
+            inner(*args)
+
+        return kernel
+
+
 class ReviewPlugin:
     @hookimpl
     def portakern_register_backends(self):
-        return [NanLse()]
+        return [NanLse(), Interrupted()]
 
 
 @pytest.fixture
@@ -86,3 +111,76 @@ def test_a_report_path_that_is_a_directory_is_refused_by_the_cli(tmp_path, capsy
                      "--report", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "(--report) is a directory" in err and "conformance.json" in err
+
+
+# -- Ctrl-C keeps what was made ---------------------------------------------------------------------
+
+GEMV4 = "gemv-awq-g32-m1-*,gemv-q8_0-g32-m1-*,gemv-q4_0-g32-m1-*,gemv-gptq-g32-m1-*"
+
+
+def test_ctrl_c_in_a_serial_run_writes_the_records_made_so_far(review_backends, tmp_path, monkeypatch):
+    monkeypatch.setattr(Interrupted, "calls", 0)
+    path, md = tmp_path / "r.json", tmp_path / "r.md"
+    try:
+        report, code = run(backends=["cpu", "review-ctrl-c"], cases_glob=GEMV4, report=path, markdown=md,
+                           progress=False, out=None)
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped run(): no report was written and every record made was lost")
+    assert code == 130 == report["exit_status"]
+    rep = json.loads(path.read_text())
+    made = [(r["case"], r["backend"], r["status"]) for r in rep["results"]]
+    # cases 1 and 2 on both backends, case 3 on cpu; its call on review-ctrl-c was interrupted
+    assert len(made) == 5 and all(s == "pass" for _, _, s in made), made
+    assert rep["interrupted"] == {"records": 5, "expected": 2 * len(select(all_cases(), GEMV4))}
+    assert "INTERRUPTED (Ctrl-C) after 5 of" in md.read_text()
+
+
+SLOW_PLUGIN = """
+    import time
+
+    from portakern.backends.cpu.backend import CpuBackend
+    from portakern.plugins import hookimpl
+
+
+    class Slow(CpuBackend):
+        name = "review-slow"
+
+        def compile(self, op, device):
+            inner = super().compile(op, device)
+
+            def kernel(*args):
+                time.sleep(0.4)
+                return inner(*args)
+
+            return kernel
+
+
+    @hookimpl
+    def portakern_register_backends():
+        return [Slow()]
+"""
+
+
+def test_ctrl_c_in_a_parallel_cli_run_exits_130_with_the_report(tmp_path):
+    (tmp_path / "pk_review_slow.py").write_text(textwrap.dedent(SLOW_PLUGIN))
+    env = dict(os.environ, PORTAKERN_PLUGINS="pk_review_slow",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    path = tmp_path / "r.json"
+    cmd = [sys.executable, "-m", "portakern", "conformance", "--backend", "review-slow", "--cases", "gemv-*m1-*",
+           "--jobs", "2", "--report", str(path)]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        line = proc.stderr.readline()          # the first progress line: records are arriving
+        assert line.startswith("conformance: "), line + proc.stderr.read()
+        os.killpg(proc.pid, signal.SIGINT)     # what a terminal's Ctrl-C does: the whole group
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    rep = json.loads(path.read_text())
+    assert rep["exit_status"] == 130 and 0 < rep["interrupted"]["records"] < rep["interrupted"]["expected"]
+    assert rep["results"] and all(r["status"] == "pass" for r in rep["results"])
+    assert "interrupted" in out
