@@ -174,6 +174,9 @@ def goldens_main(argv: Sequence[str] | None = None) -> int:
         return _usage(p.prog, ValueError(f"--cases {args.cases} matches no cpu-tier case"))
     if args.check:
         store = G.Store(args.dir)
+        if not (store.directory / G.MANIFEST).is_file():
+            return _usage(p.prog, ValueError(f"--dir {store.directory} holds no {G.MANIFEST}, so there is nothing to "
+                                             "check; name a golden directory, or write one there with --force"))
         problems = store.verify_sha() + G.verify(cases, store)
         for line in problems:
             print(line)

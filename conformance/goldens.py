@@ -20,6 +20,7 @@ under ``~/.cache/portakern/conformance``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -35,6 +36,8 @@ from typing import Iterable
 
 import numpy as np
 
+from portakern.errors import PortakernError
+
 from . import naive
 from .generate import hash_arrays
 from .cases import SUITE
@@ -43,6 +46,13 @@ from .tolerance import STORED_MANTISSA_BITS, trim_mantissa
 FORMAT = 1
 DATA_FILE = "goldens.zip"
 MANIFEST = "manifest.json"
+
+_RESTORE = ("restore the package's conformance/data (reinstall portakern, or git checkout conformance/data), "
+            "or regenerate it with: portakern goldens --force")
+
+
+class GoldenError(PortakernError, RuntimeError):
+    """A golden that should be stored is missing, or its stored bytes do not match the manifest."""
 
 
 @dataclass
@@ -180,10 +190,23 @@ class Store:
             self._zip = zipfile.ZipFile(self.directory / DATA_FILE)
         return self._zip.read(name)
 
-    def get(self, case_id: str) -> Golden:
+    def get(self, case_id: str, check: bool = True) -> Golden:
+        """The stored golden of ``case_id``, its arrays checked against the manifest's sha256
+        (``check=False``: unchecked, for the tools that report or replace mismatches themselves).
+
+        Raises:
+          KeyError when ``case_id`` is not in the manifest or a member is missing from the data file;
+          GoldenError when a stored array's bytes differ from the manifest (data and manifest of
+          different versions, or an edited file), rather than judging a backend by a wrong gold.
+        """
         e = self.cases[case_id]
         out = _decode(self._member(f"{case_id}.out"), e["out_shape"])
         lse = _decode(self._member(f"{case_id}.lse"), e["lse_shape"]) if "lse_shape" in e else None
+        for name, arr in (("out", out), ("lse", lse)):
+            if check and arr is not None and _sha(arr) != e.get(f"{name}_sha256"):
+                raise GoldenError(f"{case_id}: the stored {name} in {self.directory / DATA_FILE} does not match "
+                                  f"{name}_sha256 in {self.directory / MANIFEST} (the two files are of different "
+                                  f"versions or one was edited); {_RESTORE}")
         return Golden(case_id, e["input_sha256"], out, lse, e["naive_err"], e["naive_nmse"],
                       e.get("naive_lse_err", 0.0))
 
@@ -195,7 +218,7 @@ class Store:
             problems.append(f"{DATA_FILE}: sha256 differs from the manifest's data_sha256")
         for cid, e in self.cases.items():
             try:
-                g = self.get(cid)
+                g = self.get(cid, check=False)
             except KeyError:
                 problems.append(f"{cid}: listed in the manifest but missing from {DATA_FILE}")
                 continue
@@ -210,9 +233,19 @@ _CACHE_DIR = Path(os.environ.get("PORTAKERN_CACHE_DIR", Path.home() / ".cache" /
 
 
 def golden_for(case, store: Store | None) -> Golden:
-    """The stored golden of ``case`` when its input hash matches, else computed (and disk-cached)."""
+    """The stored golden of ``case``, or for a case with no stored golden (gpu tier, plugin cases)
+    one computed by the CPU reference and disk-cached.
+
+    Raises:
+      GoldenError when ``case`` is a cpu-tier case missing from ``store``: computing its gold would
+      compare the CPU reference with itself, so a missing or wrong golden directory never passes.
+    """
     if store is not None and case.id in store:
         return store.get(case.id)
+    if is_stored_case(case):
+        where = store.directory if store is not None else data_dir()
+        raise GoldenError(f"{case.id} is a cpu-tier case but {where / MANIFEST} has no golden for it; "
+                          f"{_RESTORE}")
     key = hashlib.sha256(json.dumps(case.to_json(), sort_keys=True).encode()).hexdigest()[:24]
     path = _CACHE_DIR / SUITE / f"{case.id}-{key}.npz"
     try:
@@ -233,6 +266,18 @@ def golden_for(case, store: Store | None) -> Golden:
     except OSError:
         pass
     return g
+
+
+def is_stored_case(case) -> bool:
+    """Whether ``case`` is one of the cpu tier, whose goldens are checked in (never computed on the fly)."""
+    return case.id in _stored_ids()
+
+
+@functools.lru_cache(maxsize=1)
+def _stored_ids() -> frozenset:
+    from .cases import all_cases
+
+    return frozenset(c.id for c in all_cases("cpu"))
 
 
 # -- regeneration and verification ----------------------------------------------------------------
@@ -257,7 +302,7 @@ def diff(store: Store, fresh: dict[str, tuple], catalog: set[str]) -> list[str]:
         if o["input_sha256"] != e["input_sha256"]:
             what.append("inputs")
         if o["out_sha256"] != e["out_sha256"] or o.get("lse_sha256") != e.get("lse_sha256"):
-            prev = store.get(cid)
+            prev = store.get(cid, check=False)
             same = prev.out.shape == g.out.shape
             dmax = float(np.nanmax(np.abs(prev.out.astype(np.float64) - g.out))) if same and g.out.size else 0.0
             what.append(f"gold (max change {dmax:.3g})" if same else "gold shape")
@@ -302,7 +347,11 @@ def regenerate(cases: Iterable, directory: Path | None = None, force: bool = Fal
     merged = dict(fresh)
     for cid in store.cases:
         if cid not in merged and cid in catalog:
-            merged[cid] = (catalog[cid], store.get(cid))
+            try:
+                merged[cid] = (catalog[cid], store.get(cid))
+            except GoldenError as e:   # never carry a corrupt golden into a new manifest
+                print(f"{e}\nnothing written: regenerate every golden (no --cases) to replace it", file=out)
+                return 1
     path = write(merged, store.directory)
     size = (path.parent / DATA_FILE).stat().st_size / 1e6
     print(f"wrote {len(merged)} goldens to {path.parent} ({size:.2f} MB)", file=out)
@@ -323,7 +372,7 @@ def verify(cases: Iterable, store: Store | None = None) -> list[str]:
             problems.append(f"{c.id}: generated inputs differ from the stored input_sha256")
             continue
         out, lse = reference_outputs(c, inputs)
-        gold = store.get(c.id)
+        gold = store.get(c.id, check=False)
         ulp = 2.0 ** -e["mantissa_bits"]
         for name, a, b in (("out", out, gold.out), ("lse", lse, gold.lse)):
             if b is None:

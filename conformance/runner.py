@@ -183,6 +183,7 @@ def run(backends: Sequence[str] | None = None, device: str | Any = "cpu", cases_
     if jobs < 0:
         raise InvalidInputError(f"jobs={jobs} must be >= 0 (0 = one worker per CPU core)")
     check_output_paths(report=report, markdown=markdown, junit=junit)
+    check_golden_dir(golden_dir)
     bes = resolve_backends(backends)
     cases = collect_cases(tier, cases_glob)
     if not cases:
@@ -282,6 +283,22 @@ def _check_output_path(arg: str, option: str, suffix: str, path: Path) -> None:
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise InvalidInputError(f"{where}: {path if path.exists() else parent} is not writable; "
                                 "write the report to a path you may write")
+
+
+def check_golden_dir(golden_dir: str | Path | None) -> None:
+    """Refuse a golden directory (``golden_dir=``, ``--goldens``) that holds no golden manifest.
+
+    Raises:
+      InvalidInputError naming the argument, the directory and the way out.
+    """
+    from portakern.errors import InvalidInputError
+
+    from .goldens import MANIFEST
+
+    if golden_dir and not (Path(golden_dir) / MANIFEST).is_file():
+        raise InvalidInputError(f"golden_dir={str(golden_dir)!r} (--goldens) holds no {MANIFEST}: it is not a "
+                                "golden directory; name the directory that portakern goldens --force --dir wrote, "
+                                "or leave the option out to use the package's goldens")
 
 
 def write_outputs(rep: dict, **paths: str | Path | None) -> None:

@@ -184,3 +184,76 @@ def test_ctrl_c_in_a_parallel_cli_run_exits_130_with_the_report(tmp_path):
     assert rep["exit_status"] == 130 and 0 < rep["interrupted"]["records"] < rep["interrupted"]["expected"]
     assert rep["results"] and all(r["status"] == "pass" for r in rep["results"])
     assert "interrupted" in out
+
+
+# -- goldens are never silently replaced -------------------------------------------------------------
+
+ONE = "gemv-q8_0-g32-m1-n77-k352-fp32"
+OTHER = "gemv-awq-g32-m1-n72-k352-bf16"
+
+
+@pytest.fixture
+def one_golden(tmp_path, monkeypatch):
+    """A golden directory holding the golden of ``ONE`` only (the on-the-fly cache is private)."""
+    from portakern.conformance import goldens as G
+
+    monkeypatch.setattr(G, "_CACHE_DIR", tmp_path / "cache")
+    d = tmp_path / "goldens"
+    assert G.regenerate(select(all_cases(), ONE), d, force=True, out=open(os.devnull, "w")) == 0
+    return d
+
+
+def test_a_golden_directory_without_a_manifest_is_a_usage_error(tmp_path, capsys):
+    from portakern.conformance import cli_main
+    from portakern.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match=r"golden_dir='.*' \(--goldens\) holds no manifest.json"):
+        run(backends=["cpu"], cases_glob=ONE, golden_dir=tmp_path, progress=False, out=None)
+    assert cli_main(["--backend", "cpu", "--cases", ONE, "--goldens", str(tmp_path), "--no-progress"]) == 2
+    assert "holds no manifest.json" in capsys.readouterr().err
+
+
+def test_a_cpu_tier_case_missing_from_the_goldens_errors_instead_of_comparing_the_reference_with_itself(one_golden):
+    report, code = run(backends=["cpu"], cases_glob=f"{ONE},{OTHER}", golden_dir=one_golden, progress=False, out=None)
+    by = {r["case"]: r for r in report["results"]}
+    assert by[ONE]["status"] == "pass"
+    assert by[OTHER]["status"] == "error" and code == 1
+    assert f"{OTHER} is a cpu-tier case but" in by[OTHER]["reason"] and "has no golden for it" in by[OTHER]["reason"]
+    assert "portakern goldens --force" in by[OTHER]["reason"]
+
+
+def test_stored_gold_bytes_that_differ_from_the_manifest_error_instead_of_judging_the_backend(one_golden):
+    import zipfile
+
+    from portakern.conformance import goldens as G
+
+    z = one_golden / G.DATA_FILE
+    with zipfile.ZipFile(z) as f:
+        members = {n: f.read(n) for n in f.namelist()}
+    gold = G._decode(members[f"{ONE}.out"], (1, 77))
+    members[f"{ONE}.out"] = G._encode(np.zeros_like(gold))      # the data file of another version
+    with zipfile.ZipFile(z, "w") as f:
+        for n, b in members.items():
+            f.writestr(n, b)
+    report, code = run(backends=["cpu"], cases_glob=ONE, golden_dir=one_golden, progress=False, out=None)
+    rec = report["results"][0]
+    assert rec["status"] == "error" and code == 1
+    assert "does not match out_sha256" in rec["reason"] and "portakern goldens --force" in rec["reason"]
+
+
+def test_goldens_check_of_a_directory_without_goldens_is_a_usage_error(tmp_path, capsys):
+    from portakern.conformance import goldens_main
+
+    assert goldens_main(["--check", "--dir", str(tmp_path), "--cases", ONE]) == 2
+    assert "holds no manifest.json" in capsys.readouterr().err
+
+
+def test_forced_regeneration_of_other_cases_never_carries_a_corrupt_golden_into_a_new_manifest(one_golden, capsys):
+    from portakern.conformance import goldens as G
+
+    m = json.loads((one_golden / G.MANIFEST).read_text())
+    m["cases"][ONE]["out_sha256"] = "0" * 64
+    (one_golden / G.MANIFEST).write_text(json.dumps(m))
+    assert G.regenerate(select(all_cases(), OTHER), one_golden, force=True) == 1
+    assert "nothing written" in capsys.readouterr().out
+    assert json.loads((one_golden / G.MANIFEST).read_text())["cases"][ONE]["out_sha256"] == "0" * 64
