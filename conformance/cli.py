@@ -26,8 +26,8 @@ examples:
   portakern conformance --backend triton --device cuda:0 --jobs 0        one worker per CPU core
 
 status per record: pass | fail | error | nondeterministic | unsupported (with the backend's reason).
-exit status: 0 every record passed or was unsupported; 1 any fail, error or nondeterministic
-record; 2 usage error (unknown backend or device, no case matched); 130 interrupted (Ctrl-C):
+exit status: 0 every record passed or was unsupported, and at least one ran; 1 any fail, error or
+nondeterministic record, or none ran (every record unsupported: nothing was checked); 2 usage error (unknown backend or device, no case matched); 130 interrupted (Ctrl-C):
 the records made so far are still printed and written to the reports, marked "interrupted".
 """
 

@@ -11,7 +11,7 @@ JSON (``FORMAT`` 1)::
      "backends": {name: {version, array_kind, status, compile_targets}},
      "git": {"commit": sha, "dirty": bool} | null,
      "summary": {backend: {op: {status: count}}},
-     "exit_status": 0 | 1 | 130 (interrupted),
+     "exit_status": 0 | 1 | 130 (interrupted): 1 also when no record ran (every one unsupported),
      "interrupted": {"records": n, "expected": m} (only when Ctrl-C stopped the run),
      "results": [{case, op, dtype, backend, device, status, max_abs_err, tolerance, time_ms, reason,
                   ...optional: nmse, lse_err, lse_tolerance, first_call_ms}]}
@@ -182,10 +182,24 @@ EXIT_INTERRUPTED = 130
 
 
 def exit_status(records: Iterable[Record], interrupted: bool = False) -> int:
-    """0 when every record passed or was unsupported, 1 when any did not, 130 when interrupted."""
+    """0 when every record passed or was unsupported and at least one ran; 1 when any failed,
+    errored or was nondeterministic, or when none ran (nothing was checked); 130 when interrupted."""
     if interrupted:
         return EXIT_INTERRUPTED
-    return 1 if any(r.status in FAILING for r in records) else 0
+    records = list(records)
+    return 1 if nothing_ran(records) or any(r.status in FAILING for r in records) else 0
+
+
+def nothing_ran(records: Iterable[Record]) -> bool:
+    """Whether no record was checked: every one unsupported (or none at all). Such a run qualified
+    nothing (a backend that declines every case, a device it cannot use), so it does not pass."""
+    return all(r.status == "unsupported" for r in records)
+
+
+def _nothing_ran_text(n: int) -> str:
+    return (f"nothing ran: all {n} record(s) are unsupported, so nothing was checked (exit status 1); "
+            "read the reasons, check the backend's status with portakern info, or pick another "
+            "--backend / --device")
 
 
 def build(records: list[Record], *, suite: str, tier: str, mode: str, device: Any, backends: list,
@@ -226,6 +240,8 @@ def table(records: list[Record]) -> str:
             rows.append((op, b, *(str(c.get("nondeterministic" if k == "nondet" else k, 0)) for k in cols)))
     w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(x.ljust(w[i]) if i < 2 else x.rjust(w[i]) for i, x in enumerate(r)) for r in rows]
+    if nothing_ran(records):
+        lines += ["", _nothing_ran_text(len(records))]
     bad = [r for r in records if r.status in FAILING]
     if bad:
         lines.append("")
@@ -315,6 +331,8 @@ def _result(report: dict) -> str:
     stop = report.get("interrupted")
     if stop:
         return f"INTERRUPTED (Ctrl-C) after {stop['records']} of {stop['expected']} records"
+    if all(r["status"] == "unsupported" for r in report["results"]):
+        return "FAIL: " + _nothing_ran_text(len(report["results"]))
     return "PASS" if report["exit_status"] == 0 else "FAIL"
 
 

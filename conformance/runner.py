@@ -1,8 +1,9 @@
 """The conformance runner: every selected case on every selected backend, one report.
 
 ``run(...)`` is what ``portakern conformance`` calls; it returns ``(report, exit_status)`` where
-the exit status is 0 when every record passed or was unsupported (with the backend's reason), and
-1 when any record failed, errored, or (with ``repeat > 1``) was not bit-identical across repeats.
+the exit status is 0 when every record passed or was unsupported (with the backend's reason) and at
+least one ran, 1 when any record failed, errored, or (with ``repeat > 1``) was not bit-identical
+across repeats, or when every record was unsupported (nothing was checked), and 130 on Ctrl-C.
 """
 
 from __future__ import annotations

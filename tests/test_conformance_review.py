@@ -257,3 +257,35 @@ def test_forced_regeneration_of_other_cases_never_carries_a_corrupt_golden_into_
     assert G.regenerate(select(all_cases(), OTHER), one_golden, force=True) == 1
     assert "nothing written" in capsys.readouterr().out
     assert json.loads((one_golden / G.MANIFEST).read_text())["cases"][ONE]["out_sha256"] == "0" * 64
+
+
+# -- a run that checks nothing does not pass --------------------------------------------------------
+
+class Declines(CpuBackend):
+    """Says no to everything, with a reason."""
+
+    name = "review-declines"
+    priority = -100
+
+    def supports(self, op, device):
+        from portakern.backend import no
+
+        return no("review-declines: this build has no kernels for this device")
+
+
+def test_a_run_where_every_record_is_unsupported_exits_1(register_plugin, tmp_path, capsys):
+    from portakern.conformance import cli_main
+
+    class P:
+        @hookimpl
+        def portakern_register_backends(self):
+            return [Declines()]
+
+    register_plugin(P(), name="review-declines")
+    md = tmp_path / "r.md"
+    assert cli_main(["--backend", "review-declines", "--cases", "gemv-q8_0-*", "--no-progress",
+                     "--markdown", str(md)]) == 1
+    assert "nothing ran: all 8 record(s) are unsupported" in capsys.readouterr().out
+    assert "result: FAIL: nothing ran" in md.read_text()
+    # one backend that ran is enough: the other's unsupported records are not failures
+    assert cli_main(["--backend", "review-declines,cpu", "--cases", "gemv-q8_0-*", "--no-progress"]) == 0
