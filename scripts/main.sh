@@ -8,7 +8,15 @@ PK=.venv/bin/portakern
 $PK info
 mkdir -p reports
 status=0
-for dev in $(.venv/bin/python -c "import portakern; print(' '.join(str(d) for d in portakern.devices() if d.type in ('cpu', 'cuda')))"); do
+# every device the conformance runner can place inputs on (cpu, cuda, rocm); a failure to list them
+# must stop the job (a command substitution in a for list would hide it and exit 0 having run nothing)
+devices=$(.venv/bin/python -c "import portakern; print(' '.join(str(d) for d in portakern.devices() if d.type in ('cpu', 'cuda', 'rocm')))") \
+  || { echo "main.sh: listing the devices failed (see above); no conformance run was possible" >&2; exit 1; }
+if [ -z "$devices" ]; then
+  echo "main.sh: portakern lists no cpu, cuda or rocm device; no conformance run was possible" >&2
+  exit 1
+fi
+for dev in $devices; do
   tier=cpu; [ "$dev" != cpu ] && tier=gpu
   name=${dev//:/-}
   echo "== conformance on $dev =="

@@ -289,3 +289,56 @@ def test_a_run_where_every_record_is_unsupported_exits_1(register_plugin, tmp_pa
     assert "result: FAIL: nothing ran" in md.read_text()
     # one backend that ran is enough: the other's unsupported records are not failures
     assert cli_main(["--backend", "review-declines,cpu", "--cases", "gemv-q8_0-*", "--no-progress"]) == 0
+
+
+# -- scripts/main.sh ----------------------------------------------------------------------------------
+
+FAKE_PORTAKERN = """
+class _D:
+    def __init__(self, type, index):
+        self.type, self.index = type, index
+
+    def __str__(self):
+        return self.type if self.type == "cpu" else f"{self.type}:{self.index}"
+
+
+def devices():
+    {body}
+"""
+
+
+def _main_sh_sandbox(tmp_path, devices_body: str):
+    """Run a copy of scripts/main.sh beside a no-op setup.sh and a stub .venv: its ``python`` is this
+    interpreter importing a fake ``portakern`` whose ``devices()`` runs ``devices_body``, and its
+    ``portakern`` logs its arguments. Returns the completed process and the conformance calls."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "main.sh").write_text((repo / "scripts" / "main.sh").read_text())
+    (tmp_path / "scripts" / "setup.sh").write_text("true\n")
+    (tmp_path / "fake" / "portakern").mkdir(parents=True)
+    (tmp_path / "fake" / "portakern" / "__init__.py").write_text(FAKE_PORTAKERN.replace("{body}", devices_body))
+    bin_ = tmp_path / ".venv" / "bin"
+    bin_.mkdir(parents=True)
+    (bin_ / "python").write_text(f'#!/usr/bin/env bash\nPYTHONPATH={tmp_path}/fake exec {sys.executable} "$@"\n')
+    (bin_ / "portakern").write_text(f'#!/usr/bin/env bash\necho "$*" >> {tmp_path}/calls\n')
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    r = subprocess.run(["bash", str(tmp_path / "scripts" / "main.sh")], capture_output=True, text=True, timeout=60)
+    calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
+    return r, [c for c in calls if c.startswith("conformance")]
+
+
+def test_main_sh_runs_the_suite_on_rocm_devices_too(tmp_path):
+    r, runs = _main_sh_sandbox(tmp_path, "return [_D('cpu', 0), _D('rocm', 0), _D('opencl', 0)]")
+    assert r.returncode == 0, r.stderr
+    assert any("--device rocm:0 --tier gpu" in c for c in runs), runs
+    assert any("--device cpu --tier cpu" in c for c in runs), runs
+    assert not any("opencl" in c for c in runs), runs     # the runner cannot place inputs there yet
+
+
+def test_main_sh_fails_when_the_devices_cannot_be_listed(tmp_path):
+    r, runs = _main_sh_sandbox(tmp_path, "raise RuntimeError('the driver is broken')")
+    assert r.returncode != 0 and runs == []
+    assert "listing the devices failed" in r.stderr
