@@ -75,7 +75,7 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
     [--compile-only --target T1,T2] [--jobs N] [--list]``. Returns the exit status."""
     from portakern.errors import PortakernError
 
-    from .runner import collect_cases, run
+    from .runner import run, selected_cases
 
     p = _run_parser()
     try:
@@ -86,7 +86,7 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
         return _usage(p.prog, ValueError("--target is only meaningful with --compile-only"))
     try:
         if args.list:
-            cases = collect_cases(args.tier, args.cases or None)
+            cases = selected_cases(args.tier, args.cases or None)
             for c in cases:
                 print(f"{c.id}\t{c.kind}\t{c.dtype}\t{c.tier}")
             print(f"{len(cases)} case(s)", file=sys.stderr)

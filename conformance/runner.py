@@ -92,6 +92,21 @@ def collect_cases(tier: str = "cpu", patterns: Sequence[str] | str | None = None
     return select(cases, patterns)
 
 
+def selected_cases(tier: str, patterns: Sequence[str] | str | None) -> list:
+    """``collect_cases(tier, patterns)``, refusing a selection of no case (a run of nothing).
+
+    Raises:
+      InvalidInputError naming the globs, the tier and how to list the ids.
+    """
+    from portakern.errors import InvalidInputError
+
+    cases = collect_cases(tier, patterns)
+    if not cases:
+        raise InvalidInputError(f"cases={patterns!r} matches no case of {SUITE} tier {tier}; "
+                                f"list the ids with: portakern conformance --list --tier {tier}")
+    return cases
+
+
 # -- target devices for compile-only ----------------------------------------------------------------
 
 def target_device(target: str):
@@ -180,16 +195,15 @@ def run(backends: Sequence[str] | None = None, device: str | Any = "cpu", cases_
     stream = sys.stderr if stream is _STD else stream
     out = sys.stdout if out is _STD else out
     if repeat < 1:
-        raise InvalidInputError(f"repeat={repeat} must be >= 1")
+        raise InvalidInputError(f"repeat={repeat} must be >= 1 (--repeat N runs every case N times; "
+                                "1 runs each once, 2 or more also checks that the results are bit-identical)")
     if jobs < 0:
-        raise InvalidInputError(f"jobs={jobs} must be >= 0 (0 = one worker per CPU core)")
+        raise InvalidInputError(f"jobs={jobs} must be >= 0 (0 = one worker per CPU core) (--jobs N; "
+                                "1 runs every case in this process)")
     check_output_paths(report=report, markdown=markdown, junit=junit)
     check_golden_dir(golden_dir)
     bes = resolve_backends(backends)
-    cases = collect_cases(tier, cases_glob)
-    if not cases:
-        raise InvalidInputError(f"cases={cases_glob!r} matches no case of {SUITE} tier {tier}; "
-                                "list the ids with: portakern conformance --list")
+    cases = selected_cases(tier, cases_glob)
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(cases)))
     if jobs > 1:
         _check_workers_can_see(bes, cases)

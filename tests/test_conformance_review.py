@@ -342,3 +342,24 @@ def test_main_sh_fails_when_the_devices_cannot_be_listed(tmp_path):
     r, runs = _main_sh_sandbox(tmp_path, "raise RuntimeError('the driver is broken')")
     assert r.returncode != 0 and runs == []
     assert "listing the devices failed" in r.stderr
+
+
+# -- usage errors -------------------------------------------------------------------------------------
+
+def test_list_of_a_glob_matching_nothing_is_a_usage_error(capsys):
+    from portakern.conformance import cli_main
+
+    assert cli_main(["--list", "--cases", "no-such-case-*", "--tier", "gpu"]) == 2
+    assert "matches no case of cases-v1 tier gpu; list the ids with: portakern conformance --list --tier gpu" \
+        in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--repeat", "0"], "repeat=0 must be >= 1 (--repeat N runs every case N times; 1 runs each once"),
+    (["--jobs", "-3"], "jobs=-3 must be >= 0 (0 = one worker per CPU core) (--jobs N; 1 runs every case"),
+])
+def test_bad_numbers_name_the_option_and_the_way_out(capsys, argv, fragment):
+    from portakern.conformance import cli_main
+
+    assert cli_main(["--backend", "cpu", "--cases", ONE, *argv]) == 2
+    assert fragment in capsys.readouterr().err
