@@ -275,3 +275,42 @@ def test_git_info_prefers_the_commit_the_caller_names(monkeypatch):
     monkeypatch.delenv("PK_COMMIT")
     info = report.git_info()
     assert info is None or (len(info["commit"]) == 40 and info["dirty"] in (True, False))
+
+
+def _record_and_golden(kind="quant_gemv", dtype="float32"):
+    from types import SimpleNamespace
+
+    from portakern.conformance.report import Record
+
+    gold = G.Golden("c", "", np.linspace(-1.0, 1.0, 64).reshape(2, 32), None, 1e-6, 1e-12)
+    rec = Record(case="c", op=kind, dtype=dtype, backend="b", device="cpu", status="error")
+    return rec, SimpleNamespace(id="c", kind=kind, dtype=dtype), gold
+
+
+def test_judge_reports_the_largest_error_over_passing_repeats():
+    from portakern.conformance.execute import judge
+
+    rec, case, gold = _record_and_golden()
+    small, large = gold.out.copy(), gold.out.copy()
+    small[0, 0] += 1e-7
+    large[1, 3] += 6e-7                       # within the bound (2 * 1e-6 + 1e-6 + 4e-6), but the larger error
+    rec = judge(rec, case, gold, [(small, None), (large, None), (small, None)])
+    assert rec.status == "nondeterministic"   # repeats differ; the margin is still the worst repeat's
+    assert rec.max_abs_err == pytest.approx(6e-7, rel=1e-3)
+    assert rec.extra["nmse"] > 1e-15
+
+
+def test_an_exception_while_judging_is_the_case_s_error_record_not_the_end_of_the_run(monkeypatch):
+    from portakern.conformance import execute
+
+    rec, case, gold = _record_and_golden()
+    monkeypatch.setattr(execute.T, "rule", lambda op, dtype: (_ for _ in ()).throw(KeyError((op, dtype))))
+    monkeypatch.setattr(execute, "place", lambda *a: {"x": np.zeros((2, 8), np.float32)})
+    monkeypatch.setattr(execute, "weight_for", lambda *a: None)
+    monkeypatch.setattr(execute, "build_op", lambda *a: None)
+    monkeypatch.setattr(execute, "supports", lambda *a: YES)
+    monkeypatch.setattr(execute, "_call", lambda *a: (gold.out.copy(), None))
+    monkeypatch.setattr(execute, "_sync", lambda device: None)
+    case.kind = "quant_gemv"
+    out = execute.run_case(case, {}, gold, CpuBackend(), "cpu")
+    assert out.status == "error" and "judging the outputs failed: KeyError" in out.reason
