@@ -246,7 +246,8 @@ def golden_for(case, store: Store | None) -> Golden:
         where = store.directory if store is not None else data_dir()
         raise GoldenError(f"{case.id} is a cpu-tier case but {where / MANIFEST} has no golden for it; "
                           f"{_RESTORE}")
-    key = hashlib.sha256(json.dumps(case.to_json(), sort_keys=True).encode()).hexdigest()[:24]
+    key = hashlib.sha256((json.dumps(case.to_json(), sort_keys=True) + _reference_fingerprint()).encode())
+    key = key.hexdigest()[:24]
     path = _CACHE_DIR / SUITE / f"{case.id}-{key}.npz"
     try:
         with np.load(path) as z:
@@ -266,6 +267,24 @@ def golden_for(case, store: Store | None) -> Golden:
     except OSError:
         pass
     return g
+
+
+@functools.lru_cache(maxsize=1)
+def _reference_fingerprint() -> str:
+    """sha256 of the sources that make a computed golden (case inputs, the CPU reference, the naive error model), so
+    a cached gpu-tier golden is never served after any of them changed."""
+    import importlib
+
+    h = hashlib.sha256()
+    for name in _REFERENCE_MODULES:
+        h.update(Path(importlib.import_module(name).__file__).read_bytes())
+    return h.hexdigest()
+
+
+#: the modules whose code decides a computed golden's bytes
+_REFERENCE_MODULES = ("portakern.conformance.case", "portakern.conformance.generate", "portakern.conformance.naive",
+                      "portakern.backends.cpu.attention", "portakern.backends.cpu.quant_gemv",
+                      "portakern.backends.cpu.expr_numpy", "portakern.quantized", "portakern.quantize")
 
 
 def is_stored_case(case) -> bool:

@@ -314,3 +314,24 @@ def test_an_exception_while_judging_is_the_case_s_error_record_not_the_end_of_th
     case.kind = "quant_gemv"
     out = execute.run_case(case, {}, gold, CpuBackend(), "cpu")
     assert out.status == "error" and "judging the outputs failed: KeyError" in out.reason
+
+
+def test_a_cached_computed_golden_is_not_served_after_the_reference_changed(plugin, monkeypatch):
+    computed = []
+    real = G.compute
+    monkeypatch.setattr(G, "compute", lambda case, **kw: computed.append(case.id) or real(case, **kw))
+    monkeypatch.setattr(G, "_reference_fingerprint", lambda: "reference-v1")
+    G.golden_for(PLUGIN_CASE, None)
+    G.golden_for(PLUGIN_CASE, None)
+    assert computed == [PLUGIN_CASE.id]                              # the second call is a cache hit
+    monkeypatch.setattr(G, "_reference_fingerprint", lambda: "reference-v2")
+    G.golden_for(PLUGIN_CASE, None)
+    assert computed == [PLUGIN_CASE.id] * 2                          # a changed reference is a miss
+    assert len(list(G._CACHE_DIR.rglob("plugin-attn-*.npz"))) == 2
+
+
+def test_the_reference_fingerprint_covers_the_modules_that_make_a_golden():
+    G._reference_fingerprint.cache_clear()
+    assert len(G._reference_fingerprint()) == 64
+    assert {"portakern.conformance.naive", "portakern.backends.cpu.attention",
+            "portakern.backends.cpu.quant_gemv"} <= set(G._REFERENCE_MODULES)
