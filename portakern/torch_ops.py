@@ -53,8 +53,22 @@ def quant_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Optional[Tenso
     ``prologue="silu_mul"``: ``x`` is ``(M, 2k)``, gate then up, and the input is ``silu(gate) * up``
     (``QuantGemv.prologue``). ``frag``: the prepared weight's fragment layout (``PreparedGemvWeight.frag``), or
     None; without it M = 2..16 on CUDA runs a slower tensor-core kernel."""
+    _check_gemv_x(x, n, k, prologue)
     w = PreparedGemvWeight(qweight, scales, zeros, perm, kgroup, bits, group_size, zero_point, n, k, frag=frag)
     return _quant_gemv_impl(x, w, prologue)
+
+
+def _check_gemv_x(x: Tensor, n: int, k: int, prologue: str | None) -> None:
+    """Raise ``InvalidInputError`` unless ``x`` is the op's 2-D ``(M, k)`` input (``(M, 2k)`` with the
+    ``silu_mul`` prologue). Both the op and its fake implementation call it, so a traced graph refuses what the
+    kernel would misread (a 1-D ``x`` used to broadcast one row over ``x.shape[0]`` output rows on the CPU)."""
+    check_prologue(prologue)
+    width = x_columns(k, prologue)
+    if x.dim() != 2 or x.shape[1] != width:
+        rule = f"(M, 2 * {k}) with prologue='silu_mul', gate first" if prologue else f"(M, {k})"
+        raise InvalidInputError(f"x has shape {tuple(x.shape)} but the weight is ({n}, {k}): "
+                                f"torch.ops.portakern.quant_gemv takes a 2-D x {rule}; flatten leading dimensions "
+                                "with x.reshape(-1, x.shape[-1]), or call portakern.torch_ops.quant_linear")
 
 
 def _quant_gemv_impl(x: Tensor, w: PreparedGemvWeight, prologue: str | None) -> Tensor:
@@ -88,6 +102,7 @@ def _untraced(*tensors) -> bool:
 @quant_gemv.register_fake
 def _quant_gemv_fake(x, qweight, scales, zeros, perm, kgroup, bits, group_size, zero_point, n, k, prologue=None,
                      frag=None):
+    _check_gemv_x(x, n, k, prologue)
     return x.new_empty((x.shape[0], n))
 
 
@@ -232,6 +247,14 @@ class QuantLinear(torch.nn.Module):
         return p
 
     def forward(self, x: Tensor) -> Tensor:
+        """``x (..., in_features) @ dequant(W)^T``: ``(..., out_features)`` in ``x``'s dtype, on its device.
+
+        Raises ``InvalidInputError`` when ``x``'s last dimension is not ``in_features``."""
+        # under torch.jit.trace sizes are traced values (a Python bool of one warns): the op checks x there
+        if not torch.jit.is_tracing() and (x.dim() == 0 or x.shape[-1] != self.in_features):
+            raise InvalidInputError(f"x has shape {tuple(x.shape)} but this QuantLinear is ({self.out_features}, "
+                                    f"{self.in_features}): x must be (..., {self.in_features}); pass the layer's "
+                                    "input features as x's last dimension")
         x2 = x.reshape(-1, self.in_features)
         if _untraced(x2, self.qweight, self.scales, self.zeros):
             y = _quant_gemv_impl(x2, self._prepared_weight(), None)

@@ -285,3 +285,43 @@ def test_fragment_layout_is_derived_not_saved_and_follows_loaded_codes():
     lin.load_state_dict(state)                           # strict: no missing or unexpected key
     torch.testing.assert_close(lin.frag, frag_of(w_new), rtol=0, atol=0)
     assert not torch.equal(lin.frag, frag_of(w_old))
+
+
+def test_op_and_fake_refuse_an_x_the_kernel_would_misread():
+    """``torch.ops.portakern.quant_gemv`` takes a 2-D ``x (M, K)``: a 1-D x used to come back as ``(K, N)`` with
+    one row broadcast over all of them (CPU), and the fake implementation returned ``(M, N)`` for any width, so a
+    traced graph accepted shapes the kernel misreads. Both now raise the project's error naming x's shape."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from portakern.errors import InvalidInputError
+    from portakern.quantize import quantize
+
+    torch.manual_seed(7)
+    p = torch_ops.prepared(quantize(torch.randn(48, 64), bits=4, group_size=32), "cpu")
+
+    def call(x, prologue=None):
+        return torch.ops.portakern.quant_gemv(x, p.qweight, p.scales, p.zeros, p.perm, p.kgroup, p.bits,
+                                              p.group_size, p.zero_point, p.N, p.K, prologue)
+
+    bad = [((64,), None, r"\(64,\)"), ((3, 65), None, r"\(3, 65\)"), ((3, 64, 1), None, r"\(3, 64, 1\)"),
+           ((3, 64), "silu_mul", r"2 \* 64")]
+    for shape, prologue, fragment in bad:
+        with pytest.raises(InvalidInputError, match=fragment):
+            call(torch.randn(*shape), prologue)
+        with FakeTensorMode(allow_non_fake_inputs=True), pytest.raises(InvalidInputError, match=fragment):
+            call(torch.randn(*shape), prologue)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        assert tuple(call(torch.randn(3, 64)).shape) == (3, 48)
+
+
+def test_quant_linear_module_rejects_wrong_in_features():
+    """``QuantLinear`` names x's shape and the rule (it used to surface torch's reshape error, after running the
+    op on x re-cut into rows of the wrong inputs)."""
+    from portakern.errors import InvalidInputError
+    from portakern.quantize import quantize
+
+    lin = torch_ops.QuantLinear(quantize(torch.randn(48, 64), bits=4, group_size=32), "cpu")
+    for shape in ((3, 32), (2, 96), (4, 3, 16)):
+        with pytest.raises(InvalidInputError, match=r"x must be \(\.\.\., 64\)"):
+            lin(torch.randn(*shape))
+    assert lin(torch.randn(2, 3, 64)).shape == (2, 3, 48)
