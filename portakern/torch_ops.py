@@ -35,7 +35,7 @@ from portakern.devices import CPU, Device, torch_device
 from portakern.errors import InvalidInputError, InvalidTypeError
 from portakern.ir import DType, QuantFormat
 from portakern.ir.ops import QuantGemv, x_columns
-from portakern.validate import check_prologue
+from portakern.validate import _is_int, check_prologue
 
 Tensor = torch.Tensor
 
@@ -298,11 +298,21 @@ def _attention_fake(q, k, v, block_table, seqlens_k, causal, scale, window_left,
 def attention_op(q, k, v, *, causal=False, scale=None, window=None, softcap=0.0, block_table=None,
                  seqlens_k=None) -> Tensor:
     """Keyword form of ``torch.ops.portakern.attention`` (window ``(left, right)``, -1 = unbounded)."""
-    wl, wr = window if window is not None else (-1, -1)
+    wl, wr = _window_sides(window)
     args = (q, k, v, block_table, seqlens_k, causal, scale, wl, wr, softcap)
     if _untraced(q, k, v, block_table, seqlens_k):
         return _attention_impl(*args)
     return torch.ops.portakern.attention(*args)
+
+
+def _window_sides(window) -> tuple[int, int]:
+    """``window`` as the op's ``(window_left, window_right)`` ints; ``(-1, -1)`` (unbounded) for None. Raises
+    ``InvalidInputError`` (the rule ``portakern.attention`` states) for anything but a pair of ints."""
+    if window is None:
+        return -1, -1
+    if not isinstance(window, (tuple, list)) or len(window) != 2 or not all(_is_int(w) for w in window):
+        raise InvalidInputError(f"window={window!r} must be a (left, right) pair of ints; -1 means unbounded")
+    return int(window[0]), int(window[1])
 
 
 __all__ = ["QuantLinear", "attention", "attention_op", "prepared", "quant_gemv", "quant_linear"]

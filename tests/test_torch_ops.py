@@ -325,3 +325,20 @@ def test_quant_linear_module_rejects_wrong_in_features():
         with pytest.raises(InvalidInputError, match=r"x must be \(\.\.\., 64\)"):
             lin(torch.randn(*shape))
     assert lin(torch.randn(2, 3, 64)).shape == (2, 3, 48)
+
+
+def test_attention_op_window_must_be_a_pair_of_ints():
+    """``attention_op(window=...)`` unpacked the window itself: ``(2,)`` or ``3`` raised a bare ``ValueError`` /
+    ``TypeError`` from the unpacking; now the project's error with ``portakern.attention``'s rule. numpy ints work,
+    with the values of ``portakern.attention``."""
+    import portakern
+    from portakern.errors import InvalidInputError
+
+    torch.manual_seed(8)
+    q, k, v = torch.randn(1, 3, 4, 16), torch.randn(1, 6, 2, 16), torch.randn(1, 6, 2, 16)
+    for window in ((2,), 3, (1, 0, 0), (1.5, 0), (True, 0)):
+        with pytest.raises(InvalidInputError, match=r"must be a \(left, right\) pair of ints; -1 means unbounded"):
+            torch_ops.attention_op(q, k, v, window=window)
+    got = torch_ops.attention_op(q, k, v, window=(np.int64(2), -1))
+    want = portakern.attention(q, k, v, window=(2, -1), backend="cpu")
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
