@@ -74,6 +74,8 @@ def _check_gemv_x(x: Tensor, n: int, k: int, prologue: str | None) -> None:
 def _quant_gemv_impl(x: Tensor, w: PreparedGemvWeight, prologue: str | None) -> Tensor:
     """What the op computes (called by it, and directly by ``quant_linear`` / ``QuantLinear`` when ``_untraced``)."""
     out = torch.empty((x.shape[0], w.N), dtype=x.dtype, device=x.device)
+    if x.shape[0] == 0:   # an empty batch (an MoE expert no token chose): nothing to launch, (0, N) as on the CPU
+        return out
     if x.is_cuda:
         _cuda_kernel(x, w, prologue)(x, w, out)
     else:
@@ -183,7 +185,11 @@ def prepared(w, device: Device | str | torch.device | None = None) -> PreparedGe
 def quant_linear(x: Tensor, w, prologue: str | None = None) -> Tensor:
     """``x (..., K) @ dequant(w)^T`` through ``torch.ops.portakern.quant_gemv``; w a QuantizedWeight
     (prepared for x's device on first use) or a PreparedGemvWeight. ``prologue="silu_mul"``: ``x`` is
-    ``(..., 2K)``, gate then up, and the input is ``silu(gate) * up``."""
+    ``(..., 2K)``, gate then up, and the input is ``silu(gate) * up``.
+
+    Under ``torch.compile`` the weight must already be prepared for x's device (``prepared(w, device)``, one eager
+    call, or a ``QuantLinear``): the repacking is numpy code that Dynamo cannot trace, so a first use inside a
+    compiled region breaks the graph (an error with ``fullgraph=True``)."""
     check_prologue(prologue)
     p = prepared(w, x.device)
     width = x_columns(p.K, prologue)

@@ -342,3 +342,22 @@ def test_attention_op_window_must_be_a_pair_of_ints():
     got = torch_ops.attention_op(q, k, v, window=(np.int64(2), -1))
     want = portakern.attention(q, k, v, window=(2, -1), backend="cpu")
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_empty_batch_gives_an_empty_output_on_every_device(torch_device):
+    """``M = 0`` rows (an MoE expert that no token chose; dynamic shapes reach it under ``torch.compile``): the fake
+    implementation says ``(0, N)`` and the CPU path returned it, but on CUDA the op built a ``QuantGemv(M=0)`` for
+    the kernel and raised. Every path now returns the empty ``(0, N)`` output in x's dtype."""
+    from portakern.quantize import quantize
+
+    torch.manual_seed(9)
+    w = quantize(torch.randn(256, 512, device=torch_device), bits=4, group_size=128)
+    lin = torch_ops.QuantLinear(w)
+    p = torch_ops.prepared(w)
+    x = torch.randn(0, 512, device=torch_device, dtype=torch.float16)
+    outs = [torch_ops.quant_linear(x, w), lin(x), lin(x.reshape(0, 3, 512)),
+            torch.ops.portakern.quant_gemv(x, p.qweight, p.scales, p.zeros, p.perm, p.kgroup, p.bits, p.group_size,
+                                           p.zero_point, p.N, p.K, None, p.frag)]
+    for y in outs:
+        assert y.dtype == torch.float16 and y.device.type == torch_device and y.shape[-1] == 256 and y.numel() == 0
+    assert outs[2].shape == (0, 3, 256)
