@@ -72,12 +72,11 @@ class QuantizedWeight:
 
         ``data``: the uint8 array ``gguf.quants.quantize(w, GGMLQuantizationType.Q4_0)`` returns,
         shape ``(N, K // 32 * 18)`` (Q8_0: ``* 34``), or the same bytes flat. ``ggml_type``: "Q4_0",
-        "Q8_0" or the ``gguf.GGMLQuantizationType`` member. ``shape``: ``(N, K)`` in numpy order
+        "Q8_0", the ``gguf.GGMLQuantizationType`` member or its integer value (2, 8; numpy integers too). ``shape``: ``(N, K)`` in numpy order
         (a GGUF file lists dimensions innermost first, so reverse the file's shape). numpy, torch or
         cupy arrays are kept as they are (no copy).
         """
-        name = getattr(ggml_type, "name", None) or (
-            _GGML_IDS.get(ggml_type) if isinstance(ggml_type, int) else str(ggml_type).upper())
+        name = _ggml_name(ggml_type)
         if name not in _GGML_TYPES:
             raise InvalidInputError(
                 f"ggml_type={ggml_type!r} is not supported: from_gguf reads Q4_0 and Q8_0; for other "
@@ -116,7 +115,7 @@ class QuantizedWeight:
 
         ``qweight`` int32 ``(K, N // 8)``, ``qzeros`` int32 ``(K // group_size, N // 8)``, ``scales``
         ``(K // group_size, N)``; the scale dtype (float16 in AutoAWQ checkpoints) becomes the
-        format's ``scale_dtype``. ``group_size=-1`` means one group per row (K).
+        format's ``scale_dtype``. ``group_size=-1`` means one group per row (K); numpy integers are accepted.
         """
         t = {"qweight": qweight, "qzeros": qzeros, "scales": scales}
         K, N8 = _dims2(qweight, "qweight", "(K, N // 8)")
@@ -132,7 +131,7 @@ class QuantizedWeight:
         points minus one), ``scales`` ``(K // group_size, N)``, ``g_idx`` optional ``(K,)`` integers
         (act-order). A ``g_idx`` equal to ``arange(K) // group_size`` carries no information and is
         dropped (``fmt.has_g_idx`` False); any other is stored as int32. ``group_size=-1`` means
-        one group per row (K).
+        one group per row (K); numpy integers are accepted.
         """
         t = {"qweight": qweight, "qzeros": qzeros, "scales": scales}
         K8, N = _dims2(qweight, "qweight", "(K // 8, N)")
@@ -250,12 +249,26 @@ def _dims2(a: Any, name: str, formula: str) -> tuple[int, int]:
 
 
 def _group(group_size: Any, K: int) -> int:
-    if group_size == -1:
-        return K
-    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 2:
+    """``group_size`` as a Python int (``K`` for -1); Python and numpy integers are accepted, bools are not."""
+    if not _is_int(group_size) or (group_size != -1 and group_size < 2):
         raise InvalidInputError(f"group_size={group_size!r} must be an int >= 2, or -1 for one group per "
                                 "row; use the value from the checkpoint's quantization config")
-    return group_size
+    return K if group_size == -1 else int(group_size)
+
+
+def _ggml_name(ggml_type: Any) -> str | None:
+    """The ggml type's name: a ``GGMLQuantizationType`` member's, a name string upper-cased, or the name of a
+    ggml_type enum value (Python or numpy integer, as a GGUF file stores it)."""
+    if _is_int(ggml_type):
+        return getattr(ggml_type, "name", None) or _GGML_IDS.get(int(ggml_type))
+    return getattr(ggml_type, "name", None) or str(ggml_type).upper()
+
+
+def _is_int(x: Any) -> bool:
+    """A Python or numpy integer scalar (an IntEnum member too); bools are not integers here."""
+    import numpy as np
+
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
 def _scale_dtype(scales: Any) -> DType:

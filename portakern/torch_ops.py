@@ -35,7 +35,7 @@ from portakern.devices import CPU, Device, torch_device
 from portakern.errors import InvalidInputError, InvalidTypeError
 from portakern.ir import DType, QuantFormat
 from portakern.ir.ops import QuantGemv, x_columns
-from portakern.validate import check_prologue
+from portakern.validate import _is_int, check_prologue
 
 Tensor = torch.Tensor
 
@@ -53,13 +53,29 @@ def quant_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Optional[Tenso
     ``prologue="silu_mul"``: ``x`` is ``(M, 2k)``, gate then up, and the input is ``silu(gate) * up``
     (``QuantGemv.prologue``). ``frag``: the prepared weight's fragment layout (``PreparedGemvWeight.frag``), or
     None; without it M = 2..16 on CUDA runs a slower tensor-core kernel."""
+    _check_gemv_x(x, n, k, prologue)
     w = PreparedGemvWeight(qweight, scales, zeros, perm, kgroup, bits, group_size, zero_point, n, k, frag=frag)
     return _quant_gemv_impl(x, w, prologue)
+
+
+def _check_gemv_x(x: Tensor, n: int, k: int, prologue: str | None) -> None:
+    """Raise ``InvalidInputError`` unless ``x`` is the op's 2-D ``(M, k)`` input (``(M, 2k)`` with the
+    ``silu_mul`` prologue). Both the op and its fake implementation call it, so a traced graph refuses what the
+    kernel would misread (a 1-D ``x`` used to broadcast one row over ``x.shape[0]`` output rows on the CPU)."""
+    check_prologue(prologue)
+    width = x_columns(k, prologue)
+    if x.dim() != 2 or x.shape[1] != width:
+        rule = f"(M, 2 * {k}) with prologue='silu_mul', gate first" if prologue else f"(M, {k})"
+        raise InvalidInputError(f"x has shape {tuple(x.shape)} but the weight is ({n}, {k}): "
+                                f"torch.ops.portakern.quant_gemv takes a 2-D x {rule}; flatten leading dimensions "
+                                "with x.reshape(-1, x.shape[-1]), or call portakern.torch_ops.quant_linear")
 
 
 def _quant_gemv_impl(x: Tensor, w: PreparedGemvWeight, prologue: str | None) -> Tensor:
     """What the op computes (called by it, and directly by ``quant_linear`` / ``QuantLinear`` when ``_untraced``)."""
     out = torch.empty((x.shape[0], w.N), dtype=x.dtype, device=x.device)
+    if x.shape[0] == 0:   # an empty batch (an MoE expert no token chose): nothing to launch, (0, N) as on the CPU
+        return out
     if x.is_cuda:
         _cuda_kernel(x, w, prologue)(x, w, out)
     else:
@@ -88,6 +104,7 @@ def _untraced(*tensors) -> bool:
 @quant_gemv.register_fake
 def _quant_gemv_fake(x, qweight, scales, zeros, perm, kgroup, bits, group_size, zero_point, n, k, prologue=None,
                      frag=None):
+    _check_gemv_x(x, n, k, prologue)
     return x.new_empty((x.shape[0], n))
 
 
@@ -168,7 +185,11 @@ def prepared(w, device: Device | str | torch.device | None = None) -> PreparedGe
 def quant_linear(x: Tensor, w, prologue: str | None = None) -> Tensor:
     """``x (..., K) @ dequant(w)^T`` through ``torch.ops.portakern.quant_gemv``; w a QuantizedWeight
     (prepared for x's device on first use) or a PreparedGemvWeight. ``prologue="silu_mul"``: ``x`` is
-    ``(..., 2K)``, gate then up, and the input is ``silu(gate) * up``."""
+    ``(..., 2K)``, gate then up, and the input is ``silu(gate) * up``.
+
+    Under ``torch.compile`` the weight must already be prepared for x's device (``prepared(w, device)``, one eager
+    call, or a ``QuantLinear``): the repacking is numpy code that Dynamo cannot trace, so a first use inside a
+    compiled region breaks the graph (an error with ``fullgraph=True``)."""
     check_prologue(prologue)
     p = prepared(w, x.device)
     width = x_columns(p.K, prologue)
@@ -232,6 +253,14 @@ class QuantLinear(torch.nn.Module):
         return p
 
     def forward(self, x: Tensor) -> Tensor:
+        """``x (..., in_features) @ dequant(W)^T``: ``(..., out_features)`` in ``x``'s dtype, on its device.
+
+        Raises ``InvalidInputError`` when ``x``'s last dimension is not ``in_features``."""
+        # under torch.jit.trace sizes are traced values (a Python bool of one warns): the op checks x there
+        if not torch.jit.is_tracing() and (x.dim() == 0 or x.shape[-1] != self.in_features):
+            raise InvalidInputError(f"x has shape {tuple(x.shape)} but this QuantLinear is ({self.out_features}, "
+                                    f"{self.in_features}): x must be (..., {self.in_features}); pass the layer's "
+                                    "input features as x's last dimension")
         x2 = x.reshape(-1, self.in_features)
         if _untraced(x2, self.qweight, self.scales, self.zeros):
             y = _quant_gemv_impl(x2, self._prepared_weight(), None)
@@ -275,11 +304,21 @@ def _attention_fake(q, k, v, block_table, seqlens_k, causal, scale, window_left,
 def attention_op(q, k, v, *, causal=False, scale=None, window=None, softcap=0.0, block_table=None,
                  seqlens_k=None) -> Tensor:
     """Keyword form of ``torch.ops.portakern.attention`` (window ``(left, right)``, -1 = unbounded)."""
-    wl, wr = window if window is not None else (-1, -1)
+    wl, wr = _window_sides(window)
     args = (q, k, v, block_table, seqlens_k, causal, scale, wl, wr, softcap)
     if _untraced(q, k, v, block_table, seqlens_k):
         return _attention_impl(*args)
     return torch.ops.portakern.attention(*args)
+
+
+def _window_sides(window) -> tuple[int, int]:
+    """``window`` as the op's ``(window_left, window_right)`` ints; ``(-1, -1)`` (unbounded) for None. Raises
+    ``InvalidInputError`` (the rule ``portakern.attention`` states) for anything but a pair of ints."""
+    if window is None:
+        return -1, -1
+    if not isinstance(window, (tuple, list)) or len(window) != 2 or not all(_is_int(w) for w in window):
+        raise InvalidInputError(f"window={window!r} must be a (left, right) pair of ints; -1 means unbounded")
+    return int(window[0]), int(window[1])
 
 
 __all__ = ["QuantLinear", "attention", "attention_op", "prepared", "quant_gemv", "quant_linear"]

@@ -132,6 +132,33 @@ def test_from_gguf_matches_gguf_py(qtype):
         np.testing.assert_array_equal(to_numpy(q.dequantize()), expected)
 
 
+def test_checkpoint_constructors_take_numpy_integers():
+    """A group size or ggml type read from a checkpoint often arrives as a numpy integer (GGUF fields are
+    numpy scalars): ``quantize`` took them, but ``from_awq`` / ``from_gptq`` refused ``np.int64(64)`` as "not an
+    int" and ``from_gguf`` refused ``np.uint32(8)`` as an unsupported type."""
+    codes, zeros, scales = checkpoint(seed=7)
+    want = reference(codes, zeros, scales, np.arange(256) // 64)
+    for G in (np.int64(64), np.int32(64)):
+        awq = QuantizedWeight.from_awq(words(codes.T, AWQ_ORDER), words(zeros.T, AWQ_ORDER),
+                                       np.ascontiguousarray(scales.T), group_size=G)
+        gptq = QuantizedWeight.from_gptq(words(codes).T.copy(), words((zeros - 1).T), scales.T.copy(), group_size=G)
+        for q in (awq, gptq):
+            assert type(q.fmt.group_size) is int and q.fmt.group_size == 64
+            np.testing.assert_array_equal(q.dequantize(), want)
+    w = np.random.default_rng(8).standard_normal((4, 64)).astype(np.float32)
+    for qtype in ("Q4_0", "Q8_0"):
+        T = getattr(gguf.GGMLQuantizationType, qtype)
+        data = gguf.quants.quantize(w, T)
+        for t in (np.uint32(int(T)), int(T)):
+            np.testing.assert_array_equal(QuantizedWeight.from_gguf(data, t, (4, 64)).dequantize(),
+                                          gguf.quants.dequantize(data, T))
+    with pytest.raises(InvalidInputError, match=r"ggml_type=np.int64\(12\) is not supported"):
+        QuantizedWeight.from_gguf(data, np.int64(12), (4, 64))
+    with pytest.raises(InvalidInputError, match=r"group_size=np.True_ must be an int >= 2"):
+        QuantizedWeight.from_awq(words(codes.T, AWQ_ORDER), words(zeros.T, AWQ_ORDER),
+                                 np.ascontiguousarray(scales.T), group_size=np.True_)
+
+
 # -- devices -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("device", DEVICES)

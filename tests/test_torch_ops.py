@@ -285,3 +285,79 @@ def test_fragment_layout_is_derived_not_saved_and_follows_loaded_codes():
     lin.load_state_dict(state)                           # strict: no missing or unexpected key
     torch.testing.assert_close(lin.frag, frag_of(w_new), rtol=0, atol=0)
     assert not torch.equal(lin.frag, frag_of(w_old))
+
+
+def test_op_and_fake_refuse_an_x_the_kernel_would_misread():
+    """``torch.ops.portakern.quant_gemv`` takes a 2-D ``x (M, K)``: a 1-D x used to come back as ``(K, N)`` with
+    one row broadcast over all of them (CPU), and the fake implementation returned ``(M, N)`` for any width, so a
+    traced graph accepted shapes the kernel misreads. Both now raise the project's error naming x's shape."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from portakern.errors import InvalidInputError
+    from portakern.quantize import quantize
+
+    torch.manual_seed(7)
+    p = torch_ops.prepared(quantize(torch.randn(48, 64), bits=4, group_size=32), "cpu")
+
+    def call(x, prologue=None):
+        return torch.ops.portakern.quant_gemv(x, p.qweight, p.scales, p.zeros, p.perm, p.kgroup, p.bits,
+                                              p.group_size, p.zero_point, p.N, p.K, prologue)
+
+    bad = [((64,), None, r"\(64,\)"), ((3, 65), None, r"\(3, 65\)"), ((3, 64, 1), None, r"\(3, 64, 1\)"),
+           ((3, 64), "silu_mul", r"2 \* 64")]
+    for shape, prologue, fragment in bad:
+        with pytest.raises(InvalidInputError, match=fragment):
+            call(torch.randn(*shape), prologue)
+        with FakeTensorMode(allow_non_fake_inputs=True), pytest.raises(InvalidInputError, match=fragment):
+            call(torch.randn(*shape), prologue)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        assert tuple(call(torch.randn(3, 64)).shape) == (3, 48)
+
+
+def test_quant_linear_module_rejects_wrong_in_features():
+    """``QuantLinear`` names x's shape and the rule (it used to surface torch's reshape error, after running the
+    op on x re-cut into rows of the wrong inputs)."""
+    from portakern.errors import InvalidInputError
+    from portakern.quantize import quantize
+
+    lin = torch_ops.QuantLinear(quantize(torch.randn(48, 64), bits=4, group_size=32), "cpu")
+    for shape in ((3, 32), (2, 96), (4, 3, 16)):
+        with pytest.raises(InvalidInputError, match=r"x must be \(\.\.\., 64\)"):
+            lin(torch.randn(*shape))
+    assert lin(torch.randn(2, 3, 64)).shape == (2, 3, 48)
+
+
+def test_attention_op_window_must_be_a_pair_of_ints():
+    """``attention_op(window=...)`` unpacked the window itself: ``(2,)`` or ``3`` raised a bare ``ValueError`` /
+    ``TypeError`` from the unpacking; now the project's error with ``portakern.attention``'s rule. numpy ints work,
+    with the values of ``portakern.attention``."""
+    import portakern
+    from portakern.errors import InvalidInputError
+
+    torch.manual_seed(8)
+    q, k, v = torch.randn(1, 3, 4, 16), torch.randn(1, 6, 2, 16), torch.randn(1, 6, 2, 16)
+    for window in ((2,), 3, (1, 0, 0), (1.5, 0), (True, 0)):
+        with pytest.raises(InvalidInputError, match=r"must be a \(left, right\) pair of ints; -1 means unbounded"):
+            torch_ops.attention_op(q, k, v, window=window)
+    got = torch_ops.attention_op(q, k, v, window=(np.int64(2), -1))
+    want = portakern.attention(q, k, v, window=(2, -1), backend="cpu")
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_empty_batch_gives_an_empty_output_on_every_device(torch_device):
+    """``M = 0`` rows (an MoE expert that no token chose; dynamic shapes reach it under ``torch.compile``): the fake
+    implementation says ``(0, N)`` and the CPU path returned it, but on CUDA the op built a ``QuantGemv(M=0)`` for
+    the kernel and raised. Every path now returns the empty ``(0, N)`` output in x's dtype."""
+    from portakern.quantize import quantize
+
+    torch.manual_seed(9)
+    w = quantize(torch.randn(256, 512, device=torch_device), bits=4, group_size=128)
+    lin = torch_ops.QuantLinear(w)
+    p = torch_ops.prepared(w)
+    x = torch.randn(0, 512, device=torch_device, dtype=torch.float16)
+    outs = [torch_ops.quant_linear(x, w), lin(x), lin(x.reshape(0, 3, 512)),
+            torch.ops.portakern.quant_gemv(x, p.qweight, p.scales, p.zeros, p.perm, p.kgroup, p.bits, p.group_size,
+                                           p.zero_point, p.N, p.K, None, p.frag)]
+    for y in outs:
+        assert y.dtype == torch.float16 and y.device.type == torch_device and y.shape[-1] == 256 and y.numel() == 0
+    assert outs[2].shape == (0, 3, 256)
