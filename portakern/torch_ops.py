@@ -77,10 +77,18 @@ def _quant_gemv_impl(x: Tensor, w: PreparedGemvWeight, prologue: str | None) -> 
     if x.shape[0] == 0:   # an empty batch (an MoE expert no token chose): nothing to launch, (0, N) as on the CPU
         return out
     if x.is_cuda:
+        x = _unit_stride_k(x)
         _cuda_kernel(x, w, prologue)(x, w, out)
     else:
         out.copy_(_dequant_matmul(x, w, prologue))
     return out
+
+
+def _unit_stride_k(x: Tensor) -> Tensor:
+    """``x`` with its K columns adjacent, as the GPU kernels read them (any row stride): a direct
+    ``torch.ops.portakern.quant_gemv`` call may pass a transposed or column-sliced view, which is copied once
+    (``portakern.quant_gemv`` and ``quant_linear`` never pass one)."""
+    return x if x.shape[1] <= 1 or x.stride(1) == 1 else x.contiguous()
 
 
 def _untraced(*tensors) -> bool:

@@ -361,3 +361,24 @@ def test_empty_batch_gives_an_empty_output_on_every_device(torch_device):
     for y in outs:
         assert y.dtype == torch.float16 and y.device.type == torch_device and y.shape[-1] == 256 and y.numel() == 0
     assert outs[2].shape == (0, 3, 256)
+
+
+def test_a_strided_x_gives_the_same_values_as_a_contiguous_one_on_every_device(torch_device):
+    """A direct ``torch.ops.portakern.quant_gemv`` call may pass an x whose K columns are not adjacent (a
+    transposed view); the GPU kernels read K at unit stride, so the op copies such an x once first."""
+    from portakern.quantize import quantize
+
+    torch.manual_seed(11)
+    w = quantize(torch.randn(256, 512, device=torch_device), bits=4, group_size=128)
+    p = torch_ops.prepared(w)
+    xt = torch.randn(512, 4, device=torch_device, dtype=torch.float16).t()      # (4, 512), strides (1, 4)
+    assert xt.stride(1) != 1
+
+    def op(x):
+        return torch.ops.portakern.quant_gemv(x, p.qweight, p.scales, p.zeros, p.perm, p.kgroup, p.bits,
+                                              p.group_size, p.zero_point, p.N, p.K, None, p.frag)
+
+    torch.testing.assert_close(op(xt), op(xt.contiguous()), rtol=0, atol=0)
+    assert torch_ops._unit_stride_k(xt).stride(1) == 1
+    same = torch.randn(4, 512)[:, :256]                                          # row stride 512, unit K stride
+    assert torch_ops._unit_stride_k(same) is same
