@@ -33,7 +33,7 @@ import numpy as np
 
 from portakern.backend import YES, Support, no
 from portakern.devices import Device
-from portakern.errors import BackendError, UnsupportedError
+from portakern.errors import InvalidInputError, InvalidTypeError, UnsupportedError
 from portakern.ir.dtypes import DType
 from portakern.ir.ops import QuantGemv
 from portakern.ir.quant import Packing
@@ -107,10 +107,13 @@ class PreparedGemvWeight:
 
     def key(self) -> tuple:
         """What a compiled launcher depends on, beyond the op (worked out on the first call: the weight is frozen,
-        and every GEMV call asks)."""
+        and every GEMV call asks): everything its constexprs, grid and checks read from the weight, the shape,
+        bits and group size included (a launcher built for one weight runs every later weight of its key
+        unchecked), and the device the weight lives on."""
         key = self.__dict__.get("_key")
         if key is None:
-            key = (self.has_z, self.has_perm, self.kgroup is not None, self.zero_point, self.per_elem_group,
+            key = (self.N, self.K, self.bits, self.group_size, self.qweight.device,
+                   self.has_z, self.has_perm, self.kgroup is not None, self.zero_point, self.per_elem_group,
                    str(self.scales.dtype), self.KWP, self.stride_qk, self.frag is not None)
             object.__setattr__(self, "_key", key)
         return key
@@ -331,6 +334,23 @@ class _Launcher:
                    x.stride(0), out.stride(0), self.ksw, self.mask_rt)
 
 
+def check_weight(op: QuantGemv, w: PreparedGemvWeight, tdev: str) -> None:
+    """Raise unless ``w`` is a weight of ``op`` on ``tdev``: its shape, bits and group size are the op's (the
+    launcher's grid and constexprs are), and every tensor of it lives on the device the kernel launches on (a
+    kernel reading another GPU's memory faults, which ends the CUDA context)."""
+    f = op.fmt
+    for what, got, want in (("(N, K)", (w.N, w.K), (op.N, op.K)), ("bits", w.bits, f.bits),
+                            ("group_size", w.group_size, f.group_size)):
+        if got != want:
+            raise InvalidInputError(f"prepared weight has {what} = {got} but this quant_gemv op was compiled for "
+                                    f"{want}; prepare the weight of this op, or compile the op of this weight")
+    for name, t in w.tensors().items():
+        if str(t.device) != tdev:
+            raise InvalidTypeError(f"prepared weight's {name} is on {t.device} but this quant_gemv kernel was "
+                                   f"compiled for {tdev}; prepare the weight on {tdev} (prepare_weight(..., device)) "
+                                   f"or compile the op for {t.device}")
+
+
 def _slice_words(kwp: int, cfg: tuning.GemvConfig) -> int:
     """Word rows per split-K slice: whole tiles."""
     tiles = -(-kwp // cfg.block_kw)
@@ -366,8 +386,7 @@ def compile(op: QuantGemv, device: Device, config: tuning.GemvConfig | None = No
                                    "cannot run; force it on a CUDA device, or use kind='fma' or 'dot' here")
 
     def build(x, w: PreparedGemvWeight, out) -> _Launcher:
-        if (w.N, w.K) != (op.N, op.K):
-            raise BackendError(f"prepared weight is ({w.N}, {w.K}) but the op is (N, K) = ({op.N}, {op.K})")
+        check_weight(op, w, tdev)
         if config is not None:
             cfg = tuning.fit(config, w, op.M)
             why = tuning.frag_usable(w, op.M, op.dtype.value) if cfg.kind == "frag" else None

@@ -1,0 +1,104 @@
+"""The triton backend's host code hands its kernels only what they read correctly (review of the triton glue).
+
+* A compiled quant_gemv kernel keeps one launcher per weight layout (``PreparedGemvWeight.key``); a second
+  weight whose group size, bits or shape differ from the first must not run through the first weight's
+  launcher (its constexprs carry the group size), and a weight on another device than the kernel's is refused.
+* Attention's 1-D index arrays (``seqlens_k``, ``cu_seqlens_q`` / ``_k``) are read by the kernels at unit
+  stride: a strided view must give the results of its contiguous copy.
+
+Kernel launches run under Triton's interpreter (in a child process when this one was not started with
+``TRITON_INTERPRET=1``; see ``test_triton_attention.run_interpreter_child``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from gemv_cases import weight  # noqa: E402  (tests/ is on sys.path)
+from test_triton_attention import IN_PROCESS, _cache_dir, interp, run_interpreter_child  # noqa: E402,F401
+
+from portakern.devices import CPU  # noqa: E402
+from portakern.errors import InvalidInputError, InvalidTypeError  # noqa: E402
+from portakern.ir import DType  # noqa: E402
+from portakern.ir.ops import QuantGemv  # noqa: E402
+
+
+@pytest.mark.skipif(IN_PROCESS, reason="already running under the interpreter")
+def test_interpreter_suite():
+    """Run this file's interpreter tests in a child process (``run_interpreter_child``)."""
+    run_interpreter_child(__file__)
+
+
+# -- quant_gemv: one launcher per weight layout ------------------------------------------------------
+
+M, N, K = 1, 40, 256
+
+
+def _case(group: int, n: int = N, seed: int = 0):
+    """A native asymmetric int4 weight ``(n, K)`` with ``group``-column groups, prepared on the CPU, and its
+    float64 dequantisation."""
+    from portakern.backends.triton import quant_gemv as Q
+
+    w = weight((f"g{group}", "native", 4, group, False, M, n, K, "float32", {}), seed=seed)
+    return w, Q.prepare_weight(None, w, CPU)
+
+
+def _dequant(w) -> np.ndarray:
+    from portakern.arrays import to_numpy
+    from portakern.ir.packing import unpack
+
+    codes, scales, zeros, group = unpack(w.fmt, {k: np.asarray(to_numpy(v)) for k, v in w.tensors.items()}, w.N, w.K)
+    return (codes - zeros[:, group]) * scales[:, group]
+
+
+def _kernel(fmt):
+    from portakern.backends.triton import quant_gemv as Q
+
+    return Q.compile(QuantGemv(M=M, N=N, K=K, dtype=DType.float32, fmt=fmt), CPU)
+
+
+@interp
+def test_gemv_weight_of_another_group_size_is_refused_not_run_with_the_first_weights_launcher():
+    """The group-64 weight has the group-128 weight's padded layout (same key before the fix), so it ran through
+    the launcher built for group 128 and returned wrong values without an error."""
+    w128, p128 = _case(128)
+    w64, p64 = _case(64, seed=1)
+    kern = _kernel(w128.fmt)
+    x = torch.randn(M, K)
+    out = torch.empty(M, N)
+    kern(x, p128, out)
+    np.testing.assert_allclose(out.numpy(), x.double().numpy() @ _dequant(w128).T, rtol=1e-4, atol=1e-4)
+    with pytest.raises(InvalidInputError, match=r"group_size = 64 but this quant_gemv op was compiled for 128; "
+                                                r"prepare the weight of this op"):
+        kern(x, p64, torch.empty(M, N))
+
+
+@interp
+def test_gemv_weight_of_another_shape_is_refused_after_a_first_call():
+    """N = 38 pads to the N = 40 weight's row stride: before the fix only the first call compared shapes."""
+    w40, p40 = _case(128)
+    _, p38 = _case(128, n=38, seed=2)
+    kern = _kernel(w40.fmt)
+    kern(torch.randn(M, K), p40, torch.empty(M, N))
+    with pytest.raises(InvalidInputError, match=r"\(N, K\) = \(38, 256\) but this quant_gemv op was compiled "
+                                                r"for \(40, 256\)"):
+        kern(torch.randn(M, K), p38, torch.empty(M, N))
+
+
+@interp
+def test_gemv_weight_on_another_device_is_refused():
+    """A weight whose tensors live elsewhere than the kernel's device (here: meta tensors for a CPU kernel; on a
+    machine with GPUs, cuda:1 for a cuda:0 kernel) is an InvalidTypeError naming the tensor and the way out."""
+    w, p = _case(128)
+    kern = _kernel(w.fmt)
+    kern(torch.randn(M, K), p, torch.empty(M, N))
+    elsewhere = dataclasses.replace(p, **{n: t.to("meta") for n, t in p.tensors().items()})
+    with pytest.raises(InvalidTypeError, match=r"prepared weight's qweight is on meta but this quant_gemv kernel "
+                                               r"was compiled for cpu; prepare the weight on cpu"):
+        kern(torch.randn(M, K), elsewhere, torch.empty(M, N))
