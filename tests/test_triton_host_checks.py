@@ -102,3 +102,56 @@ def test_gemv_weight_on_another_device_is_refused():
     with pytest.raises(InvalidTypeError, match=r"prepared weight's qweight is on meta but this quant_gemv kernel "
                                                r"was compiled for cpu; prepare the weight on cpu"):
         kern(torch.randn(M, K), elsewhere, torch.empty(M, N))
+
+
+# -- attention: 1-D index arrays at unit stride --------------------------------------------------------
+
+def _column(values) -> "torch.Tensor":
+    """``values`` as int32 column 0 of a ``(n, 2)`` table whose column 1 holds 99: a view of stride 2, which a
+    kernel reading at unit stride would see as ``values[0], 99, values[1], ...``."""
+    table = torch.tensor([[v, 99] for v in values], dtype=torch.int32)
+    col = table[:, 0]
+    assert col.stride() == (2,) and col.tolist() == list(values)
+    return col
+
+
+@interp
+def test_attention_strided_seqlens_k_reads_the_views_values():
+    """Dense decode with key lengths given as a column of a larger table (before: NaN, 99 read as a length)."""
+    import portakern
+
+    g = torch.Generator().manual_seed(0)
+    B, S, H, D = 3, 40, 2, 16
+    q, k, v = (torch.randn(shape, generator=g) for shape in ((B, 1, H, D), (B, S, H, D), (B, S, H, D)))
+    lens = _column([7, 33, 20])
+    want = portakern.attention(q, k, v, seqlens_k=lens.contiguous(), backend="cpu")
+    got = portakern.attention(q, k, v, seqlens_k=lens, backend="triton")
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
+
+
+@interp
+def test_attention_strided_cu_seqlens_read_the_views_values():
+    """Varlen with both offset arrays given as strided views (before: wrong rows, 99 read as an offset)."""
+    import portakern
+
+    g = torch.Generator().manual_seed(1)
+    H, D = 2, 16
+    q, k, v = (torch.randn(shape, generator=g) for shape in ((5, H, D), (25, H, D), (25, H, D)))
+    cu_q, cu_k = _column([0, 2, 5]), _column([0, 10, 25])
+    want = portakern.attention(q, k, v, cu_seqlens_q=cu_q.contiguous(), cu_seqlens_k=cu_k.contiguous(),
+                               backend="cpu")
+    got = portakern.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, backend="triton")
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
+
+
+def test_unit_stride_aux_copies_only_strided_index_arrays():
+    """Contiguous arrays, None and the block table (read with its strides) pass as the same objects."""
+    from portakern.backends.triton.attention import unit_stride_aux
+
+    lens, bt = torch.arange(3, dtype=torch.int32), torch.zeros((4, 3), dtype=torch.int32).t()
+    aux = {"block_table": bt, "seqlens_k": lens, "cu_seqlens_q": None}
+    assert unit_stride_aux(aux) is aux
+    strided = dict(aux, seqlens_k=_column([5, 6, 7]))
+    fixed = unit_stride_aux(strided)
+    assert fixed["seqlens_k"].stride() == (1,) and fixed["seqlens_k"].tolist() == [5, 6, 7]
+    assert fixed["block_table"] is bt and strided["seqlens_k"].stride() == (2,)   # the caller's dict untouched

@@ -229,7 +229,7 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
     passed: list[tuple] = [()]   # the layout key (``_layout_key``) of the last call that passed the checks
 
     def kernel(q, k, v, out, lse, aux=None) -> None:
-        aux = aux or {}
+        aux = unit_stride_aux(aux or {})
         bt, sk, cu_q, cu_k = (aux.get(n) for n in AUX_NAMES)
         key = _layout_key(q, k, v, out, lse, aux)
         if key != passed[0]:
@@ -295,7 +295,7 @@ def _build_gluon(op: Attention, device: Device, cfg: AttnConfig, arch: str) -> C
     passed: list[tuple] = [()]   # the layout key of the last call that passed every check
 
     def kernel(q, k, v, out, lse, aux=None) -> None:
-        aux = aux or {}
+        aux = unit_stride_aux(aux or {})
         key = _layout_key(q, k, v, out, lse, aux)
         if key == passed[0]:   # what the checks read is as on a call that passed them
             launch(q, k, v, out, lse, aux)
@@ -338,6 +338,20 @@ def _workspace(op: Attention, cfg: AttnConfig, R: int, grid: tuple, device):
 
 
 AUX_NAMES = ("block_table", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k")
+#: the index arrays every kernel reads at unit stride (``SEQLENS_K + b``, ``CU_K + b``); the block table goes to
+#: the kernels with its strides
+UNIT_STRIDE_AUX = ("seqlens_k", "cu_seqlens_q", "cu_seqlens_k")
+
+
+def unit_stride_aux(aux: dict) -> dict:
+    """``aux`` with its 1-D index arrays at unit stride, as the kernels read them: a strided view (a column of a
+    larger table, ``lens[::2]``) is copied for this call (an allocation, only for such a view); contiguous arrays
+    and None pass as they are."""
+    for name in UNIT_STRIDE_AUX:
+        a = aux.get(name)
+        if a is not None and a.stride(0) != 1 and a.shape[0] > 1:
+            aux = dict(aux, **{name: a.contiguous()})
+    return aux
 
 
 def _layout_key(q, k, v, out, lse, aux: dict) -> tuple:
