@@ -1,5 +1,6 @@
 """The on-disk tuning caches: ``portakern.cache.TuningCache`` and the triton autotuner on top of it
-(``backends/triton/autotune.cached_best``, the GEMV buckets of ``gemv_tuning.bucket``), on the CPU.
+(``backends/triton/autotune.cached_best``, the GEMV buckets of ``gemv_tuning.bucket``, the attention
+buckets of ``tuning.bucket`` and their ``tuning.restore``), on the CPU.
 
 A corrupt or unwritable cache costs a re-tune, never the call: entries of another type are a miss,
 a cached configuration the weight rules out is a miss, a cache directory that cannot be written warns
@@ -163,3 +164,71 @@ def test_tuned_keeps_regular_and_irregular_winners_apart(cache_dir):
     cache = TuningCache("triton-gemv", DEV, {"portakern": __version__, "triton": triton.__version__})
     assert cache.get(T.bucket(regular, 4, 256, "bfloat16")) == first.to_json()
     assert cache.get(T.bucket(irregular, 4, 256, "bfloat16")) == second.to_json()
+
+
+# -- backends/triton/tuning (attention): bucket and restore ---------------------------------------------
+
+def _attention(**kw):
+    from portakern.ir.dtypes import DType
+    from portakern.ir.ops import Attention
+
+    base = dict(batch=2, seqlen_q=1024, seqlen_k=4096, heads_q=8, heads_kv=8, head_dim=128, head_dim_v=128,
+                dtype=DType.bfloat16, scale=0.1)
+    return Attention(**{**base, **kw})
+
+
+def _paged(page_size):
+    from portakern.ir.ops import KVLayout
+
+    pages = 32768 // page_size
+    return _attention(batch=1, seqlen_q=1, seqlen_k=pages * page_size, heads_q=32, heads_kv=8,
+                      kv_layout=KVLayout.PAGED, page_size=page_size, num_pages=pages, has_seqlens_k=True)
+
+
+def _prefers(flag):
+    """A timer under which the configurations with ``flag`` set (a Gluon kernel) win."""
+    return lambda cfg: 0.5 if getattr(cfg, flag) else 1.0
+
+
+def _passes_build_checks(op, cfg):
+    """Whether ``attention.build`` on sm_90 accepts ``cfg`` for ``op`` (its checks raise ValueError)."""
+    from portakern.backends.triton import tuning as AT
+
+    AT.check_pdl(cfg, "sm_90")
+    for check in (AT.check_tma, AT.check_wgmma, AT.check_decode_ws):
+        check(op, cfg, "sm_90")
+    return True
+
+
+def test_attention_bucket_separates_page_sizes_and_seqlens_k(cache_dir):
+    """The Gluon decode kernel serves pages of 16 but not 24, the Gluon prefill kernel dense keys without
+    seqlens_k only: such ops must not share a cached winner (before: one bucket, and the restored winner failed
+    the compile)."""
+    from portakern.backends.triton import tuning as AT
+
+    assert AT.bucket(_paged(16)) != AT.bucket(_paged(24))
+    assert AT.bucket(_attention()) != AT.bucket(_attention(has_seqlens_k=True))
+    first = AT.tuned(_paged(16), DEV, "sm_90", 132, _prefers("decode_ws"))
+    assert first.decode_ws
+    calls = []
+    second = AT.tuned(_paged(24), DEV, "sm_90", 132, lambda c: calls.append(c) or 1.0)
+    assert calls and not second.decode_ws and _passes_build_checks(_paged(24), second)
+
+
+def test_attention_cached_winner_the_op_rules_out_is_a_miss(cache_dir):
+    """Causal and sliding-window prefill share a bucket; the causal op's winner (the Gluon prefill kernel, which
+    serves no window) restored for the window op is a miss: the bucket is timed again for it (before: restored as
+    it was, and ``attention.build`` raised ValueError on the first call)."""
+    from portakern.backends.triton import tuning as AT
+    from portakern.ir import expr as E
+
+    causal, window = _attention(mask_mod=E.causal_mask()), _attention(mask_mod=E.window_mask(256, 0))
+    assert AT.bucket(causal) == AT.bucket(window)
+    first = AT.tuned(causal, DEV, "sm_90", 132, _prefers("wgmma"))
+    assert first.wgmma
+    calls = []
+    second = AT.tuned(window, DEV, "sm_90", 132, lambda c: calls.append(c) or 1.0)
+    assert calls and not second.wgmma and _passes_build_checks(window, second)
+    with pytest.raises(ValueError, match=r"AttnConfig\(wgmma=True\): the Gluon prefill kernel does not serve"):
+        AT.restore(window, "sm_90", first.to_json())
+    assert AT.restore(causal, "sm_90", first.to_json()) == first

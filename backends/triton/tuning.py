@@ -541,10 +541,28 @@ def autotune_enabled() -> bool:
 
 
 def bucket(op) -> str:
-    """Problem bucket for tuning results: shapes rounded to powers of two, plus the mask flavour."""
+    """Problem bucket for tuning results: shapes rounded to powers of two, whether a mask and a score_mod are
+    given, and what decides which kernels serve the op beside them: the page size (the Gluon decode kernel's
+    tiles must divide or be divided by it) and ``seqlens_k`` (the Gluon prefill kernel takes none). Ops of one
+    bucket may still differ in what rules a cached winner out (the mask's form, the exact lengths):
+    ``restore`` checks it."""
     return (f"{op.kv_layout.value}-d{op.head_dim}-dv{op.head_dim_v}-g{op.group_size}-{op.dtype.value}"
             f"-sq{next_pow2(op.seqlen_q)}-sk{next_pow2(op.seqlen_k)}-b{next_pow2(op.batch)}"
-            f"-h{op.heads_q}-m{int(op.mask_mod is not None)}-s{int(op.score_mod is not None)}")
+            f"-h{op.heads_q}-m{int(op.mask_mod is not None)}-s{int(op.score_mod is not None)}"
+            f"-ps{op.page_size}-sl{int(op.has_seqlens_k)}")
+
+
+def restore(op, arch: str, entry: dict) -> AttnConfig:
+    """A cached winner of ``op``'s bucket as ``op``'s configuration on ``arch``. Raises ``TypeError`` for an entry
+    of another shape and ``ValueError`` for a configuration ``op`` rules out (the checks ``attention.build`` makes:
+    a Gluon kernel or TMA that does not serve it, ``pdl`` where it cannot run); ``autotune.cached_best`` takes
+    either as a miss and times the bucket again, where the build would have failed the compile."""
+    cfg = AttnConfig(**entry)
+    check_pdl(cfg, arch)
+    check_tma(op, cfg, arch)
+    check_wgmma(op, cfg, arch)
+    check_decode_ws(op, cfg, arch)
+    return cfg
 
 
 def candidates(op, arch: str, num_sms: int) -> list[AttnConfig]:
@@ -597,4 +615,4 @@ def tuned(op, device, arch: str, num_sms: int, timer) -> AttnConfig:
     from .autotune import cached_best
 
     return cached_best("triton-attention", device, bucket(op), candidates(op, arch, num_sms), timer,
-                       default=lambda: choose(op, arch, num_sms), restore=lambda d: AttnConfig(**d))
+                       default=lambda: choose(op, arch, num_sms), restore=lambda d: restore(op, arch, d))
