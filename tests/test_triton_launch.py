@@ -103,7 +103,8 @@ def test_first_call_binds_later_calls_launch_directly(fake_triton):
 
 
 @pytest.mark.parametrize("change", ["misaligned", "int", "none", "not_none", "not_tensor", "device", "hook",
-                                    "hook_chain", "dtype", "float_for_int", "bool_for_int", "extra_arg"])
+                                    "hook_chain", "dtype", "float_for_int", "bool_for_int", "extra_arg",
+                                    "tensor_for_int"])
 def test_guard_falls_back_to_triton(fake_triton, change):
     drv, rt = fake_triton
     jit = _JIT()
@@ -136,6 +137,8 @@ def test_guard_falls_back_to_triton(fake_triton, change):
         args[3] = True                # ... is not the one for a bool, though 1 == True
     elif change == "extra_arg":
         args.append(5)                # would shift every later argument of the compiled launcher
+    elif change == "tensor_for_int":
+        args[3] = np.array([7, 7])    # compares equal element-wise; its truth raised in the guard
     ln(*args)
     if change == "bool_for_int":
         assert _kinds(jit) == ["slow", "slow", "slow"]

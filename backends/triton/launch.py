@@ -130,7 +130,7 @@ class KernelLaunch:
                 return False
         for i, v, t in zip(fast.scalar_pos, fast.scalars, fast.scalar_types):
             a = args[i]
-            if a != v or type(a) is not t:
+            if type(a) is not t or a != v:   # the type first: a tensor's ``!=`` is a tensor, whose truth raises
                 return False
         return self._driver.get_current_device() == fast.device
 
