@@ -155,3 +155,57 @@ def test_unit_stride_aux_copies_only_strided_index_arrays():
     fixed = unit_stride_aux(strided)
     assert fixed["seqlens_k"].stride() == (1,) and fixed["seqlens_k"].tolist() == [5, 6, 7]
     assert fixed["block_table"] is bt and strided["seqlens_k"].stride() == (2,)   # the caller's dict untouched
+
+
+# -- quant_gemv: the kernels' 32-bit offsets ---------------------------------------------------------------
+
+def _rows_apart(rows: int, cols: int, dtype=torch.float16) -> "torch.Tensor":
+    """A ``(rows, cols)`` view whose last row starts 2^31 + 128 elements after its first (the storage is
+    allocated, untouched but for the view's rows)."""
+    stride = ((1 << 31) + 128) // (rows - 1)
+    big = torch.empty(stride * (rows - 1) + cols, dtype=dtype)
+    return big.as_strided((rows, cols), (stride, 1))
+
+
+def test_gemv_supports_refuses_x_or_output_past_32_bit_offsets():
+    """An output of 2^31 elements or more (a vocabulary projection over a long prefill) is refused, naming how
+    many rows fit; before, it was accepted and the kernels' row offsets wrapped."""
+    from portakern.backends.triton import quant_gemv as Q
+    from portakern.devices import Device
+    from portakern.ir import QuantFormat
+
+    gpu = Device("cuda", 0, "sm_90", "test GPU", (9, 0), 32)
+    fmt = QuantFormat(bits=4, group_size=128, symmetric=False)
+    assert Q.supports(QuantGemv(M=16384, N=131072, K=4096, dtype=DType.float16, fmt=fmt), gpu).ok
+    why = Q.supports(QuantGemv(M=16385, N=131072, K=4096, dtype=DType.float16, fmt=fmt), gpu)
+    assert not why.ok and "split M into chunks of at most 16384 rows" in why.reason
+    wide_x = QuantGemv(M=65537, N=4096, K=16384, dtype=DType.float16, fmt=fmt, prologue="silu_mul")
+    assert "x of 32768" in Q.supports(wide_x, gpu).reason
+
+
+@interp
+def test_gemv_x_view_with_rows_2_31_elements_apart_gives_the_contiguous_result():
+    """Row 2 of x starts past 2^31 elements: the kernel's 32-bit ``row * stride_xm`` wrapped (the interpreter
+    crashed on the wrapped address); the host now copies such a view to contiguous rows."""
+    import portakern
+
+    w, _ = _case(128)
+    x = _rows_apart(3, K)
+    x.copy_(torch.randn(3, K, dtype=torch.float16, generator=torch.Generator().manual_seed(3)))
+    want = portakern.quant_gemv(x.contiguous(), w, backend="cpu")
+    got = portakern.quant_gemv(x, w, backend="triton")
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-3)
+
+
+@interp
+def test_gemv_output_view_with_rows_2_31_elements_apart_is_refused():
+    """The output cannot be copied back without a second kernel: the error names the rule and the way out."""
+    from portakern.backends.triton import quant_gemv as Q
+
+    w, p = _case(128)
+    kern = Q.compile(QuantGemv(M=3, N=N, K=K, dtype=DType.float16, fmt=w.fmt), CPU)
+    x = torch.randn(3, K, dtype=torch.float16)
+    kern(x, p, torch.empty(3, N, dtype=torch.float16))
+    with pytest.raises(InvalidInputError, match=r"out has row stride \d+: its 3 rows span .* past the 2\^31 .* "
+                                                r"pass a contiguous out"):
+        kern(x, p, _rows_apart(3, N))

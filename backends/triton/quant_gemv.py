@@ -14,7 +14,8 @@ internal layout (``PreparedGemvWeight``; the byte layout is documented in
 ``gemv_tuning`` (table, or autotuned and cached with ``PORTAKERN_TRITON_AUTOTUNE=1``). CUDA-graph
 contract: the first call of a signature builds the launcher (and, for split-K, its fp32
 workspace and arrival counters, which the kernel resets itself); every later call launches one
-kernel with no allocation, no host synchronisation and no tensor created on the host.
+kernel with no allocation, no host synchronisation and no tensor created on the host (except for an x
+view whose rows lie 2^31 or more elements apart, past the kernels' 32-bit offsets: it is copied each call).
 
 Programmatic dependent launch (``GemvConfig.pdl``, the sm_90+ tables' choice for the CUDA-core
 kernel): a launch may start while the previous kernel in the stream drains and reads its first tiles
@@ -249,13 +250,23 @@ def prepare_weight(backend, weight, device: Device) -> PreparedGemvWeight:
 
 # -- supports ----------------------------------------------------------------------------------------
 
+#: The kernels compute element offsets into x and the output as 32-bit integers (``row * stride + column``).
+MAX_OFFSET = 2**31 - 1
+
+
 def supports(op: QuantGemv, device: Device) -> Support:
-    """Every packing, 4 and 8 bits, fp16/bf16/fp32 activations, any M, N, K."""
+    """Every packing, 4 and 8 bits, fp16/bf16/fp32 activations, any N and K, and M while x and the output each
+    hold fewer than 2^31 elements (``MAX_OFFSET``)."""
     if op.fmt.bits not in (4, 8):
         return no(f"quant_gemv(bits={op.fmt.bits}) is not supported by triton on {device}: bits must be 4 or 8")
     if op.dtype not in (DType.float16, DType.bfloat16, DType.float32):
         return no(f"quant_gemv(dtype={op.dtype.value}) is not supported by triton: use float16, bfloat16 "
                   "or float32 activations")
+    widest = max(op.x_columns, op.N)
+    if op.M * widest > MAX_OFFSET + 1:
+        return no(f"quant_gemv(M={op.M}) with x of {op.x_columns} and an output of {op.N} columns is not supported "
+                  f"by triton: x and the output must hold at most 2^31 elements each (the kernels' 32-bit offsets); "
+                  f"split M into chunks of at most {(MAX_OFFSET + 1) // widest} rows")
     if device.type == "cpu":
         from . import kernels
 
@@ -303,6 +314,9 @@ class _Launcher:
             self.glu = torch.empty((glu_scratch_values(op, layout, cfg),), dtype=torch.float32, device=tdev)
             self.glu_len = self.ksw * layout.codes_per_word
         self.dims = (op.M, op.N, op.K, layout.KWP, layout.stride_qk)
+        # the largest row strides whose last element the kernels' 32-bit offsets still reach
+        self.x_stride_max = max_row_stride(op.M, op.x_columns)
+        self.out_stride_max = max_row_stride(op.M, op.N)
         self.mask_rt = (1 << layout.bits) - 1
         if self.kind == "frag":   # chunks, chunks per slice, word strides of a unit and of a chunk
             kc, nu = int(layout.frag.shape[0]), int(layout.frag.shape[1])
@@ -314,6 +328,12 @@ class _Launcher:
         if self.kind == "stream":
             return self.stream(x, w, out)
         M, N, K, KWP, sqk = self.dims
+        sx, so = x.stride(0), out.stride(0)
+        if sx > self.x_stride_max:   # a view whose rows lie 2^31 elements apart: its contiguous copy fits
+            x = x.contiguous()
+            sx = x.stride(0)
+        if so > self.out_stride_max:
+            raise_out_stride(M, so)
         ws = out if self.ws is None else self.ws
         lock = w.qweight if self.lock is None else self.lock
         z = w.scales if w.zeros is None else w.zeros
@@ -321,17 +341,32 @@ class _Launcher:
         launch = self.launch
         if self.kind == "frag":
             kc, kcs, su, sc = self.frag_dims
-            launch(x, w.frag, w.scales, z, out, ws, lock, M, N, K, kc, sqk, x.stride(0), out.stride(0), kcs, su, sc)
+            launch(x, w.frag, w.scales, z, out, ws, lock, M, N, K, kc, sqk, sx, so, kcs, su, sc)
         elif self.kind == "mma":
-            launch(x, w.qweight, w.scales, z, out, ws, lock, M, N, K, KWP, sqk, x.stride(0), out.stride(0), self.ksw)
+            launch(x, w.qweight, w.scales, z, out, ws, lock, M, N, K, KWP, sqk, sx, so, self.ksw)
         elif self.kind == "fma":
             kg = w.qweight if w.kgroup is None else w.kgroup
             glu = ws if self.glu is None else self.glu
             launch(x, w.qweight, w.scales, z, perm, kg, out, ws, lock, M, N, K, KWP, sqk,
-                   x.stride(0), out.stride(0), self.ksw, self.mask_rt, glu, self.glu_len)
+                   sx, so, self.ksw, self.mask_rt, glu, self.glu_len)
         else:
             launch(x, w.qweight, w.scales, z, perm, out, ws, lock, M, N, K, KWP, sqk,
-                   x.stride(0), out.stride(0), self.ksw, self.mask_rt)
+                   sx, so, self.ksw, self.mask_rt)
+
+
+def max_row_stride(rows: int, cols: int) -> int:
+    """The largest row stride of a ``(rows, cols)`` array whose last element lies within ``MAX_OFFSET`` of its
+    first (one row: any stride, the kernels never multiply it)."""
+    if rows <= 1:
+        return 1 << 62
+    return (MAX_OFFSET - cols + 1) // (rows - 1)
+
+
+def raise_out_stride(M: int, stride: int) -> None:
+    """The error of an output view whose rows lie too far apart for the kernels' 32-bit offsets."""
+    raise InvalidInputError(f"out has row stride {stride}: its {M} rows span {(M - 1) * stride} elements or more, "
+                            f"past the 2^31 the triton kernels' 32-bit offsets reach; pass a contiguous out "
+                            f"(torch.empty((M, N))) and copy it into the view")
 
 
 def check_weight(op: QuantGemv, w: PreparedGemvWeight, tdev: str) -> None:
