@@ -34,13 +34,14 @@ import numpy as np
 
 from portakern.backend import YES, Support, no
 from portakern.devices import Device
-from portakern.errors import InvalidInputError, InvalidTypeError, UnsupportedError
+from portakern.errors import UnsupportedError
 from portakern.ir.dtypes import DType
 from portakern.ir.ops import QuantGemv
 from portakern.ir.quant import Packing
 
 from . import gemv_tuning as tuning
 from .backend import KERNEL_OPTIONS, interpret_env
+from .gemv_checks import MAX_OFFSET, check_weight, max_row_stride, raise_out_stride
 from .gemv_frag_layout import FRAG_CHUNK, frag_eligible, pack_fragments, unpack_fragments  # noqa: F401
 from .launch import KernelLaunch
 
@@ -250,10 +251,6 @@ def prepare_weight(backend, weight, device: Device) -> PreparedGemvWeight:
 
 # -- supports ----------------------------------------------------------------------------------------
 
-#: The kernels compute element offsets into x and the output as 32-bit integers (``row * stride + column``).
-MAX_OFFSET = 2**31 - 1
-
-
 def supports(op: QuantGemv, device: Device) -> Support:
     """Every packing, 4 and 8 bits, fp16/bf16/fp32 activations, any N and K, and M while x and the output each
     hold fewer than 2^31 elements (``MAX_OFFSET``)."""
@@ -352,38 +349,6 @@ class _Launcher:
         else:
             launch(x, w.qweight, w.scales, z, perm, out, ws, lock, M, N, K, KWP, sqk,
                    sx, so, self.ksw, self.mask_rt)
-
-
-def max_row_stride(rows: int, cols: int) -> int:
-    """The largest row stride of a ``(rows, cols)`` array whose last element lies within ``MAX_OFFSET`` of its
-    first (one row: any stride, the kernels never multiply it)."""
-    if rows <= 1:
-        return 1 << 62
-    return (MAX_OFFSET - cols + 1) // (rows - 1)
-
-
-def raise_out_stride(M: int, stride: int) -> None:
-    """The error of an output view whose rows lie too far apart for the kernels' 32-bit offsets."""
-    raise InvalidInputError(f"out has row stride {stride}: its {M} rows span {(M - 1) * stride} elements or more, "
-                            f"past the 2^31 the triton kernels' 32-bit offsets reach; pass a contiguous out "
-                            f"(torch.empty((M, N))) and copy it into the view")
-
-
-def check_weight(op: QuantGemv, w: PreparedGemvWeight, tdev: str) -> None:
-    """Raise unless ``w`` is a weight of ``op`` on ``tdev``: its shape, bits and group size are the op's (the
-    launcher's grid and constexprs are), and every tensor of it lives on the device the kernel launches on (a
-    kernel reading another GPU's memory faults, which ends the CUDA context)."""
-    f = op.fmt
-    for what, got, want in (("(N, K)", (w.N, w.K), (op.N, op.K)), ("bits", w.bits, f.bits),
-                            ("group_size", w.group_size, f.group_size)):
-        if got != want:
-            raise InvalidInputError(f"prepared weight has {what} = {got} but this quant_gemv op was compiled for "
-                                    f"{want}; prepare the weight of this op, or compile the op of this weight")
-    for name, t in w.tensors().items():
-        if str(t.device) != tdev:
-            raise InvalidTypeError(f"prepared weight's {name} is on {t.device} but this quant_gemv kernel was "
-                                   f"compiled for {tdev}; prepare the weight on {tdev} (prepare_weight(..., device)) "
-                                   f"or compile the op for {t.device}")
 
 
 def _slice_words(kwp: int, cfg: tuning.GemvConfig) -> int:
