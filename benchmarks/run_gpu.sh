@@ -102,12 +102,16 @@ step() {
     tail -n 25 "$RES/$name.log"
 }
 
+# the card in report names: h100, h200, ... (from nvidia-smi; "gpu" where it cannot say)
+CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | grep -o -i -E '[A-Z][0-9]{3}' | head -n 1 | tr 'A-Z' 'a-z')
+CARD=${CARD:-gpu}
+
 for s in "$@"; do
     case $s in
         install) step install python3 -m pip install -q --no-deps --no-build-isolation -e . ;;
         conformance) step conformance python3 -m portakern conformance --backend triton --device cuda:0 \
-            --tier gpu --jobs 0 --no-progress ${CASES:+--cases "$CASES"} --report "$RES/conformance-triton-h200-gpu$TAG.json" \
-            --markdown "$RES/conformance-triton-h200-gpu$TAG.md" ;;
+            --tier gpu --jobs 0 --no-progress ${CASES:+--cases "$CASES"} --report "$RES/conformance-triton-$CARD-gpu$TAG.json" \
+            --markdown "$RES/conformance-triton-$CARD-gpu$TAG.md" ;;
         gemv-tests) step gemv-tests python3 -m pytest -q -p no:cacheprovider tests/test_triton_gemv.py \
             tests/test_triton_gemv_stream.py -k "${GEMV_K:-gpu}" ;;
         stream-probe) step stream-probe python3 benchmarks/experiments/gemv_stream_probe.py --phase both \
@@ -172,7 +176,7 @@ for s in "$@"; do
             --compare-tiles --tag="-tiles$TAG" --out "$RES" ;;
         gemv-anatomy) step gemv-anatomy python3 benchmarks/experiments/gemv_anatomy.py --tag="$TAG" --out "$RES" ;;
         gemv-rows3) step gemv-rows3 python3 benchmarks/experiments/gemv_rows3.py --tag="$TAG" --out "$RES" ;;
-        dispatch) step dispatch python3 benchmarks/dispatch_overhead.py --tag="h200$TAG" --out "$RES" ;;
+        dispatch) step dispatch python3 benchmarks/dispatch_overhead.py --tag="$CARD$TAG" --out "$RES" ;;
         launch-cost) step launch-cost python3 benchmarks/experiments/launch_cost.py --tag="$TAG" --out "$RES" ;;
         launch-tests) step launch-tests python3 -m pytest -q -p no:cacheprovider tests/test_triton_launch.py \
             tests/test_triton_attention_decode_ws.py tests/test_triton_gemv.py -k "launch or called_again or replays" ;;
