@@ -58,6 +58,20 @@ def test_frag_kernel_merge_follows_its_table_switch(monkeypatch):
     assert not re.search(COUNT_READ_BACK, one) and len(re.findall(COUNT_POLLED, one)) >= 2
 
 
+def test_frag_merge_is_the_switch_up_to_its_size_limit(monkeypatch):
+    """Above ``FRAG_MERGE_MAX_NK`` the "frag" kernel keeps the last-to-arrive merge whatever the switch says (the
+    grid's-last-slice merge lost 18 us at M=16 28672x8192 on an H100)."""
+    monkeypatch.setattr(T, "FRAG_MERGE", 1)
+    small, large = _op(16, 4096, 14336), _op(16, 28672, 8192)
+    for op, want in ((small, 1), (large, 0)):
+        lay = Q._LayoutStub(op)
+        cfg = T.choose(lay, op.M, op.N, "sm_90", 132)
+        assert cfg.kind == "frag", cfg
+        assert Q._consts_for(op, lay, cfg)["MERGE"] == want, (op.N, op.K)
+    monkeypatch.setattr(T, "FRAG_MERGE", 0)
+    assert T.frag_merge(4096, 4096) == 0 and T.frag_merge(28672, 8192) == 0
+
+
 def test_the_interpreter_never_polls(monkeypatch):
     """The interpreter runs one program at a time: a slice polling for later ones could not finish, so its
     launches take MERGE 0 whatever the table says."""
