@@ -59,7 +59,7 @@ def test_frag_kernel_merge_follows_its_table_switch(monkeypatch):
 
 
 def test_frag_merge_is_the_switch_up_to_its_size_limit(monkeypatch):
-    """Above ``FRAG_MERGE_MAX_NK`` the "frag" kernel keeps the last-to-arrive merge whatever the switch says (the
+    """Above ``SPLIT_MERGE_MAX_NK`` the "frag" kernel keeps the last-to-arrive merge whatever the switch says (the
     grid's-last-slice merge lost 18 us at M=16 28672x8192 on an H100)."""
     monkeypatch.setattr(T, "FRAG_MERGE", 1)
     small, large = _op(16, 4096, 14336), _op(16, 28672, 8192)
@@ -69,7 +69,9 @@ def test_frag_merge_is_the_switch_up_to_its_size_limit(monkeypatch):
         assert cfg.kind == "frag", cfg
         assert Q._consts_for(op, lay, cfg)["MERGE"] == want, (op.N, op.K)
     monkeypatch.setattr(T, "FRAG_MERGE", 0)
-    assert T.frag_merge(4096, 4096) == 0 and T.frag_merge(28672, 8192) == 0
+    monkeypatch.setattr(T, "GEMV_MERGE", 1)
+    assert T.split_merge("frag", 4096, 4096) == 0 and T.split_merge("frag", 28672, 8192) == 0
+    assert T.split_merge("fma", 8192, 8192) == 1 and T.split_merge("fma", 28672, 8192) == 0
 
 
 def test_the_interpreter_never_polls(monkeypatch):

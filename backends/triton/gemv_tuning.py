@@ -96,11 +96,11 @@ FRAG_PDL = True
 #: the merge costs 2.1-3.3 us at N * K <= 2^26. ``experiments/merge_ab.py`` (H100 session 23,
 #: ``results/merge-ab-2026-12-05-s23-h100.json``, bit-equal on all eight rows): 1 faster on six, by 0.37-0.92 us (all
 #: four M=16 rows, M=4 14336x4096 and 8192^2), 0.16 / 0.31 us slower at M=4 4096x14336 / 4096^2. Taken only up to
-#: ``FRAG_MERGE_MAX_NK``: the table's M=16 28672x8192 row, not in that run, went from 53.9 to 71.8 us with it in the
+#: ``SPLIT_MERGE_MAX_NK``: the table's M=16 28672x8192 row, not in that run, went from 53.9 to 71.8 us with it in the
 #: same session's bench (``results/gemv-2026-12-05-s23-h100-merge1.json``; the merging slices all run in the last
 #: wave of a grid of several)
 FRAG_MERGE = 1
-FRAG_MERGE_MAX_NK = 1 << 26
+SPLIT_MERGE_MAX_NK = 1 << 26
 #: The same choice for the CUDA-core kernel ("fma", ``kernels/gemv_quant._finish``; compiled kernels only: the
 #: merging slice polls, which the interpreter's one-program-at-a-time run would not let finish in order). Same
 #: H100 session-23 run: 1 faster on all four split rows (M=1 4096^2 / 4096x14336 int4, 8192^2 / 4096^2 int8) by
@@ -108,10 +108,13 @@ FRAG_MERGE_MAX_NK = 1 << 26
 GEMV_MERGE = 1
 
 
-def frag_merge(N: int, K: int) -> int:
-    """The "frag" kernel's ``MERGE`` for an (N, K) weight: ``FRAG_MERGE`` up to ``FRAG_MERGE_MAX_NK`` elements, 0
-    (the last slice to arrive merges) above."""
-    return FRAG_MERGE if N * K <= FRAG_MERGE_MAX_NK else 0
+def split_merge(kind: str, N: int, K: int) -> int:
+    """The ``MERGE`` constexpr of a "frag" or "fma" kernel for an (N, K) weight: the kind's switch (``FRAG_MERGE``,
+    ``GEMV_MERGE``) up to ``SPLIT_MERGE_MAX_NK`` elements, 0 (the last slice to arrive merges) above, where a grid of
+    several waves leaves every merging slice to the last one (measured for "frag"; no "fma" row that large splits
+    K in the sm_90 table, and none was timed)."""
+    switch = {"frag": FRAG_MERGE, "fma": GEMV_MERGE}[kind]
+    return switch if N * K <= SPLIT_MERGE_MAX_NK else 0
 
 
 #: M=1 stays on the CUDA-core kernel: the "frag" kernel tied it within ~3% (H200 session 7: 28672x8192

@@ -596,7 +596,7 @@ def _consts_for(op: QuantGemv, layout, cfg: tuning.GemvConfig, interpret: bool =
     if cfg.kind == "frag":
         return dict(BM=tuning.block_m(cfg.kind, op.M), W=cfg.num_warps, NT=cfg.block_n // (16 * cfg.num_warps),
                     GS=layout.group_size, HAS_Z=layout.has_z, ZP=layout.zero_point, SPLIT_K=cfg.split_k,
-                    PDL=cfg.pdl, MODE=0, MERGE=tuning.frag_merge(op.N, op.K))
+                    PDL=cfg.pdl, MODE=0, MERGE=tuning.split_merge("frag", op.N, op.K))
     if cfg.kind == "mma":
         return dict(GS=layout.group_size, ZP=layout.zero_point, HAS_Z=layout.has_z, BM=tuning.block_m(cfg.kind, op.M),
                     BN=cfg.block_n, BKW=cfg.block_kw, SPLIT_K=cfg.split_k, EVEN_K=even_k, IW=layout.interleave,
@@ -607,7 +607,7 @@ def _consts_for(op: QuantGemv, layout, cfg: tuning.GemvConfig, interpret: bool =
     if cfg.kind == "fma":
         c.update(PER_ELEM_GROUP=layout.per_elem_group, HAS_KG=layout.kgroup is not None, PIPE=cfg.num_stages,
                  PREFETCH=cfg.prefetch, GROUP_ROWS=cfg.group_rows, NMASK=layout.stride_qk % cfg.block_n != 0,
-                 GLU=glu_mode(op, layout, cfg), MERGE=0 if interpret else tuning.GEMV_MERGE)
+                 GLU=glu_mode(op, layout, cfg), MERGE=0 if interpret else tuning.split_merge("fma", op.N, op.K))
     else:
         c.update(COMPUTE_F32=f32, SWAP_AB=cfg.swap_ab)
     return c
