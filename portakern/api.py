@@ -160,10 +160,16 @@ def quant_gemv(x, w, *, prologue=None, backend=None):
     down projection without a separate activation kernel. Only backends that list the prologue in
     ``x_prologues`` are offered it (cpu and triton do).
 
+    An ``x`` of zero rows is checked like any other and gives an empty ``(0, N)`` result without a
+    kernel (as ``torch.ops.portakern.quant_gemv`` does).
+
     Raises:
       InvalidInputError / InvalidTypeError for bad arguments (shape, dtype, device, weight type);
       UnsupportedError when no backend (or not the one named) supports the problem.
     """
+    shape = getattr(x, "shape", None)
+    if shape is not None and len(shape) == 2 and shape[0] == 0:
+        return _empty_gemv(x, w, prologue, backend)
     fmt = getattr(w, "fmt", None)
     key = ("quant_gemv", _sig(x), fmt, getattr(w, "N", None), getattr(w, "K", None),
            _weight_place(w), prologue, dispatch.override_key(backend))
@@ -175,6 +181,16 @@ def quant_gemv(x, w, *, prologue=None, backend=None):
             raise
         except Exception as e:
             plan = dispatch.fall_back(key, plan, e)
+
+
+def _empty_gemv(x, w, prologue, backend):
+    """The ``(0, N)`` result of an empty batch, after the checks a batch of rows gets."""
+    dispatch.override_key(backend)                 # a malformed backend= is still an error
+    if backend is not None:
+        registry().get(backend)                    # so is an unknown name
+    op, xi = quant_gemv_op(x, w, prologue, empty_ok=True)
+    out = empty(xi.kind, (0, op.N), op.result_dtype, xi.device, like=x if xi.kind == "torch" else None)
+    return to_caller(out, xi.kind, x, op.result_dtype)
 
 
 def _weight_place(w) -> tuple:

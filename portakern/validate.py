@@ -278,8 +278,11 @@ def check_prologue(prologue) -> None:
                                 f"{', '.join(map(repr, X_PROLOGUES))}")
 
 
-def quant_gemv_op(x, w, prologue: str | None = None) -> tuple[QuantGemv, ArrayInfo]:
-    """Validate the arguments of ``portakern.quant_gemv`` and build its ``QuantGemv`` node."""
+def quant_gemv_op(x, w, prologue: str | None = None, empty_ok: bool = False) -> tuple[QuantGemv, ArrayInfo]:
+    """Validate the arguments of ``portakern.quant_gemv`` and build its ``QuantGemv`` node.
+
+    ``empty_ok``: an ``x`` of zero rows is checked like any other and its node built for one row (the IR has no
+    empty GEMV); the caller returns the ``(0, N)`` result without running it."""
     from .quantized import QuantizedWeight
 
     check_prologue(prologue)
@@ -305,5 +308,5 @@ def quant_gemv_op(x, w, prologue: str | None = None) -> tuple[QuantGemv, ArrayIn
         if ti.device != xi.device:
             raise InvalidTypeError(f"w.tensors[{name!r}] is on {ti.device} but x is on {xi.device}: move the weight "
                                    f"with w.to({str(xi.device)!r})")
-    op = QuantGemv(M=M, N=w.N, K=K, dtype=xi.dtype, fmt=w.fmt, prologue=prologue)
+    op = QuantGemv(M=1 if empty_ok and M == 0 else M, N=w.N, K=K, dtype=xi.dtype, fmt=w.fmt, prologue=prologue)
     return op.verify(), xi
