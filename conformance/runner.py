@@ -8,6 +8,7 @@ across repeats, or when every record was unsupported (nothing was checked), and 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -223,7 +224,7 @@ def run(backends: Sequence[str] | None = None, device: str | Any = "cpu", cases_
         records, interrupted = _run_parallel(spec, cases, bes, jobs, prog)
     else:
         store = None if compile_only else Store(golden_dir) if golden_dir else Store()
-        records, interrupted = _run_serial(cases, bes, dev, store, repeat, tlist, prog)
+        records, interrupted = _run_serial(cases, bes, dev, store, repeat, tlist, prog, journal_path(report))
     if interrupted:
         prog.interrupted()
     rep = R.build(records, suite=SUITE, tier=tier, mode="compile-only" if compile_only else "run",
@@ -237,24 +238,44 @@ def run(backends: Sequence[str] | None = None, device: str | Any = "cpu", cases_
         print(f"\n{len(records)} records, exit status {code}{stop}" + (f"; report: {report}" if report else ""),
               file=out)
     write_outputs(rep, report=report, markdown=markdown, junit=junit)
+    journal = journal_path(report)
+    if journal is not None and journal.exists():   # the report holds every record now
+        journal.unlink()
     return rep, rep["exit_status"]
 
 
 class _Keep:
-    """A serial run's progress: keeps every record as it is made, then steps the progress bar."""
+    """A serial run's progress: keeps every record as it is made (and appends it, as one JSON line, to the journal
+    when there is one), then steps the progress bar."""
 
-    def __init__(self, progress: Progress):
+    def __init__(self, progress: Progress, journal: Path | None = None):
         self.progress, self.records = progress, []
+        self.journal = journal.open("w", encoding="utf-8") if journal is not None else None
 
     def step(self, label: str, failed: bool = False, record: Record | None = None) -> None:
         self.records.append(record)
+        if self.journal is not None and record is not None:
+            self.journal.write(json.dumps(record.to_json()) + "\n")
+            self.journal.flush()      # in the OS's hands: a crash of this process keeps it
         self.progress.step(label, failed, record)
+
+    def close(self) -> None:
+        if self.journal is not None:
+            self.journal.close()
+
+
+def journal_path(report: str | Path | None) -> Path | None:
+    """Where a serial run with ``report=`` appends each record as it is made: ``<report>.partial.jsonl``, removed
+    once the report is written. A run that dies (a segfault in a kernel, the machine taken away) leaves it behind
+    with every record made before."""
+    return Path(str(report) + ".partial.jsonl") if report else None
 
 
 def _run_serial(cases: list, bes: list, dev, store: Store | None, repeat: int, targets: list[str],
-                prog: Progress) -> tuple[list[Record], bool]:
-    """Every case in this process: ``(records, interrupted)``; Ctrl-C keeps the records made so far."""
-    keep = _Keep(prog)
+                prog: Progress, journal: Path | None = None) -> tuple[list[Record], bool]:
+    """Every case in this process: ``(records, interrupted)``; Ctrl-C keeps the records made so far. ``journal``:
+    the file each record is appended to as it is made (``journal_path``)."""
+    keep = _Keep(prog, journal)
     try:
         for case in cases:
             if store is None:
@@ -263,6 +284,8 @@ def _run_serial(cases: list, bes: list, dev, store: Store | None, repeat: int, t
                 _run_case_all(case, bes, dev, store, repeat, keep)
     except KeyboardInterrupt:
         return keep.records, True
+    finally:
+        keep.close()
     return keep.records, False
 
 
