@@ -124,15 +124,30 @@ class QuantizedWeight:
 
     @classmethod
     def from_gptq(cls, qweight: Any, qzeros: Any, scales: Any, *, group_size: int,
-                  g_idx: Any = None) -> "QuantizedWeight":
-        """Wrap AutoGPTQ v1 tensors (see ``Packing.GPTQ``); no data is copied except ``g_idx``.
+                  g_idx: Any = None, checkpoint_format: str = "gptq") -> "QuantizedWeight":
+        """Wrap GPTQ tensors (see ``Packing.GPTQ``); no data is copied except ``g_idx`` and v2 zeros.
 
-        ``qweight`` int32 ``(K // 8, N)``, ``qzeros`` int32 ``(K // group_size, N // 8)`` (zero
-        points minus one), ``scales`` ``(K // group_size, N)``, ``g_idx`` optional ``(K,)`` integers
-        (act-order). A ``g_idx`` equal to ``arange(K) // group_size`` carries no information and is
-        dropped (``fmt.has_g_idx`` False); any other is stored as int32. ``group_size=-1`` means
-        one group per row (K); numpy integers are accepted.
+        ``qweight`` int32 ``(K // 8, N)``, ``qzeros`` int32 ``(K // group_size, N // 8)``, ``scales``
+        ``(K // group_size, N)``, ``g_idx`` optional ``(K,)`` integers (act-order). A ``g_idx`` equal
+        to ``arange(K) // group_size`` carries no information and is dropped (``fmt.has_g_idx``
+        False); any other is stored as int32. ``group_size=-1`` means one group per row (K); numpy
+        integers are accepted.
+
+        ``checkpoint_format`` (the name GPTQModel's quantize config gives it): ``"gptq"``, AutoGPTQ's
+        v1, whose ``qzeros`` hold each zero point minus one; ``"gptq_v2"``, whose ``qzeros`` hold the
+        zero points themselves -- copied here into the v1 form the kernels read. Loading a v2
+        checkpoint as v1 would put every weight one scale step off, so say which one you have.
+
+        Raises:
+          InvalidInputError for a ``checkpoint_format`` other than those two, and for a v2 zero
+          point of 0, which the v1 form (zero - 1 in four bits) cannot hold.
         """
+        if checkpoint_format not in ("gptq", "gptq_v2"):
+            raise InvalidInputError(f"checkpoint_format={checkpoint_format!r}: expected 'gptq' (AutoGPTQ v1: qzeros "
+                                    "hold zero - 1) or 'gptq_v2' (qzeros hold the zero points); the checkpoint's "
+                                    "quantize_config.json names it")
+        if checkpoint_format == "gptq_v2":
+            qzeros = _gptq_v2_zeros_to_v1(qzeros)
         t = {"qweight": qweight, "qzeros": qzeros, "scales": scales}
         K8, N = _dims2(qweight, "qweight", "(K // 8, N)")
         K = K8 * 8
@@ -200,6 +215,33 @@ class QuantizedWeight:
 
 
 # -- helpers -----------------------------------------------------------------------------------
+
+def _gptq_v2_zeros_to_v1(qzeros: Any) -> Any:
+    """GPTQ v2 ``qzeros`` (eight 4-bit zero points a word) as v1 words (each zero minus one), same array type and
+    device; a zero point of 0 has no v1 form."""
+    import numpy as np
+
+    kind = kind_of(qzeros, "qzeros")
+    host = to_numpy(qzeros)
+    if host.dtype != np.int32:
+        raise InvalidTypeError(f"qzeros has dtype {host.dtype}: GPTQ qzeros are int32 words of eight 4-bit zero points")
+    words = host.view(np.uint32)
+    shifts = np.arange(0, 32, 4, dtype=np.uint32)
+    nib = (words[..., None] >> shifts) & 15
+    if (nib == 0).any():
+        raise InvalidInputError(f"qzeros (checkpoint_format='gptq_v2') holds {int((nib == 0).sum())} zero points of "
+                                "0, which the v1 layout the kernels read (zero - 1 in four bits) cannot hold; "
+                                "dequantize the checkpoint and requantize it with portakern.quantize(w, ...)")
+    v1 = (((nib - 1) & 15) << shifts).sum(axis=-1, dtype=np.uint64).astype(np.uint32).view(np.int32)
+    if kind == "torch":
+        return _torch().from_numpy(np.ascontiguousarray(v1)).to(qzeros.device)
+    if kind == "cupy":
+        import cupy
+
+        with cupy.cuda.Device(qzeros.device.id):
+            return cupy.asarray(v1)
+    return np.ascontiguousarray(v1)
+
 
 def _torch():
     import torch

@@ -107,6 +107,34 @@ def test_from_gptq_v1_zero_plus_one(lib):
                                   reference(codes, zeros, scales, np.arange(256) // 64))
 
 
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+def test_from_gptq_v2_zeros_are_the_zero_points(lib):
+    """A GPTQ v2 checkpoint stores the zero points themselves; loaded as such it dequantizes like the v1 form of
+    the same weight, and loaded as v1 (the default) it would be one scale step off."""
+    codes, zeros, scales = checkpoint(seed=5)          # zero points 1..15: both forms hold them
+    qweight, sc = words(codes).T.copy(), np.ascontiguousarray(scales.T)
+    qz2 = words(zeros.T)
+    if lib == "torch":
+        qweight, sc, qz2 = (torch.from_numpy(a) for a in (qweight, sc, qz2))
+    q = QuantizedWeight.from_gptq(qweight, qz2, sc, group_size=64, checkpoint_format="gptq_v2")
+    want = reference(codes, zeros, scales, np.arange(256) // 64)
+    np.testing.assert_array_equal(to_numpy(q.dequantize()), want)
+    assert type(q.tensors["qzeros"]) is type(qz2)
+    as_v1 = QuantizedWeight.from_gptq(qweight, qz2, sc, group_size=64)
+    assert not np.array_equal(to_numpy(as_v1.dequantize()), want)
+
+
+def test_from_gptq_v2_refuses_a_zero_point_of_zero_and_unknown_formats():
+    codes, zeros, scales = checkpoint(seed=6)
+    zeros[0, 0] = 0
+    with pytest.raises(InvalidInputError, match=r"holds 1 zero points of 0.*cannot hold"):
+        QuantizedWeight.from_gptq(words(codes).T.copy(), words(zeros.T), scales.T.copy(), group_size=64,
+                                  checkpoint_format="gptq_v2")
+    with pytest.raises(InvalidInputError, match=r"checkpoint_format='v3': expected 'gptq'"):
+        QuantizedWeight.from_gptq(words(codes).T.copy(), words(zeros.T), scales.T.copy(), group_size=64,
+                                  checkpoint_format="v3")
+
+
 def test_from_gptq_act_order_g_idx():
     codes, zeros, scales = checkpoint(seed=3)
     K, G = 256, 64
