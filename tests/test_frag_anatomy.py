@@ -50,8 +50,10 @@ def test_the_other_split_k_merge_lowers_with_the_same_loop_and_its_own_atomics(M
     from frag_anatomy import lower_modes
 
     r = lower_modes(M, N, K)
-    zero, one = r[0]["ptx"], r["merge_other"]["ptx"]
-    assert r["merge_other"]["mma"] == r[0]["mma"] and r["merge_other"]["spilled"] == 0
+    # the table's merge (MODE 0) is 1 up to gemv_tuning.SPLIT_MERGE_MAX_NK and 0 above: 4096^2 and 28672x8192 one each
+    assert r[0]["merge"] == (1 if N * K <= (1 << 26) else 0) and r["merge_other"]["merge"] == 1 - r[0]["merge"]
+    zero, one = (r[0]["ptx"], r["merge_other"]["ptx"])[::1 if r[0]["merge"] == 0 else -1]
+    assert r["merge_other"]["mma"] == r[0]["mma"] and r["merge_other"]["spilled"] == 0 == r[0]["spilled"]
     wide = {m: v["ptx"].count("ld.global.v4") + v["ptx"].count("ld.global.nc.v4") for m, v in r.items()}
     assert wide["merge_other"] == wide[0]
     assert re.search(r"atom\.global\.gpu\.acq_rel\.add|atom\.global\.acq_rel\.gpu\.add", zero), "MERGE 0's counter"

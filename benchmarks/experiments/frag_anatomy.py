@@ -119,7 +119,7 @@ def bench(args) -> None:
 def lower_modes(M: int, N: int, K: int) -> dict[int, dict]:
     """Every MODE of the sm_90 table's "frag" entry for ``(M, N, K)`` lowered for sm_90a (no GPU), and the table's
     kernel with its other split-K merge (key ``"merge_other"``): per mode its PTX, registers, bytes spilled
-    (``ptxas``), MMAs and global atomics."""
+    (``ptxas``), MMAs, global atomics (``atom`` and ``red``) and ``MERGE``."""
     from experiments.chain_lowering import ptxas_registers
 
     from portakern.backends.triton import gemv_tuning as T
@@ -138,7 +138,7 @@ def lower_modes(M: int, N: int, K: int) -> dict[int, dict]:
                                          _FRAG_POINTERS)["kernels"]["gemv_frag_kernel"]["ptx"]
         regs, spilled = ptxas_registers(ptx)
         out[mode] = {"ptx": ptx, "regs": regs, "spilled": spilled, "mma": ptx.count("mma.sync"),
-                     "atomics": ptx.count("atom.global")}
+                     "atomics": ptx.count("atom.global") + ptx.count("red.global"), "merge": consts["MERGE"]}
     return out
 
 
