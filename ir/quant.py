@@ -9,6 +9,7 @@ pack/unpack pair for each, and a round-trip test per packing.
 from __future__ import annotations
 
 import enum
+import numbers
 from dataclasses import dataclass
 
 from .dtypes import DType
@@ -56,6 +57,11 @@ class Packing(str, enum.Enum):
     GGUF_Q8_0 = "gguf_q8_0"
 
 
+def _is_int(x: object, kind: type = int) -> bool:
+    """An instance of ``kind`` (``int``; ``numbers.Integral`` takes numpy integers too), never a bool."""
+    return isinstance(x, kind) and not isinstance(x, bool)
+
+
 #: bits each packing can hold
 PACKING_BITS = {
     Packing.NATIVE: (4, 8),
@@ -86,6 +92,19 @@ class QuantFormat:
 
         if not isinstance(self.packing, Packing):
             fail(f"packing={self.packing!r} must be one of {', '.join(p.value for p in Packing)}")
+        if not _is_int(self.bits):
+            fail(f"bits={self.bits!r} must be an int: one of {PACKING_BITS[self.packing]} for packing "
+                 f"{self.packing.value}")
+        for name in ("symmetric", "has_g_idx"):  # a truthy string would silently pick the other layout
+            if not isinstance(getattr(self, name), bool):
+                fail(f"{name}={getattr(self, name)!r} must be True or False (a bool, not a "
+                     f"{type(getattr(self, name)).__name__})")
+        if not isinstance(self.scale_dtype, DType):
+            fail(f"scale_dtype={self.scale_dtype!r} must be a DType (DType.float16, DType.bfloat16 or "
+                 f"DType.float32); convert a name with DType({self.scale_dtype!r})")
+        for name, value in (("K", K), ("N", N)):
+            if value is not None and (not _is_int(value, numbers.Integral) or value < 1):
+                fail(f"{name}={value!r} must be a positive int (the weight is (N, K) = (out, in features))")
         if self.bits not in PACKING_BITS[self.packing]:
             fail(f"bits={self.bits} is not supported by packing {self.packing.value}: "
                  f"allowed {PACKING_BITS[self.packing]}")

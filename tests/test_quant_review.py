@@ -1,0 +1,40 @@
+"""Review of the quantized-weight layer: arguments that were accepted with the wrong meaning, or
+refused with a builtin error instead of portakern's, and values rounded against the contract."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from portakern.errors import InvalidInputError, InvalidTypeError
+from portakern.ir import DType, Packing, QuantFormat
+from portakern.ir import packing as P
+from portakern.quantize import quantize
+from portakern.quantized import QuantizedWeight
+
+
+# -- QuantFormat fields of the wrong type ----------------------------------------------------------
+
+@pytest.mark.parametrize("fmt, fragment", [
+    (QuantFormat(4, 32, "no"), "symmetric='no' must be True or False"),
+    (QuantFormat(4, 32, None), "symmetric=None must be True or False"),
+    (QuantFormat(4, 32, False, Packing.GPTQ, has_g_idx="no"), "has_g_idx='no' must be True or False"),
+    (QuantFormat(4, 32, True, scale_dtype="float16"), "scale_dtype='float16' must be a DType"),
+    (QuantFormat(4.0, 32, True), "bits=4.0 must be an int"),
+], ids=["symmetric-str", "symmetric-none", "has_g_idx-str", "scale_dtype-str", "bits-float"])
+def test_quant_format_refuses_fields_of_the_wrong_type(fmt, fragment):
+    with pytest.raises(InvalidInputError, match="QuantFormat: " + fragment):
+        fmt.verify(K=64, N=8)
+
+
+@pytest.mark.parametrize("K, N, fragment", [(-64, 8, "K=-64 must be a positive int"),
+                                            (0, 8, "K=0 must be a positive int"),
+                                            (64.0, 8, "K=64.0 must be a positive int"),
+                                            (64, -8, "N=-8 must be a positive int")])
+def test_quant_format_verify_refuses_bad_dimensions(K, N, fragment):
+    with pytest.raises(InvalidInputError, match="QuantFormat: " + fragment):
+        QuantFormat(4, 32, False, Packing.AWQ).verify(K=K, N=N)
+
+
+def test_quant_format_verify_takes_numpy_integer_dimensions():
+    QuantFormat(4, 32, False, Packing.AWQ).verify(K=np.int64(64), N=np.int32(8))  # no error
