@@ -357,7 +357,8 @@ def quantize_native(w: Any, bits: int = 4, group_size: int = 128, symmetric: boo
     The scale is rounded *up* to ``scale_dtype`` before the codes are computed, so the range always
     fits and ``max|w - dequant| <= scale / 2`` holds with the stored scale. An all-zero group gets
     scale 1 (any scale is exact there). Returns ``(tensors, fmt)``; raises ``InvalidInputError`` for
-    a bad shape, bits, group size, non-finite values or a scale that overflows ``scale_dtype``.
+    a bad shape, bits, group size, non-finite values or a scale that overflows ``scale_dtype``, and
+    ``InvalidTypeError`` for a ``symmetric`` that is not a bool.
     """
     w = np.asarray(w, dtype=np.float64)
     if w.ndim != 2:
@@ -365,6 +366,9 @@ def quantize_native(w: Any, bits: int = 4, group_size: int = 128, symmetric: boo
     N, K = w.shape
     if bits not in (4, 8):
         raise InvalidInputError(f"bits={bits!r} is not supported by the native packing: choose 4 or 8")
+    if not isinstance(symmetric, (bool, np.bool_)):  # bool("False") is True: refuse, never guess
+        raise InvalidTypeError(f"symmetric={symmetric!r} must be True or False (a bool, not a "
+                               f"{type(symmetric).__name__})")
     fmt = QuantFormat(bits=bits, group_size=group_size, symmetric=bool(symmetric),
                       packing=Packing.NATIVE, scale_dtype=DType.parse(scale_dtype, argument="scale_dtype"))
     fmt.verify(K=K, N=N)
@@ -382,8 +386,9 @@ def quantize_native(w: Any, bits: int = 4, group_size: int = 128, symmetric: boo
     scales = ceil_to_dtype(np.where(raw == 0, 1.0, raw), fmt.scale_dtype)
     if not np.isfinite(scales).all():
         big = float(np.abs(w).max())
+        wider = "pass scale_dtype='float32' or " if fmt.scale_dtype is DType.float16 else ""
         raise InvalidInputError(f"w has values up to {big:.4g}: its scale overflows scale_dtype="
-                                f"{fmt.scale_dtype.value}; pass scale_dtype='float32' or rescale w")
+                                f"{fmt.scale_dtype.value}; {wider}rescale w")
     s = scales[..., None]
     if symmetric:
         zeros = None

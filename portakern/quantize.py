@@ -40,6 +40,8 @@ def quantize(w: Any, *, bits: int = 4, group_size: int = 128, symmetric: bool = 
             tensors and numpy masked arrays are refused).
         InvalidInputError: bad or empty shape (N, K >= 1), bits, group size, non-finite values,
             scale overflow.
+        InvalidTypeError: also for a ``symmetric`` that is not a bool (``"False"`` is refused, not
+            read as true).
     """
     kind = kind_of(w, "w")
     check_dense_array(w, kind, "w")  # sparse torch / numpy masked: no plain values to quantize

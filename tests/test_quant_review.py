@@ -38,3 +38,24 @@ def test_quant_format_verify_refuses_bad_dimensions(K, N, fragment):
 
 def test_quant_format_verify_takes_numpy_integer_dimensions():
     QuantFormat(4, 32, False, Packing.AWQ).verify(K=np.int64(64), N=np.int32(8))  # no error
+
+
+# -- portakern.quantize --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("symmetric", ["False", "no", None, 0, 1.0])
+def test_quantize_refuses_a_symmetric_that_is_not_a_bool(symmetric):
+    w = np.linspace(0.5, 2.0, 64).reshape(2, 32)  # all positive: symmetric and asymmetric differ
+    with pytest.raises(InvalidTypeError, match=r"symmetric=.* must be True or False"):
+        quantize(w, group_size=32, symmetric=symmetric)
+
+
+def test_quantize_takes_a_numpy_bool_symmetric():
+    w = np.linspace(0.5, 2.0, 64).reshape(2, 32)
+    assert quantize(w, group_size=32, symmetric=np.bool_(True)).fmt.symmetric is True
+
+
+def test_quantize_overflow_in_float32_does_not_suggest_float32():
+    with pytest.raises(InvalidInputError, match="overflows scale_dtype=float32") as e:
+        quantize(np.full((2, 32), 1e300), group_size=32, scale_dtype="float32")
+    assert "pass scale_dtype='float32'" not in str(e.value)
+    assert "rescale w" in str(e.value)
