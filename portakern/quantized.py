@@ -31,13 +31,21 @@ class QuantizedWeight:
     """
 
     def __init__(self, fmt: QuantFormat, N: int, K: int, tensors: dict[str, Any]):
+        """Wrap packed ``tensors`` holding a ``(N, K)`` weight in format ``fmt``; no data is copied.
+
+        Raises ``InvalidTypeError`` for a ``fmt`` that is not a ``QuantFormat``, an ``N`` or ``K``
+        that is not an integer (numpy integers are fine, bools are not), a tensor of the wrong dtype
+        or tensors in different libraries/devices; ``InvalidInputError`` for ``N`` or ``K`` < 1, an
+        invalid format, or tensors whose names or shapes do not match ``fmt``'s layout.
+        """
         if not isinstance(fmt, QuantFormat):
             raise InvalidTypeError(f"fmt is a {type(fmt).__name__}: expected a portakern.ir.QuantFormat; "
                                    "build one with QuantFormat(bits, group_size, symmetric, packing)")
+        N, K = _dimension(N, "N", "output rows"), _dimension(K, "K", "input columns")
         packing.validate_tensors(fmt, tensors, N, K)
         self.fmt = fmt
-        self.N = int(N)
-        self.K = int(K)
+        self.N = N
+        self.K = K
         self.tensors = dict(tensors)
         self.prepared: dict[tuple[str, str], Any] = {}
         self._kind, self._device = _placement(self.tensors)
@@ -288,6 +296,17 @@ def _dims2(a: Any, name: str, formula: str) -> tuple[int, int]:
     if len(a.shape) != 2:
         raise InvalidInputError(f"{name} has shape {tuple(a.shape)}: it must be 2-D {formula}")
     return int(a.shape[0]), int(a.shape[1])
+
+
+def _dimension(value: Any, name: str, what: str) -> int:
+    """``value`` as a Python int >= 1 (numpy integers too); ``InvalidTypeError`` / ``InvalidInputError``."""
+    if not _is_int(value):
+        raise InvalidTypeError(f"{name}={value!r} must be an int (the weight's {what}), not a "
+                               f"{type(value).__name__}; pass int({name})")
+    if value < 1:
+        raise InvalidInputError(f"{name}={value} must be >= 1 (the weight's {what}): an empty weight has "
+                                "nothing to quantize; skip the layer instead")
+    return int(value)
 
 
 def _group(group_size: Any, K: int) -> int:

@@ -59,3 +59,37 @@ def test_quantize_overflow_in_float32_does_not_suggest_float32():
         quantize(np.full((2, 32), 1e300), group_size=32, scale_dtype="float32")
     assert "pass scale_dtype='float32'" not in str(e.value)
     assert "rescale w" in str(e.value)
+
+
+# -- QuantizedWeight dimensions ------------------------------------------------------------------
+
+def _native(N=2, K=32):
+    return {"qweight": np.zeros((N, K // 2), np.uint8), "scales": np.ones((N, 1), np.float16)}
+
+
+@pytest.mark.parametrize("N, K, exc, fragment", [
+    (True, 32, InvalidTypeError, "N=True must be an int"),
+    (2, 32.0, InvalidTypeError, "K=32.0 must be an int"),
+    ("2", 32, InvalidTypeError, "N='2' must be an int"),
+    (0, 32, InvalidInputError, "N=0 must be >= 1"),
+], ids=["N-bool", "K-float", "N-str", "N-zero"])
+def test_quantized_weight_checks_its_dimensions(N, K, exc, fragment):
+    tensors = _native(1 if N is True else 0 if N == 0 else 2, 32)
+    with pytest.raises(exc, match=fragment):
+        QuantizedWeight(QuantFormat(4, 32, True), N, K, tensors)
+
+
+def test_quantized_weight_takes_numpy_integer_dimensions():
+    w = QuantizedWeight(QuantFormat(4, 32, True), np.int64(2), np.int32(32), _native())
+    assert w.shape == (2, 32) and type(w.N) is int and type(w.K) is int
+
+
+@pytest.mark.parametrize("build", [
+    lambda: QuantizedWeight.from_awq(np.zeros((0, 2), np.int32), np.zeros((0, 2), np.int32),
+                                     np.zeros((0, 16), np.float16), group_size=32),
+    lambda: QuantizedWeight.from_gptq(np.zeros((8, 0), np.int32), np.zeros((2, 0), np.int32),
+                                      np.zeros((2, 0), np.float16), group_size=32),
+], ids=["awq-K0", "gptq-N0"])
+def test_checkpoint_constructors_refuse_an_empty_weight(build):
+    with pytest.raises(InvalidInputError, match="must be a positive int"):
+        build()
