@@ -116,7 +116,11 @@ def _check_range(name: str, a: np.ndarray, lo: int, hi: int, rule: str) -> None:
 
 
 def check_g_idx(g_idx: np.ndarray, K: int, group_size: int, argument: str = "g_idx") -> None:
-    """Raise ``InvalidInputError`` unless ``g_idx`` is (K,) with every group in [0, K // group_size)."""
+    """Raise ``InvalidInputError`` unless ``g_idx`` is (K,) with every group in [0, K // group_size);
+    ``InvalidTypeError`` unless it holds integers (a float index would be truncated, not refused)."""
+    if not np.issubdtype(g_idx.dtype, np.integer):
+        raise InvalidTypeError(f"{argument} has dtype {g_idx.dtype}: it must hold integer group indices; "
+                               "convert exact values with .astype(numpy.int32)")
     if g_idx.shape != (K,):
         raise InvalidInputError(f"{argument} has shape {g_idx.shape}: it must be (K,) = ({K},), the group "
                                 "of each input channel")
@@ -145,12 +149,19 @@ def _unpack_words(words: np.ndarray, order: tuple[int, ...]) -> np.ndarray:
 
 
 def _store_scales(scales: np.ndarray, dtype: DType) -> np.ndarray:
-    """Scales in ``dtype`` (round to nearest); bfloat16 becomes float32 holding bf16 values."""
+    """Scales in ``dtype`` (round to nearest, ties to even); bfloat16 becomes float32 holding bf16 values.
+
+    bfloat16 is rounded straight from float64 (8 significant bits, subnormal step 2^-133): going
+    through float32 first would round twice, and a value just above a bf16 midpoint would land on
+    it and then go to even -- one bf16 step off.
+    """
     s = np.asarray(scales, dtype=np.float64)
     if dtype is DType.bfloat16:
-        bits = s.astype(np.float32).view(np.uint32)
-        bits = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
-        return bits.view(np.float32)
+        finite = np.isfinite(s)
+        _, e = np.frexp(np.where(finite & (s != 0), s, 1.0))      # |s| in [2^(e-1), 2^e)
+        step = np.ldexp(1.0, np.maximum(e - 8, -133))              # one bf16 unit in the last place
+        with np.errstate(over="ignore"):                           # past the bf16 maximum: +-inf
+            return np.where(finite, np.round(s / step) * step, s).astype(np.float32)
     return s.astype(np.float16 if dtype is DType.float16 else np.float32)
 
 
@@ -298,7 +309,11 @@ def pack(fmt: QuantFormat, codes: Any, scales: Any, zeros: Any, N: int, K: int,
                                 f"integer array of shape (N, K) = ({N}, {K})")
     lo, hi = (-128, 127) if fmt.packing is Packing.GGUF_Q8_0 else (0, (1 << fmt.bits) - 1)
     _check_range("codes", codes, lo, hi, f"{fmt.bits}-bit {fmt.packing.value} codes")
-    scales = np.asarray(scales, dtype=np.float64)
+    try:
+        scales = np.asarray(scales, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InvalidTypeError(f"scales is a {type(scales).__name__} that does not convert to float64: pass "
+                               f"real numbers, shape (N, K // group_size) = ({N}, {ng})") from None
     if scales.shape != (N, ng):
         raise InvalidInputError(f"scales has shape {scales.shape}: it must be (N, K // group_size) = ({N}, {ng})")
     if fmt.symmetric:

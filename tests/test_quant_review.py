@@ -93,3 +93,33 @@ def test_quantized_weight_takes_numpy_integer_dimensions():
 def test_checkpoint_constructors_refuse_an_empty_weight(build):
     with pytest.raises(InvalidInputError, match="must be a positive int"):
         build()
+
+
+# -- pack ------------------------------------------------------------------------------------------
+
+def test_pack_refuses_a_float_g_idx_instead_of_truncating_it():
+    fmt = QuantFormat(4, 16, False, Packing.GPTQ, has_g_idx=True)
+    g_idx = np.repeat([0.9, 1.9], 16)  # int32 truncation would silently read groups 0, 1
+    with pytest.raises(InvalidTypeError, match=r"g_idx has dtype float64: .*integer"):
+        P.pack(fmt, np.zeros((8, 32), int), np.ones((8, 2)), np.ones((8, 2), int), 8, 32, g_idx=g_idx)
+
+
+def test_pack_refuses_scales_that_are_not_numbers():
+    with pytest.raises(InvalidTypeError, match="scales"):
+        P.pack(QuantFormat(4, 32, True), np.zeros((2, 32), int), "a", None, 2, 32)
+
+
+def test_pack_rounds_bfloat16_scales_to_nearest_from_float64():
+    """1 + 2^-8 + 2^-30 is just above the bf16 midpoint 1 + 2^-8: nearest is 1 + 2^-7. Rounding to
+    float32 first lands exactly on the midpoint, and ties-to-even then gives 1.0."""
+    x = 1 + 2.0**-8 + 2.0**-30
+    t = P.pack(QuantFormat(4, 32, True, scale_dtype=DType.bfloat16), np.zeros((1, 32), int), [[x]], None, 1, 32)
+    assert float(t["scales"][0, 0]) == 1 + 2.0**-7
+    # ties still go to even, and the bf16 subnormals and overflow behave
+    vals = np.array([1 + 2.0**-8, 1 + 3 * 2.0**-8, 3 * 2.0**-134, 3.0**200, -(1 + 2.0**-8 + 2.0**-30), 0.0, -0.0])
+    t = P.pack(QuantFormat(4, 32, True, scale_dtype=DType.bfloat16), np.zeros((7, 32), int), vals[:, None],
+               None, 7, 32)
+    got = t["scales"][:, 0].astype(np.float64)
+    assert got[:3].tolist() == [1.0, 1 + 2.0**-6, 2.0**-132]  # the last: a tie among bf16 subnormals
+    assert np.isinf(got[3]) and got[4] == -(1 + 2.0**-7)
+    assert got[5] == 0 and np.signbit(got[6])
