@@ -129,7 +129,8 @@ class QuantFormat:
                 fail(f"group_size={self.group_size} does not divide K={K}; pick a group size that "
                      f"divides K (or pad K to a multiple of {self.group_size})")
             if self.bits == 4 and K % 2 != 0:
-                fail(f"K={K} must be even for 4-bit packing")
+                fail(f"K={K} must be even for 4-bit packing (two codes a byte); pad K to {K + 1} with a "
+                     "zero input column")
             if self.packing is Packing.GPTQ and K % 8 != 0:
                 fail(f"K={K} must be a multiple of 8 for gptq (8 codes per int32 along K)")
         if N is not None and self.packing in (Packing.AWQ, Packing.GPTQ) and N % 8 != 0:
@@ -143,12 +144,34 @@ class QuantFormat:
         return 1 << (self.bits - 1)
 
     def to_json(self) -> dict:
+        """The format as a JSON-ready dict (enum members by value); ``from_json`` inverts it."""
         return {"bits": self.bits, "group_size": self.group_size, "symmetric": self.symmetric,
                 "packing": self.packing.value, "scale_dtype": self.scale_dtype.value,
                 "has_g_idx": self.has_g_idx}
 
     @classmethod
     def from_json(cls, d: dict) -> "QuantFormat":
+        """Rebuild a format from ``to_json()``'s dict (``has_g_idx`` may be absent: False).
+
+        Raises ``InvalidInputError`` naming the key for a missing key or an unknown packing or
+        scale dtype; the fields themselves are checked by ``verify()``.
+        """
+        from portakern.errors import InvalidInputError
+
+        def fail(msg: str) -> None:
+            raise InvalidInputError(f"QuantFormat.from_json: {msg}; pass the dict QuantFormat.to_json() made")
+
+        if not isinstance(d, dict):
+            fail(f"got a {type(d).__name__}: it must be a dict")
+        missing = [k for k in ("bits", "group_size", "symmetric", "packing", "scale_dtype") if k not in d]
+        if missing:
+            fail(f"missing {', '.join(map(repr, missing))}")
+        enums = {}
+        for key, enum_cls in (("packing", Packing), ("scale_dtype", DType)):
+            try:
+                enums[key] = enum_cls(d[key])
+            except ValueError:
+                fail(f"{key}={d[key]!r} is not one of {', '.join(m.value for m in enum_cls)}")
         return cls(bits=d["bits"], group_size=d["group_size"], symmetric=d["symmetric"],
-                   packing=Packing(d["packing"]), scale_dtype=DType(d["scale_dtype"]),
+                   packing=enums["packing"], scale_dtype=enums["scale_dtype"],
                    has_g_idx=d.get("has_g_idx", False))

@@ -167,7 +167,8 @@ class QuantizedWeight:
             kind = kind_of(g_idx, "g_idx")
             host = to_numpy(g_idx)
             if not np.issubdtype(host.dtype, np.integer):
-                raise InvalidTypeError(f"g_idx has dtype {g_idx.dtype}: it must hold integer group indices")
+                raise InvalidTypeError(f"g_idx has dtype {g_idx.dtype}: it must hold integer group indices; "
+                                      "convert exact values with .astype(numpy.int32) / .to(torch.int32)")
             QuantFormat(4, G, False, Packing.GPTQ).verify(K=K, N=N)
             packing.check_g_idx(host, K, G)
             if not np.array_equal(host, np.arange(K) // G):
@@ -294,7 +295,8 @@ def _parse_target(device: Any) -> str:
 def _dims2(a: Any, name: str, formula: str) -> tuple[int, int]:
     kind_of(a, name)
     if len(a.shape) != 2:
-        raise InvalidInputError(f"{name} has shape {tuple(a.shape)}: it must be 2-D {formula}")
+        raise InvalidInputError(f"{name} has shape {tuple(a.shape)}: it must be 2-D {formula}; pass the tensor "
+                                "as the checkpoint stores it (not flattened or transposed)")
     return int(a.shape[0]), int(a.shape[1])
 
 
@@ -339,5 +341,6 @@ def _scale_dtype(scales: Any) -> DType:
     except InvalidInputError:
         dt = None
     if dt not in (DType.float16, DType.bfloat16, DType.float32):
-        raise InvalidTypeError(f"scales has dtype {scales.dtype}: scales must be float16, bfloat16 or float32")
+        raise InvalidTypeError(f"scales has dtype {scales.dtype}: scales must be float16, bfloat16 or float32; "
+                               "convert them (numpy .astype(numpy.float16) / torch .to(torch.float16))")
     return dt

@@ -123,3 +123,42 @@ def test_pack_rounds_bfloat16_scales_to_nearest_from_float64():
     assert got[:3].tolist() == [1.0, 1 + 2.0**-6, 2.0**-132]  # the last: a tie among bf16 subnormals
     assert np.isinf(got[3]) and got[4] == -(1 + 2.0**-7)
     assert got[5] == 0 and np.signbit(got[6])
+
+
+# -- QuantFormat.from_json -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("d, fragment", [
+    ({"bits": 4, "group_size": 32, "symmetric": True, "packing": "bogus", "scale_dtype": "float16"},
+     "packing='bogus'"),
+    ({"bits": 4, "group_size": 32, "symmetric": True, "packing": "native", "scale_dtype": "float99"},
+     "scale_dtype='float99'"),
+    ({"bits": 4}, "missing 'group_size'"),
+    ([1], "must be a dict"),
+], ids=["packing", "scale_dtype", "missing", "not-a-dict"])
+def test_quant_format_from_json_errors_name_the_key(d, fragment):
+    with pytest.raises(InvalidInputError, match="QuantFormat.from_json: .*" + fragment):
+        QuantFormat.from_json(d)
+
+
+def test_quant_format_json_round_trip():
+    fmt = QuantFormat(4, 64, False, Packing.GPTQ, DType.bfloat16, has_g_idx=True)
+    assert QuantFormat.from_json(fmt.to_json()) == fmt
+
+
+# -- messages say the way out ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("build, exc, fragment", [
+    (lambda: QuantizedWeight.from_awq(np.zeros((64, 2), np.int32), np.zeros((2, 2), np.int32),
+                                      np.ones((2, 16), np.int32), group_size=32),
+     InvalidTypeError, r"scales has dtype int32: .*convert"),
+    (lambda: QuantizedWeight.from_gptq(np.zeros((8, 16), np.int32), np.zeros((2, 2), np.int32),
+                                       np.ones((2, 16), np.float16), group_size=32, g_idx=np.zeros(64)),
+     InvalidTypeError, r"g_idx has dtype float64: .*astype"),
+    (lambda: QuantizedWeight.from_awq(np.zeros(128, np.int32), np.zeros((2, 2), np.int32),
+                                      np.ones((2, 16), np.float16), group_size=32),
+     InvalidInputError, r"qweight has shape \(128,\): .*as the checkpoint stores it"),
+    (lambda: quantize(np.zeros((2, 33)), group_size=-1), InvalidInputError, r"K=33 must be even .*pad"),
+], ids=["scales-dtype", "g_idx-dtype", "qweight-1d", "odd-K"])
+def test_checkpoint_errors_say_the_way_out(build, exc, fragment):
+    with pytest.raises(exc, match=fragment):
+        build()
