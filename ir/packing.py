@@ -128,6 +128,24 @@ def check_g_idx(g_idx: np.ndarray, K: int, group_size: int, argument: str = "g_i
                  f"groups (K={K} // group_size={group_size} = {K // group_size} groups)")
 
 
+def check_bf16_carrier(fmt: QuantFormat, scales: np.ndarray, argument: str = "tensors['scales']") -> None:
+    """For a bfloat16 ``scale_dtype`` held in a float32 array (numpy has no bfloat16): raise
+    ``InvalidInputError`` unless every value is a bfloat16 value (low 16 bits zero; NaN passes).
+
+    Otherwise the float64 reference would use the float32 value while a backend that stores the
+    scales in bfloat16 rounds them: two answers for one weight.
+    """
+    if fmt.scale_dtype is not DType.bfloat16 or scales.dtype != np.float32:
+        return
+    off = ((scales.view(np.uint32) & np.uint32(0xFFFF)) != 0) & ~np.isnan(scales)
+    if off.any():
+        bad = tuple(int(i) for i in np.argwhere(off)[0])
+        raise InvalidInputError(
+            f"{argument}[{', '.join(map(str, bad))}]={scales[bad]!s} is not a bfloat16 value, but the format has "
+            "scale_dtype=bfloat16 (a float32 array may only carry bfloat16 values); round the scales to "
+            "bfloat16 first (torch .to(torch.bfloat16)) or use scale_dtype=float32")
+
+
 # -- bit helpers -------------------------------------------------------------------------------
 
 def _pack_words(nibbles: np.ndarray, order: tuple[int, ...]) -> np.ndarray:
@@ -273,9 +291,12 @@ def unpack(fmt: QuantFormat, tensors: Mapping[str, Any], N: int, K: int):
     int64 (K,), such that ``dequant[n, k] = (codes[n, k] - zeros[n, g]) * scales[n, g]`` with
     ``g = group_index[k]``. Symmetric formats get ``zeros`` filled with ``fmt.zero_point``; GGUF
     Q8_0 codes are signed with zero point 0. Raises ``InvalidInputError``/``InvalidTypeError`` for
-    tensors that do not match the layout, or a GPTQ ``g_idx`` naming a group that does not exist.
+    tensors that do not match the layout, a GPTQ ``g_idx`` naming a group that does not exist, or
+    float32 scales for a bfloat16 ``scale_dtype`` holding a value that is not a bfloat16.
     """
     validate_tensors(fmt, tensors, N, K)
+    if "scales" in tensors:  # GGUF blocks embed float16 scales
+        check_bf16_carrier(fmt, np.asarray(tensors["scales"]))
     if fmt.has_g_idx:
         check_g_idx(np.asarray(tensors["g_idx"]), K, fmt.group_size, "tensors['g_idx']")
     return _PAIRS[fmt.packing][1](fmt, tensors, N, K)

@@ -36,13 +36,16 @@ class QuantizedWeight:
         Raises ``InvalidTypeError`` for a ``fmt`` that is not a ``QuantFormat``, an ``N`` or ``K``
         that is not an integer (numpy integers are fine, bools are not), a tensor of the wrong dtype
         or tensors in different libraries/devices; ``InvalidInputError`` for ``N`` or ``K`` < 1, an
-        invalid format, or tensors whose names or shapes do not match ``fmt``'s layout.
+        invalid format, tensors whose names or shapes do not match ``fmt``'s layout, or float32
+        scales for a bfloat16 ``scale_dtype`` holding a value that is not a bfloat16.
         """
         if not isinstance(fmt, QuantFormat):
             raise InvalidTypeError(f"fmt is a {type(fmt).__name__}: expected a portakern.ir.QuantFormat; "
                                    "build one with QuantFormat(bits, group_size, symmetric, packing)")
         N, K = _dimension(N, "N", "output rows"), _dimension(K, "K", "input columns")
         packing.validate_tensors(fmt, tensors, N, K)
+        if fmt.scale_dtype is DType.bfloat16 and str(tensors["scales"].dtype).endswith("float32"):
+            packing.check_bf16_carrier(fmt, to_numpy(tensors["scales"]))  # one copy of the scales
         self.fmt = fmt
         self.N = N
         self.K = K

@@ -162,3 +162,21 @@ def test_quant_format_json_round_trip():
 def test_checkpoint_errors_say_the_way_out(build, exc, fragment):
     with pytest.raises(exc, match=fragment):
         build()
+
+
+# -- bfloat16 scales carried in float32 ------------------------------------------------------------
+
+def _bf16_weight_tensors(scale):
+    return {"qweight": np.full((1, 16), 0x99, np.uint8), "scales": np.array([[scale]], np.float32)}
+
+
+def test_float32_carrier_of_bfloat16_scales_must_hold_bfloat16_values():
+    """numpy has no bfloat16, so a bf16 format takes float32 scales holding bf16 values. 1.001 is not
+    one: the reference would use 1.001 while a backend storing bf16 uses 1.0 -- refused instead."""
+    fmt = QuantFormat(4, 32, True, scale_dtype=DType.bfloat16)
+    with pytest.raises(InvalidInputError, match=r"tensors\['scales'\]\[0, 0\]=1.001 is not a bfloat16 value"):
+        QuantizedWeight(fmt, 1, 32, _bf16_weight_tensors(1.001))
+    with pytest.raises(InvalidInputError, match="is not a bfloat16 value"):
+        P.dequantize(fmt, _bf16_weight_tensors(1.001), 1, 32)
+    w = QuantizedWeight(fmt, 1, 32, _bf16_weight_tensors(1.0078125))  # bf16-exact: fine
+    assert np.all(w.dequantize() == 1.0078125)
