@@ -319,6 +319,9 @@ def _group(group_size: Any, K: int) -> int:
     if not _is_int(group_size) or (group_size != -1 and group_size < 2):
         raise InvalidInputError(f"group_size={group_size!r} must be an int >= 2, or -1 for one group per "
                                 "row; use the value from the checkpoint's quantization config")
+    if group_size == -1 and K < 2:
+        raise InvalidInputError(f"group_size=-1 makes one group of K={K} column, but a group needs at least 2 "
+                                "columns; check that qweight is the checkpoint's tensor, shape as documented")
     return K if group_size == -1 else int(group_size)
 
 

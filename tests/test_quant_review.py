@@ -180,3 +180,15 @@ def test_float32_carrier_of_bfloat16_scales_must_hold_bfloat16_values():
         P.dequantize(fmt, _bf16_weight_tensors(1.001), 1, 32)
     w = QuantizedWeight(fmt, 1, 32, _bf16_weight_tensors(1.0078125))  # bf16-exact: fine
     assert np.all(w.dequantize() == 1.0078125)
+
+
+@pytest.mark.parametrize("build", [
+    lambda: quantize(np.zeros((2, 1)), bits=8, group_size=-1),
+    lambda: QuantizedWeight.from_awq(np.zeros((1, 1), np.int32), np.zeros((1, 1), np.int32),
+                                     np.ones((1, 8), np.float16), group_size=-1),
+], ids=["quantize", "from_awq"])
+def test_group_size_minus_one_with_a_single_column_names_what_was_passed(build):
+    """group_size=-1 is one group of K columns; with K=1 the message said 'group_size=1 must be an int
+    >= 2', a value the caller never passed."""
+    with pytest.raises(InvalidInputError, match=r"group_size=-1 .*K=1"):
+        build()
