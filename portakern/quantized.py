@@ -209,8 +209,9 @@ class QuantizedWeight:
         ``torch.device``); ``self`` when they are already there.
 
         torch tensors move with ``Tensor.to``; numpy arrays become torch tensors when a GPU device
-        is asked; cupy arrays come back to the host as numpy for "cpu". The result shares no
-        ``prepared`` cache with ``self``.
+        is asked (copied first when their strides are negative, which torch cannot wrap); cupy
+        arrays come back to the host as numpy for "cpu". The result shares no ``prepared`` cache
+        with ``self``.
         """
         target = _parse_target(device)
         here = "cpu" if self._device.type == "cpu" else f"cuda:{self._device.index}"
@@ -219,8 +220,10 @@ class QuantizedWeight:
         if target == "cpu":
             moved = {k: (v.cpu() if self._kind == "torch" else to_numpy(v)) for k, v in self.tensors.items()}
         else:
+            import numpy as np
+
             torch = _torch()
-            moved = {k: (torch.from_numpy(v) if self._kind == "numpy" else
+            moved = {k: (torch.from_numpy(np.ascontiguousarray(to_numpy(v))) if self._kind == "numpy" else
                          torch.from_dlpack(v) if self._kind == "cupy" else v).to(target)
                      for k, v in self.tensors.items()}
         return self.with_tensors(moved)

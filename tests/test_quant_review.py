@@ -192,3 +192,22 @@ def test_group_size_minus_one_with_a_single_column_names_what_was_passed(build):
     >= 2', a value the caller never passed."""
     with pytest.raises(InvalidInputError, match=r"group_size=-1 .*K=1"):
         build()
+
+
+# -- device moves ----------------------------------------------------------------------------------
+
+torch = pytest.importorskip("torch")
+
+
+def test_to_cuda_takes_numpy_views_with_negative_strides(monkeypatch):
+    """``torch.from_numpy`` refuses negative strides: ``.to("cuda")`` of a weight built from reversed
+    numpy views raised torch's bare ValueError. The host side of the move is what is checked here, so
+    ``Tensor.to`` is made to stay on the CPU (no GPU needed)."""
+    targets = []
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: (targets.append(a), self)[1])
+    w = quantize(np.linspace(-1, 1, 8 * 64).reshape(8, 64), group_size=32)
+    flipped = QuantizedWeight(w.fmt, 8, 64, {k: v[::-1].copy()[::-1] for k, v in w.tensors.items()})
+    assert all(v.strides[0] < 0 for v in flipped.tensors.values())
+    moved = flipped.to("cuda:0")
+    assert ("cuda:0",) in targets and all(isinstance(t, torch.Tensor) for t in moved.tensors.values())
+    np.testing.assert_array_equal(moved.dequantize().numpy(), w.dequantize())
