@@ -102,10 +102,18 @@ def validate_tensors(fmt: QuantFormat, tensors: Mapping[str, Any], N: int, K: in
             raise InvalidInputError(f"{label(name)} has shape {tuple(a.shape)} but {where} needs "
                                     f"{formula} = {shape}{hint}")
         if _dtype_name(a) not in dtypes:
-            raise InvalidTypeError(
-                f"{label(name)} has dtype {_dtype_name(a)} but {where} stores it as {' or '.join(dtypes)}; "
-                f"convert it (numpy .astype / torch .to) or, for packed words of another integer "
-                f"type, reinterpret the bits with .view")
+            raise InvalidTypeError(f"{label(name)} has dtype {_dtype_name(a)} but {where} stores it as "
+                                   f"{' or '.join(dtypes)}; {_dtype_hint(_dtype_name(a), dtypes[0])}")
+
+
+def _dtype_hint(have: str, want: str) -> str:
+    """How to get from dtype ``have`` to ``want``: reinterpret words of the same width (uint32 packed
+    words are int32 words), convert everything else (int64 words wrap to the same 32 bits)."""
+    if want == "int32" and have == "uint32":
+        return "reinterpret the same bits with .view(numpy.int32) (torch: .view(torch.int32))"
+    if want == "bfloat16":  # numpy has none: float32 carries bf16 values
+        return "convert it with torch .to(torch.bfloat16) (numpy: float32 holding bfloat16 values)"
+    return f"convert it with .astype(numpy.{want}) (torch: .to(torch.{want}))"
 
 
 def _check_range(name: str, a: np.ndarray, lo: int, hi: int, rule: str) -> None:

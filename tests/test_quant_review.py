@@ -211,3 +211,37 @@ def test_to_cuda_takes_numpy_views_with_negative_strides(monkeypatch):
     moved = flipped.to("cuda:0")
     assert ("cuda:0",) in targets and all(isinstance(t, torch.Tensor) for t in moved.tensors.values())
     np.testing.assert_array_equal(moved.dequantize().numpy(), w.dequantize())
+
+
+# -- packed words of another integer type -----------------------------------------------------------
+
+def test_int64_words_are_told_to_convert_not_to_view():
+    """``.view(int32)`` of an int64 (K, N // 8) array doubles its columns: the old hint pointed there."""
+    qw = np.zeros((64, 2), np.int64)
+    with pytest.raises(InvalidTypeError, match=r"qweight has dtype int64 .*\.astype\(numpy\.int32\)") as e:
+        QuantizedWeight.from_awq(qw, np.zeros((2, 2), np.int32), np.ones((2, 16), np.float16), group_size=32)
+    assert ".view" not in str(e.value)
+
+
+def test_uint32_words_are_told_to_view():
+    qw = np.zeros((64, 2), np.uint32)
+    with pytest.raises(InvalidTypeError, match=r"qweight has dtype uint32 .*\.view\(numpy\.int32\)"):
+        QuantizedWeight.from_awq(qw, np.zeros((2, 2), np.int32), np.ones((2, 16), np.float16), group_size=32)
+
+
+def test_int64_words_converted_as_told_dequantize_the_same():
+    rng = np.random.default_rng(5)
+    qw = rng.integers(-2**31, 2**31, (64, 2)).astype(np.int32)
+    qz = rng.integers(-2**31, 2**31, (2, 2)).astype(np.int32)
+    sc = np.ones((2, 16), np.float16)
+    unsigned = qw.view(np.uint32).astype(np.int64)  # words read as unsigned, widened
+    a = QuantizedWeight.from_awq(qw, qz, sc, group_size=32).dequantize()
+    b = QuantizedWeight.from_awq(unsigned.astype(np.int32), qz, sc, group_size=32).dequantize()
+    np.testing.assert_array_equal(a, b)
+
+
+def test_bfloat16_scales_hint_names_no_numpy_bfloat16():
+    fmt = QuantFormat(4, 32, True, scale_dtype=DType.bfloat16)
+    with pytest.raises(InvalidTypeError, match=r"float32 holding bfloat16 values") as e:
+        P.validate_tensors(fmt, {"qweight": np.zeros((2, 16), np.uint8), "scales": np.zeros((2, 1))}, 2, 32)
+    assert "numpy.bfloat16" not in str(e.value)
