@@ -102,10 +102,18 @@ def validate_tensors(fmt: QuantFormat, tensors: Mapping[str, Any], N: int, K: in
             raise InvalidInputError(f"{label(name)} has shape {tuple(a.shape)} but {where} needs "
                                     f"{formula} = {shape}{hint}")
         if _dtype_name(a) not in dtypes:
-            raise InvalidTypeError(
-                f"{label(name)} has dtype {_dtype_name(a)} but {where} stores it as {' or '.join(dtypes)}; "
-                f"convert it (numpy .astype / torch .to) or, for packed words of another integer "
-                f"type, reinterpret the bits with .view")
+            raise InvalidTypeError(f"{label(name)} has dtype {_dtype_name(a)} but {where} stores it as "
+                                   f"{' or '.join(dtypes)}; {_dtype_hint(_dtype_name(a), dtypes[0])}")
+
+
+def _dtype_hint(have: str, want: str) -> str:
+    """How to get from dtype ``have`` to ``want``: reinterpret words of the same width (uint32 packed
+    words are int32 words), convert everything else (int64 words wrap to the same 32 bits)."""
+    if want == "int32" and have == "uint32":
+        return "reinterpret the same bits with .view(numpy.int32) (torch: .view(torch.int32))"
+    if want == "bfloat16":  # numpy has none: float32 carries bf16 values
+        return "convert it with torch .to(torch.bfloat16) (numpy: float32 holding bfloat16 values)"
+    return f"convert it with .astype(numpy.{want}) (torch: .to(torch.{want}))"
 
 
 def _check_range(name: str, a: np.ndarray, lo: int, hi: int, rule: str) -> None:
@@ -116,12 +124,34 @@ def _check_range(name: str, a: np.ndarray, lo: int, hi: int, rule: str) -> None:
 
 
 def check_g_idx(g_idx: np.ndarray, K: int, group_size: int, argument: str = "g_idx") -> None:
-    """Raise ``InvalidInputError`` unless ``g_idx`` is (K,) with every group in [0, K // group_size)."""
+    """Raise ``InvalidInputError`` unless ``g_idx`` is (K,) with every group in [0, K // group_size);
+    ``InvalidTypeError`` unless it holds integers (a float index would be truncated, not refused)."""
+    if not np.issubdtype(g_idx.dtype, np.integer):
+        raise InvalidTypeError(f"{argument} has dtype {g_idx.dtype}: it must hold integer group indices; "
+                               "convert exact values with .astype(numpy.int32)")
     if g_idx.shape != (K,):
         raise InvalidInputError(f"{argument} has shape {g_idx.shape}: it must be (K,) = ({K},), the group "
                                 "of each input channel")
     _check_range(argument, g_idx, 0, K // group_size - 1,
                  f"groups (K={K} // group_size={group_size} = {K // group_size} groups)")
+
+
+def check_bf16_carrier(fmt: QuantFormat, scales: np.ndarray, argument: str = "tensors['scales']") -> None:
+    """For a bfloat16 ``scale_dtype`` held in a float32 array (numpy has no bfloat16): raise
+    ``InvalidInputError`` unless every value is a bfloat16 value (low 16 bits zero; NaN passes).
+
+    Otherwise the float64 reference would use the float32 value while a backend that stores the
+    scales in bfloat16 rounds them: two answers for one weight.
+    """
+    if fmt.scale_dtype is not DType.bfloat16 or scales.dtype != np.float32:
+        return
+    off = ((scales.view(np.uint32) & np.uint32(0xFFFF)) != 0) & ~np.isnan(scales)
+    if off.any():
+        bad = tuple(int(i) for i in np.argwhere(off)[0])
+        raise InvalidInputError(
+            f"{argument}[{', '.join(map(str, bad))}]={scales[bad]!s} is not a bfloat16 value, but the format has "
+            "scale_dtype=bfloat16 (a float32 array may only carry bfloat16 values); round the scales to "
+            "bfloat16 first (torch .to(torch.bfloat16)) or use scale_dtype=float32")
 
 
 # -- bit helpers -------------------------------------------------------------------------------
@@ -145,12 +175,19 @@ def _unpack_words(words: np.ndarray, order: tuple[int, ...]) -> np.ndarray:
 
 
 def _store_scales(scales: np.ndarray, dtype: DType) -> np.ndarray:
-    """Scales in ``dtype`` (round to nearest); bfloat16 becomes float32 holding bf16 values."""
+    """Scales in ``dtype`` (round to nearest, ties to even); bfloat16 becomes float32 holding bf16 values.
+
+    bfloat16 is rounded straight from float64 (8 significant bits, subnormal step 2^-133): going
+    through float32 first would round twice, and a value just above a bf16 midpoint would land on
+    it and then go to even -- one bf16 step off.
+    """
     s = np.asarray(scales, dtype=np.float64)
     if dtype is DType.bfloat16:
-        bits = s.astype(np.float32).view(np.uint32)
-        bits = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
-        return bits.view(np.float32)
+        finite = np.isfinite(s)
+        _, e = np.frexp(np.where(finite & (s != 0), s, 1.0))      # |s| in [2^(e-1), 2^e)
+        step = np.ldexp(1.0, np.maximum(e - 8, -133))              # one bf16 unit in the last place
+        with np.errstate(over="ignore"):                           # past the bf16 maximum: +-inf
+            return np.where(finite, np.round(s / step) * step, s).astype(np.float32)
     return s.astype(np.float16 if dtype is DType.float16 else np.float32)
 
 
@@ -262,9 +299,12 @@ def unpack(fmt: QuantFormat, tensors: Mapping[str, Any], N: int, K: int):
     int64 (K,), such that ``dequant[n, k] = (codes[n, k] - zeros[n, g]) * scales[n, g]`` with
     ``g = group_index[k]``. Symmetric formats get ``zeros`` filled with ``fmt.zero_point``; GGUF
     Q8_0 codes are signed with zero point 0. Raises ``InvalidInputError``/``InvalidTypeError`` for
-    tensors that do not match the layout, or a GPTQ ``g_idx`` naming a group that does not exist.
+    tensors that do not match the layout, a GPTQ ``g_idx`` naming a group that does not exist, or
+    float32 scales for a bfloat16 ``scale_dtype`` holding a value that is not a bfloat16.
     """
     validate_tensors(fmt, tensors, N, K)
+    if "scales" in tensors:  # GGUF blocks embed float16 scales
+        check_bf16_carrier(fmt, np.asarray(tensors["scales"]))
     if fmt.has_g_idx:
         check_g_idx(np.asarray(tensors["g_idx"]), K, fmt.group_size, "tensors['g_idx']")
     return _PAIRS[fmt.packing][1](fmt, tensors, N, K)
@@ -298,7 +338,11 @@ def pack(fmt: QuantFormat, codes: Any, scales: Any, zeros: Any, N: int, K: int,
                                 f"integer array of shape (N, K) = ({N}, {K})")
     lo, hi = (-128, 127) if fmt.packing is Packing.GGUF_Q8_0 else (0, (1 << fmt.bits) - 1)
     _check_range("codes", codes, lo, hi, f"{fmt.bits}-bit {fmt.packing.value} codes")
-    scales = np.asarray(scales, dtype=np.float64)
+    try:
+        scales = np.asarray(scales, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InvalidTypeError(f"scales is a {type(scales).__name__} that does not convert to float64: pass "
+                               f"real numbers, shape (N, K // group_size) = ({N}, {ng})") from None
     if scales.shape != (N, ng):
         raise InvalidInputError(f"scales has shape {scales.shape}: it must be (N, K // group_size) = ({N}, {ng})")
     if fmt.symmetric:
@@ -357,7 +401,8 @@ def quantize_native(w: Any, bits: int = 4, group_size: int = 128, symmetric: boo
     The scale is rounded *up* to ``scale_dtype`` before the codes are computed, so the range always
     fits and ``max|w - dequant| <= scale / 2`` holds with the stored scale. An all-zero group gets
     scale 1 (any scale is exact there). Returns ``(tensors, fmt)``; raises ``InvalidInputError`` for
-    a bad shape, bits, group size, non-finite values or a scale that overflows ``scale_dtype``.
+    a bad shape, bits, group size, non-finite values or a scale that overflows ``scale_dtype``, and
+    ``InvalidTypeError`` for a ``symmetric`` that is not a bool.
     """
     w = np.asarray(w, dtype=np.float64)
     if w.ndim != 2:
@@ -365,6 +410,9 @@ def quantize_native(w: Any, bits: int = 4, group_size: int = 128, symmetric: boo
     N, K = w.shape
     if bits not in (4, 8):
         raise InvalidInputError(f"bits={bits!r} is not supported by the native packing: choose 4 or 8")
+    if not isinstance(symmetric, (bool, np.bool_)):  # bool("False") is True: refuse, never guess
+        raise InvalidTypeError(f"symmetric={symmetric!r} must be True or False (a bool, not a "
+                               f"{type(symmetric).__name__})")
     fmt = QuantFormat(bits=bits, group_size=group_size, symmetric=bool(symmetric),
                       packing=Packing.NATIVE, scale_dtype=DType.parse(scale_dtype, argument="scale_dtype"))
     fmt.verify(K=K, N=N)
@@ -382,8 +430,9 @@ def quantize_native(w: Any, bits: int = 4, group_size: int = 128, symmetric: boo
     scales = ceil_to_dtype(np.where(raw == 0, 1.0, raw), fmt.scale_dtype)
     if not np.isfinite(scales).all():
         big = float(np.abs(w).max())
+        wider = "pass scale_dtype='float32' or " if fmt.scale_dtype is DType.float16 else ""
         raise InvalidInputError(f"w has values up to {big:.4g}: its scale overflows scale_dtype="
-                                f"{fmt.scale_dtype.value}; pass scale_dtype='float32' or rescale w")
+                                f"{fmt.scale_dtype.value}; {wider}rescale w")
     s = scales[..., None]
     if symmetric:
         zeros = None

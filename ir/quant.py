@@ -9,6 +9,7 @@ pack/unpack pair for each, and a round-trip test per packing.
 from __future__ import annotations
 
 import enum
+import numbers
 from dataclasses import dataclass
 
 from .dtypes import DType
@@ -56,6 +57,11 @@ class Packing(str, enum.Enum):
     GGUF_Q8_0 = "gguf_q8_0"
 
 
+def _is_int(x: object, kind: type = int) -> bool:
+    """An instance of ``kind`` (``int``; ``numbers.Integral`` takes numpy integers too), never a bool."""
+    return isinstance(x, kind) and not isinstance(x, bool)
+
+
 #: bits each packing can hold
 PACKING_BITS = {
     Packing.NATIVE: (4, 8),
@@ -86,6 +92,19 @@ class QuantFormat:
 
         if not isinstance(self.packing, Packing):
             fail(f"packing={self.packing!r} must be one of {', '.join(p.value for p in Packing)}")
+        if not _is_int(self.bits):
+            fail(f"bits={self.bits!r} must be an int: one of {PACKING_BITS[self.packing]} for packing "
+                 f"{self.packing.value}")
+        for name in ("symmetric", "has_g_idx"):  # a truthy string would silently pick the other layout
+            if not isinstance(getattr(self, name), bool):
+                fail(f"{name}={getattr(self, name)!r} must be True or False (a bool, not a "
+                     f"{type(getattr(self, name)).__name__})")
+        if not isinstance(self.scale_dtype, DType):
+            fail(f"scale_dtype={self.scale_dtype!r} must be a DType (DType.float16, DType.bfloat16 or "
+                 f"DType.float32); convert a name with DType({self.scale_dtype!r})")
+        for name, value in (("K", K), ("N", N)):
+            if value is not None and (not _is_int(value, numbers.Integral) or value < 1):
+                fail(f"{name}={value!r} must be a positive int (the weight is (N, K) = (out, in features))")
         if self.bits not in PACKING_BITS[self.packing]:
             fail(f"bits={self.bits} is not supported by packing {self.packing.value}: "
                  f"allowed {PACKING_BITS[self.packing]}")
@@ -110,7 +129,8 @@ class QuantFormat:
                 fail(f"group_size={self.group_size} does not divide K={K}; pick a group size that "
                      f"divides K (or pad K to a multiple of {self.group_size})")
             if self.bits == 4 and K % 2 != 0:
-                fail(f"K={K} must be even for 4-bit packing")
+                fail(f"K={K} must be even for 4-bit packing (two codes a byte); pad K to {K + 1} with a "
+                     "zero input column")
             if self.packing is Packing.GPTQ and K % 8 != 0:
                 fail(f"K={K} must be a multiple of 8 for gptq (8 codes per int32 along K)")
         if N is not None and self.packing in (Packing.AWQ, Packing.GPTQ) and N % 8 != 0:
@@ -124,12 +144,34 @@ class QuantFormat:
         return 1 << (self.bits - 1)
 
     def to_json(self) -> dict:
+        """The format as a JSON-ready dict (enum members by value); ``from_json`` inverts it."""
         return {"bits": self.bits, "group_size": self.group_size, "symmetric": self.symmetric,
                 "packing": self.packing.value, "scale_dtype": self.scale_dtype.value,
                 "has_g_idx": self.has_g_idx}
 
     @classmethod
     def from_json(cls, d: dict) -> "QuantFormat":
+        """Rebuild a format from ``to_json()``'s dict (``has_g_idx`` may be absent: False).
+
+        Raises ``InvalidInputError`` naming the key for a missing key or an unknown packing or
+        scale dtype; the fields themselves are checked by ``verify()``.
+        """
+        from portakern.errors import InvalidInputError
+
+        def fail(msg: str) -> None:
+            raise InvalidInputError(f"QuantFormat.from_json: {msg}; pass the dict QuantFormat.to_json() made")
+
+        if not isinstance(d, dict):
+            fail(f"got a {type(d).__name__}: it must be a dict")
+        missing = [k for k in ("bits", "group_size", "symmetric", "packing", "scale_dtype") if k not in d]
+        if missing:
+            fail(f"missing {', '.join(map(repr, missing))}")
+        enums = {}
+        for key, enum_cls in (("packing", Packing), ("scale_dtype", DType)):
+            try:
+                enums[key] = enum_cls(d[key])
+            except ValueError:
+                fail(f"{key}={d[key]!r} is not one of {', '.join(m.value for m in enum_cls)}")
         return cls(bits=d["bits"], group_size=d["group_size"], symmetric=d["symmetric"],
-                   packing=Packing(d["packing"]), scale_dtype=DType(d["scale_dtype"]),
+                   packing=enums["packing"], scale_dtype=enums["scale_dtype"],
                    has_g_idx=d.get("has_g_idx", False))

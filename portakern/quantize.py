@@ -40,6 +40,8 @@ def quantize(w: Any, *, bits: int = 4, group_size: int = 128, symmetric: bool = 
             tensors and numpy masked arrays are refused).
         InvalidInputError: bad or empty shape (N, K >= 1), bits, group size, non-finite values,
             scale overflow.
+        InvalidTypeError: also for a ``symmetric`` that is not a bool (``"False"`` is refused, not
+            read as true).
     """
     kind = kind_of(w, "w")
     check_dense_array(w, kind, "w")  # sparse torch / numpy masked: no plain values to quantize
@@ -60,6 +62,9 @@ def quantize(w: Any, *, bits: int = 4, group_size: int = 128, symmetric: bool = 
     if not _is_int(bits) or bits not in (4, 8):
         raise InvalidInputError(f"bits={bits!r} is not supported by portakern.quantize: choose 4 or 8")
     if group_size == -1:
+        if K < 2:
+            raise InvalidInputError(f"group_size=-1 makes one group of K={K} column, but a group needs at least 2 "
+                                    "columns; quantize a weight with K >= 2 (pad it with a zero column)")
         group_size = K
     if not _is_int(group_size) or group_size < 2:
         raise InvalidInputError(f"group_size={group_size!r} must be an int >= 2 (or -1 for one group per row)")

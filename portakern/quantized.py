@@ -31,13 +31,24 @@ class QuantizedWeight:
     """
 
     def __init__(self, fmt: QuantFormat, N: int, K: int, tensors: dict[str, Any]):
+        """Wrap packed ``tensors`` holding a ``(N, K)`` weight in format ``fmt``; no data is copied.
+
+        Raises ``InvalidTypeError`` for a ``fmt`` that is not a ``QuantFormat``, an ``N`` or ``K``
+        that is not an integer (numpy integers are fine, bools are not), a tensor of the wrong dtype
+        or tensors in different libraries/devices; ``InvalidInputError`` for ``N`` or ``K`` < 1, an
+        invalid format, tensors whose names or shapes do not match ``fmt``'s layout, or float32
+        scales for a bfloat16 ``scale_dtype`` holding a value that is not a bfloat16.
+        """
         if not isinstance(fmt, QuantFormat):
             raise InvalidTypeError(f"fmt is a {type(fmt).__name__}: expected a portakern.ir.QuantFormat; "
                                    "build one with QuantFormat(bits, group_size, symmetric, packing)")
+        N, K = _dimension(N, "N", "output rows"), _dimension(K, "K", "input columns")
         packing.validate_tensors(fmt, tensors, N, K)
+        if fmt.scale_dtype is DType.bfloat16 and str(tensors["scales"].dtype).endswith("float32"):
+            packing.check_bf16_carrier(fmt, to_numpy(tensors["scales"]))  # one copy of the scales
         self.fmt = fmt
-        self.N = int(N)
-        self.K = int(K)
+        self.N = N
+        self.K = K
         self.tensors = dict(tensors)
         self.prepared: dict[tuple[str, str], Any] = {}
         self._kind, self._device = _placement(self.tensors)
@@ -159,7 +170,8 @@ class QuantizedWeight:
             kind = kind_of(g_idx, "g_idx")
             host = to_numpy(g_idx)
             if not np.issubdtype(host.dtype, np.integer):
-                raise InvalidTypeError(f"g_idx has dtype {g_idx.dtype}: it must hold integer group indices")
+                raise InvalidTypeError(f"g_idx has dtype {g_idx.dtype}: it must hold integer group indices; "
+                                      "convert exact values with .astype(numpy.int32) / .to(torch.int32)")
             QuantFormat(4, G, False, Packing.GPTQ).verify(K=K, N=N)
             packing.check_g_idx(host, K, G)
             if not np.array_equal(host, np.arange(K) // G):
@@ -197,8 +209,9 @@ class QuantizedWeight:
         ``torch.device``); ``self`` when they are already there.
 
         torch tensors move with ``Tensor.to``; numpy arrays become torch tensors when a GPU device
-        is asked; cupy arrays come back to the host as numpy for "cpu". The result shares no
-        ``prepared`` cache with ``self``.
+        is asked (copied first when their strides are negative, which torch cannot wrap); cupy
+        arrays come back to the host as numpy for "cpu". The result shares no ``prepared`` cache
+        with ``self``.
         """
         target = _parse_target(device)
         here = "cpu" if self._device.type == "cpu" else f"cuda:{self._device.index}"
@@ -207,8 +220,10 @@ class QuantizedWeight:
         if target == "cpu":
             moved = {k: (v.cpu() if self._kind == "torch" else to_numpy(v)) for k, v in self.tensors.items()}
         else:
+            import numpy as np
+
             torch = _torch()
-            moved = {k: (torch.from_numpy(v) if self._kind == "numpy" else
+            moved = {k: (torch.from_numpy(np.ascontiguousarray(to_numpy(v))) if self._kind == "numpy" else
                          torch.from_dlpack(v) if self._kind == "cupy" else v).to(target)
                      for k, v in self.tensors.items()}
         return self.with_tensors(moved)
@@ -286,8 +301,20 @@ def _parse_target(device: Any) -> str:
 def _dims2(a: Any, name: str, formula: str) -> tuple[int, int]:
     kind_of(a, name)
     if len(a.shape) != 2:
-        raise InvalidInputError(f"{name} has shape {tuple(a.shape)}: it must be 2-D {formula}")
+        raise InvalidInputError(f"{name} has shape {tuple(a.shape)}: it must be 2-D {formula}; pass the tensor "
+                                "as the checkpoint stores it (not flattened or transposed)")
     return int(a.shape[0]), int(a.shape[1])
+
+
+def _dimension(value: Any, name: str, what: str) -> int:
+    """``value`` as a Python int >= 1 (numpy integers too); ``InvalidTypeError`` / ``InvalidInputError``."""
+    if not _is_int(value):
+        raise InvalidTypeError(f"{name}={value!r} must be an int (the weight's {what}), not a "
+                               f"{type(value).__name__}; pass int({name})")
+    if value < 1:
+        raise InvalidInputError(f"{name}={value} must be >= 1 (the weight's {what}): an empty weight has "
+                                "nothing to quantize; skip the layer instead")
+    return int(value)
 
 
 def _group(group_size: Any, K: int) -> int:
@@ -295,6 +322,9 @@ def _group(group_size: Any, K: int) -> int:
     if not _is_int(group_size) or (group_size != -1 and group_size < 2):
         raise InvalidInputError(f"group_size={group_size!r} must be an int >= 2, or -1 for one group per "
                                 "row; use the value from the checkpoint's quantization config")
+    if group_size == -1 and K < 2:
+        raise InvalidInputError(f"group_size=-1 makes one group of K={K} column, but a group needs at least 2 "
+                                "columns; check that qweight is the checkpoint's tensor, shape as documented")
     return K if group_size == -1 else int(group_size)
 
 
@@ -320,5 +350,6 @@ def _scale_dtype(scales: Any) -> DType:
     except InvalidInputError:
         dt = None
     if dt not in (DType.float16, DType.bfloat16, DType.float32):
-        raise InvalidTypeError(f"scales has dtype {scales.dtype}: scales must be float16, bfloat16 or float32")
+        raise InvalidTypeError(f"scales has dtype {scales.dtype}: scales must be float16, bfloat16 or float32; "
+                               "convert them (numpy .astype(numpy.float16) / torch .to(torch.float16))")
     return dt
