@@ -261,12 +261,28 @@ OPS = {Attention.kind: Attention, QuantGemv.kind: QuantGemv}
 
 
 def op_from_json(d: dict):
-    """Rebuild any op node from its ``to_json()`` form."""
-    try:
-        cls = OPS[d["op"]]
-    except KeyError:
+    """Rebuild any op node from its ``to_json()`` form.
+
+    Raises ``InvalidInputError`` for a ``d`` that is not a dict, names no known op, lacks a field or holds a value
+    the field cannot take (naming the key); the node's own rules are checked by its constructor and ``verify()``.
+    """
+    from portakern.errors import PortakernError
+
+    if not isinstance(d, dict):
+        _fail("op_from_json", f"got a {type(d).__name__}: it must be the dict an op's to_json() made")
+    cls = OPS.get(d.get("op"))
+    if cls is None:
         _fail("op_from_json", f"op={d.get('op')!r} is unknown: expected one of {', '.join(OPS)}")
-    return cls.from_json(d)
+    try:
+        return cls.from_json(d)
+    except PortakernError:
+        raise
+    except KeyError as e:
+        _fail("op_from_json", f"the {cls.kind} dict lacks the key {e.args[0]!r}; pass the dict "
+                              f"{cls.__name__}.to_json() made")
+    except (ValueError, TypeError) as e:
+        _fail("op_from_json", f"the {cls.kind} dict holds a value its field cannot take ({e}); pass the dict "
+                              f"{cls.__name__}.to_json() made")
 
 
 def content_hash(node) -> str:

@@ -320,3 +320,21 @@ def test_attention_shapes_per_layout():
     v = _att(kv_layout=KVLayout.VARLEN, total_q=10, total_k=20, return_lse=True)
     assert v.shapes()["q"] == (10, 4, 64) and v.shapes()["lse"] == (4, 10) and v.shapes()["cu_seqlens_k"] == (2,)
     assert a.group_size == 2 and a.flops == 2 * 1 * 4 * 4 * 8 * 128
+
+
+def test_op_from_json_names_what_is_wrong_with_the_dict():
+    """A dict an op's to_json() did not make is InvalidInputError naming the key or value (before: a bare KeyError,
+    ValueError or TypeError from the node's from_json)."""
+    from portakern.errors import InvalidInputError
+    from portakern.ir import DType, QuantFormat, QuantGemv, op_from_json
+
+    good = QuantGemv(M=1, N=64, K=128, dtype=DType.float16, fmt=QuantFormat(bits=4, group_size=32, symmetric=True)).to_json()
+    assert op_from_json(good).to_json() == good
+    with pytest.raises(InvalidInputError, match=r"op_from_json: the quant_gemv dict lacks the key 'K'"):
+        op_from_json({k: v for k, v in good.items() if k != "K"})
+    with pytest.raises(InvalidInputError, match=r"op_from_json: the quant_gemv dict holds a value .*'f17'"):
+        op_from_json({**good, "dtype": "f17"})
+    with pytest.raises(InvalidInputError, match=r"op_from_json: got a list"):
+        op_from_json([good])
+    with pytest.raises(InvalidInputError, match=r"op='conv' is unknown"):
+        op_from_json({**good, "op": "conv"})
