@@ -94,7 +94,11 @@ def _same_place(infos: dict[str, ArrayInfo]) -> None:
 
 
 def _check_last_dim_contiguous(a: Any, kind: str, argument: str, dim: str) -> None:
-    """``dim`` names the last dimension for the message: "head_dim" for q/k/v, "K" for x."""
+    """``dim`` names the last dimension for the message: "head_dim" for q/k/v, "K" for x.
+
+    A 0-d array has no last dimension: it passes here and the caller's rank check names it."""
+    if len(a.shape) == 0:
+        return
     stride = a.stride(-1) if kind == "torch" else a.strides[-1] // a.itemsize
     if a.shape[-1] > 1 and stride != 1 and 0 not in a.shape:  # an empty array has no layout to check
         raise InvalidInputError(
