@@ -51,7 +51,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, sc
       k, v: ``(B, Sk, Hkv, D)`` / ``(B, Sk, Hkv, Dv)`` keys and values; ``(num_pages, page_size,
         Hkv, D)`` when ``block_table`` is given; ``(total_k, Hkv, D)`` for varlen. ``Hq % Hkv == 0``.
       causal: bottom-right aligned causal mask (query i sees key j iff ``j <= i + Sk - Sq``).
-      window: ``(left, right)`` sliding window around the aligned diagonal; -1 = unbounded.
+      window: ``(left, right)`` sliding window around the aligned diagonal; -1 = unbounded; each side
+        at most ``2**30``.
       softcap: if > 0, scores become ``softcap * tanh(score / softcap)``.
       scale: score scale, default ``1 / sqrt(D)``.
       score_mod, mask_mod: ``portakern.ir.Expr`` trees (see ``portakern.ir.expr``) applied to

@@ -75,6 +75,19 @@ def _is_real(x: Any) -> bool:
     return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
 
 
+def _is_finite(x: Any) -> bool:
+    """A real scalar (``_is_real``) whose value is a finite float; an int too large for a float is not."""
+    try:
+        return _is_real(x) and math.isfinite(x)
+    except OverflowError:  # math.isfinite(10**400) cannot convert the int
+        return False
+
+
+#: Largest window side: ``position + side`` must not wrap in a backend's int32 position math (Triton's does;
+#: the reference's is int64), for positions up to 2**30. A longer side is unbounded in effect: -1 says so.
+WINDOW_SIDE_MAX = 2 ** 30
+
+
 def _is_int(x: Any) -> bool:
     """A Python or numpy integer scalar; bools are not integers here."""
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
@@ -124,7 +137,7 @@ def _mods(causal, window, softcap, score_mod, mask_mod) -> tuple[Expr | None, Ex
         raise InvalidInputError(f"score_mod={score_mod} is a boolean expression: pass masks as mask_mod")
     if mask_mod is not None and not mask_mod.is_bool():
         raise InvalidInputError(f"mask_mod={mask_mod} is not a boolean expression: it must say which keys are kept")
-    if not _is_real(softcap) or not math.isfinite(softcap) or softcap < 0:
+    if not _is_finite(softcap) or softcap < 0:
         raise InvalidInputError(f"softcap={softcap!r} must be a finite number >= 0 (0 disables soft-capping)")
     masks = [] if mask_mod is None else [mask_mod]
     if causal:
@@ -133,6 +146,9 @@ def _mods(causal, window, softcap, score_mod, mask_mod) -> tuple[Expr | None, Ex
         if (not isinstance(window, (tuple, list)) or len(window) != 2
                 or not all(_is_int(w) for w in window)):
             raise InvalidInputError(f"window={window!r} must be a (left, right) pair of ints; -1 means unbounded")
+        if max(window) > WINDOW_SIDE_MAX:
+            raise InvalidInputError(f"window={window!r}: each side must be at most {WINDOW_SIDE_MAX} (2**30) keys; "
+                                    "pass -1 for a side that is unbounded")
         masks.append(E.window_mask(int(window[0]), int(window[1])))
     mask = None
     for m in masks:
@@ -209,7 +225,7 @@ def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
                                 "of the number of KV heads (grouped-query attention)")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    if not _is_real(scale) or not math.isfinite(scale) or scale == 0:
+    if not _is_finite(scale) or scale == 0:
         raise InvalidInputError(f"scale={scale!r} must be a finite non-zero number (default 1/sqrt(head_dim))")
     score, mask = _mods(causal, window, softcap, score_mod, mask_mod)
     common = dict(heads_q=Hq, heads_kv=Hkv, head_dim=D, head_dim_v=Dv, dtype=qi.dtype, scale=float(scale),

@@ -67,3 +67,25 @@ def test_a_0d_q_is_named_by_the_rank_check(fresh_registry, make):
     rejects(lambda: portakern.attention(q, kv, kv), InvalidInputError, "q has shape ()", "expected 4 dimensions")
 
 
+# -- numbers too large for a float or for the index math -----------------------------------------------
+
+@pytest.mark.parametrize("option", ["scale", "softcap"])
+def test_an_int_too_large_for_a_float_is_an_invalid_input(fresh_registry, option):
+    rejects(lambda: portakern.attention(Q, Q, Q, **{option: 10 ** 400}), InvalidInputError,
+            f"{option}=1000", "must be a finite")
+
+
+@pytest.mark.parametrize("window", [(0, 2 ** 63 - 1), (2 ** 63, 0), (0, 2 ** 31 - 1), (2 ** 30 + 1, 0)])
+def test_a_window_side_past_2_30_is_rejected_not_wrapped(fresh_registry, window):
+    # (0, 2**63 - 1) wrapped in the reference's int64 position math, (0, 2**31 - 1) in Triton's int32 one:
+    # both hid every key right of the diagonal
+    rejects(lambda: portakern.attention(Q, Q, Q, window=window), InvalidInputError,
+            f"window={window!r}", "at most 1073741824", "-1")
+
+
+def test_the_largest_window_side_is_unbounded_in_effect(fresh_registry):
+    q, k, v = rand(1, 5, 4, 8, seed=1), rand(1, 9, 2, 8, seed=2), rand(1, 9, 2, 8, seed=3)
+    for window in [(0, 2 ** 30), (2 ** 30, 0), (2 ** 30, 2 ** 30)]:
+        got = portakern.attention(q, k, v, window=window, backend="cpu")
+        np.testing.assert_allclose(got, attention64(q, k, v, window), rtol=2e-6, atol=2e-6)
+
