@@ -262,10 +262,14 @@ def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
             raise InvalidInputError(f"seqlens_k has shape {sk}: expected (batch,) = ({B},)")
         if check_values:
             t, s = _host_values(block_table, qi.kind), _host_values(seqlens_k, qi.kind)
-            if (s < 0).any() or (s > bt[1] * page).any():
+            if (s < 0).any():
+                b_ = int(np.flatnonzero(s < 0)[0])
+                raise InvalidInputError(f"seqlens_k[{b_}]={int(s[b_])} is negative: key lengths must be >= 0 "
+                                        "(0 for a batch entry with no keys, whose rows return zeros)")
+            if (s > bt[1] * page).any():
                 bad = int(s.max())
                 raise InvalidInputError(f"seqlens_k has a value {bad} longer than the block table holds "
-                                        f"({bt[1]} pages x page_size {page} = {bt[1] * page} keys), or a negative one")
+                                        f"({bt[1]} pages x page_size {page} = {bt[1] * page} keys); pass a wider block_table")
             for b_ in range(B):
                 used = t[b_, : -(-int(s[b_]) // page)]
                 if used.size and (used.min() < 0 or used.max() >= P):

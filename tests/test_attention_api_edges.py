@@ -89,3 +89,13 @@ def test_the_largest_window_side_is_unbounded_in_effect(fresh_registry):
         got = portakern.attention(q, k, v, window=window, backend="cpu")
         np.testing.assert_allclose(got, attention64(q, k, v, window), rtol=2e-6, atol=2e-6)
 
+
+# -- paged lengths: a negative length is named as such ---------------------------------------------------
+
+def test_a_negative_paged_length_is_named_with_its_index(fresh_registry):
+    k = v = rand(4, 4, 2, 8)
+    msg = rejects(lambda: portakern.attention(rand(2, 1, 2, 8), k, v, block_table=np.zeros((2, 2), np.int32),
+                                              seqlens_k=np.array([4, -1], np.int32)),
+                  InvalidInputError, "seqlens_k[1]=-1", ">= 0")
+    assert "longer" not in msg  # it used to call the longest valid length (4) too long
+
