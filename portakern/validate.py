@@ -246,17 +246,23 @@ def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
                 if c[0] != 0 or (c[1:] < c[:-1]).any() or c[-1] != total:
                     raise InvalidInputError(f"{name}={c.tolist()[:8]}... must start at 0, never decrease and end at "
                                             f"{total} (the first dimension of {'q' if name.endswith('q') else 'k'})")
+        _nonempty("q", qi.shape, (("total_q", qi.shape[0], _SKIP),))
+        _nonempty("k", ki.shape, (("total_k", ki.shape[0], "with no keys every output row is 0 (lse -inf): skip the "
+                                                           "call and use zeros"),))
         op = Attention(batch=B, seqlen_q=qi.shape[0], seqlen_k=ki.shape[0], kv_layout=KVLayout.VARLEN,
                        total_q=qi.shape[0], total_k=ki.shape[0], **common)
     elif paged:
         B, Sq = qi.shape[0], qi.shape[1]
         P, page = ki.shape[0], ki.shape[1]
+        _nonempty("q", qi.shape, (("batch", B, _SKIP), ("seqlen_q", Sq, _SKIP)))
         if P < 1 or page < 1:  # page divides key positions below
             raise InvalidInputError(f"k has shape {ki.shape}: paged KV needs num_pages >= 1 and page_size >= 1 "
                                     "in (num_pages, page_size, Hkv, D)")
         bt = describe(block_table, "block_table").shape
         if len(bt) != 2 or bt[0] != B:
             raise InvalidInputError(f"block_table has shape {bt}: expected (batch, max_pages) = ({B}, max_pages)")
+        _nonempty("block_table", bt, (("max_pages", bt[1], "give every batch entry at least one page column "
+                                                           "(seqlens_k 0 marks an entry with no keys)"),))
         sk = describe(seqlens_k, "seqlens_k").shape
         if sk != (B,):
             raise InvalidInputError(f"seqlens_k has shape {sk}: expected (batch,) = ({B},)")
@@ -281,6 +287,8 @@ def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
         B, Sq, Sk = qi.shape[0], qi.shape[1], ki.shape[1]
         if ki.shape[0] != B:
             raise InvalidInputError(f"k has batch {ki.shape[0]} but q has batch {B}: they must match")
+        _nonempty("q", qi.shape, (("batch", B, _SKIP), ("seqlen_q", Sq, _SKIP)))
+        _nonempty("k", ki.shape, (("seqlen_k", Sk, _KEEP_A_KEY),))
         if seqlens_k is not None:
             sk = describe(seqlens_k, "seqlens_k").shape
             if sk != (B,):
@@ -291,6 +299,18 @@ def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
                     raise InvalidInputError(f"seqlens_k={s.tolist()[:8]} must lie in [0, {Sk}] (the key length of k)")
         op = Attention(batch=B, seqlen_q=Sq, seqlen_k=Sk, has_seqlens_k=seqlens_k is not None, **common)
     return op.verify(), qi
+
+
+_SKIP = "skip the call when there is nothing to attend"
+_KEEP_A_KEY = ("keep at least one key slot and pass seqlens_k (0 for an entry with no keys, whose rows return "
+               "zeros)")
+
+
+def _nonempty(argument: str, shape: tuple[int, ...], sizes: tuple[tuple[str, int, str], ...]) -> None:
+    """Raise naming ``argument`` and its shape when a size the node needs positive is 0 (an empty array)."""
+    for field, size, way_out in sizes:
+        if size < 1:
+            raise InvalidInputError(f"{argument} has shape {shape}: {field}={size} must be a positive int; {way_out}")
 
 
 def check_prologue(prologue) -> None:

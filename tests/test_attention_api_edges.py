@@ -99,3 +99,32 @@ def test_a_negative_paged_length_is_named_with_its_index(fresh_registry):
                   InvalidInputError, "seqlens_k[1]=-1", ">= 0")
     assert "longer" not in msg  # it used to call the longest valid length (4) too long
 
+
+# -- empty dimensions: the argument is named, with the way out --------------------------------------------
+
+@pytest.mark.parametrize("q, k, fragments", [
+    (rand(0, 4, 2, 8), rand(0, 4, 2, 8), ["q has shape (0, 4, 2, 8)", "batch=0 must be a positive int"]),
+    (rand(1, 0, 2, 8), rand(1, 4, 2, 8), ["q has shape (1, 0, 2, 8)", "seqlen_q=0 must be a positive int"]),
+    (rand(1, 4, 2, 8), rand(1, 0, 2, 8), ["k has shape (1, 0, 2, 8)", "seqlen_k=0 must be a positive int",
+                                          "seqlens_k"]),
+], ids=["batch", "seqlen_q", "seqlen_k"])
+def test_an_empty_dense_dimension_names_the_argument(fresh_registry, q, k, fragments):
+    rejects(lambda: portakern.attention(q, k, k), InvalidInputError, *fragments)
+
+
+def test_empty_varlen_arrays_name_the_argument(fresh_registry):
+    cu = np.array([0, 0], np.int32)
+    rejects(lambda: portakern.attention(rand(0, 2, 8), rand(4, 2, 8), rand(4, 2, 8), cu_seqlens_q=cu,
+                                        cu_seqlens_k=np.array([0, 4], np.int32)),
+            InvalidInputError, "q has shape (0, 2, 8)", "total_q=0", "skip the call")
+    rejects(lambda: portakern.attention(rand(4, 2, 8), rand(0, 2, 8), rand(0, 2, 8),
+                                        cu_seqlens_q=np.array([0, 4], np.int32), cu_seqlens_k=cu),
+            InvalidInputError, "k has shape (0, 2, 8)", "total_k=0", "use zeros")
+
+
+def test_a_block_table_of_no_pages_names_the_argument(fresh_registry):
+    k = v = rand(4, 4, 2, 8)
+    rejects(lambda: portakern.attention(rand(1, 3, 2, 8), k, v, block_table=np.zeros((1, 0), np.int32),
+                                        seqlens_k=np.array([0], np.int32)),
+            InvalidInputError, "block_table has shape (1, 0)", "max_pages=0", "at least one page")
+
