@@ -87,7 +87,10 @@ def to_numpy(a: Any) -> Any:
 
 
 def convert_for_backend(a: Any, backend: Any, device: Device) -> Any:
-    """Convert ``a`` to ``backend.array_kind`` on ``device``; None passes through."""
+    """Convert ``a`` to ``backend.array_kind`` on ``device``; None passes through.
+
+    numpy to torch shares memory, except a view with a negative stride, which torch cannot hold: it is copied.
+    """
     if a is None:
         return None
     kind = kind_of(a)
@@ -99,6 +102,8 @@ def convert_for_backend(a: Any, backend: Any, device: Device) -> Any:
         if kind == "torch":
             t = a
         elif kind == "numpy":
+            if any(st < 0 for st in a.strides):  # torch has no negative strides: copy such a view (a[::-1])
+                a = np.ascontiguousarray(a)
             t = torch.from_numpy(a)
         else:
             t = torch.from_dlpack(a)

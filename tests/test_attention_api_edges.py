@@ -12,7 +12,7 @@ import torch
 import portakern
 from portakern.arrays import convert_for_backend
 from portakern.devices import CPU
-from portakern.errors import InvalidInputError, InvalidTypeError, PortakernError
+from portakern.errors import InvalidInputError, PortakernError
 
 F32 = np.float32
 
@@ -128,3 +128,23 @@ def test_a_block_table_of_no_pages_names_the_argument(fresh_registry):
                                         seqlens_k=np.array([0], np.int32)),
             InvalidInputError, "block_table has shape (1, 0)", "max_pages=0", "at least one page")
 
+
+# -- numpy views with negative strides reach a torch backend -------------------------------------------------
+
+class _TorchKind:
+    name, array_kind = "torch-kind", "torch"
+
+
+def test_a_negative_stride_numpy_view_converts_for_a_torch_backend():
+    a = rand(2, 5, 3, 8)[:, ::-1]
+    t = convert_for_backend(a, _TorchKind(), CPU)
+    assert isinstance(t, torch.Tensor)
+    np.testing.assert_array_equal(t.numpy(), a)
+
+
+def test_a_negative_stride_view_runs_on_a_torch_backend(fresh_registry):
+    if "torch-eager" not in {b.name for b in portakern.backends()}:
+        pytest.skip("the example torch-eager plugin is not installed")
+    q, k, v = rand(1, 6, 4, 8, seed=4)[:, ::-1], rand(1, 7, 2, 8, seed=5), rand(1, 7, 2, 8, seed=6)[:, ::-1]
+    got = portakern.attention(q, k, v, backend="torch-eager")
+    np.testing.assert_allclose(got, attention64(q, k, v), rtol=2e-5, atol=2e-5)
