@@ -88,6 +88,11 @@ def _is_finite(x: Any) -> bool:
 WINDOW_SIDE_MAX = 2 ** 30
 
 
+def _as_bool(x: Any) -> Any:
+    """A numpy bool as the Python bool it equals; anything else unchanged (the caller type-checks it)."""
+    return bool(x) if isinstance(x, np.bool_) else x
+
+
 def _is_int(x: Any) -> bool:
     """A Python or numpy integer scalar; bools are not integers here."""
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
@@ -127,6 +132,7 @@ def _host_values(a: Any, kind: str):
 
 
 def _mods(causal, window, softcap, score_mod, mask_mod) -> tuple[Expr | None, Expr | None]:
+    causal = _as_bool(causal)
     if not isinstance(causal, bool):
         raise InvalidTypeError(f"causal={causal!r} must be True or False")
     if score_mod is not None and not isinstance(score_mod, Expr):
@@ -176,6 +182,7 @@ def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
                                "cast them to one dtype")
     for name, a in (("q", q), ("k", k), ("v", v)):
         _check_last_dim_contiguous(a, infos[name].kind, name, "head_dim")
+    return_lse = _as_bool(return_lse)
     if not isinstance(return_lse, bool):
         raise InvalidTypeError(f"return_lse={return_lse!r} must be True or False")
 

@@ -148,3 +148,15 @@ def test_a_negative_stride_view_runs_on_a_torch_backend(fresh_registry):
     q, k, v = rand(1, 6, 4, 8, seed=4)[:, ::-1], rand(1, 7, 2, 8, seed=5), rand(1, 7, 2, 8, seed=6)[:, ::-1]
     got = portakern.attention(q, k, v, backend="torch-eager")
     np.testing.assert_allclose(got, attention64(q, k, v), rtol=2e-5, atol=2e-5)
+
+
+# -- numpy booleans are booleans -------------------------------------------------------------------------
+
+def test_numpy_bools_for_causal_and_return_lse_act_like_python_bools(fresh_registry):
+    # they used to be rejected with the self-contradicting 'causal=np.True_ must be True or False'
+    q, k, v = rand(1, 5, 4, 8, seed=7), rand(1, 9, 2, 8, seed=8), rand(1, 9, 2, 8, seed=9)
+    out, lse = portakern.attention(q, k, v, causal=np.bool_(True), return_lse=np.bool_(True), backend="cpu")
+    np.testing.assert_allclose(out, attention64(q, k, v, window=(-1, 0)), rtol=2e-6, atol=2e-6)
+    assert lse.shape == (1, 4, 5) and lse.dtype == np.float32
+    plain = portakern.attention(q, k, v, causal=np.bool_(False), return_lse=np.bool_(False))
+    np.testing.assert_allclose(plain, attention64(q, k, v), rtol=2e-6, atol=2e-6)
