@@ -176,7 +176,7 @@ def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
     qi, ki, vi = infos["q"], infos["k"], infos["v"]
     for name, info in infos.items():
         if info.dtype not in STORAGE_FLOATS:
-            raise InvalidTypeError(f"{name} has dtype {info.dtype.value}: {rule}")
+            raise InvalidTypeError(f"{name} has dtype {info.dtype.value}: {rule}; cast {name} to one of them first")
     if not (qi.dtype == ki.dtype == vi.dtype):
         raise InvalidTypeError(f"q, k, v dtypes differ ({qi.dtype.value}, {ki.dtype.value}, {vi.dtype.value}): "
                                "cast them to one dtype")
@@ -194,7 +194,8 @@ def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
         info = describe(a, name, "index arrays must be int32 or int64")
         _same_place({"q": qi, name: info})
         if info.dtype not in INDEX_DTYPES:
-            raise InvalidTypeError(f"{name} has dtype {info.dtype.value}: index arrays must be int32 or int64")
+            raise InvalidTypeError(f"{name} has dtype {info.dtype.value}: index arrays must be int32 or int64; "
+                                   f"convert {name} to one of them first")
 
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     paged = block_table is not None

@@ -12,7 +12,7 @@ import torch
 import portakern
 from portakern.arrays import convert_for_backend
 from portakern.devices import CPU
-from portakern.errors import InvalidInputError, PortakernError
+from portakern.errors import InvalidInputError, InvalidTypeError, PortakernError
 
 F32 = np.float32
 
@@ -160,3 +160,20 @@ def test_numpy_bools_for_causal_and_return_lse_act_like_python_bools(fresh_regis
     assert lse.shape == (1, 4, 5) and lse.dtype == np.float32
     plain = portakern.attention(q, k, v, causal=np.bool_(False), return_lse=np.bool_(False))
     np.testing.assert_allclose(plain, attention64(q, k, v), rtol=2e-6, atol=2e-6)
+
+
+# -- dtype errors carry the way out ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("call, fragments", [
+    (lambda: portakern.attention(Q.astype(np.float64), Q.astype(np.float64), Q.astype(np.float64)),
+     ["q has dtype float64", "float16, bfloat16 or float32", "cast q to one of them"]),
+    (lambda: portakern.attention(torch.from_numpy(Q), torch.from_numpy(Q).to(torch.int32), torch.from_numpy(Q)),
+     ["k has dtype int32", "cast k to one of them"]),
+    (lambda: portakern.attention(Q, Q, Q, seqlens_k=np.array([4], np.int16)),
+     ["seqlens_k has dtype int16", "int32 or int64", "convert seqlens_k to one of them"]),
+    (lambda: portakern.attention(Q, rand(2, 4, 2, 8), rand(2, 4, 2, 8), block_table=np.zeros((1, 1), np.float32),
+                                 seqlens_k=np.array([4], np.int32)),
+     ["block_table has dtype float32", "int32 or int64", "convert block_table to one of them"]),
+], ids=["q_float64", "k_int32_torch", "seqlens_k_int16", "block_table_float32"])
+def test_a_dtype_error_says_what_to_convert(fresh_registry, call, fragments):
+    rejects(call, InvalidTypeError, *fragments)
