@@ -89,7 +89,8 @@ def to_numpy(a: Any) -> Any:
 def convert_for_backend(a: Any, backend: Any, device: Device) -> Any:
     """Convert ``a`` to ``backend.array_kind`` on ``device``; None passes through.
 
-    numpy to torch shares memory, except a view with a negative stride, which torch cannot hold: it is copied.
+    numpy to torch shares memory, except for a view torch cannot hold (a negative stride, ``a[::-1]``, or one
+    that is not a multiple of the element size, a structured array's field): that one is copied.
     """
     if a is None:
         return None
@@ -102,7 +103,7 @@ def convert_for_backend(a: Any, backend: Any, device: Device) -> Any:
         if kind == "torch":
             t = a
         elif kind == "numpy":
-            if any(st < 0 for st in a.strides):  # torch has no negative strides: copy such a view (a[::-1])
+            if any(st < 0 or st % a.itemsize for st in a.strides):  # torch.from_numpy refuses these: copy
                 a = np.ascontiguousarray(a)
             t = torch.from_numpy(a)
         else:

@@ -115,10 +115,15 @@ def _check_last_dim_contiguous(a: Any, kind: str, argument: str, dim: str) -> No
     """``dim`` names the last dimension for the message: "head_dim" for q/k/v, "K" for x.
 
     A 0-d array has no last dimension: it passes here and the caller's rank check names it."""
-    if len(a.shape) == 0:
+    if len(a.shape) == 0 or a.shape[-1] <= 1 or 0 in a.shape:  # 0-d, one element per row, or empty: no layout
         return
+    if kind != "torch" and a.strides[-1] % a.itemsize:  # a structured array's field
+        raise InvalidInputError(
+            f"{argument} has a stride of {a.strides[-1]} bytes in its last ({dim}) dimension, not a multiple of its "
+            f"{a.itemsize}-byte elements: the innermost dimension must be contiguous; pass "
+            f"numpy.ascontiguousarray({argument})")
     stride = a.stride(-1) if kind == "torch" else a.strides[-1] // a.itemsize
-    if a.shape[-1] > 1 and stride != 1 and 0 not in a.shape:  # an empty array has no layout to check
+    if stride != 1:
         raise InvalidInputError(
             f"{argument} has stride {stride} in its last ({dim}) dimension: the innermost dimension "
             f"must be contiguous; pass {argument}.contiguous() (torch) or numpy.ascontiguousarray({argument})")

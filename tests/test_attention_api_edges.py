@@ -135,8 +135,19 @@ class _TorchKind:
     name, array_kind = "torch-kind", "torch"
 
 
-def test_a_negative_stride_numpy_view_converts_for_a_torch_backend():
-    a = rand(2, 5, 3, 8)[:, ::-1]
+def _odd_row_stride(a):
+    """A view of ``a``'s values whose rows are 2 bytes apart more than the elements' size allows."""
+    rows, cols = a.shape
+    buf = np.zeros(rows * (cols * a.itemsize + 2), np.uint8)
+    view = np.ndarray((rows, cols), a.dtype, buffer=buf, strides=(cols * a.itemsize + 2, a.itemsize))
+    view[...] = a
+    return view
+
+
+@pytest.mark.parametrize("make", [lambda: rand(2, 5, 3, 8)[:, ::-1], lambda: _odd_row_stride(rand(6, 8))],
+                         ids=["negative_stride", "stride_not_a_multiple_of_itemsize"])
+def test_a_numpy_view_torch_cannot_wrap_converts_for_a_torch_backend(make):
+    a = make()
     t = convert_for_backend(a, _TorchKind(), CPU)
     assert isinstance(t, torch.Tensor)
     np.testing.assert_array_equal(t.numpy(), a)
@@ -177,3 +188,11 @@ def test_numpy_bools_for_causal_and_return_lse_act_like_python_bools(fresh_regis
 ], ids=["q_float64", "k_int32_torch", "seqlens_k_int16", "block_table_float32"])
 def test_a_dtype_error_says_what_to_convert(fresh_registry, call, fragments):
     rejects(call, InvalidTypeError, *fragments)
+
+
+def test_a_last_dimension_strided_by_an_odd_byte_count_is_not_contiguous(fresh_registry):
+    rec = np.zeros((1, 4, 2, 8), dtype=[("a", F32), ("b", np.int16)])
+    rec["a"] = Q  # a field view: float32 values 6 bytes apart, which used to pass as stride 6 // 4 = 1
+    rejects(lambda: portakern.attention(rec["a"], Q, Q), InvalidInputError,
+            "q has a stride of 6 bytes in its last (head_dim) dimension", "must be contiguous",
+            "numpy.ascontiguousarray(q)")
