@@ -288,7 +288,8 @@ def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
             if (s > bt[1] * page).any():
                 bad = int(s.max())
                 raise InvalidInputError(f"seqlens_k has a value {bad} longer than the block table holds "
-                                        f"({bt[1]} pages x page_size {page} = {bt[1] * page} keys); pass a wider block_table")
+                                        f"({bt[1]} pages x page_size {page} = {bt[1] * page} keys); pass a "
+                                        "wider block_table")
             for b_ in range(B):
                 used = t[b_, : -(-int(s[b_]) // page)]
                 if used.size and (used.min() < 0 or used.max() >= P):
