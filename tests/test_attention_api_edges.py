@@ -196,3 +196,24 @@ def test_a_last_dimension_strided_by_an_odd_byte_count_is_not_contiguous(fresh_r
     rejects(lambda: portakern.attention(rec["a"], Q, Q), InvalidInputError,
             "q has a stride of 6 bytes in its last (head_dim) dimension", "must be contiguous",
             "numpy.ascontiguousarray(q)")
+
+
+# -- explain takes exactly the arguments of the op it explains ----------------------------------------
+
+def test_explain_rejects_what_attention_rejects(fresh_registry):
+    with pytest.raises(TypeError) as direct:
+        portakern.attention(Q, Q, Q, window_size=(1, 0))
+    rejects(lambda: portakern.explain(portakern.attention, Q, Q, Q, window_size=(1, 0)), InvalidTypeError,
+            "window_size", "portakern.attention")
+    assert "window_size" in str(direct.value)
+    # a keyword of the internal validator is not an attention argument: it used to skip the index checks
+    cu = np.array([0, 9], np.int32)
+    rejects(lambda: portakern.explain("attention", Q[0], Q[0], Q[0], cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                      check_values=False), InvalidTypeError, "check_values")
+    with pytest.raises(InvalidInputError, match="must start at 0, never decrease and end at 4"):
+        portakern.explain("attention", Q[0], Q[0], Q[0], cu_seqlens_q=cu, cu_seqlens_k=cu)
+
+
+def test_explain_checks_the_backend_argument_as_attention_does(fresh_registry):
+    want = rejects(lambda: portakern.attention(Q, Q, Q, backend=3), InvalidTypeError, "backend=3", "a str")
+    assert rejects(lambda: portakern.explain(portakern.attention, Q, Q, Q, backend=3), InvalidTypeError) == want
