@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from numpy import ndarray as _ndarray
@@ -51,7 +52,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, sc
       k, v: ``(B, Sk, Hkv, D)`` / ``(B, Sk, Hkv, Dv)`` keys and values; ``(num_pages, page_size,
         Hkv, D)`` when ``block_table`` is given; ``(total_k, Hkv, D)`` for varlen. ``Hq % Hkv == 0``.
       causal: bottom-right aligned causal mask (query i sees key j iff ``j <= i + Sk - Sq``).
-      window: ``(left, right)`` sliding window around the aligned diagonal; -1 = unbounded.
+      window: ``(left, right)`` sliding window around the aligned diagonal; -1 = unbounded; each side
+        at most ``2**30``.
       softcap: if > 0, scores become ``softcap * tanh(score / softcap)``.
       scale: score scale, default ``1 / sqrt(D)``.
       score_mod, mask_mod: ``portakern.ir.Expr`` trees (see ``portakern.ir.expr``) applied to
@@ -229,15 +231,26 @@ def explain(fn, *args, **kwargs) -> Decision:
     Under ``use_policy("fastest")`` the ranking stored by an earlier call (this process or a
     previous one) orders the candidates and ``measured_us`` shows the times; before any call has
     measured, ``ranked_by`` is "not measured yet" and the order shown is by priority.
+
+    Raises:
+      InvalidTypeError when ``fn`` is neither op, or the arguments are not ones ``fn`` takes; otherwise
+      what ``fn(*args, **kwargs)`` itself would raise before running (bad input, nothing supports it).
     """
     name = fn if isinstance(fn, str) else getattr(fn, "__name__", "")
+    public = {"attention": attention, "quant_gemv": quant_gemv}.get(name)
+    if public is None:
+        raise InvalidTypeError(f"explain(fn={fn!r}): fn must be portakern.attention or portakern.quant_gemv")
+    try:  # the op's own arguments, no more (the validators take internal keywords such as check_values)
+        inspect.signature(public).bind(*args, **kwargs)
+    except TypeError as e:
+        raise InvalidTypeError(f"explain(portakern.{name}, ...): {e}; pass the arguments of portakern.{name}") \
+            from None
     backend = kwargs.pop("backend", None)
+    dispatch.override_key(backend)  # a backend= that is not a str is the type error attention() raises
     if name == "attention":
         op, info = attention_op(*args, **kwargs)
-    elif name == "quant_gemv":
-        op, info = quant_gemv_op(*args, **kwargs)
     else:
-        raise InvalidTypeError(f"explain(fn={fn!r}): fn must be portakern.attention or portakern.quant_gemv")
+        op, info = quant_gemv_op(*args, **kwargs)
     plan = dispatch.decide(op, info.device, backend)
     plan.decision.chosen = plan.order[0].name  # decide() raised if nothing supports the problem
     return plan.decision

@@ -87,7 +87,11 @@ def to_numpy(a: Any) -> Any:
 
 
 def convert_for_backend(a: Any, backend: Any, device: Device) -> Any:
-    """Convert ``a`` to ``backend.array_kind`` on ``device``; None passes through."""
+    """Convert ``a`` to ``backend.array_kind`` on ``device``; None passes through.
+
+    numpy to torch shares memory, except for a view torch cannot hold (a negative stride, ``a[::-1]``, or one
+    that is not a multiple of the element size, a structured array's field): that one is copied.
+    """
     if a is None:
         return None
     kind = kind_of(a)
@@ -99,6 +103,8 @@ def convert_for_backend(a: Any, backend: Any, device: Device) -> Any:
         if kind == "torch":
             t = a
         elif kind == "numpy":
+            if any(st < 0 or st % a.itemsize for st in a.strides):  # torch.from_numpy refuses these: copy
+                a = np.ascontiguousarray(a)
             t = torch.from_numpy(a)
         else:
             t = torch.from_dlpack(a)

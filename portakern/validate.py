@@ -75,6 +75,24 @@ def _is_real(x: Any) -> bool:
     return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
 
 
+def _is_finite(x: Any) -> bool:
+    """A real scalar (``_is_real``) whose value is a finite float; an int too large for a float is not."""
+    try:
+        return _is_real(x) and math.isfinite(x)
+    except OverflowError:  # math.isfinite(10**400) cannot convert the int
+        return False
+
+
+#: Largest window side: ``position + side`` must not wrap in a backend's int32 position math (Triton's does;
+#: the reference's is int64), for positions up to 2**30. A longer side is unbounded in effect: -1 says so.
+WINDOW_SIDE_MAX = 2 ** 30
+
+
+def _as_bool(x: Any) -> Any:
+    """A numpy bool as the Python bool it equals; anything else unchanged (the caller type-checks it)."""
+    return bool(x) if isinstance(x, np.bool_) else x
+
+
 def _is_int(x: Any) -> bool:
     """A Python or numpy integer scalar; bools are not integers here."""
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
@@ -94,9 +112,18 @@ def _same_place(infos: dict[str, ArrayInfo]) -> None:
 
 
 def _check_last_dim_contiguous(a: Any, kind: str, argument: str, dim: str) -> None:
-    """``dim`` names the last dimension for the message: "head_dim" for q/k/v, "K" for x."""
+    """``dim`` names the last dimension for the message: "head_dim" for q/k/v, "K" for x.
+
+    A 0-d array has no last dimension: it passes here and the caller's rank check names it."""
+    if len(a.shape) == 0 or a.shape[-1] <= 1 or 0 in a.shape:  # 0-d, one element per row, or empty: no layout
+        return
+    if kind != "torch" and a.strides[-1] % a.itemsize:  # a structured array's field
+        raise InvalidInputError(
+            f"{argument} has a stride of {a.strides[-1]} bytes in its last ({dim}) dimension, not a multiple of its "
+            f"{a.itemsize}-byte elements: the innermost dimension must be contiguous; pass "
+            f"numpy.ascontiguousarray({argument})")
     stride = a.stride(-1) if kind == "torch" else a.strides[-1] // a.itemsize
-    if a.shape[-1] > 1 and stride != 1 and 0 not in a.shape:  # an empty array has no layout to check
+    if stride != 1:
         raise InvalidInputError(
             f"{argument} has stride {stride} in its last ({dim}) dimension: the innermost dimension "
             f"must be contiguous; pass {argument}.contiguous() (torch) or numpy.ascontiguousarray({argument})")
@@ -110,6 +137,7 @@ def _host_values(a: Any, kind: str):
 
 
 def _mods(causal, window, softcap, score_mod, mask_mod) -> tuple[Expr | None, Expr | None]:
+    causal = _as_bool(causal)
     if not isinstance(causal, bool):
         raise InvalidTypeError(f"causal={causal!r} must be True or False")
     if score_mod is not None and not isinstance(score_mod, Expr):
@@ -120,7 +148,7 @@ def _mods(causal, window, softcap, score_mod, mask_mod) -> tuple[Expr | None, Ex
         raise InvalidInputError(f"score_mod={score_mod} is a boolean expression: pass masks as mask_mod")
     if mask_mod is not None and not mask_mod.is_bool():
         raise InvalidInputError(f"mask_mod={mask_mod} is not a boolean expression: it must say which keys are kept")
-    if not _is_real(softcap) or not math.isfinite(softcap) or softcap < 0:
+    if not _is_finite(softcap) or softcap < 0:
         raise InvalidInputError(f"softcap={softcap!r} must be a finite number >= 0 (0 disables soft-capping)")
     masks = [] if mask_mod is None else [mask_mod]
     if causal:
@@ -129,6 +157,9 @@ def _mods(causal, window, softcap, score_mod, mask_mod) -> tuple[Expr | None, Ex
         if (not isinstance(window, (tuple, list)) or len(window) != 2
                 or not all(_is_int(w) for w in window)):
             raise InvalidInputError(f"window={window!r} must be a (left, right) pair of ints; -1 means unbounded")
+        if max(window) > WINDOW_SIDE_MAX:
+            raise InvalidInputError(f"window={window!r}: each side must be at most {WINDOW_SIDE_MAX} (2**30) keys; "
+                                    "pass -1 for a side that is unbounded")
         masks.append(E.window_mask(int(window[0]), int(window[1])))
     mask = None
     for m in masks:
@@ -150,12 +181,13 @@ def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
     qi, ki, vi = infos["q"], infos["k"], infos["v"]
     for name, info in infos.items():
         if info.dtype not in STORAGE_FLOATS:
-            raise InvalidTypeError(f"{name} has dtype {info.dtype.value}: {rule}")
+            raise InvalidTypeError(f"{name} has dtype {info.dtype.value}: {rule}; cast {name} to one of them first")
     if not (qi.dtype == ki.dtype == vi.dtype):
         raise InvalidTypeError(f"q, k, v dtypes differ ({qi.dtype.value}, {ki.dtype.value}, {vi.dtype.value}): "
                                "cast them to one dtype")
     for name, a in (("q", q), ("k", k), ("v", v)):
         _check_last_dim_contiguous(a, infos[name].kind, name, "head_dim")
+    return_lse = _as_bool(return_lse)
     if not isinstance(return_lse, bool):
         raise InvalidTypeError(f"return_lse={return_lse!r} must be True or False")
 
@@ -167,7 +199,8 @@ def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
         info = describe(a, name, "index arrays must be int32 or int64")
         _same_place({"q": qi, name: info})
         if info.dtype not in INDEX_DTYPES:
-            raise InvalidTypeError(f"{name} has dtype {info.dtype.value}: index arrays must be int32 or int64")
+            raise InvalidTypeError(f"{name} has dtype {info.dtype.value}: index arrays must be int32 or int64; "
+                                   f"convert {name} to one of them first")
 
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     paged = block_table is not None
@@ -205,7 +238,7 @@ def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
                                 "of the number of KV heads (grouped-query attention)")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    if not _is_real(scale) or not math.isfinite(scale) or scale == 0:
+    if not _is_finite(scale) or scale == 0:
         raise InvalidInputError(f"scale={scale!r} must be a finite non-zero number (default 1/sqrt(head_dim))")
     score, mask = _mods(causal, window, softcap, score_mod, mask_mod)
     common = dict(heads_q=Hq, heads_kv=Hkv, head_dim=D, head_dim_v=Dv, dtype=qi.dtype, scale=float(scale),
@@ -226,26 +259,37 @@ def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
                 if c[0] != 0 or (c[1:] < c[:-1]).any() or c[-1] != total:
                     raise InvalidInputError(f"{name}={c.tolist()[:8]}... must start at 0, never decrease and end at "
                                             f"{total} (the first dimension of {'q' if name.endswith('q') else 'k'})")
+        _nonempty("q", qi.shape, (("total_q", qi.shape[0], _SKIP),))
+        _nonempty("k", ki.shape, (("total_k", ki.shape[0], "with no keys every output row is 0 (lse -inf): skip the "
+                                                           "call and use zeros"),))
         op = Attention(batch=B, seqlen_q=qi.shape[0], seqlen_k=ki.shape[0], kv_layout=KVLayout.VARLEN,
                        total_q=qi.shape[0], total_k=ki.shape[0], **common)
     elif paged:
         B, Sq = qi.shape[0], qi.shape[1]
         P, page = ki.shape[0], ki.shape[1]
+        _nonempty("q", qi.shape, (("batch", B, _SKIP), ("seqlen_q", Sq, _SKIP)))
         if P < 1 or page < 1:  # page divides key positions below
             raise InvalidInputError(f"k has shape {ki.shape}: paged KV needs num_pages >= 1 and page_size >= 1 "
                                     "in (num_pages, page_size, Hkv, D)")
         bt = describe(block_table, "block_table").shape
         if len(bt) != 2 or bt[0] != B:
             raise InvalidInputError(f"block_table has shape {bt}: expected (batch, max_pages) = ({B}, max_pages)")
+        _nonempty("block_table", bt, (("max_pages", bt[1], "give every batch entry at least one page column "
+                                                           "(seqlens_k 0 marks an entry with no keys)"),))
         sk = describe(seqlens_k, "seqlens_k").shape
         if sk != (B,):
             raise InvalidInputError(f"seqlens_k has shape {sk}: expected (batch,) = ({B},)")
         if check_values:
             t, s = _host_values(block_table, qi.kind), _host_values(seqlens_k, qi.kind)
-            if (s < 0).any() or (s > bt[1] * page).any():
+            if (s < 0).any():
+                b_ = int(np.flatnonzero(s < 0)[0])
+                raise InvalidInputError(f"seqlens_k[{b_}]={int(s[b_])} is negative: key lengths must be >= 0 "
+                                        "(0 for a batch entry with no keys, whose rows return zeros)")
+            if (s > bt[1] * page).any():
                 bad = int(s.max())
                 raise InvalidInputError(f"seqlens_k has a value {bad} longer than the block table holds "
-                                        f"({bt[1]} pages x page_size {page} = {bt[1] * page} keys), or a negative one")
+                                        f"({bt[1]} pages x page_size {page} = {bt[1] * page} keys); pass a "
+                                        "wider block_table")
             for b_ in range(B):
                 used = t[b_, : -(-int(s[b_]) // page)]
                 if used.size and (used.min() < 0 or used.max() >= P):
@@ -257,6 +301,8 @@ def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
         B, Sq, Sk = qi.shape[0], qi.shape[1], ki.shape[1]
         if ki.shape[0] != B:
             raise InvalidInputError(f"k has batch {ki.shape[0]} but q has batch {B}: they must match")
+        _nonempty("q", qi.shape, (("batch", B, _SKIP), ("seqlen_q", Sq, _SKIP)))
+        _nonempty("k", ki.shape, (("seqlen_k", Sk, _KEEP_A_KEY),))
         if seqlens_k is not None:
             sk = describe(seqlens_k, "seqlens_k").shape
             if sk != (B,):
@@ -267,6 +313,18 @@ def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
                     raise InvalidInputError(f"seqlens_k={s.tolist()[:8]} must lie in [0, {Sk}] (the key length of k)")
         op = Attention(batch=B, seqlen_q=Sq, seqlen_k=Sk, has_seqlens_k=seqlens_k is not None, **common)
     return op.verify(), qi
+
+
+_SKIP = "skip the call when there is nothing to attend"
+_KEEP_A_KEY = ("keep at least one key slot and pass seqlens_k (0 for an entry with no keys, whose rows return "
+               "zeros)")
+
+
+def _nonempty(argument: str, shape: tuple[int, ...], sizes: tuple[tuple[str, int, str], ...]) -> None:
+    """Raise naming ``argument`` and its shape when a size the node needs positive is 0 (an empty array)."""
+    for field, size, way_out in sizes:
+        if size < 1:
+            raise InvalidInputError(f"{argument} has shape {shape}: {field}={size} must be a positive int; {way_out}")
 
 
 def check_prologue(prologue) -> None:

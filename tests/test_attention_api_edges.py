@@ -1,0 +1,219 @@
+"""portakern.attention at the edges of its input domain (review-a): 0-d arrays, option values too
+large for the math, negative paged lengths, empty dimensions and numpy views a torch backend cannot
+wrap. Results are checked against a plain float64 numpy attention written here (never the IR
+expressions); every rejection is the specific portakern error, naming argument, value and rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import portakern
+from portakern.arrays import convert_for_backend
+from portakern.devices import CPU
+from portakern.errors import InvalidInputError, InvalidTypeError, PortakernError
+
+F32 = np.float32
+
+
+def rand(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(F32)
+
+
+def attention64(q, k, v, window=None):
+    """Dense BSHD float64 attention, GQA, bottom-right aligned ``window=(left, right)`` (negative = unbounded)."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    k, v = np.repeat(k, Hq // Hkv, axis=2), np.repeat(v, Hq // Hkv, axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(D)
+    i, j = np.arange(Sq)[:, None], np.arange(Sk)[None, :]
+    d = i + Sk - Sq
+    keep = np.ones((Sq, Sk), bool)
+    if window is not None:
+        left, right = window
+        if left >= 0:
+            keep &= j >= d - left
+        if right >= 0:
+            keep &= j <= d + right
+    s = np.where(keep, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    m[~np.isfinite(m)] = 0
+    p = np.exp(s - m)
+    den = p.sum(-1, keepdims=True)
+    return np.einsum("bhqk,bkhd->bqhd", np.divide(p, den, out=np.zeros_like(p), where=den > 0), v)
+
+
+def rejects(call, exc, *fragments):
+    with pytest.raises(PortakernError) as info:
+        call()
+    assert type(info.value) is exc, f"{type(info.value).__name__}: {info.value}"
+    for fragment in fragments:
+        assert fragment in str(info.value), f"{fragment!r} not in {str(info.value)!r}"
+    return str(info.value)
+
+
+Q = rand(1, 4, 2, 8)
+
+
+# -- 0-d arrays are named by the rank check, not an IndexError from the stride check -----------------
+
+@pytest.mark.parametrize("make", [lambda: np.zeros((), F32), lambda: np.float32(1.0), lambda: torch.zeros(())],
+                         ids=["numpy_0d", "numpy_scalar", "torch_0d"])
+def test_a_0d_q_is_named_by_the_rank_check(fresh_registry, make):
+    q = make()
+    kv = torch.from_numpy(Q) if isinstance(q, torch.Tensor) else Q
+    rejects(lambda: portakern.attention(q, kv, kv), InvalidInputError, "q has shape ()", "expected 4 dimensions")
+
+
+# -- numbers too large for a float or for the index math -----------------------------------------------
+
+@pytest.mark.parametrize("option", ["scale", "softcap"])
+def test_an_int_too_large_for_a_float_is_an_invalid_input(fresh_registry, option):
+    rejects(lambda: portakern.attention(Q, Q, Q, **{option: 10 ** 400}), InvalidInputError,
+            f"{option}=1000", "must be a finite")
+
+
+@pytest.mark.parametrize("window", [(0, 2 ** 63 - 1), (2 ** 63, 0), (0, 2 ** 31 - 1), (2 ** 30 + 1, 0)])
+def test_a_window_side_past_2_30_is_rejected_not_wrapped(fresh_registry, window):
+    # (0, 2**63 - 1) wrapped in the reference's int64 position math, (0, 2**31 - 1) in Triton's int32 one:
+    # both hid every key right of the diagonal
+    rejects(lambda: portakern.attention(Q, Q, Q, window=window), InvalidInputError,
+            f"window={window!r}", "at most 1073741824", "-1")
+
+
+def test_the_largest_window_side_is_unbounded_in_effect(fresh_registry):
+    q, k, v = rand(1, 5, 4, 8, seed=1), rand(1, 9, 2, 8, seed=2), rand(1, 9, 2, 8, seed=3)
+    for window in [(0, 2 ** 30), (2 ** 30, 0), (2 ** 30, 2 ** 30)]:
+        got = portakern.attention(q, k, v, window=window, backend="cpu")
+        np.testing.assert_allclose(got, attention64(q, k, v, window), rtol=2e-6, atol=2e-6)
+
+
+# -- paged lengths: a negative length is named as such ---------------------------------------------------
+
+def test_a_negative_paged_length_is_named_with_its_index(fresh_registry):
+    k = v = rand(4, 4, 2, 8)
+    msg = rejects(lambda: portakern.attention(rand(2, 1, 2, 8), k, v, block_table=np.zeros((2, 2), np.int32),
+                                              seqlens_k=np.array([4, -1], np.int32)),
+                  InvalidInputError, "seqlens_k[1]=-1", ">= 0")
+    assert "longer" not in msg  # it used to call the longest valid length (4) too long
+
+
+# -- empty dimensions: the argument is named, with the way out --------------------------------------------
+
+@pytest.mark.parametrize("q, k, fragments", [
+    (rand(0, 4, 2, 8), rand(0, 4, 2, 8), ["q has shape (0, 4, 2, 8)", "batch=0 must be a positive int"]),
+    (rand(1, 0, 2, 8), rand(1, 4, 2, 8), ["q has shape (1, 0, 2, 8)", "seqlen_q=0 must be a positive int"]),
+    (rand(1, 4, 2, 8), rand(1, 0, 2, 8), ["k has shape (1, 0, 2, 8)", "seqlen_k=0 must be a positive int",
+                                          "seqlens_k"]),
+], ids=["batch", "seqlen_q", "seqlen_k"])
+def test_an_empty_dense_dimension_names_the_argument(fresh_registry, q, k, fragments):
+    rejects(lambda: portakern.attention(q, k, k), InvalidInputError, *fragments)
+
+
+def test_empty_varlen_arrays_name_the_argument(fresh_registry):
+    cu = np.array([0, 0], np.int32)
+    rejects(lambda: portakern.attention(rand(0, 2, 8), rand(4, 2, 8), rand(4, 2, 8), cu_seqlens_q=cu,
+                                        cu_seqlens_k=np.array([0, 4], np.int32)),
+            InvalidInputError, "q has shape (0, 2, 8)", "total_q=0", "skip the call")
+    rejects(lambda: portakern.attention(rand(4, 2, 8), rand(0, 2, 8), rand(0, 2, 8),
+                                        cu_seqlens_q=np.array([0, 4], np.int32), cu_seqlens_k=cu),
+            InvalidInputError, "k has shape (0, 2, 8)", "total_k=0", "use zeros")
+
+
+def test_a_block_table_of_no_pages_names_the_argument(fresh_registry):
+    k = v = rand(4, 4, 2, 8)
+    rejects(lambda: portakern.attention(rand(1, 3, 2, 8), k, v, block_table=np.zeros((1, 0), np.int32),
+                                        seqlens_k=np.array([0], np.int32)),
+            InvalidInputError, "block_table has shape (1, 0)", "max_pages=0", "at least one page")
+
+
+# -- numpy views with negative strides reach a torch backend -------------------------------------------------
+
+class _TorchKind:
+    name, array_kind = "torch-kind", "torch"
+
+
+def _odd_row_stride(a):
+    """A view of ``a``'s values whose rows are 2 bytes apart more than the elements' size allows."""
+    rows, cols = a.shape
+    buf = np.zeros(rows * (cols * a.itemsize + 2), np.uint8)
+    view = np.ndarray((rows, cols), a.dtype, buffer=buf, strides=(cols * a.itemsize + 2, a.itemsize))
+    view[...] = a
+    return view
+
+
+@pytest.mark.parametrize("make", [lambda: rand(2, 5, 3, 8)[:, ::-1], lambda: _odd_row_stride(rand(6, 8))],
+                         ids=["negative_stride", "stride_not_a_multiple_of_itemsize"])
+def test_a_numpy_view_torch_cannot_wrap_converts_for_a_torch_backend(make):
+    a = make()
+    t = convert_for_backend(a, _TorchKind(), CPU)
+    assert isinstance(t, torch.Tensor)
+    np.testing.assert_array_equal(t.numpy(), a)
+
+
+def test_a_negative_stride_view_runs_on_a_torch_backend(fresh_registry):
+    if "torch-eager" not in {b.name for b in portakern.backends()}:
+        pytest.skip("the example torch-eager plugin is not installed")
+    q, k, v = rand(1, 6, 4, 8, seed=4)[:, ::-1], rand(1, 7, 2, 8, seed=5), rand(1, 7, 2, 8, seed=6)[:, ::-1]
+    got = portakern.attention(q, k, v, backend="torch-eager")
+    np.testing.assert_allclose(got, attention64(q, k, v), rtol=2e-5, atol=2e-5)
+
+
+# -- numpy booleans are booleans -------------------------------------------------------------------------
+
+def test_numpy_bools_for_causal_and_return_lse_act_like_python_bools(fresh_registry):
+    # they used to be rejected with the self-contradicting 'causal=np.True_ must be True or False'
+    q, k, v = rand(1, 5, 4, 8, seed=7), rand(1, 9, 2, 8, seed=8), rand(1, 9, 2, 8, seed=9)
+    out, lse = portakern.attention(q, k, v, causal=np.bool_(True), return_lse=np.bool_(True), backend="cpu")
+    np.testing.assert_allclose(out, attention64(q, k, v, window=(-1, 0)), rtol=2e-6, atol=2e-6)
+    assert lse.shape == (1, 4, 5) and lse.dtype == np.float32
+    plain = portakern.attention(q, k, v, causal=np.bool_(False), return_lse=np.bool_(False))
+    np.testing.assert_allclose(plain, attention64(q, k, v), rtol=2e-6, atol=2e-6)
+
+
+# -- dtype errors carry the way out ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("call, fragments", [
+    (lambda: portakern.attention(Q.astype(np.float64), Q.astype(np.float64), Q.astype(np.float64)),
+     ["q has dtype float64", "float16, bfloat16 or float32", "cast q to one of them"]),
+    (lambda: portakern.attention(torch.from_numpy(Q), torch.from_numpy(Q).to(torch.int32), torch.from_numpy(Q)),
+     ["k has dtype int32", "cast k to one of them"]),
+    (lambda: portakern.attention(Q, Q, Q, seqlens_k=np.array([4], np.int16)),
+     ["seqlens_k has dtype int16", "int32 or int64", "convert seqlens_k to one of them"]),
+    (lambda: portakern.attention(Q, rand(2, 4, 2, 8), rand(2, 4, 2, 8), block_table=np.zeros((1, 1), np.float32),
+                                 seqlens_k=np.array([4], np.int32)),
+     ["block_table has dtype float32", "int32 or int64", "convert block_table to one of them"]),
+], ids=["q_float64", "k_int32_torch", "seqlens_k_int16", "block_table_float32"])
+def test_a_dtype_error_says_what_to_convert(fresh_registry, call, fragments):
+    rejects(call, InvalidTypeError, *fragments)
+
+
+def test_a_last_dimension_strided_by_an_odd_byte_count_is_not_contiguous(fresh_registry):
+    rec = np.zeros((1, 4, 2, 8), dtype=[("a", F32), ("b", np.int16)])
+    rec["a"] = Q  # a field view: float32 values 6 bytes apart, which used to pass as stride 6 // 4 = 1
+    rejects(lambda: portakern.attention(rec["a"], Q, Q), InvalidInputError,
+            "q has a stride of 6 bytes in its last (head_dim) dimension", "must be contiguous",
+            "numpy.ascontiguousarray(q)")
+
+
+# -- explain takes exactly the arguments of the op it explains ----------------------------------------
+
+def test_explain_rejects_what_attention_rejects(fresh_registry):
+    with pytest.raises(TypeError) as direct:
+        portakern.attention(Q, Q, Q, window_size=(1, 0))
+    rejects(lambda: portakern.explain(portakern.attention, Q, Q, Q, window_size=(1, 0)), InvalidTypeError,
+            "window_size", "portakern.attention")
+    assert "window_size" in str(direct.value)
+    # a keyword of the internal validator is not an attention argument: it used to skip the index checks
+    cu = np.array([0, 9], np.int32)
+    rejects(lambda: portakern.explain("attention", Q[0], Q[0], Q[0], cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                      check_values=False), InvalidTypeError, "check_values")
+    with pytest.raises(InvalidInputError, match="must start at 0, never decrease and end at 4"):
+        portakern.explain("attention", Q[0], Q[0], Q[0], cu_seqlens_q=cu, cu_seqlens_k=cu)
+
+
+def test_explain_checks_the_backend_argument_as_attention_does(fresh_registry):
+    want = rejects(lambda: portakern.attention(Q, Q, Q, backend=3), InvalidTypeError, "backend=3", "a str")
+    assert rejects(lambda: portakern.explain(portakern.attention, Q, Q, Q, backend=3), InvalidTypeError) == want
