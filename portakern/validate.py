@@ -35,6 +35,10 @@ class ArrayInfo:
 _FLOAT_RULE = "float16, bfloat16 or float32"
 _ANY_RULE = "float16, bfloat16, float32, float64, int8, uint8, int32 or int64"
 
+#: float32's smallest normal and largest finite values: a scale or softcap outside them is inf / 0 / subnormal in
+#: the kernels' float32 arithmetic while the float64 reference computes with it
+_F32_TINY, _F32_MAX = 1.1754943508222875e-38, 3.4028234663852886e38
+
 
 def check_dense_array(a: Any, kind: str, argument: str) -> None:
     """Reject the array flavours whose values a kernel cannot read as a plain strided buffer.
@@ -150,6 +154,10 @@ def _mods(causal, window, softcap, score_mod, mask_mod) -> tuple[Expr | None, Ex
         raise InvalidInputError(f"mask_mod={mask_mod} is not a boolean expression: it must say which keys are kept")
     if not _is_finite(softcap) or softcap < 0:
         raise InvalidInputError(f"softcap={softcap!r} must be a finite number >= 0 (0 disables soft-capping)")
+    if softcap and not _F32_TINY <= softcap <= _F32_MAX:
+        raise InvalidInputError(f"softcap={softcap!r} is outside float32's normal range [{_F32_TINY:.3g}, "
+                                f"{_F32_MAX:.3g}], in which the kernels compute it: pass 0 to disable soft-capping "
+                                "or a cap in that range")
     masks = [] if mask_mod is None else [mask_mod]
     if causal:
         masks.insert(0, E.causal_mask())
@@ -240,6 +248,10 @@ def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
         scale = 1.0 / math.sqrt(D)
     if not _is_finite(scale) or scale == 0:
         raise InvalidInputError(f"scale={scale!r} must be a finite non-zero number (default 1/sqrt(head_dim))")
+    if not _F32_TINY <= abs(scale) <= _F32_MAX:
+        raise InvalidInputError(f"scale={scale!r} is outside float32's normal range (magnitude in [{_F32_TINY:.3g}, "
+                                f"{_F32_MAX:.3g}]), in which the kernels apply it; fold the rest into q, or leave "
+                                "scale=None for 1/sqrt(head_dim)")
     score, mask = _mods(causal, window, softcap, score_mod, mask_mod)
     common = dict(heads_q=Hq, heads_kv=Hkv, head_dim=D, head_dim_v=Dv, dtype=qi.dtype, scale=float(scale),
                   score_mod=score, mask_mod=mask, return_lse=return_lse)

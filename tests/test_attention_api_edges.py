@@ -217,3 +217,16 @@ def test_explain_rejects_what_attention_rejects(fresh_registry):
 def test_explain_checks_the_backend_argument_as_attention_does(fresh_registry):
     want = rejects(lambda: portakern.attention(Q, Q, Q, backend=3), InvalidTypeError, "backend=3", "a str")
     assert rejects(lambda: portakern.explain(portakern.attention, Q, Q, Q, backend=3), InvalidTypeError) == want
+
+
+@pytest.mark.parametrize("kw, fragment", [(dict(scale=1e39), r"scale=1e\+39 is outside float32"),
+                                          (dict(scale=-1e-39), "scale=-1e-39 is outside float32"),
+                                          (dict(softcap=1e-40), "softcap=1e-40 is outside float32"),
+                                          (dict(softcap=1e39), r"softcap=1e\+39 is outside float32")])
+def test_a_scale_or_softcap_float32_cannot_hold_is_refused(kw, fragment):
+    """The kernels compute in float32: a scale of 1e39 is inf there (NaN scores) while the float64 reference used
+    it; before, such values were accepted."""
+    q = np.ones((1, 2, 2, 8), np.float32)
+    with pytest.raises(InvalidInputError, match=fragment):
+        portakern.attention(q, q, q, **kw)
+    portakern.attention(q, q, q, scale=1e-30, softcap=0)          # in range: runs
