@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any, Callable, Sequence
 
@@ -46,7 +47,7 @@ class _UsageError(Exception):
 
 # -- parsing helpers ------------------------------------------------------------------------------
 
-def _ints(text: str, names: Sequence[str], option: str) -> tuple[int, ...]:
+def _ints(text: str, names: Sequence[str], option: str, sizes: bool = False) -> tuple[int, ...]:
     parts = [p.strip() for p in text.split(",")]
     try:
         vals = tuple(int(p) for p in parts)
@@ -55,7 +56,28 @@ def _ints(text: str, names: Sequence[str], option: str) -> tuple[int, ...]:
     if len(vals) != len(names):
         raise _UsageError(f"{option} {text!r}: expected {len(names)} comma-separated integers "
                           f"{','.join(names)}")
+    for name, v in zip(names, vals):
+        if sizes and v < 0:
+            raise _UsageError(f"{option} {text!r}: {name}={v} must be a positive integer (a size); "
+                              f"e.g. {option} {','.join(str(abs(x)) for x in vals)}")
     return vals
+
+
+#: a value such as -1,0 or -3 (argparse would take it for an option and say "expected one argument")
+_NEGATIVE_VALUE = re.compile(r"-\d[\d.,eE+-]*")
+
+
+def _join_negative_values(argv: list[str]) -> list[str]:
+    """``--window -1,0`` -> ``--window=-1,0``: an option followed by a negative number (list) takes it
+    as its value; no portakern option looks like a number, so nothing else changes."""
+    out: list[str] = []
+    for tok in argv:
+        prev = out[-1] if out else ""
+        if _NEGATIVE_VALUE.fullmatch(tok) and prev.startswith("--") and "=" not in prev:
+            out[-1] = f"{prev}={tok}"
+        else:
+            out.append(tok)
+    return out
 
 
 def _dtype(text: str):
@@ -112,7 +134,10 @@ class _Arrays:
 
 
 def _attention_call(args) -> tuple[tuple, dict]:
-    B, Sq, Sk, Hq, Hkv, D = _ints(args.shape, ("B", "Sq", "Sk", "Hq", "Hkv", "D"), "--shape")
+    B, Sq, Sk, Hq, Hkv, D = _ints(args.shape, ("B", "Sq", "Sk", "Hq", "Hkv", "D"), "--shape", sizes=True)
+    if args.dv < 0:
+        raise _UsageError(f"--dv {args.dv}: the value head dim must be a positive integer "
+                          "(leave --dv out to use D)")
     Dv = args.dv or D
     arr = _Arrays(args.device, _dtype(args.dtype))
     kwargs: dict[str, Any] = {"causal": args.causal, "return_lse": args.return_lse}
@@ -149,7 +174,7 @@ def _quant_gemv_call(args) -> tuple[tuple, dict]:
     from portakern.ir.quant import Packing, QuantFormat
     from portakern.quantized import QuantizedWeight
 
-    M, N, K = _ints(args.shape, ("M", "N", "K"), "--shape")
+    M, N, K = _ints(args.shape, ("M", "N", "K"), "--shape", sizes=True)
     try:
         packing = Packing(args.packing)
     except ValueError:
@@ -346,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _delegate(argv[0], argv[1:])
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_join_negative_values(argv))
     except SystemExit as e:  # --help, --version, or an argparse usage error (already printed)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     if not getattr(args, "func", None):
