@@ -64,9 +64,34 @@ def _run_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _usage(prog: str, err: Exception) -> int:
+def _usage(prog: str, err: Exception | str) -> int:
     print(f"{prog}: {err}", file=sys.stderr)
     return 2
+
+
+def _output_problem(option: str, path: str, example: str) -> str | None:
+    """Why ``path`` (the value of ``option``) cannot be written as one file, or None if it can."""
+    from pathlib import Path
+
+    p = Path(path)
+    if p.is_dir():
+        return f"{option} {path}: is a directory; name a file, e.g. {option} {p / example}"
+    if not p.parent.is_dir():
+        return (f"{option} {path}: the directory {p.parent} does not exist; create it first "
+                f"(mkdir -p {p.parent}) or write elsewhere")
+    return None
+
+
+def _input_problem(option: str, path: str, what: str, example: str) -> str | None:
+    """Why ``path`` (the value of ``option``) cannot be read as one file, or None if it can."""
+    from pathlib import Path
+
+    p = Path(path)
+    if p.is_dir():
+        return f"{option} {path}: is a directory; name {what}, e.g. {option} {example}"
+    if not p.exists():
+        return f"{option} {path}: no such file; name {what}, e.g. {option} {example}"
+    return None
 
 
 def cli_main(argv: Sequence[str] | None = None) -> int:
@@ -122,6 +147,10 @@ def support_main(argv: Sequence[str] | None = None) -> int:
         args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as e:
         return int(e.code or 0)
+    problem = ((args.check and _input_problem("--check", args.check, "the support matrix file", "docs/support.md"))
+               or (args.output and _output_problem("--output", args.output, "support.md")))
+    if problem:
+        return _usage(p.prog, problem)
     text = generate_markdown(builtin_only=not args.all_backends)
     if args.check:
         import difflib
@@ -130,7 +159,7 @@ def support_main(argv: Sequence[str] | None = None) -> int:
         try:
             old = Path(args.check).read_text()
         except OSError as e:
-            return _usage(p.prog, e)
+            return _usage(p.prog, f"--check {args.check}: cannot be read ({e})")
         if old == text:
             print(f"{args.check} is up to date")
             return 0
@@ -141,7 +170,10 @@ def support_main(argv: Sequence[str] | None = None) -> int:
     if args.output:
         from pathlib import Path
 
-        Path(args.output).write_text(text)
+        try:
+            Path(args.output).write_text(text)
+        except OSError as e:
+            return _usage(p.prog, f"--output {args.output}: cannot be written ({e}); write elsewhere")
     else:
         sys.stdout.write(text)
     return 0
@@ -149,6 +181,8 @@ def support_main(argv: Sequence[str] | None = None) -> int:
 
 def goldens_main(argv: Sequence[str] | None = None) -> int:
     """``portakern goldens [--force] [--check] [--cases GLOB] [--dir DIR]``."""
+    from pathlib import Path
+
     from . import goldens as G
     from .cases import all_cases, select
 
@@ -169,6 +203,9 @@ def goldens_main(argv: Sequence[str] | None = None) -> int:
         args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as e:
         return int(e.code or 0)
+    if args.dir and Path(args.dir).exists() and not Path(args.dir).is_dir():
+        return _usage(p.prog, f"--dir {args.dir}: is a file, not a golden directory; name a directory "
+                              "(--force creates it), or leave --dir out to use the package's goldens")
     cases = select(all_cases("cpu"), args.cases or None)
     if not cases:
         return _usage(p.prog, ValueError(f"--cases {args.cases} matches no cpu-tier case"))

@@ -48,3 +48,37 @@ def test_window_with_an_unbounded_left_side_is_accepted_as_documented(fresh_regi
 def test_a_negative_shape_after_a_space_names_the_rule(fresh_registry, capsys):
     code, _, err = run(capsys, *ATT, "--shape", "-1,1,8,2,2,64")
     assert code == 2 and "B=-1 must be a positive integer" in err, err
+
+
+# -- support and goldens: paths ---------------------------------------------------------------------
+
+def _conf(capsys, command, *argv) -> tuple[int, str, str]:
+    from portakern.conformance import cli as ccli
+
+    code = getattr(ccli, f"{command}_main")(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("option, kind, fragment", [
+    ("--output", "dir", "--output {p}: is a directory; name a file, e.g. --output {p}/support.md"),
+    ("--output", "missing-parent", "--output {p}: the directory {parent} does not exist; create it first"),
+    ("--check", "dir", "--check {p}: is a directory; name the support matrix file, e.g. --check docs/support.md"),
+    ("--check", "missing", "--check {p}: no such file; name the support matrix file, e.g. --check docs/support.md"),
+])
+def test_support_bad_paths_are_usage_errors(capsys, tmp_path, option, kind, fragment):
+    p = {"dir": tmp_path, "missing-parent": tmp_path / "no" / "s.md", "missing": tmp_path / "s.md"}[kind]
+    code, out, err = _conf(capsys, "support", option, str(p))
+    assert code == 2, (out, err)
+    assert fragment.format(p=p, parent=p.parent) in err, err
+    assert out == ""
+
+
+@pytest.mark.parametrize("argv", [["--force"], ["--check"], []])
+def test_goldens_dir_that_is_a_file_is_a_usage_error(capsys, tmp_path, argv):
+    f = tmp_path / "afile"
+    f.write_text("not a directory\n")
+    code, out, err = _conf(capsys, "goldens", "--dir", str(f), "--cases", "attn-d64-sq1-*", *argv)
+    assert code == 2, (out, err)
+    assert f"--dir {f}: is a file, not a golden directory; name a directory" in err, err
+    assert f.read_text() == "not a directory\n"
