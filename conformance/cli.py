@@ -14,6 +14,8 @@ import argparse
 import sys
 from typing import Sequence
 
+from portakern.cli import ArgumentParser
+
 from .report import EXIT_INTERRUPTED
 
 _RUN_EPILOG = """\
@@ -33,7 +35,7 @@ the records made so far are still printed and written to the reports, marked "in
 
 
 def _run_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="portakern conformance", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_RUN_EPILOG,
         description="Run the conformance suite (cases-v1) on backends and compare every output with the "
                     "float64 CPU-reference goldens. Tolerance: max|out - gold| <= 2 * naive error + floor "
@@ -132,7 +134,7 @@ def support_main(argv: Sequence[str] | None = None) -> int:
     """``portakern support [--markdown] [--output PATH] [--check PATH] [--all-backends]``."""
     from .support import generate_markdown
 
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="portakern support", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Generate the support matrix from every backend's supports() over the conformance "
                     "cases, for a fixed set of device descriptions (so the result is the same on any machine).",
@@ -186,7 +188,7 @@ def goldens_main(argv: Sequence[str] | None = None) -> int:
     from . import goldens as G
     from .cases import all_cases, select
 
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="portakern goldens", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Recompute the cpu-tier goldens with the float64 CPU reference and compare them with the "
                     "stored ones. Prints what changed; overwrites only with --force.",

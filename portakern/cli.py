@@ -41,6 +41,24 @@ case failed); 2 usage error (bad argument, invalid problem, missing component)
 """
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """An ``argparse.ArgumentParser`` whose usage errors end with the way out,
+    ``(see: <prog> --help)``, and that reports unknown arguments as the innermost subcommand
+    that received them (``portakern explain attention: error: unrecognized arguments: ...``)."""
+
+    def error(self, message: str):
+        """Print the usage and ``<prog>: error: <message> (see: <prog> --help)``; exit 2."""
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but unknown arguments are reported by the subcommand's parser."""
+        ns, extra = self.parse_known_args(args, namespace)
+        if extra:
+            getattr(ns, "parser_", self).error(f"unrecognized arguments: {' '.join(extra)}")
+        return ns
+
+
 class _UsageError(Exception):
     """A command-line argument the parser accepted but the command cannot use."""
 
@@ -291,7 +309,7 @@ def _delegate(command: str, argv: list[str]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
-    p = argparse.ArgumentParser(prog="portakern", formatter_class=fmt, epilog=_EPILOG,
+    p = ArgumentParser(prog="portakern", formatter_class=fmt, epilog=_EPILOG,
                                 description="Portable attention and quantized-GEMV kernels: inspect "
                                             "devices and backends, explain dispatch, run conformance.")
     p.add_argument("--version", action="version", version=f"portakern {_version()}")
@@ -300,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="devices, backends (version, devices, targets, status), plugin errors",
                           formatter_class=fmt, epilog="example:\n  portakern info --json")
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
-    info.set_defaults(func=cmd_info)
+    info.set_defaults(func=cmd_info, parser_=info)
 
     ex = sub.add_parser("explain", help="show which backend would run a problem, and why",
                         formatter_class=fmt, description="Plan a call without running it: candidates, "
@@ -326,6 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--varlen", action="store_true", help="varlen (packed) batch with cu_seqlens")
     at.add_argument("--return-lse", action="store_true", help="also return the log-sum-exp")
     _common(at)
+    at.set_defaults(parser_=at)
 
     qg = exsub.add_parser("quant_gemv", help="explain portakern.quant_gemv", formatter_class=fmt,
                           epilog="examples:\n"
@@ -344,6 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="silu_mul: x is (M, 2K), gate then up, and the input is silu(gate) * up (backends that "
                          "do not implement it are shown refusing it)")
     _common(qg)
+    qg.set_defaults(parser_=qg)
     ex.set_defaults(func=cmd_explain)
 
     for name, (_, text) in DELEGATES.items():

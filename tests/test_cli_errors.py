@@ -82,3 +82,22 @@ def test_goldens_dir_that_is_a_file_is_a_usage_error(capsys, tmp_path, argv):
     assert code == 2, (out, err)
     assert f"--dir {f}: is a file, not a golden directory; name a directory" in err, err
     assert f.read_text() == "not a directory\n"
+
+
+# -- argparse errors name the subcommand and its --help ---------------------------------------------
+
+@pytest.mark.parametrize("argv, fragment", [
+    (ATT + ["--shape", "1,1,8,2,2,64", "--bogus"],
+     "portakern explain attention: error: unrecognized arguments: --bogus (see: portakern explain attention --help)"),
+    (QG + ["--shape", "1,64,128", "--bits", "5"],
+     "portakern explain quant_gemv: error: argument --bits: invalid choice: 5 (choose from 2, 3, 4, 8) "
+     "(see: portakern explain quant_gemv --help)"),
+    (["info", "--jsn"], "portakern info: error: unrecognized arguments: --jsn (see: portakern info --help)"),
+    (["conformance", "--bogus"],
+     "portakern conformance: error: unrecognized arguments: --bogus (see: portakern conformance --help)"),
+    (["goldens", "--bogus"], "portakern goldens: error: unrecognized arguments: --bogus (see: portakern goldens --help)"),
+    (["support", "--bogus"], "portakern support: error: unrecognized arguments: --bogus (see: portakern support --help)"),
+])
+def test_argparse_errors_name_the_subcommand_and_its_help(fresh_registry, capsys, argv, fragment):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and fragment in err, err
