@@ -200,9 +200,19 @@ def _quant_gemv_call(args) -> tuple[tuple, dict]:
                           f"{', '.join(p.value for p in Packing)}") from None
     if packing in (Packing.GGUF_Q4_0, Packing.GGUF_Q8_0):
         bits, group, symmetric = (4 if packing is Packing.GGUF_Q4_0 else 8), 32, True
+        if args.bits not in (None, bits):
+            raise _UsageError(f"--bits {args.bits}: packing {packing.value} is always {bits} bits; "
+                              f"leave --bits out (or pass --bits {bits})")
+        if args.group_size not in (None, group):
+            raise _UsageError(f"--group-size {args.group_size}: packing {packing.value} always has groups "
+                              f"of {group}; leave --group-size out (or pass --group-size {group})")
     else:
-        bits, group = args.bits, args.group_size or K
-        symmetric = args.symmetric and packing is Packing.NATIVE
+        bits = 4 if args.bits is None else args.bits
+        group = {None: 128, 0: K}.get(args.group_size, args.group_size)
+        if args.symmetric and packing is not Packing.NATIVE:
+            raise _UsageError(f"--symmetric: packing {packing.value} always stores zero points; "
+                              "--symmetric applies to --packing native only")
+        symmetric = args.symmetric
     fmt = QuantFormat(bits=bits, group_size=group, symmetric=symmetric, packing=packing,
                       has_g_idx=args.act_order)
     fmt.verify(K=K, N=N)
@@ -352,12 +362,14 @@ def build_parser() -> argparse.ArgumentParser:
                                  "  portakern explain quant_gemv --shape 8,4096,4096 --packing gguf_q4_0 --json\n"
                                  "  portakern explain quant_gemv --shape 1,4096,14336 --prologue silu_mul")
     qg.add_argument("--shape", required=True, metavar="M,N,K", help="rows of x, output features, input features")
-    qg.add_argument("--bits", type=int, default=4, choices=(2, 3, 4, 8), help="bits per weight (default 4)")
-    qg.add_argument("--group-size", type=int, default=128, metavar="G",
-                    help="weights per scale along K (default 128; 0 = K)")
+    qg.add_argument("--bits", type=int, default=None, choices=(2, 3, 4, 8),
+                    help="bits per weight (default 4; gguf_q4_0 / gguf_q8_0 fix it at 4 / 8)")
+    qg.add_argument("--group-size", type=int, default=None, metavar="G",
+                    help="weights per scale along K (default 128; 0 = K; the gguf packings fix it at 32)")
     qg.add_argument("--packing", default="native",
                     help="native | awq | gptq | gguf_q4_0 | gguf_q8_0 (default native)")
-    qg.add_argument("--symmetric", action="store_true", help="no zero points (native packing only)")
+    qg.add_argument("--symmetric", action="store_true",
+                    help="no zero points (native packing; awq and gptq store zero points, gguf never does)")
     qg.add_argument("--act-order", action="store_true", help="gptq with g_idx")
     qg.add_argument("--prologue", choices=("silu_mul",), default=None,
                     help="silu_mul: x is (M, 2K), gate then up, and the input is silu(gate) * up (backends that "

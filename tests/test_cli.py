@@ -98,8 +98,9 @@ def test_explain_attention_json(fresh_registry, capsys):
 
 @pytest.mark.parametrize("packing", ["native", "awq", "gptq", "gguf_q4_0", "gguf_q8_0"])
 def test_explain_quant_gemv(fresh_registry, capsys, packing):
-    code, out, _ = run(capsys, "explain", "quant_gemv", "--shape", "4,256,512", "--bits", "4",
-                       "--group-size", "128", "--packing", packing, "--dtype", "fp16", "--json")
+    fmt = [] if packing.startswith("gguf") else ["--bits", "4", "--group-size", "128"]  # gguf fixes both
+    code, out, _ = run(capsys, "explain", "quant_gemv", "--shape", "4,256,512", *fmt,
+                       "--packing", packing, "--dtype", "fp16", "--json")
     d = json.loads(out)
     assert code == 0 and d["chosen"] == "cpu" and d["op"]["fmt"]["packing"] == packing
     assert (d["op"]["M"], d["op"]["N"], d["op"]["K"]) == (4, 256, 512)

@@ -101,3 +101,27 @@ def test_goldens_dir_that_is_a_file_is_a_usage_error(capsys, tmp_path, argv):
 def test_argparse_errors_name_the_subcommand_and_its_help(fresh_registry, capsys, argv, fragment):
     code, out, err = run(capsys, *argv)
     assert code == 2 and fragment in err, err
+
+
+# -- explain quant_gemv: options the packing fixes are not silently dropped -------------------------
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--packing", "awq", "--symmetric"],
+     "--symmetric: packing awq always stores zero points; --symmetric applies to --packing native only"),
+    (["--packing", "gptq", "--symmetric"], "--symmetric: packing gptq always stores zero points"),
+    (["--packing", "gguf_q8_0", "--bits", "4"],
+     "--bits 4: packing gguf_q8_0 is always 8 bits; leave --bits out (or pass --bits 8)"),
+    (["--packing", "gguf_q4_0", "--group-size", "64"],
+     "--group-size 64: packing gguf_q4_0 always has groups of 32; leave --group-size out (or pass --group-size 32)"),
+])
+def test_quant_gemv_options_that_contradict_the_packing_are_usage_errors(fresh_registry, capsys, extra, fragment):
+    code, out, err = run(capsys, *QG, "--shape", "1,64,128", *extra)
+    assert code == 2 and fragment in err, err
+
+
+@pytest.mark.parametrize("extra", [["--packing", "gguf_q8_0", "--bits", "8", "--group-size", "32"],
+                                   ["--packing", "gguf_q4_0", "--symmetric"], ["--packing", "native", "--symmetric"]])
+def test_quant_gemv_options_that_agree_with_the_packing_are_accepted(fresh_registry, capsys, extra):
+    code, out, err = run(capsys, *QG, "--shape", "1,64,128", *extra, "--json")
+    assert code == 0, err
+    assert json.loads(out)["op"]["fmt"]["packing"] == extra[1]
