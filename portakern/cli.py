@@ -110,17 +110,18 @@ def _dtype(text: str):
 class _Arrays:
     """Allocates cheap placeholder arrays (values are never read) on the requested device."""
 
-    def __init__(self, device: str, dtype):
+    def __init__(self, device: str, dtype, shape_arg: str = ""):
         self.device = device
         self.dtype = dtype
+        self.shape_arg = shape_arg  # named in the error when an array cannot be allocated
         self.use_torch = device != "cpu" or dtype.value == "bfloat16"
         if device != "cpu":
             from portakern.devices import parse_device
 
             parse_device(device)  # raises naming the present devices
 
-    def float(self, shape: tuple[int, ...], dtype=None):
-        return self._alloc(shape, (dtype or self.dtype).value)
+    def float(self, shape: tuple[int, ...], name: str, dtype=None):
+        return self._alloc(shape, (dtype or self.dtype).value, name)
 
     def index(self, values: Any):
         import numpy as np
@@ -132,8 +133,8 @@ class _Arrays:
 
         return torch.from_numpy(a).to(self._torch_device())
 
-    def raw(self, shape: tuple[int, ...], dtype_name: str):
-        return self._alloc(shape, dtype_name)
+    def raw(self, shape: tuple[int, ...], dtype_name: str, name: str):
+        return self._alloc(shape, dtype_name, name)
 
     def _torch_device(self) -> str:
         from portakern.devices import parse_device
@@ -141,14 +142,20 @@ class _Arrays:
         d = parse_device(self.device)
         return "cpu" if d.type == "cpu" else f"cuda:{d.index}"
 
-    def _alloc(self, shape, name: str):
-        if not self.use_torch:
-            import numpy as np
+    def _alloc(self, shape, dtype_name: str, name: str):
+        try:
+            if not self.use_torch:
+                import numpy as np
 
-            return np.zeros(shape, dtype=name)  # calloc: pages are never touched
-        import torch
+                return np.zeros(shape, dtype=dtype_name)  # calloc: pages are never touched
+            import torch
 
-        return torch.empty(shape, dtype=getattr(torch, name), device=self._torch_device())
+            return torch.empty(shape, dtype=getattr(torch, dtype_name), device=self._torch_device())
+        except (MemoryError, RuntimeError) as e:  # numpy's MemoryError; torch's (CUDA out of memory too)
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise _UsageError(f"{self.shape_arg}: the placeholder {name} of shape {tuple(shape)} ({dtype_name}) "
+                              f"cannot be allocated on {self.device} ({reason}); explain builds arrays of the "
+                              "problem's real size: explain a smaller problem, or on a device with the memory") from None
 
 
 def _attention_call(args) -> tuple[tuple, dict]:
@@ -157,7 +164,7 @@ def _attention_call(args) -> tuple[tuple, dict]:
         raise _UsageError(f"--dv {args.dv}: the value head dim must be a positive integer "
                           "(leave --dv out to use D)")
     Dv = args.dv or D
-    arr = _Arrays(args.device, _dtype(args.dtype))
+    arr = _Arrays(args.device, _dtype(args.dtype), f"--shape {args.shape!r}")
     kwargs: dict[str, Any] = {"causal": args.causal, "return_lse": args.return_lse}
     if args.window:
         kwargs["window"] = _ints(args.window, ("L", "R"), "--window")
@@ -172,19 +179,19 @@ def _attention_call(args) -> tuple[tuple, dict]:
         if page < 1:
             raise _UsageError(f"--paged {page}: the page size must be a positive integer, e.g. --paged 16")
         pages_per_seq = -(-Sk // page)
-        q = arr.float((B, Sq, Hq, D))
-        k = arr.float((B * pages_per_seq, page, Hkv, D))
-        v = arr.float((B * pages_per_seq, page, Hkv, Dv))
+        q = arr.float((B, Sq, Hq, D), "q")
+        k = arr.float((B * pages_per_seq, page, Hkv, D), "k")
+        v = arr.float((B * pages_per_seq, page, Hkv, Dv), "v")
         kwargs["block_table"] = arr.index([[b * pages_per_seq + p for p in range(pages_per_seq)] for b in range(B)])
         kwargs["seqlens_k"] = arr.index([Sk] * B)
     elif args.varlen:
-        q = arr.float((B * Sq, Hq, D))
-        k = arr.float((B * Sk, Hkv, D))
-        v = arr.float((B * Sk, Hkv, Dv))
+        q = arr.float((B * Sq, Hq, D), "q")
+        k = arr.float((B * Sk, Hkv, D), "k")
+        v = arr.float((B * Sk, Hkv, Dv), "v")
         kwargs["cu_seqlens_q"] = arr.index([i * Sq for i in range(B + 1)])
         kwargs["cu_seqlens_k"] = arr.index([i * Sk for i in range(B + 1)])
     else:
-        q, k, v = arr.float((B, Sq, Hq, D)), arr.float((B, Sk, Hkv, D)), arr.float((B, Sk, Hkv, Dv))
+        q, k, v = arr.float((B, Sq, Hq, D), "q"), arr.float((B, Sk, Hkv, D), "k"), arr.float((B, Sk, Hkv, Dv), "v")
     return (q, k, v), kwargs
 
 
@@ -216,13 +223,13 @@ def _quant_gemv_call(args) -> tuple[tuple, dict]:
     fmt = QuantFormat(bits=bits, group_size=group, symmetric=symmetric, packing=packing,
                       has_g_idx=args.act_order)
     fmt.verify(K=K, N=N)
-    arr = _Arrays(args.device, _dtype(args.dtype))
-    tensors = {name: arr.raw(shape, dtypes[0] if dtypes[0] != "bfloat16" or arr.use_torch else "float32")
+    arr = _Arrays(args.device, _dtype(args.dtype), f"--shape {args.shape!r}")
+    tensors = {name: arr.raw(shape, dtypes[0] if dtypes[0] != "bfloat16" or arr.use_torch else "float32", name)
                for name, (shape, dtypes, _) in _tensor_specs(fmt, N, K).items()}
     from portakern.ir.ops import x_columns
 
     prologue = args.prologue
-    return (arr.float((M, x_columns(K, prologue))), QuantizedWeight(fmt, N, K, tensors)), \
+    return (arr.float((M, x_columns(K, prologue)), "x"), QuantizedWeight(fmt, N, K, tensors)), \
         ({"prologue": prologue} if prologue else {})
 
 

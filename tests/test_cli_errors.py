@@ -125,3 +125,13 @@ def test_quant_gemv_options_that_agree_with_the_packing_are_accepted(fresh_regis
     code, out, err = run(capsys, *QG, "--shape", "1,64,128", *extra, "--json")
     assert code == 0, err
     assert json.loads(out)["op"]["fmt"]["packing"] == extra[1]
+
+
+# -- explain: placeholder arrays that do not fit -----------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])   # torch placeholders, numpy placeholders
+def test_a_problem_too_large_to_allocate_is_a_usage_error(fresh_registry, capsys, dtype):
+    code, out, err = run(capsys, *ATT, "--shape", "100000,100000,100000,64,8,128", "--dtype", dtype)
+    assert code == 2, err
+    assert "--shape '100000,100000,100000,64,8,128': the placeholder q of shape (100000, 100000, 64, 128)" in err, err
+    assert "cannot be allocated on cpu" in err and "explain a smaller problem" in err and "Traceback" not in err
