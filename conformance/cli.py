@@ -28,9 +28,13 @@ examples:
   portakern conformance --backend triton --device cuda:0 --jobs 0        one worker per CPU core
 
 status per record: pass | fail | error | nondeterministic | unsupported (with the backend's reason).
-exit status: 0 every record passed or was unsupported, and at least one ran; 1 any fail, error or
-nondeterministic record, or none ran (every record unsupported: nothing was checked); 2 usage error (unknown backend or device, no case matched); 130 interrupted (Ctrl-C):
-the records made so far are still printed and written to the reports, marked "interrupted".
+exit status: 0 every record passed or was unsupported, and at least one ran;
+  1 any fail, error or nondeterministic record, or none ran (every record unsupported: nothing was
+    checked; the distinct reasons are printed on stderr);
+  2 usage error (unknown backend or device, no case matched, a report path that cannot be written,
+    a --target no selected backend compiles for);
+  130 interrupted (Ctrl-C): the records made so far are still printed and written to the reports,
+    marked "interrupted".
 """
 
 
@@ -96,6 +100,35 @@ def _input_problem(option: str, path: str, what: str, example: str) -> str | Non
     return None
 
 
+def _unknown_target(backends: list[str], targets: list[str]) -> str | None:
+    """The usage error for the first ``--target`` that no selected backend lists in
+    ``compile_targets`` (a typo such as sm90a), or None when every target has a backend."""
+    from .runner import resolve_backends
+
+    bes = resolve_backends(backends)
+    for t in (t.strip() for x in targets for t in x.split(",") if t.strip()):
+        if not any(t in b.compile_targets for b in bes):
+            known = "; ".join(f"{b.name}: {', '.join(b.compile_targets) or 'none'}" for b in bes)
+            return (f"--target {t}: no selected backend compiles for it ({known}); "
+                    "pick targets from those lists, or add a --backend that compiles for it")
+    return None
+
+
+def _print_reasons_if_nothing_ran(results: list[dict], limit: int = 5) -> None:
+    """When every record is unsupported, print (on stderr) the distinct reasons with their counts,
+    so the summary's "read the reasons" can be done without opening a report."""
+    from collections import Counter
+
+    if not results or any(r.get("status") != "unsupported" for r in results):
+        return
+    reasons = Counter((r.get("backend"), r.get("reason") or "no reason given") for r in results)
+    print("unsupported reasons:", file=sys.stderr)
+    for (backend, reason), n in reasons.most_common(limit):
+        print(f"  {n} x {backend}: {reason}", file=sys.stderr)
+    if len(reasons) > limit:
+        print(f"  ... {len(reasons) - limit} more distinct reason(s) (see --report / --markdown)", file=sys.stderr)
+
+
 def cli_main(argv: Sequence[str] | None = None) -> int:
     """``portakern conformance [--backend NAME ...] [--device DEV] [--cases GLOB] [--tier cpu|gpu]
     [--repeat N] [--report PATH.json] [--markdown PATH.md] [--junit PATH.xml]
@@ -118,10 +151,15 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
                 print(f"{c.id}\t{c.kind}\t{c.dtype}\t{c.tier}")
             print(f"{len(cases)} case(s)", file=sys.stderr)
             return 0
-        _, code = run(backends=args.backend, device=args.device, cases_glob=args.cases or None, tier=args.tier,
-                      repeat=args.repeat, report=args.report, markdown=args.markdown, junit=args.junit,
-                      compile_only=args.compile_only, targets=args.target, progress=not args.no_progress,
-                      golden_dir=args.goldens, jobs=args.jobs)
+        if args.compile_only:
+            problem = _unknown_target(args.backend, args.target)
+            if problem:
+                return _usage(p.prog, problem)
+        rep, code = run(backends=args.backend, device=args.device, cases_glob=args.cases or None, tier=args.tier,
+                        repeat=args.repeat, report=args.report, markdown=args.markdown, junit=args.junit,
+                        compile_only=args.compile_only, targets=args.target, progress=not args.no_progress,
+                        golden_dir=args.goldens, jobs=args.jobs)
+        _print_reasons_if_nothing_ran(rep.get("results", []))
         return code
     except PortakernError as e:
         return _usage(p.prog, e)

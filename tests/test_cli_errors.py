@@ -135,3 +135,23 @@ def test_a_problem_too_large_to_allocate_is_a_usage_error(fresh_registry, capsys
     assert code == 2, err
     assert "--shape '100000,100000,100000,64,8,128': the placeholder q of shape (100000, 100000, 64, 128)" in err, err
     assert "cannot be allocated on cpu" in err and "explain a smaller problem" in err and "Traceback" not in err
+
+
+# -- conformance: targets no backend compiles for; a run where nothing ran ---------------------------
+
+@pytest.mark.parametrize("targets", ["sm90a", "sm_90a,gfx_typo"])
+def test_compile_only_target_no_selected_backend_lists_is_a_usage_error(fresh_registry, capsys, targets):
+    code, out, err = run(capsys, "conformance", "--compile-only", "--target", targets, "--backend", "triton",
+                         "--cases", "attn-d64-sq1-*", "--no-progress")
+    bad = targets.split(",")[-1]
+    assert code == 2, (out, err)
+    assert f"--target {bad}: no selected backend compiles for it (triton: sm_80, sm_90a, sm_100a, sm_120)" in err, err
+    assert out == ""
+
+
+def test_a_run_where_nothing_ran_prints_the_reasons(fresh_registry, capsys, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    code, out, err = run(capsys, "conformance", "--backend", "triton", "--cases", "attn-d64-sq1-*", "--no-progress")
+    assert code == 1
+    assert "nothing ran" in out
+    assert "unsupported reasons:" in err and "4 x triton: " in err and "TRITON_INTERPRET=1" in err, err
