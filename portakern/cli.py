@@ -99,11 +99,15 @@ def _join_negative_values(argv: list[str]) -> list[str]:
 
 
 def _dtype(text: str):
+    from portakern.errors import InvalidInputError
     from portakern.ir.dtypes import STORAGE_FLOATS, DType
 
-    dt = DType.parse(text, argument="--dtype")
+    try:
+        dt = DType.parse(text.strip().lower(), argument="--dtype")
+    except InvalidInputError:
+        dt = None
     if dt not in STORAGE_FLOATS:
-        raise _UsageError(f"--dtype {text}: must be one of fp16, bf16, fp32")
+        raise _UsageError(f"--dtype {text}: must be one of fp16, bf16, fp32 (or float16, bfloat16, float32)")
     return dt
 
 

@@ -130,7 +130,7 @@ def test_explain_unsupported_forced_backend_exits_1(fresh_registry, capsys, monk
     (["explain", "attention", "--shape", "1,2,3"], "expected 6 comma-separated integers B,Sq,Sk,Hq,Hkv,D"),
     (["explain", "attention", "--shape", "1,1,8,3,2,64"], "number of query heads must be a multiple"),
     (["explain", "attention", "--shape", "1,1,8,2,2,64", "--dtype", "int8"], "--dtype int8: must be one of"),
-    (["explain", "attention", "--shape", "1,1,8,2,2,64", "--dtype", "fp8"], "'fp8' is not an IR dtype"),
+    (["explain", "attention", "--shape", "1,1,8,2,2,64", "--dtype", "fp8"], "--dtype fp8: must be one of"),
     (["explain", "attention", "--shape", "1,1,8,2,2,64", "--window", "3"], "--window '3': expected 2"),
     (["explain", "attention", "--shape", "1,1,8,2,2,64", "--paged", "4", "--varlen"], "exclude each other"),
     (["explain", "attention", "--shape", "1,1,8,2,2,64", "--paged", "0"], "--paged 0: the page size must be a positive"),

@@ -155,3 +155,20 @@ def test_a_run_where_nothing_ran_prints_the_reasons(fresh_registry, capsys, monk
     assert code == 1
     assert "nothing ran" in out
     assert "unsupported reasons:" in err and "4 x triton: " in err and "TRITON_INTERPRET=1" in err, err
+
+
+# -- explain: --dtype names only what --dtype accepts -----------------------------------------------
+
+@pytest.mark.parametrize("value", ["fp8", "int8", "float64", "int4"])
+def test_dtype_error_lists_only_the_storage_dtypes(fresh_registry, capsys, value):
+    code, _, err = run(capsys, *ATT, "--shape", "1,1,8,2,2,64", "--dtype", value)
+    assert code == 2
+    assert f"--dtype {value}: must be one of fp16, bf16, fp32 (or float16, bfloat16, float32)" in err, err
+    assert "uint8" not in err and "int64" not in err      # IR dtypes --dtype does not take
+
+
+@pytest.mark.parametrize("value", ["FP16", "BF16", "Float32"])
+def test_dtype_is_case_insensitive(fresh_registry, capsys, value):
+    code, out, err = run(capsys, *QG, "--shape", "1,64,128", "--dtype", value, "--json")
+    assert code == 0, err
+    assert json.loads(out)["op"]["dtype"] in ("float16", "bfloat16", "float32")
