@@ -75,9 +75,9 @@ def _ints(text: str, names: Sequence[str], option: str, sizes: bool = False) -> 
         raise _UsageError(f"{option} {text!r}: expected {len(names)} comma-separated integers "
                           f"{','.join(names)}")
     for name, v in zip(names, vals):
-        if sizes and v < 0:
+        if sizes and v < 1:
             raise _UsageError(f"{option} {text!r}: {name}={v} must be a positive integer (a size); "
-                              f"e.g. {option} {','.join(str(abs(x)) for x in vals)}")
+                              f"e.g. {option} {','.join(str(max(abs(x), 1)) for x in vals)}")
     return vals
 
 

@@ -172,3 +172,15 @@ def test_dtype_is_case_insensitive(fresh_registry, capsys, value):
     code, out, err = run(capsys, *QG, "--shape", "1,64,128", "--dtype", value, "--json")
     assert code == 0, err
     assert json.loads(out)["op"]["dtype"] in ("float16", "bfloat16", "float32")
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (ATT + ["--shape", "1,1,8,0,0,64"], "--shape '1,1,8,0,0,64': Hq=0 must be a positive integer"),
+    (ATT + ["--shape", "1,1,8,2,2,0"], "--shape '1,1,8,2,2,0': D=0 must be a positive integer"),
+    (QG + ["--shape", "0,64,128"], "--shape '0,64,128': M=0 must be a positive integer"),
+])
+def test_zero_sizes_are_named_in_command_line_terms(fresh_registry, capsys, argv, fragment):
+    # before: "q has shape (1, 1, 0, 64) ...: pass non-empty arrays" -- the user passed no array
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and fragment in err, err
+    assert "arrays" not in err
