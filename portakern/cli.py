@@ -422,14 +422,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     from portakern.errors import PortakernError
 
+    where = " ".join(filter(None, (args.command, getattr(args, "op", None))))
     try:
         return args.func(args)
-    except _UsageError as e:
-        where = " ".join(filter(None, (args.command, getattr(args, "op", None))))
+    except (_UsageError, PortakernError) as e:  # a PortakernError: an invalid problem; it names the rule
         print(f"portakern {where}: error: {e} (see: portakern {where} --help)", file=sys.stderr)
-        return EXIT_USAGE
-    except PortakernError as e:  # an invalid problem description: the message names the rule
-        print(f"portakern {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
         return EXIT_USAGE
 
 

@@ -184,3 +184,10 @@ def test_zero_sizes_are_named_in_command_line_terms(fresh_registry, capsys, argv
     code, _, err = run(capsys, *argv)
     assert code == 2 and fragment in err, err
     assert "arrays" not in err
+
+
+def test_an_invalid_problem_names_the_op_and_its_help(fresh_registry, capsys):
+    code, _, err = run(capsys, *QG, "--shape", "1,64,100", "--group-size", "32")
+    assert code == 2
+    assert err.startswith("portakern explain quant_gemv: error: QuantFormat: group_size=32 does not divide K=100"), err
+    assert err.rstrip().endswith("(see: portakern explain quant_gemv --help)"), err
