@@ -100,6 +100,22 @@ def _input_problem(option: str, path: str, what: str, example: str) -> str | Non
     return None
 
 
+def _shared_report_path(*options: tuple[str, str | None]) -> str | None:
+    """The usage error when two report options name one file (the later writer would replace the
+    earlier without a word), or None."""
+    from pathlib import Path
+
+    seen: dict[Path, str] = {}
+    for option, value in options:
+        if not value:
+            continue
+        key = Path(value).resolve()
+        if key in seen:
+            return f"{seen[key]} and {option} name the same file ({value}); give each report its own path"
+        seen[key] = option
+    return None
+
+
 def _unknown_target(backends: list[str], targets: list[str]) -> str | None:
     """The usage error for the first ``--target`` that no selected backend lists in
     ``compile_targets`` (a typo such as sm90a), or None when every target has a backend."""
@@ -151,6 +167,10 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
                 print(f"{c.id}\t{c.kind}\t{c.dtype}\t{c.tier}")
             print(f"{len(cases)} case(s)", file=sys.stderr)
             return 0
+        problem = _shared_report_path(("--report", args.report), ("--markdown", args.markdown),
+                                      ("--junit", args.junit))
+        if problem:
+            return _usage(p.prog, problem)
         if args.compile_only:
             problem = _unknown_target(args.backend, args.target)
             if problem:
@@ -246,6 +266,9 @@ def goldens_main(argv: Sequence[str] | None = None) -> int:
     if args.dir and Path(args.dir).exists() and not Path(args.dir).is_dir():
         return _usage(p.prog, f"--dir {args.dir}: is a file, not a golden directory; name a directory "
                               "(--force creates it), or leave --dir out to use the package's goldens")
+    if args.force and args.check:
+        return _usage(p.prog, "--force and --check exclude each other: --check verifies the stored goldens, "
+                              "--force rewrites them; run one, then the other")
     cases = select(all_cases("cpu"), args.cases or None)
     if not cases:
         return _usage(p.prog, ValueError(f"--cases {args.cases} matches no cpu-tier case"))

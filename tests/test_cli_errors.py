@@ -191,3 +191,24 @@ def test_an_invalid_problem_names_the_op_and_its_help(fresh_registry, capsys):
     assert code == 2
     assert err.startswith("portakern explain quant_gemv: error: QuantFormat: group_size=32 does not divide K=100"), err
     assert err.rstrip().endswith("(see: portakern explain quant_gemv --help)"), err
+
+
+# -- options that exclude each other ----------------------------------------------------------------
+
+@pytest.mark.parametrize("a, b", [("--report", "--markdown"), ("--markdown", "--junit"), ("--report", "--junit")])
+def test_two_reports_on_one_path_are_a_usage_error(fresh_registry, capsys, tmp_path, a, b):
+    # before: the later writer silently replaced the earlier (a "report: x.json" that held Markdown)
+    path = tmp_path / "r.out"
+    code, out, err = run(capsys, "conformance", "--backend", "cpu", "--cases", "attn-d64-sq1-*", "--no-progress",
+                         a, str(path), b, str(tmp_path / "." / "r.out"))
+    assert code == 2, (out, err)
+    assert f"{a} and {b} name the same file ({path}); give each report its own path" in err, err
+    assert not path.exists()
+
+
+def test_goldens_force_and_check_exclude_each_other(capsys):
+    from portakern.conformance import cli as ccli
+
+    code = ccli.goldens_main(["--force", "--check", "--cases", "attn-d64-sq1-*"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--force and --check exclude each other" in err, err
