@@ -66,7 +66,9 @@ def _run_parser() -> argparse.ArgumentParser:
                         "Kernel compilation dominates a run, so this is the way to speed one up")
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument("--goldens", metavar="DIR", help=argparse.SUPPRESS)
+    p.add_argument("--goldens", metavar="DIR",
+                   help="compare with the goldens in DIR (a directory holding manifest.json, as written by "
+                        "portakern goldens --force --dir DIR; default: the package's cpu-tier goldens)")
     return p
 
 

@@ -212,3 +212,15 @@ def test_goldens_force_and_check_exclude_each_other(capsys):
     code = ccli.goldens_main(["--force", "--check", "--cases", "attn-d64-sq1-*"])
     err = capsys.readouterr().err
     assert code == 2 and "--force and --check exclude each other" in err, err
+
+
+# -- --help explains every option -------------------------------------------------------------------
+
+def test_conformance_help_explains_goldens(capsys):
+    # --goldens was hidden (argparse.SUPPRESS), though the runner's own error message names it
+    from portakern.conformance.cli import _run_parser
+
+    hidden = [a.option_strings for a in _run_parser()._actions if a.help in (None, "", "==SUPPRESS==")]
+    assert hidden == [], hidden
+    code, out, _ = run(capsys, "conformance", "--help")
+    assert code == 0 and "--goldens DIR" in out and "manifest.json" in out
