@@ -7,6 +7,7 @@ Exit status (every subcommand):
         problem; ``conformance`` had a failing case (the conformance tools set their own codes)
     2   usage error: a bad argument, an invalid problem description, or a missing component
         (e.g. the conformance suite is not installed)
+    130 interrupted (Ctrl-C)
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import re
 import sys
 from typing import Any, Callable, Sequence
 
-EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 #: subcommands handed, with their arguments untouched, to ``portakern.conformance``
 DELEGATES = {
@@ -37,7 +38,7 @@ examples:
   python -m portakern info             same as portakern info
 
 exit status: 0 ok; 1 the job found a problem (no backend supports the problem, a conformance
-case failed); 2 usage error (bad argument, invalid problem, missing component)
+case failed); 2 usage error (bad argument, invalid problem, missing component); 130 Ctrl-C
 """
 
 
@@ -408,8 +409,18 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``portakern`` console script and ``python -m portakern``; returns the exit status."""
+    """Entry point of the ``portakern`` console script and ``python -m portakern``; returns the exit status
+    (130 when Ctrl-C stopped the command; the conformance runner still writes what it has)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        where = f"portakern {argv[0]}" if argv else "portakern"
+        print(f"{where}: interrupted (Ctrl-C)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str]) -> int:
     if argv and argv[0] in DELEGATES:
         return _delegate(argv[0], argv[1:])
     parser = build_parser()

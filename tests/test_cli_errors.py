@@ -224,3 +224,18 @@ def test_conformance_help_explains_goldens(capsys):
     assert hidden == [], hidden
     code, out, _ = run(capsys, "conformance", "--help")
     assert code == 0 and "--goldens DIR" in out and "manifest.json" in out
+
+
+# -- Ctrl-C -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("command, patch", [(["info"], ("cli", "cmd_info")),
+                                            (["goldens", "--cases", "attn-d64-sq1-*"], ("ccli", "goldens_main"))])
+def test_ctrl_c_exits_130_without_a_traceback(fresh_registry, capsys, monkeypatch, command, patch):
+    import portakern.conformance as ccli
+
+    def interrupted(*_a, **_k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr({"cli": cli, "ccli": ccli}[patch[0]], patch[1], interrupted)
+    code, _, err = run(capsys, *command)
+    assert code == 130 and f"portakern {command[0]}: interrupted (Ctrl-C)" in err, err
