@@ -14,6 +14,8 @@ import argparse
 import sys
 from typing import Sequence
 
+from portakern.cli import ArgumentParser
+
 from .report import EXIT_INTERRUPTED
 
 _RUN_EPILOG = """\
@@ -26,14 +28,18 @@ examples:
   portakern conformance --backend triton --device cuda:0 --jobs 0        one worker per CPU core
 
 status per record: pass | fail | error | nondeterministic | unsupported (with the backend's reason).
-exit status: 0 every record passed or was unsupported, and at least one ran; 1 any fail, error or
-nondeterministic record, or none ran (every record unsupported: nothing was checked); 2 usage error (unknown backend or device, no case matched); 130 interrupted (Ctrl-C):
-the records made so far are still printed and written to the reports, marked "interrupted".
+exit status: 0 every record passed or was unsupported, and at least one ran;
+  1 any fail, error or nondeterministic record, or none ran (every record unsupported: nothing was
+    checked; the distinct reasons are printed on stderr);
+  2 usage error (unknown backend or device, no case matched, a report path that cannot be written,
+    a --target no selected backend compiles for);
+  130 interrupted (Ctrl-C): the records made so far are still printed and written to the reports,
+    marked "interrupted".
 """
 
 
 def _run_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="portakern conformance", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_RUN_EPILOG,
         description="Run the conformance suite (cases-v1) on backends and compare every output with the "
                     "float64 CPU-reference goldens. Tolerance: max|out - gold| <= 2 * naive error + floor "
@@ -60,13 +66,85 @@ def _run_parser() -> argparse.ArgumentParser:
                         "Kernel compilation dominates a run, so this is the way to speed one up")
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument("--goldens", metavar="DIR", help=argparse.SUPPRESS)
+    p.add_argument("--goldens", metavar="DIR",
+                   help="compare with the goldens in DIR (a directory holding manifest.json, as written by "
+                        "portakern goldens --force --dir DIR; default: the package's cpu-tier goldens)")
     return p
 
 
-def _usage(prog: str, err: Exception) -> int:
+def _usage(prog: str, err: Exception | str) -> int:
     print(f"{prog}: {err}", file=sys.stderr)
     return 2
+
+
+def _output_problem(option: str, path: str, example: str) -> str | None:
+    """Why ``path`` (the value of ``option``) cannot be written as one file, or None if it can."""
+    from pathlib import Path
+
+    p = Path(path)
+    if p.is_dir():
+        return f"{option} {path}: is a directory; name a file, e.g. {option} {p / example}"
+    if not p.parent.is_dir():
+        return (f"{option} {path}: the directory {p.parent} does not exist; create it first "
+                f"(mkdir -p {p.parent}) or write elsewhere")
+    return None
+
+
+def _input_problem(option: str, path: str, what: str, example: str) -> str | None:
+    """Why ``path`` (the value of ``option``) cannot be read as one file, or None if it can."""
+    from pathlib import Path
+
+    p = Path(path)
+    if p.is_dir():
+        return f"{option} {path}: is a directory; name {what}, e.g. {option} {example}"
+    if not p.exists():
+        return f"{option} {path}: no such file; name {what}, e.g. {option} {example}"
+    return None
+
+
+def _shared_report_path(*options: tuple[str, str | None]) -> str | None:
+    """The usage error when two report options name one file (the later writer would replace the
+    earlier without a word), or None."""
+    from pathlib import Path
+
+    seen: dict[Path, str] = {}
+    for option, value in options:
+        if not value:
+            continue
+        key = Path(value).resolve()
+        if key in seen:
+            return f"{seen[key]} and {option} name the same file ({value}); give each report its own path"
+        seen[key] = option
+    return None
+
+
+def _unknown_target(backends: list[str], targets: list[str]) -> str | None:
+    """The usage error for the first ``--target`` that no selected backend lists in
+    ``compile_targets`` (a typo such as sm90a), or None when every target has a backend."""
+    from .runner import resolve_backends
+
+    bes = resolve_backends(backends)
+    for t in (t.strip() for x in targets for t in x.split(",") if t.strip()):
+        if not any(t in b.compile_targets for b in bes):
+            known = "; ".join(f"{b.name}: {', '.join(b.compile_targets) or 'none'}" for b in bes)
+            return (f"--target {t}: no selected backend compiles for it ({known}); "
+                    "pick targets from those lists, or add a --backend that compiles for it")
+    return None
+
+
+def _print_reasons_if_nothing_ran(results: list[dict], limit: int = 5) -> None:
+    """When every record is unsupported, print (on stderr) the distinct reasons with their counts,
+    so the summary's "read the reasons" can be done without opening a report."""
+    from collections import Counter
+
+    if not results or any(r.get("status") != "unsupported" for r in results):
+        return
+    reasons = Counter((r.get("backend"), r.get("reason") or "no reason given") for r in results)
+    print("unsupported reasons:", file=sys.stderr)
+    for (backend, reason), n in reasons.most_common(limit):
+        print(f"  {n} x {backend}: {reason}", file=sys.stderr)
+    if len(reasons) > limit:
+        print(f"  ... {len(reasons) - limit} more distinct reason(s) (see --report / --markdown)", file=sys.stderr)
 
 
 def cli_main(argv: Sequence[str] | None = None) -> int:
@@ -91,10 +169,19 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
                 print(f"{c.id}\t{c.kind}\t{c.dtype}\t{c.tier}")
             print(f"{len(cases)} case(s)", file=sys.stderr)
             return 0
-        _, code = run(backends=args.backend, device=args.device, cases_glob=args.cases or None, tier=args.tier,
-                      repeat=args.repeat, report=args.report, markdown=args.markdown, junit=args.junit,
-                      compile_only=args.compile_only, targets=args.target, progress=not args.no_progress,
-                      golden_dir=args.goldens, jobs=args.jobs)
+        problem = _shared_report_path(("--report", args.report), ("--markdown", args.markdown),
+                                      ("--junit", args.junit))
+        if problem:
+            return _usage(p.prog, problem)
+        if args.compile_only:
+            problem = _unknown_target(args.backend, args.target)
+            if problem:
+                return _usage(p.prog, problem)
+        rep, code = run(backends=args.backend, device=args.device, cases_glob=args.cases or None, tier=args.tier,
+                        repeat=args.repeat, report=args.report, markdown=args.markdown, junit=args.junit,
+                        compile_only=args.compile_only, targets=args.target, progress=not args.no_progress,
+                        golden_dir=args.goldens, jobs=args.jobs)
+        _print_reasons_if_nothing_ran(rep.get("results", []))
         return code
     except PortakernError as e:
         return _usage(p.prog, e)
@@ -107,7 +194,7 @@ def support_main(argv: Sequence[str] | None = None) -> int:
     """``portakern support [--markdown] [--output PATH] [--check PATH] [--all-backends]``."""
     from .support import generate_markdown
 
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="portakern support", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Generate the support matrix from every backend's supports() over the conformance "
                     "cases, for a fixed set of device descriptions (so the result is the same on any machine).",
@@ -122,6 +209,10 @@ def support_main(argv: Sequence[str] | None = None) -> int:
         args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as e:
         return int(e.code or 0)
+    problem = ((args.check and _input_problem("--check", args.check, "the support matrix file", "docs/support.md"))
+               or (args.output and _output_problem("--output", args.output, "support.md")))
+    if problem:
+        return _usage(p.prog, problem)
     text = generate_markdown(builtin_only=not args.all_backends)
     if args.check:
         import difflib
@@ -130,7 +221,7 @@ def support_main(argv: Sequence[str] | None = None) -> int:
         try:
             old = Path(args.check).read_text()
         except OSError as e:
-            return _usage(p.prog, e)
+            return _usage(p.prog, f"--check {args.check}: cannot be read ({e})")
         if old == text:
             print(f"{args.check} is up to date")
             return 0
@@ -141,7 +232,10 @@ def support_main(argv: Sequence[str] | None = None) -> int:
     if args.output:
         from pathlib import Path
 
-        Path(args.output).write_text(text)
+        try:
+            Path(args.output).write_text(text)
+        except OSError as e:
+            return _usage(p.prog, f"--output {args.output}: cannot be written ({e}); write elsewhere")
     else:
         sys.stdout.write(text)
     return 0
@@ -149,10 +243,12 @@ def support_main(argv: Sequence[str] | None = None) -> int:
 
 def goldens_main(argv: Sequence[str] | None = None) -> int:
     """``portakern goldens [--force] [--check] [--cases GLOB] [--dir DIR]``."""
+    from pathlib import Path
+
     from . import goldens as G
     from .cases import all_cases, select
 
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="portakern goldens", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Recompute the cpu-tier goldens with the float64 CPU reference and compare them with the "
                     "stored ones. Prints what changed; overwrites only with --force.",
@@ -169,6 +265,12 @@ def goldens_main(argv: Sequence[str] | None = None) -> int:
         args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as e:
         return int(e.code or 0)
+    if args.dir and Path(args.dir).exists() and not Path(args.dir).is_dir():
+        return _usage(p.prog, f"--dir {args.dir}: is a file, not a golden directory; name a directory "
+                              "(--force creates it), or leave --dir out to use the package's goldens")
+    if args.force and args.check:
+        return _usage(p.prog, "--force and --check exclude each other: --check verifies the stored goldens, "
+                              "--force rewrites them; run one, then the other")
     cases = select(all_cases("cpu"), args.cases or None)
     if not cases:
         return _usage(p.prog, ValueError(f"--cases {args.cases} matches no cpu-tier case"))

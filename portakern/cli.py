@@ -7,16 +7,18 @@ Exit status (every subcommand):
         problem; ``conformance`` had a failing case (the conformance tools set their own codes)
     2   usage error: a bad argument, an invalid problem description, or a missing component
         (e.g. the conformance suite is not installed)
+    130 interrupted (Ctrl-C)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any, Callable, Sequence
 
-EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 #: subcommands handed, with their arguments untouched, to ``portakern.conformance``
 DELEGATES = {
@@ -36,8 +38,26 @@ examples:
   python -m portakern info             same as portakern info
 
 exit status: 0 ok; 1 the job found a problem (no backend supports the problem, a conformance
-case failed); 2 usage error (bad argument, invalid problem, missing component)
+case failed); 2 usage error (bad argument, invalid problem, missing component); 130 Ctrl-C
 """
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """An ``argparse.ArgumentParser`` whose usage errors end with the way out,
+    ``(see: <prog> --help)``, and that reports unknown arguments as the innermost subcommand
+    that received them (``portakern explain attention: error: unrecognized arguments: ...``)."""
+
+    def error(self, message: str):
+        """Print the usage and ``<prog>: error: <message> (see: <prog> --help)``; exit 2."""
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but unknown arguments are reported by the subcommand's parser."""
+        ns, extra = self.parse_known_args(args, namespace)
+        if extra:
+            getattr(ns, "parser_", self).error(f"unrecognized arguments: {' '.join(extra)}")
+        return ns
 
 
 class _UsageError(Exception):
@@ -46,7 +66,7 @@ class _UsageError(Exception):
 
 # -- parsing helpers ------------------------------------------------------------------------------
 
-def _ints(text: str, names: Sequence[str], option: str) -> tuple[int, ...]:
+def _ints(text: str, names: Sequence[str], option: str, sizes: bool = False) -> tuple[int, ...]:
     parts = [p.strip() for p in text.split(",")]
     try:
         vals = tuple(int(p) for p in parts)
@@ -55,32 +75,58 @@ def _ints(text: str, names: Sequence[str], option: str) -> tuple[int, ...]:
     if len(vals) != len(names):
         raise _UsageError(f"{option} {text!r}: expected {len(names)} comma-separated integers "
                           f"{','.join(names)}")
+    for name, v in zip(names, vals):
+        if sizes and v < 1:
+            raise _UsageError(f"{option} {text!r}: {name}={v} must be a positive integer (a size); "
+                              f"e.g. {option} {','.join(str(max(abs(x), 1)) for x in vals)}")
     return vals
 
 
+#: a value such as -1,0 or -3 (argparse would take it for an option and say "expected one argument")
+_NEGATIVE_VALUE = re.compile(r"-\d[\d.,eE+-]*")
+
+
+def _join_negative_values(argv: list[str]) -> list[str]:
+    """``--window -1,0`` -> ``--window=-1,0``: an option followed by a negative number (list) takes it
+    as its value; no portakern option looks like a number, so nothing else changes."""
+    out: list[str] = []
+    for tok in argv:
+        prev = out[-1] if out else ""
+        if _NEGATIVE_VALUE.fullmatch(tok) and prev.startswith("--") and "=" not in prev:
+            out[-1] = f"{prev}={tok}"
+        else:
+            out.append(tok)
+    return out
+
+
 def _dtype(text: str):
+    from portakern.errors import InvalidInputError
     from portakern.ir.dtypes import STORAGE_FLOATS, DType
 
-    dt = DType.parse(text, argument="--dtype")
+    try:
+        dt = DType.parse(text.strip().lower(), argument="--dtype")
+    except InvalidInputError:
+        dt = None
     if dt not in STORAGE_FLOATS:
-        raise _UsageError(f"--dtype {text}: must be one of fp16, bf16, fp32")
+        raise _UsageError(f"--dtype {text}: must be one of fp16, bf16, fp32 (or float16, bfloat16, float32)")
     return dt
 
 
 class _Arrays:
     """Allocates cheap placeholder arrays (values are never read) on the requested device."""
 
-    def __init__(self, device: str, dtype):
+    def __init__(self, device: str, dtype, shape_arg: str = ""):
         self.device = device
         self.dtype = dtype
+        self.shape_arg = shape_arg  # named in the error when an array cannot be allocated
         self.use_torch = device != "cpu" or dtype.value == "bfloat16"
         if device != "cpu":
             from portakern.devices import parse_device
 
             parse_device(device)  # raises naming the present devices
 
-    def float(self, shape: tuple[int, ...], dtype=None):
-        return self._alloc(shape, (dtype or self.dtype).value)
+    def float(self, shape: tuple[int, ...], name: str, dtype=None):
+        return self._alloc(shape, (dtype or self.dtype).value, name)
 
     def index(self, values: Any):
         import numpy as np
@@ -92,8 +138,8 @@ class _Arrays:
 
         return torch.from_numpy(a).to(self._torch_device())
 
-    def raw(self, shape: tuple[int, ...], dtype_name: str):
-        return self._alloc(shape, dtype_name)
+    def raw(self, shape: tuple[int, ...], dtype_name: str, name: str):
+        return self._alloc(shape, dtype_name, name)
 
     def _torch_device(self) -> str:
         from portakern.devices import parse_device
@@ -101,20 +147,29 @@ class _Arrays:
         d = parse_device(self.device)
         return "cpu" if d.type == "cpu" else f"cuda:{d.index}"
 
-    def _alloc(self, shape, name: str):
-        if not self.use_torch:
-            import numpy as np
+    def _alloc(self, shape, dtype_name: str, name: str):
+        try:
+            if not self.use_torch:
+                import numpy as np
 
-            return np.zeros(shape, dtype=name)  # calloc: pages are never touched
-        import torch
+                return np.zeros(shape, dtype=dtype_name)  # calloc: pages are never touched
+            import torch
 
-        return torch.empty(shape, dtype=getattr(torch, name), device=self._torch_device())
+            return torch.empty(shape, dtype=getattr(torch, dtype_name), device=self._torch_device())
+        except (MemoryError, RuntimeError) as e:  # numpy's MemoryError; torch's (CUDA out of memory too)
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise _UsageError(f"{self.shape_arg}: the placeholder {name} of shape {tuple(shape)} ({dtype_name}) "
+                              f"cannot be allocated on {self.device} ({reason}); explain builds arrays of the "
+                              "problem's real size: explain a smaller problem, or on a device with the memory") from None
 
 
 def _attention_call(args) -> tuple[tuple, dict]:
-    B, Sq, Sk, Hq, Hkv, D = _ints(args.shape, ("B", "Sq", "Sk", "Hq", "Hkv", "D"), "--shape")
+    B, Sq, Sk, Hq, Hkv, D = _ints(args.shape, ("B", "Sq", "Sk", "Hq", "Hkv", "D"), "--shape", sizes=True)
+    if args.dv < 0:
+        raise _UsageError(f"--dv {args.dv}: the value head dim must be a positive integer "
+                          "(leave --dv out to use D)")
     Dv = args.dv or D
-    arr = _Arrays(args.device, _dtype(args.dtype))
+    arr = _Arrays(args.device, _dtype(args.dtype), f"--shape {args.shape!r}")
     kwargs: dict[str, Any] = {"causal": args.causal, "return_lse": args.return_lse}
     if args.window:
         kwargs["window"] = _ints(args.window, ("L", "R"), "--window")
@@ -129,19 +184,19 @@ def _attention_call(args) -> tuple[tuple, dict]:
         if page < 1:
             raise _UsageError(f"--paged {page}: the page size must be a positive integer, e.g. --paged 16")
         pages_per_seq = -(-Sk // page)
-        q = arr.float((B, Sq, Hq, D))
-        k = arr.float((B * pages_per_seq, page, Hkv, D))
-        v = arr.float((B * pages_per_seq, page, Hkv, Dv))
+        q = arr.float((B, Sq, Hq, D), "q")
+        k = arr.float((B * pages_per_seq, page, Hkv, D), "k")
+        v = arr.float((B * pages_per_seq, page, Hkv, Dv), "v")
         kwargs["block_table"] = arr.index([[b * pages_per_seq + p for p in range(pages_per_seq)] for b in range(B)])
         kwargs["seqlens_k"] = arr.index([Sk] * B)
     elif args.varlen:
-        q = arr.float((B * Sq, Hq, D))
-        k = arr.float((B * Sk, Hkv, D))
-        v = arr.float((B * Sk, Hkv, Dv))
+        q = arr.float((B * Sq, Hq, D), "q")
+        k = arr.float((B * Sk, Hkv, D), "k")
+        v = arr.float((B * Sk, Hkv, Dv), "v")
         kwargs["cu_seqlens_q"] = arr.index([i * Sq for i in range(B + 1)])
         kwargs["cu_seqlens_k"] = arr.index([i * Sk for i in range(B + 1)])
     else:
-        q, k, v = arr.float((B, Sq, Hq, D)), arr.float((B, Sk, Hkv, D)), arr.float((B, Sk, Hkv, Dv))
+        q, k, v = arr.float((B, Sq, Hq, D), "q"), arr.float((B, Sk, Hkv, D), "k"), arr.float((B, Sk, Hkv, Dv), "v")
     return (q, k, v), kwargs
 
 
@@ -149,7 +204,7 @@ def _quant_gemv_call(args) -> tuple[tuple, dict]:
     from portakern.ir.quant import Packing, QuantFormat
     from portakern.quantized import QuantizedWeight
 
-    M, N, K = _ints(args.shape, ("M", "N", "K"), "--shape")
+    M, N, K = _ints(args.shape, ("M", "N", "K"), "--shape", sizes=True)
     try:
         packing = Packing(args.packing)
     except ValueError:
@@ -157,19 +212,29 @@ def _quant_gemv_call(args) -> tuple[tuple, dict]:
                           f"{', '.join(p.value for p in Packing)}") from None
     if packing in (Packing.GGUF_Q4_0, Packing.GGUF_Q8_0):
         bits, group, symmetric = (4 if packing is Packing.GGUF_Q4_0 else 8), 32, True
+        if args.bits not in (None, bits):
+            raise _UsageError(f"--bits {args.bits}: packing {packing.value} is always {bits} bits; "
+                              f"leave --bits out (or pass --bits {bits})")
+        if args.group_size not in (None, group):
+            raise _UsageError(f"--group-size {args.group_size}: packing {packing.value} always has groups "
+                              f"of {group}; leave --group-size out (or pass --group-size {group})")
     else:
-        bits, group = args.bits, args.group_size or K
-        symmetric = args.symmetric and packing is Packing.NATIVE
+        bits = 4 if args.bits is None else args.bits
+        group = {None: 128, 0: K}.get(args.group_size, args.group_size)
+        if args.symmetric and packing is not Packing.NATIVE:
+            raise _UsageError(f"--symmetric: packing {packing.value} always stores zero points; "
+                              "--symmetric applies to --packing native only")
+        symmetric = args.symmetric
     fmt = QuantFormat(bits=bits, group_size=group, symmetric=symmetric, packing=packing,
                       has_g_idx=args.act_order)
     fmt.verify(K=K, N=N)
-    arr = _Arrays(args.device, _dtype(args.dtype))
-    tensors = {name: arr.raw(shape, dtypes[0] if dtypes[0] != "bfloat16" or arr.use_torch else "float32")
+    arr = _Arrays(args.device, _dtype(args.dtype), f"--shape {args.shape!r}")
+    tensors = {name: arr.raw(shape, dtypes[0] if dtypes[0] != "bfloat16" or arr.use_torch else "float32", name)
                for name, (shape, dtypes, _) in _tensor_specs(fmt, N, K).items()}
     from portakern.ir.ops import x_columns
 
     prologue = args.prologue
-    return (arr.float((M, x_columns(K, prologue))), QuantizedWeight(fmt, N, K, tensors)), \
+    return (arr.float((M, x_columns(K, prologue)), "x"), QuantizedWeight(fmt, N, K, tensors)), \
         ({"prologue": prologue} if prologue else {})
 
 
@@ -266,7 +331,7 @@ def _delegate(command: str, argv: list[str]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
-    p = argparse.ArgumentParser(prog="portakern", formatter_class=fmt, epilog=_EPILOG,
+    p = ArgumentParser(prog="portakern", formatter_class=fmt, epilog=_EPILOG,
                                 description="Portable attention and quantized-GEMV kernels: inspect "
                                             "devices and backends, explain dispatch, run conformance.")
     p.add_argument("--version", action="version", version=f"portakern {_version()}")
@@ -275,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="devices, backends (version, devices, targets, status), plugin errors",
                           formatter_class=fmt, epilog="example:\n  portakern info --json")
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
-    info.set_defaults(func=cmd_info)
+    info.set_defaults(func=cmd_info, parser_=info)
 
     ex = sub.add_parser("explain", help="show which backend would run a problem, and why",
                         formatter_class=fmt, description="Plan a call without running it: candidates, "
@@ -301,6 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--varlen", action="store_true", help="varlen (packed) batch with cu_seqlens")
     at.add_argument("--return-lse", action="store_true", help="also return the log-sum-exp")
     _common(at)
+    at.set_defaults(parser_=at)
 
     qg = exsub.add_parser("quant_gemv", help="explain portakern.quant_gemv", formatter_class=fmt,
                           epilog="examples:\n"
@@ -308,17 +374,20 @@ def build_parser() -> argparse.ArgumentParser:
                                  "  portakern explain quant_gemv --shape 8,4096,4096 --packing gguf_q4_0 --json\n"
                                  "  portakern explain quant_gemv --shape 1,4096,14336 --prologue silu_mul")
     qg.add_argument("--shape", required=True, metavar="M,N,K", help="rows of x, output features, input features")
-    qg.add_argument("--bits", type=int, default=4, choices=(2, 3, 4, 8), help="bits per weight (default 4)")
-    qg.add_argument("--group-size", type=int, default=128, metavar="G",
-                    help="weights per scale along K (default 128; 0 = K)")
+    qg.add_argument("--bits", type=int, default=None, choices=(2, 3, 4, 8),
+                    help="bits per weight (default 4; gguf_q4_0 / gguf_q8_0 fix it at 4 / 8)")
+    qg.add_argument("--group-size", type=int, default=None, metavar="G",
+                    help="weights per scale along K (default 128; 0 = K; the gguf packings fix it at 32)")
     qg.add_argument("--packing", default="native",
                     help="native | awq | gptq | gguf_q4_0 | gguf_q8_0 (default native)")
-    qg.add_argument("--symmetric", action="store_true", help="no zero points (native packing only)")
+    qg.add_argument("--symmetric", action="store_true",
+                    help="no zero points (native packing; awq and gptq store zero points, gguf never does)")
     qg.add_argument("--act-order", action="store_true", help="gptq with g_idx")
     qg.add_argument("--prologue", choices=("silu_mul",), default=None,
                     help="silu_mul: x is (M, 2K), gate then up, and the input is silu(gate) * up (backends that "
                          "do not implement it are shown refusing it)")
     _common(qg)
+    qg.set_defaults(parser_=qg)
     ex.set_defaults(func=cmd_explain)
 
     for name, (_, text) in DELEGATES.items():
@@ -340,13 +409,23 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``portakern`` console script and ``python -m portakern``; returns the exit status."""
+    """Entry point of the ``portakern`` console script and ``python -m portakern``; returns the exit status
+    (130 when Ctrl-C stopped the command; the conformance runner still writes what it has)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        where = f"portakern {argv[0]}" if argv else "portakern"
+        print(f"{where}: interrupted (Ctrl-C)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str]) -> int:
     if argv and argv[0] in DELEGATES:
         return _delegate(argv[0], argv[1:])
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_join_negative_values(argv))
     except SystemExit as e:  # --help, --version, or an argparse usage error (already printed)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     if not getattr(args, "func", None):
@@ -354,14 +433,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     from portakern.errors import PortakernError
 
+    where = " ".join(filter(None, (args.command, getattr(args, "op", None))))
     try:
         return args.func(args)
-    except _UsageError as e:
-        where = " ".join(filter(None, (args.command, getattr(args, "op", None))))
+    except (_UsageError, PortakernError) as e:  # a PortakernError: an invalid problem; it names the rule
         print(f"portakern {where}: error: {e} (see: portakern {where} --help)", file=sys.stderr)
-        return EXIT_USAGE
-    except PortakernError as e:  # an invalid problem description: the message names the rule
-        print(f"portakern {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
         return EXIT_USAGE
 
 

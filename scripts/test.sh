@@ -5,7 +5,8 @@
 #      (1 and 2 shard their cases over one worker process per core: --jobs 0)
 #   3. the pytest suite (unit, reference, dispatch, plugin, conformance and mutation tests).
 # Exit status is non-zero if any step fails; pytest's "no tests ran" (5) is a failure too.
-# Reports of steps 1-2 land in reports/. Set PORTAKERN_SKIP_SLOW_CONFORMANCE=1 to run pytest only.
+# Reports of steps 1-2 land in reports/; their progress is a line per 10 % on stderr.
+# Set PORTAKERN_SKIP_SLOW_CONFORMANCE=1 to run pytest only.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
@@ -14,10 +15,10 @@ status=0
 mkdir -p reports
 if [ -z "${PORTAKERN_SKIP_SLOW_CONFORMANCE:-}" ]; then
   echo "== triton backend, cpu-tier conformance under TRITON_INTERPRET=1 =="
-  TRITON_INTERPRET=1 $PK conformance --backend triton --device cpu --jobs 0 --no-progress \
+  TRITON_INTERPRET=1 $PK conformance --backend triton --device cpu --jobs 0 \
     --report reports/triton-interpreter.json --markdown reports/triton-interpreter.md || status=1
   echo "== triton backend, compile-only for sm_80, sm_90a, sm_100a =="
-  $PK conformance --backend triton --compile-only --target sm_80,sm_90a,sm_100a --jobs 0 --no-progress \
+  $PK conformance --backend triton --compile-only --target sm_80,sm_90a,sm_100a --jobs 0 \
     --report reports/triton-compile-only.json --markdown reports/triton-compile-only.md || status=1
 fi
 .venv/bin/python -m pytest -q "$@"

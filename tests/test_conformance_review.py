@@ -363,3 +363,36 @@ def test_bad_numbers_name_the_option_and_the_way_out(capsys, argv, fragment):
 
     assert cli_main(["--backend", "cpu", "--cases", ONE, *argv]) == 2
     assert fragment in capsys.readouterr().err
+
+
+def test_main_sh_runs_each_gpu_once_on_the_gpu_tier_with_workers(tmp_path):
+    # the gpu tier holds every cpu-tier case, so a cpu-tier run before it repeated 439 cases per backend;
+    # and a serial run compiles some 300 kernels one after another (--jobs 0: one worker per core)
+    r, runs = _main_sh_sandbox(tmp_path, "return [_D('cpu', 0), _D('cuda', 0)]")
+    assert r.returncode == 0, r.stderr
+    cuda = [c for c in runs if "--device cuda:0" in c]
+    assert len(cuda) == 1 and "--tier gpu" in cuda[0] and "--report reports/cuda-0.json" in cuda[0], runs
+    assert all("--jobs 0" in c for c in runs), runs
+
+
+def test_test_sh_conformance_steps_show_progress(tmp_path):
+    # CI logs are not a terminal: the runner then prints one line per 10 %; --no-progress left the
+    # interpreter run (many minutes) silent until its end
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "test.sh").write_text((repo / "scripts" / "test.sh").read_text())
+    (tmp_path / "scripts" / "setup.sh").write_text("true\n")
+    bin_ = tmp_path / ".venv" / "bin"
+    bin_.mkdir(parents=True)
+    (bin_ / "python").write_text("#!/usr/bin/env bash\nexit 0\n")
+    (bin_ / "portakern").write_text(f'#!/usr/bin/env bash\necho "$*" >> {tmp_path}/calls\n')
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    r = subprocess.run(["bash", str(tmp_path / "scripts" / "test.sh")], capture_output=True, text=True, timeout=60,
+                       env={k: v for k, v in os.environ.items() if k != "PORTAKERN_SKIP_SLOW_CONFORMANCE"})
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert r.returncode == 0, r.stderr
+    assert len(calls) == 2 and all(c.startswith("conformance") for c in calls), calls
+    assert not any("--no-progress" in c for c in calls), calls

@@ -20,3 +20,19 @@ def test_quickstart_runs(monkeypatch, tmp_path, capsys):
     w4 = scope["w4"]
     assert w4.shape == (256, 512)
     assert "chosen" in capsys.readouterr().out  # explain() printed its table
+
+
+def test_command_line_examples_run(monkeypatch, capsys):
+    """Every ``portakern ...`` line of README's "Command line" block runs and exits 0."""
+    import shlex
+
+    from portakern import cli
+
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"## Command line\n\n```bash\n(.*?)```", text, re.S).group(1)
+    commands = [line.split("  #")[0].strip() for line in block.splitlines() if line.startswith("portakern ")]
+    assert {c.split()[1] for c in commands} >= {"info", "explain", "conformance", "goldens", "support"}
+    monkeypatch.chdir(ROOT)
+    for command in commands:
+        argv = shlex.split(command)[1:]
+        assert cli.main(argv) == 0, (command, capsys.readouterr())
