@@ -174,6 +174,17 @@ def _unpack_words(words: np.ndarray, order: tuple[int, ...]) -> np.ndarray:
     return out.reshape(w.shape[0], -1)
 
 
+def gptq_v2_zeros_to_v1(qzeros: np.ndarray) -> np.ndarray:
+    """GPTQ v2 ``qzeros`` (int32 ``(G, N // 8)``, eight zero points a word) in the v1 form ``Packing.GPTQ`` reads
+    (each zero point minus one). Raises ``InvalidInputError`` for a zero point of 0, which v1 cannot hold."""
+    z = _unpack_words(qzeros, _IDENTITY)
+    if (z == 0).any():
+        raise InvalidInputError(f"qzeros (checkpoint_format='gptq_v2') holds {int((z == 0).sum())} zero points of "
+                                "0, which the v1 layout the kernels read (zero - 1 in four bits) cannot hold; "
+                                "dequantize the checkpoint and requantize it with portakern.quantize(w, ...)")
+    return _pack_words(z - 1, _IDENTITY)
+
+
 def _store_scales(scales: np.ndarray, dtype: DType) -> np.ndarray:
     """Scales in ``dtype`` (round to nearest, ties to even); bfloat16 becomes float32 holding bf16 values.
 

@@ -157,8 +157,6 @@ class QuantizedWeight:
             raise InvalidInputError(f"checkpoint_format={checkpoint_format!r}: expected 'gptq' (AutoGPTQ v1: qzeros "
                                     "hold zero - 1) or 'gptq_v2' (qzeros hold the zero points); the checkpoint's "
                                     "quantize_config.json names it")
-        if checkpoint_format == "gptq_v2":
-            qzeros = _gptq_v2_zeros_to_v1(qzeros)
         t = {"qweight": qweight, "qzeros": qzeros, "scales": scales}
         K8, N = _dims2(qweight, "qweight", "(K // 8, N)")
         K = K8 * 8
@@ -178,6 +176,9 @@ class QuantizedWeight:
                 has_g_idx = True
                 t["g_idx"] = g_idx.to(_torch().int32) if kind == "torch" else g_idx.astype("int32")
         fmt = QuantFormat(4, G, False, Packing.GPTQ, _scale_dtype(scales), has_g_idx=has_g_idx)
+        if checkpoint_format == "gptq_v2":  # the same layout as v1: checked first, then the zeros rewritten
+            packing.validate_tensors(fmt, t, N, K, argument=None)
+            t["qzeros"] = _like(packing.gptq_v2_zeros_to_v1(to_numpy(qzeros)), qzeros)
         return cls._checked(fmt, N, K, t)
 
     @classmethod
@@ -194,15 +195,7 @@ class QuantizedWeight:
         """
         host = {k: to_numpy(v) for k, v in self.tensors.items()}
         out = packing.dequantize(self.fmt, host, self.N, self.K).astype("float32")
-        if self._kind == "torch":
-            torch = _torch()
-            return torch.from_numpy(out).to(next(iter(self.tensors.values())).device)
-        if self._kind == "cupy":
-            import cupy
-
-            with cupy.cuda.Device(self._device.index):
-                return cupy.asarray(out)
-        return out
+        return _like(out, next(iter(self.tensors.values())))
 
     def to(self, device: Any) -> "QuantizedWeight":
         """This weight with its tensors on ``device`` ("cpu", "cuda", "cuda:1", a ``Device`` or a
@@ -231,31 +224,17 @@ class QuantizedWeight:
 
 # -- helpers -----------------------------------------------------------------------------------
 
-def _gptq_v2_zeros_to_v1(qzeros: Any) -> Any:
-    """GPTQ v2 ``qzeros`` (eight 4-bit zero points a word) as v1 words (each zero minus one), same array type and
-    device; a zero point of 0 has no v1 form."""
-    import numpy as np
-
-    kind = kind_of(qzeros, "qzeros")
-    host = to_numpy(qzeros)
-    if host.dtype != np.int32:
-        raise InvalidTypeError(f"qzeros has dtype {host.dtype}: GPTQ qzeros are int32 words of eight 4-bit zero points")
-    words = host.view(np.uint32)
-    shifts = np.arange(0, 32, 4, dtype=np.uint32)
-    nib = (words[..., None] >> shifts) & 15
-    if (nib == 0).any():
-        raise InvalidInputError(f"qzeros (checkpoint_format='gptq_v2') holds {int((nib == 0).sum())} zero points of "
-                                "0, which the v1 layout the kernels read (zero - 1 in four bits) cannot hold; "
-                                "dequantize the checkpoint and requantize it with portakern.quantize(w, ...)")
-    v1 = (((nib - 1) & 15) << shifts).sum(axis=-1, dtype=np.uint64).astype(np.uint32).view(np.int32)
+def _like(host: Any, a: Any) -> Any:
+    """The numpy array ``host`` as ``a``'s array type on ``a``'s device."""
+    kind = kind_of(a)
     if kind == "torch":
-        return _torch().from_numpy(np.ascontiguousarray(v1)).to(qzeros.device)
+        return _torch().from_numpy(host).to(a.device)
     if kind == "cupy":
         import cupy
 
-        with cupy.cuda.Device(qzeros.device.id):
-            return cupy.asarray(v1)
-    return np.ascontiguousarray(v1)
+        with cupy.cuda.Device(a.device.id):
+            return cupy.asarray(host)
+    return host
 
 
 def _torch():
