@@ -169,13 +169,13 @@ def quant_gemv(x, w, *, prologue=None, backend=None):
       InvalidInputError / InvalidTypeError for bad arguments (shape, dtype, device, weight type);
       UnsupportedError when no backend (or not the one named) supports the problem.
     """
-    shape = getattr(x, "shape", None)
-    if shape is not None and len(shape) == 2 and shape[0] == 0:
-        return _empty_gemv(x, w, prologue, backend)
     fmt = getattr(w, "fmt", None)
     key = ("quant_gemv", _sig(x), fmt, getattr(w, "N", None), getattr(w, "K", None),
            _weight_place(w), prologue, dispatch.override_key(backend))
-    plan = dispatch.get_plan(key, lambda: _gemv_node(x, w, prologue), backend)
+    try:
+        plan = dispatch.get_plan(key, lambda: _gemv_node(x, w, prologue), backend)
+    except _EmptyBatch:  # found on the plan miss, so a cached call pays nothing for it
+        return _empty_gemv(x, w, prologue, backend)
     while True:
         try:
             return _run_gemv(plan, x, w)
@@ -200,8 +200,15 @@ def _weight_place(w) -> tuple:
     return (type(t), getattr(t, "device", None))
 
 
+class _EmptyBatch(Exception):
+    """Raised by ``_gemv_node`` for an ``x`` of zero rows, which has no plan (the IR has no empty GEMV)."""
+
+
 def _gemv_node(x, w, prologue=None):
     """On a plan miss: the op, its device, and a runner for measuring (fresh output per run)."""
+    shape = getattr(x, "shape", None)
+    if shape is not None and len(shape) == 2 and shape[0] == 0:
+        raise _EmptyBatch
     op, xi = quant_gemv_op(x, w, prologue)
     return op, xi.device, lambda trial: _run_gemv(trial, x, w)
 

@@ -37,7 +37,7 @@ _ANY_RULE = "float16, bfloat16, float32, float64, int8, uint8, int32 or int64"
 
 #: float32's smallest normal and largest finite values: a scale or softcap outside them is inf / 0 / subnormal in
 #: the kernels' float32 arithmetic while the float64 reference computes with it
-_F32_TINY, _F32_MAX = 1.1754943508222875e-38, 3.4028234663852886e38
+_F32_TINY, _F32_MAX = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
 
 
 def check_dense_array(a: Any, kind: str, argument: str) -> None:
