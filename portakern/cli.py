@@ -374,7 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  "  portakern explain quant_gemv --shape 8,4096,4096 --packing gguf_q4_0 --json\n"
                                  "  portakern explain quant_gemv --shape 1,4096,14336 --prologue silu_mul")
     qg.add_argument("--shape", required=True, metavar="M,N,K", help="rows of x, output features, input features")
-    qg.add_argument("--bits", type=int, default=None, choices=(2, 3, 4, 8),
+    from portakern.ir.quant import PACKING_BITS
+
+    qg.add_argument("--bits", type=int, default=None, choices=sorted({b for bs in PACKING_BITS.values() for b in bs}),
                     help="bits per weight (default 4; gguf_q4_0 / gguf_q8_0 fix it at 4 / 8)")
     qg.add_argument("--group-size", type=int, default=None, metavar="G",
                     help="weights per scale along K (default 128; 0 = K; the gguf packings fix it at 32)")

@@ -138,7 +138,9 @@ def test_explain_unsupported_forced_backend_exits_1(fresh_registry, capsys, monk
     (["explain", "attention", "--shape", "1,1,8,2,2,64", "--device", "cuda:3"], "device='cuda:3' is not present"),
     (["explain", "attention", "--shape", "1,1,8,2,2,64", "--backend", "nope"], "backend='nope' is not registered"),
     (["explain", "quant_gemv", "--shape", "1,64,100", "--group-size", "32"], "group_size=32 does not divide K=100"),
-    (["explain", "quant_gemv", "--shape", "1,64,128", "--bits", "3"], "bits=3 is not supported by packing native"),
+    (["explain", "quant_gemv", "--shape", "1,64,128", "--bits", "3"], "invalid choice: 3 (choose from 4, 8)"),
+    (["explain", "quant_gemv", "--shape", "1,64,128", "--bits", "8", "--packing", "awq"],
+     "bits=8 is not supported by packing awq"),
     (["explain", "quant_gemv", "--shape", "1,64,128", "--packing", "exl2"], "--packing exl2: expected one of"),
 ])
 def test_bad_arguments_exit_2(fresh_registry, capsys, argv, fragment):

@@ -16,11 +16,10 @@ Split-KV (decode, when the query tiles alone do not fill the GPU): the keys of e
 split ``num_splits`` ways; each split writes a float32 partial output and LSE, and either the
 separate ``attn_combine`` kernel or the last split to finish (in the same launch) merges them
 (``AttnConfig.fused_combine``; per architecture in ``tuning.FUSED_COMBINE``). The workspace is
-allocated once per compiled signature and device and kept in the kernel's closure:
-``4 * num_splits * R * Hq * (Dv + 1)`` bytes with ``R = B * Sq`` (``total_q`` for varlen), plus one int32
-arrival counter per query tile for ``attn_fwd`` (``tuning.workspace_bytes``;
-``num_splits <= tuning.MAX_SPLITS``). Two concurrent calls of one signature on different CUDA
-streams would share it: serialise them.
+allocated once per compiled signature, device and CUDA stream (``stream_workspace``: a capture takes an
+existing set) and kept in the kernel's closure: ``4 * num_splits * R * Hq * (Dv + 1)`` bytes with
+``R = B * Sq`` (``total_q`` for varlen), plus one int32 arrival counter per query tile for ``attn_fwd``
+(``tuning.workspace_bytes``; ``num_splits <= tuning.MAX_SPLITS``).
 
 TMA (``AttnConfig.tma``, dense prefill on sm_90+): K and V go to the kernel as host-side
 ``TensorDescriptor``s, 4-D over the (B, Sk, Hkv, D) tensors with their own strides, built per call
@@ -46,6 +45,7 @@ from . import tuning
 from .backend import KERNEL_OPTIONS
 from .tuning import AttnConfig
 from .launch import KernelLaunch
+from .stream_workspace import StreamWorkspace
 
 MAX_HEAD_DIM = 256
 MAX_GRID_Y = 65535
@@ -220,7 +220,7 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
         grid = (-(-op.seqlen_q // rows) * cfg.num_splits, op.batch * op.heads_q // cfg.pack)
     launch_opts = {} if interpret else dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=cfg.pdl,
                                             **KERNEL_OPTIONS)
-    workspace: dict[Any, tuple[Any, Any]] = {}
+    workspace: dict[Any, Any] = {}   # device -> StreamWorkspace
     cconsts = _combine_constexprs(op, cfg, consts["BLOCK_DV"])
     combine_opts = {} if interpret else dict(num_warps=4, launch_pdl=cconsts["PDL"], **KERNEL_OPTIONS)
     fwd_launch = {False: KernelLaunch(fwd, grid, consts, launch_opts, interpret)}   # key: the pointer fallback
@@ -247,8 +247,10 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
         if cfg.num_splits > 1:
             ws = workspace.get(q.device)
             if ws is None:
-                ws = workspace[q.device] = _workspace(op, cfg, R, grid, q.device)
-            ws_o, ws_lse, locks = ws
+                dev = q.device
+                ws = workspace[dev] = StreamWorkspace(lambda: _workspace(op, cfg, R, grid, dev),
+                                                      None if dev.type == "cpu" else dev.index or 0)
+            ws_o, ws_lse, locks = ws.get()
         else:
             ws_o = ws_lse = locks = None
         kd = vd = None

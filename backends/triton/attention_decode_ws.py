@@ -126,16 +126,17 @@ def smem_bytes(op: Attention, block_n: int, stages: int) -> int:
 def launcher(op: Attention, cfg, combine_consts: dict[str, Any]) -> Callable[..., None]:
     """``launch(q, k, v, out, lse, aux)`` of the kernel for ``op`` under ``cfg``, for tensors that passed the
     backend's checks and ``call_blocker`` (``attention._build_gluon`` wraps it with both). With
-    ``cfg.num_splits > 1`` the splits' partials go to a workspace (allocated on the first call per device)
-    that ``attn_combine`` (``combine_consts``) merges."""
+    ``cfg.num_splits > 1`` the splits' partials go to a workspace (made on the first call per CUDA stream,
+    ``stream_workspace``) that ``attn_combine`` (``combine_consts``) merges."""
     from . import kernels
     from .attention import split_partials
+    from .stream_workspace import StreamWorkspace
 
     fn = kernels.load("attention_decode_ws").attn_decode_ws
     combine = kernels.load("attention_combine").attn_combine
     consts = constexprs(op, cfg)
     grid = (cfg.num_splits, op.batch * op.heads_kv)
-    workspace: dict[Any, tuple[Any, Any]] = {}
+    workspace: dict[Any, Any] = {}   # device -> StreamWorkspace
     decode = KernelLaunch(fn, grid, consts, dict(num_warps=4, launch_pdl=cfg.pdl, **KERNEL_OPTIONS))
     merge = KernelLaunch(combine, (op.batch * op.heads_q,), combine_consts,
                          dict(num_warps=4, launch_pdl=combine_consts["PDL"], **KERNEL_OPTIONS))
@@ -152,9 +153,11 @@ def launcher(op: Attention, cfg, combine_consts: dict[str, Any]) -> Callable[...
         bt, sk = aux.get("block_table"), aux.get("seqlens_k")
         ws_o = ws_lse = None
         if cfg.num_splits > 1:
-            if q.device not in workspace:
-                workspace[q.device] = split_partials(op, cfg, op.batch, q.device)
-            ws_o, ws_lse = workspace[q.device]
+            ws = workspace.get(q.device)
+            if ws is None:
+                dev = q.device
+                ws = workspace[dev] = StreamWorkspace(lambda: split_partials(op, cfg, op.batch, dev), dev.index or 0)
+            ws_o, ws_lse = ws.get()
         sl = lse.stride() if lse is not None else (0, 0, 0)
         decode(qd, kd, vd, out, lse, ws_o, ws_lse, bt, sk, out.stride(0), out.stride(2), sl[0], sl[1],
                *(bt.stride() if bt is not None else (0, 0)), op.heads_q, k.shape[1], op.scale)

@@ -70,7 +70,8 @@ def grid_programs(op, layout, cfg, num_sms: int, programs: int | None = None) ->
 
 class Launcher:
     """The stream-K kernel for one op and weight layout, its split-K workspace (two partials of
-    ``block_n`` per program) and arrival counters (one per column tile, reset by the kernel).
+    ``block_n`` per program) and arrival counters (one per column tile, reset by the kernel), one set
+    per CUDA stream (``stream_workspace``).
     ``programs`` (tests, measurements) overrides the grid; it is capped at the units."""
 
     def __init__(self, op, layout, cfg, num_sms: int, tdev: str, mode: int = 0, programs: int | None = None):
@@ -79,6 +80,7 @@ class Launcher:
         from . import kernels
         from .backend import KERNEL_OPTIONS
         from .launch import KernelLaunch
+        from .stream_workspace import StreamWorkspace, stream_index
 
         self.fn = kernels.load("gemv_stream").gemv_stream_kernel
         self.programs = grid_programs(op, layout, cfg, num_sms, programs)
@@ -86,10 +88,14 @@ class Launcher:
         self.opts = dict(num_warps=cfg.num_warps, launch_pdl=cfg.pdl, **KERNEL_OPTIONS)
         self.n_tiles = -(-op.N // cfg.block_n)
         self.N = op.N
-        self.ws = torch.empty((self.programs * 2, cfg.block_n), dtype=torch.float32, device=tdev)
-        self.cnt = torch.zeros((self.n_tiles,), dtype=torch.int32, device=tdev)
+        programs, block_n, n_tiles = self.programs, cfg.block_n, self.n_tiles
+        self.buffers = StreamWorkspace(
+            lambda: (torch.empty((programs * 2, block_n), dtype=torch.float32, device=tdev),
+                     torch.zeros((n_tiles,), dtype=torch.int32, device=tdev)),
+            stream_index(tdev))
         self.launch = KernelLaunch(self.fn, (self.programs,), self.consts, self.opts)
 
     def __call__(self, x, w, out) -> None:
         z = w.scales if w.zeros is None else w.zeros
-        self.launch(x, w.qweight, w.scales, z, out, self.ws, self.cnt, self.N, self.n_tiles, w.stride_qk)
+        ws, cnt = self.buffers.get()
+        self.launch(x, w.qweight, w.scales, z, out, ws, cnt, self.N, self.n_tiles, w.stride_qk)

@@ -13,7 +13,8 @@ internal layout (``PreparedGemvWeight``; the byte layout is documented in
 ``compile(op, device)`` returns ``kernel(x, prepared, out)``. The launch configuration comes from
 ``gemv_tuning`` (table, or autotuned and cached with ``PORTAKERN_TRITON_AUTOTUNE=1``). CUDA-graph
 contract: the first call of a signature builds the launcher (and, for split-K, its fp32
-workspace and arrival counters, which the kernel resets itself); every later call launches one
+workspace and arrival counters, which the kernel resets itself; one set per CUDA stream, made on the
+stream's first call: ``stream_workspace``); every later call on a stream launches one
 kernel with no allocation, no host synchronisation and no tensor created on the host (except for an x
 view whose rows lie 2^31 or more elements apart, past the kernels' 32-bit offsets: it is copied each call).
 
@@ -44,6 +45,7 @@ from .backend import KERNEL_OPTIONS, interpret_env
 from .gemv_checks import MAX_OFFSET, check_weight, max_row_stride, raise_out_stride
 from .gemv_frag_layout import FRAG_CHUNK, frag_eligible, pack_fragments, unpack_fragments  # noqa: F401
 from .launch import KernelLaunch
+from .stream_workspace import StreamWorkspace, stream_index
 
 _TARGETS = {"sm_80": 80, "sm_90a": 90, "sm_100a": 100, "sm_120": 120}
 #: words per row are padded to this multiple (64 bytes) so every row starts 16-byte aligned
@@ -300,16 +302,21 @@ class _Launcher:
         self.opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, **KERNEL_OPTIONS)
         if cfg.pdl:
             self.opts["launch_pdl"] = True
-        if cfg.split_k > 1:  # allocated once; the kernel's last slice resets its counter after each use
-            self.ws = torch.empty((cfg.split_k, tiles_m * bm, op.N), dtype=torch.float32, device=tdev)
-            self.lock = torch.zeros((tiles_m * tiles_n,), dtype=torch.int32, device=tdev)
-        else:
-            self.ws = self.lock = None
-        # the silu_mul prologue formed once per program: a scratch row each (allocated once, like the workspace)
-        self.glu, self.glu_len = None, 0
-        if self.consts.get("GLU") == 2:
-            self.glu = torch.empty((glu_scratch_values(op, layout, cfg),), dtype=torch.float32, device=tdev)
-            self.glu_len = self.ksw * layout.codes_per_word
+        # split-K partials and arrival counters (the kernel's last slice resets its counter after each use) and
+        # the silu_mul prologue's per-program scratch rows: one set per stream, made on its first call there
+        glu = self.consts.get("GLU") == 2
+        self.glu_len = self.ksw * layout.codes_per_word if glu else 0
+
+        def make():
+            ws = lock = scratch = None
+            if cfg.split_k > 1:
+                ws = torch.empty((cfg.split_k, tiles_m * bm, op.N), dtype=torch.float32, device=tdev)
+                lock = torch.zeros((tiles_m * tiles_n,), dtype=torch.int32, device=tdev)
+            if glu:
+                scratch = torch.empty((glu_scratch_values(op, layout, cfg),), dtype=torch.float32, device=tdev)
+            return ws, lock, scratch
+
+        self.buffers = StreamWorkspace(make, stream_index(tdev)) if cfg.split_k > 1 or glu else None
         self.dims = (op.M, op.N, op.K, layout.KWP, layout.stride_qk)
         # the largest row strides whose last element the kernels' 32-bit offsets still reach
         self.x_stride_max = max_row_stride(op.M, op.x_columns)
@@ -331,8 +338,11 @@ class _Launcher:
             sx = x.stride(0)
         if so > self.out_stride_max:
             raise_out_stride(M, so)
-        ws = out if self.ws is None else self.ws
-        lock = w.qweight if self.lock is None else self.lock
+        ws = lock = glu = None
+        if self.buffers is not None:
+            ws, lock, glu = self.buffers.get()
+        ws = out if ws is None else ws
+        lock = w.qweight if lock is None else lock
         z = w.scales if w.zeros is None else w.zeros
         perm = w.qweight if w.perm is None else w.perm
         launch = self.launch
@@ -343,7 +353,7 @@ class _Launcher:
             launch(x, w.qweight, w.scales, z, out, ws, lock, M, N, K, KWP, sqk, sx, so, self.ksw)
         elif self.kind == "fma":
             kg = w.qweight if w.kgroup is None else w.kgroup
-            glu = ws if self.glu is None else self.glu
+            glu = ws if glu is None else glu
             launch(x, w.qweight, w.scales, z, perm, kg, out, ws, lock, M, N, K, KWP, sqk,
                    sx, so, self.ksw, self.mask_rt, glu, self.glu_len)
         else:

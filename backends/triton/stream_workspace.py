@@ -1,0 +1,80 @@
+"""Scratch buffers of a compiled kernel, one set per CUDA stream.
+
+Split-K GEMVs and split-KV attention merge their partial results through an fp32 workspace and
+arrival counters that the kernels reset after each use. Two launches of one signature running at
+the same time would mix each other's partials and counts, so each CUDA stream that calls a kernel
+gets its own set, made on its first call there (launches on one stream run one after another).
+
+A CUDA-graph capture does not make a set: allocating and zeroing counters while capturing would
+record a memset into the graph, replayed before every launch. A capture takes the set of the
+stream it captures, or else the first set made (normally the warm-up stream's, the way
+``torch.cuda.graph`` is used). So a graph's replays share that set with eager calls on the stream
+that made it, and two graphs of one signature share it too: replaying them concurrently with each
+other, or with eager calls on that stream, is not supported (``docs/api.md``, "Streams and threads").
+
+The hot path is one current-stream read (``torch._C._cuda_getCurrentRawStream``, what Triton's own
+launcher reads) and a compare with the first set's stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+def stream_index(device: str) -> int | None:
+    """The CUDA device index of a torch device string (``"cuda:1"`` -> 1, ``"cuda"`` -> 0); None for ``"cpu"``."""
+    if not device.startswith("cuda"):
+        return None
+    _, _, index = device.partition(":")
+    return int(index or 0)
+
+
+def _current_stream(index: int) -> int:
+    import torch
+
+    return torch._C._cuda_getCurrentRawStream(index)
+
+
+def _capturing() -> bool:
+    import torch
+
+    return torch.cuda.is_current_stream_capturing()
+
+
+class StreamWorkspace:
+    """``get()`` returns ``make()``'s buffers for the current CUDA stream of device ``index``, made once per
+    stream (``index`` None: the CPU interpreter, one set)."""
+
+    __slots__ = ("_make", "_index", "_first", "_first_stream", "_others")
+
+    def __init__(self, make: Callable[[], Any], index: int | None):
+        self._make, self._index = make, index
+        self._first: Any = None
+        self._first_stream: int | None = None
+        self._others: dict[int, Any] = {}
+
+    def get(self) -> Any:
+        if self._index is None:
+            if self._first is None:
+                self._first = self._make()
+            return self._first
+        stream = _current_stream(self._index)
+        if stream == self._first_stream:
+            return self._first
+        return self._other(stream)
+
+    def _other(self, stream: int) -> Any:
+        if self._first is None:   # the signature's first call (a capture without warm-up makes it too)
+            self._first, self._first_stream = self._make(), stream
+            return self._first
+        found = self._others.get(stream)
+        if found is not None:
+            return found
+        if _capturing():          # no allocation inside a capture: the first set (see the module docstring)
+            return self._first
+        return self._others.setdefault(stream, self._make())
+
+    @property
+    def streams(self) -> int:
+        """How many sets have been made (introspection, tests)."""
+        return (self._first is not None) + len(self._others)
