@@ -68,7 +68,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, sc
 
     Returns:
       ``out`` ``(B, Sq, Hq, Dv)``, or ``(out, lse)`` when ``return_lse``. Rows with every key
-      masked are zeros.
+      masked are zeros. A ``q`` of no query rows (B or Sq 0; total_q 0 for varlen) is checked like
+      any other and gives empty results without a kernel.
 
     Raises:
       InvalidInputError / InvalidTypeError for bad arguments; UnsupportedError when no backend
@@ -87,7 +88,10 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, sc
                     mask_mod=mask_mod, block_table=block_table, seqlens_k=seqlens_k, cu_seqlens_q=cu_seqlens_q,
                     cu_seqlens_k=cu_seqlens_k, return_lse=return_lse)
 
-    plan = dispatch.get_plan(key, lambda: _attention_node(q, k, v, options(), has_aux), backend)
+    try:
+        plan = dispatch.get_plan(key, lambda: _attention_node(q, k, v, options(), has_aux), backend)
+    except _EmptyBatch:  # found on the plan miss, so a cached call pays nothing for it
+        return _empty_attention(q, k, v, options(), backend)
     aux = {"block_table": block_table, "seqlens_k": seqlens_k, "cu_seqlens_q": cu_seqlens_q,
            "cu_seqlens_k": cu_seqlens_k}
     if has_aux and plan.decision.device.type == "cpu":
@@ -112,9 +116,43 @@ def _window_key(window) -> Any:
 
 def _attention_node(q, k, v, kwargs, has_aux):
     """On a plan miss: the op, its device, and a runner for measuring (fresh outputs and aux per run)."""
+    if _no_query_rows(q, kwargs["cu_seqlens_q"] is not None or kwargs["cu_seqlens_k"] is not None):
+        raise _EmptyBatch
     op, qi = attention_op(q, k, v, **kwargs)
     names = ("block_table", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k")
     return op, qi.device, lambda trial: _run_attention(trial, q, k, v, {n: kwargs[n] for n in names}, has_aux)
+
+
+def _no_query_rows(q, varlen: bool) -> bool:
+    """Whether ``q`` has no query rows: batch or seqlen_q 0 in ``(B, Sq, Hq, D)``, total_q 0 in varlen's
+    ``(total_q, Hq, D)`` (empty heads or head dims are errors, left to validation)."""
+    shape = getattr(q, "shape", None)
+    if shape is None or len(shape) != (3 if varlen else 4):
+        return False
+    rows = shape[:1] if varlen else shape[:2]
+    return 0 in tuple(rows)
+
+
+def _empty_attention(q, k, v, kwargs, backend):
+    """The empty result of a q without query rows, after the checks any other call gets."""
+    _check_backend_name(backend)
+    op, qi = attention_op(q, k, v, **kwargs, empty_ok=True)
+    varlen = kwargs["cu_seqlens_q"] is not None
+    rows = tuple(qi.shape[:-2])                    # (B, Sq), or (total_q,) for varlen
+    like = q if qi.kind == "torch" else None
+    out = to_caller(empty(qi.kind, (*rows, op.heads_q, op.head_dim_v), op.dtype, qi.device, like=like),
+                    qi.kind, q, op.dtype)
+    if not op.return_lse:
+        return out
+    lse_shape = (op.heads_q, rows[0]) if varlen else (rows[0], op.heads_q, rows[1])
+    return out, to_caller(empty(qi.kind, lse_shape, _F32, qi.device, like=like), qi.kind, q, _F32)
+
+
+def _check_backend_name(backend) -> None:
+    """The backend= checks a call without a kernel still makes: its type, and that the name is registered."""
+    dispatch.override_key(backend)
+    if backend is not None:
+        registry().get(backend)
 
 
 def _same_arrays(caller: str, kind: str, dtype: DType) -> bool:
@@ -187,9 +225,7 @@ def quant_gemv(x, w, *, prologue=None, backend=None):
 
 def _empty_gemv(x, w, prologue, backend):
     """The ``(0, N)`` result of an empty batch, after the checks a batch of rows gets."""
-    dispatch.override_key(backend)                 # a malformed backend= is still an error
-    if backend is not None:
-        registry().get(backend)                    # so is an unknown name
+    _check_backend_name(backend)
     op, xi = quant_gemv_op(x, w, prologue, empty_ok=True)
     out = empty(xi.kind, (0, op.N), op.result_dtype, xi.device, like=x if xi.kind == "torch" else None)
     return to_caller(out, xi.kind, x, op.result_dtype)
@@ -201,7 +237,8 @@ def _weight_place(w) -> tuple:
 
 
 class _EmptyBatch(Exception):
-    """Raised by ``_gemv_node`` for an ``x`` of zero rows, which has no plan (the IR has no empty GEMV)."""
+    """Raised on a plan miss by ``_gemv_node`` for an ``x`` of zero rows and by ``_attention_node`` for a ``q`` of no
+    query rows, which have no plan (the IR has no empty GEMV or attention)."""
 
 
 def _gemv_node(x, w, prologue=None):

@@ -181,8 +181,12 @@ def _mods(causal, window, softcap, score_mod, mask_mod) -> tuple[Expr | None, Ex
 
 def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, score_mod=None,
                  mask_mod=None, block_table=None, seqlens_k=None, cu_seqlens_q=None, cu_seqlens_k=None,
-                 return_lse=False, check_values=True) -> tuple[Attention, ArrayInfo]:
-    """Validate the arguments of ``portakern.attention`` and build its ``Attention`` node."""
+                 return_lse=False, check_values=True, empty_ok=False) -> tuple[Attention, ArrayInfo]:
+    """Validate the arguments of ``portakern.attention`` and build its ``Attention`` node.
+
+    ``empty_ok``: a q of no query rows (batch 0 or seqlen_q 0; total_q 0 for varlen) is checked like any other
+    and its node built for one row (the IR has no empty attention); the caller returns the empty result
+    without running it."""
     rule = "attention inputs must be " + _FLOAT_RULE
     infos = {"q": describe(q, "q", rule), "k": describe(k, "k", rule), "v": describe(v, "v", rule)}
     _same_place(infos)
@@ -271,15 +275,18 @@ def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
                 if c[0] != 0 or (c[1:] < c[:-1]).any() or c[-1] != total:
                     raise InvalidInputError(f"{name}={c.tolist()[:8]}... must start at 0, never decrease and end at "
                                             f"{total} (the first dimension of {'q' if name.endswith('q') else 'k'})")
-        _nonempty("q", qi.shape, (("total_q", qi.shape[0], _SKIP),))
+        if not empty_ok:
+            _nonempty("q", qi.shape, (("total_q", qi.shape[0], _SKIP),))
         _nonempty("k", ki.shape, (("total_k", ki.shape[0], "with no keys every output row is 0 (lse -inf): skip the "
                                                            "call and use zeros"),))
-        op = Attention(batch=B, seqlen_q=qi.shape[0], seqlen_k=ki.shape[0], kv_layout=KVLayout.VARLEN,
-                       total_q=qi.shape[0], total_k=ki.shape[0], **common)
+        tq = max(qi.shape[0], 1)
+        op = Attention(batch=B, seqlen_q=tq, seqlen_k=ki.shape[0], kv_layout=KVLayout.VARLEN,
+                       total_q=tq, total_k=ki.shape[0], **common)
     elif paged:
         B, Sq = qi.shape[0], qi.shape[1]
         P, page = ki.shape[0], ki.shape[1]
-        _nonempty("q", qi.shape, (("batch", B, _SKIP), ("seqlen_q", Sq, _SKIP)))
+        if not empty_ok:
+            _nonempty("q", qi.shape, (("batch", B, _SKIP), ("seqlen_q", Sq, _SKIP)))
         if P < 1 or page < 1:  # page divides key positions below
             raise InvalidInputError(f"k has shape {ki.shape}: paged KV needs num_pages >= 1 and page_size >= 1 "
                                     "in (num_pages, page_size, Hkv, D)")
@@ -307,13 +314,15 @@ def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
                 if used.size and (used.min() < 0 or used.max() >= P):
                     raise InvalidInputError(f"block_table[{b_}] references page {int(used.max() if used.max() >= P else used.min())} "
                                             f"but k has {P} pages (valid 0..{P - 1})")
-        op = Attention(batch=B, seqlen_q=Sq, seqlen_k=bt[1] * page, kv_layout=KVLayout.PAGED, page_size=page,
+        op = Attention(batch=max(B, 1), seqlen_q=max(Sq, 1), seqlen_k=bt[1] * page, kv_layout=KVLayout.PAGED,
+                       page_size=page,
                        num_pages=P, has_seqlens_k=True, **common)
     else:
         B, Sq, Sk = qi.shape[0], qi.shape[1], ki.shape[1]
         if ki.shape[0] != B:
             raise InvalidInputError(f"k has batch {ki.shape[0]} but q has batch {B}: they must match")
-        _nonempty("q", qi.shape, (("batch", B, _SKIP), ("seqlen_q", Sq, _SKIP)))
+        if not empty_ok:
+            _nonempty("q", qi.shape, (("batch", B, _SKIP), ("seqlen_q", Sq, _SKIP)))
         _nonempty("k", ki.shape, (("seqlen_k", Sk, _KEEP_A_KEY),))
         if seqlens_k is not None:
             sk = describe(seqlens_k, "seqlens_k").shape
@@ -323,11 +332,13 @@ def attention_op(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None,
                 s = _host_values(seqlens_k, qi.kind)
                 if (s < 0).any() or (s > Sk).any():
                     raise InvalidInputError(f"seqlens_k={s.tolist()[:8]} must lie in [0, {Sk}] (the key length of k)")
-        op = Attention(batch=B, seqlen_q=Sq, seqlen_k=Sk, has_seqlens_k=seqlens_k is not None, **common)
+        op = Attention(batch=max(B, 1), seqlen_q=max(Sq, 1), seqlen_k=Sk, has_seqlens_k=seqlens_k is not None,
+                       **common)
     return op.verify(), qi
 
 
-_SKIP = "skip the call when there is nothing to attend"
+_SKIP = ("portakern.attention returns the empty result for it without a kernel; there is no kernel to run or "
+         "explain")
 _KEEP_A_KEY = ("keep at least one key slot and pass seqlens_k (0 for an entry with no keys, whose rows return "
                "zeros)")
 

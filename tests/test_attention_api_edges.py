@@ -100,25 +100,79 @@ def test_a_negative_paged_length_is_named_with_its_index(fresh_registry):
     assert "longer" not in msg  # it used to call the longest valid length (4) too long
 
 
-# -- empty dimensions: the argument is named, with the way out --------------------------------------------
+# -- empty dimensions: no query rows give empty results; anything else empty is named, with the way out ------
+
+@pytest.mark.parametrize("q, k, v, lse_shape", [
+    (rand(0, 4, 2, 8), rand(0, 4, 2, 8), rand(0, 4, 2, 16), (0, 2, 4)),
+    (rand(3, 0, 2, 8), rand(3, 4, 1, 8), rand(3, 4, 1, 8), (3, 2, 0)),
+], ids=["batch", "seqlen_q"])
+def test_no_query_rows_give_empty_results(fresh_registry, q, k, v, lse_shape):
+    out, lse = portakern.attention(q, k, v, return_lse=True)
+    assert isinstance(out, np.ndarray) and out.shape == (*q.shape[:3], v.shape[-1]) and out.dtype == q.dtype
+    assert lse.shape == lse_shape and lse.dtype == np.float32
+    assert portakern.attention(q, k, v, causal=True).shape == out.shape
+
+
+def test_no_query_rows_keep_the_array_type_device_and_dtype(fresh_registry):
+    torch = pytest.importorskip("torch")
+    q = torch.zeros(0, 1, 4, 8, dtype=torch.bfloat16)
+    k = torch.ones(0, 5, 2, 8, dtype=torch.bfloat16)
+    out = portakern.attention(q, k, k)
+    assert isinstance(out, torch.Tensor) and out.shape == (0, 1, 4, 8) and out.dtype == torch.bfloat16
+    # paged: a batch of 0 with its (0, max_pages) block table and (0,) lengths
+    pages = torch.ones(3, 4, 2, 8, dtype=torch.bfloat16)
+    out = portakern.attention(q, pages, pages, block_table=torch.zeros(0, 2, dtype=torch.int32),
+                              seqlens_k=torch.zeros(0, dtype=torch.int32))
+    assert out.shape == (0, 1, 4, 8)
+    # the torch op follows the API
+    from portakern import torch_ops
+
+    assert torch_ops.attention_op(q, k, k).shape == (0, 1, 4, 8)
+
+
+def test_no_varlen_query_rows_give_empty_results(fresh_registry):
+    out, lse = portakern.attention(rand(0, 2, 8), rand(4, 1, 8), rand(4, 1, 8), return_lse=True,
+                                   cu_seqlens_q=np.array([0, 0, 0], np.int32),
+                                   cu_seqlens_k=np.array([0, 1, 4], np.int32))
+    assert out.shape == (0, 2, 8) and lse.shape == (2, 0)
+
+
+@pytest.mark.parametrize("call, fragments", [
+    (lambda: portakern.attention(rand(0, 4, 2, 8), rand(1, 4, 2, 8), rand(1, 4, 2, 8)),
+     ["k has batch 1 but q has batch 0"]),
+    (lambda: portakern.attention(rand(0, 4, 4, 8), rand(0, 4, 3, 8), rand(0, 4, 3, 8)),
+     ["q has 4 heads and k has 3"]),
+    (lambda: portakern.attention(rand(0, 4, 2, 8), rand(0, 4, 2, 8), rand(0, 4, 2, 8), scale=float("nan")),
+     ["scale=nan must be a finite non-zero number"]),
+    (lambda: portakern.attention(rand(0, 4, 2, 8), rand(0, 4, 2, 8), rand(0, 4, 2, 8), backend="nope"),
+     ["backend='nope' is not registered"]),
+    (lambda: portakern.attention(rand(2, 0, 2, 8), rand(2, 4, 2, 8), rand(2, 4, 2, 8),
+                                 seqlens_k=np.array([1, 9], np.int32)),
+     ["seqlens_k=[1, 9] must lie in [0, 4]"]),
+], ids=["batch-mismatch", "heads", "scale", "backend", "seqlens_k"])
+def test_no_query_rows_are_checked_like_any_call(fresh_registry, call, fragments):
+    rejects(call, InvalidInputError, *fragments)
+
+
+def test_explain_names_an_empty_q(fresh_registry):
+    rejects(lambda: portakern.explain(portakern.attention, rand(0, 4, 2, 8), rand(0, 4, 2, 8), rand(0, 4, 2, 8)),
+            InvalidInputError, "q has shape (0, 4, 2, 8)", "batch=0", "no kernel to run or explain")
+
 
 @pytest.mark.parametrize("q, k, fragments", [
-    (rand(0, 4, 2, 8), rand(0, 4, 2, 8), ["q has shape (0, 4, 2, 8)", "batch=0 must be a positive int"]),
-    (rand(1, 0, 2, 8), rand(1, 4, 2, 8), ["q has shape (1, 0, 2, 8)", "seqlen_q=0 must be a positive int"]),
     (rand(1, 4, 2, 8), rand(1, 0, 2, 8), ["k has shape (1, 0, 2, 8)", "seqlen_k=0 must be a positive int",
                                           "seqlens_k"]),
-], ids=["batch", "seqlen_q", "seqlen_k"])
+    (rand(1, 4, 0, 8), rand(1, 4, 1, 8), ["q has shape (1, 4, 0, 8)", "heads (Hq) = 0"]),
+    (rand(0, 4, 2, 0), rand(0, 4, 2, 0), ["head_dim (D) = 0"]),
+], ids=["seqlen_k", "heads", "head_dim-of-empty-q"])
 def test_an_empty_dense_dimension_names_the_argument(fresh_registry, q, k, fragments):
     rejects(lambda: portakern.attention(q, k, k), InvalidInputError, *fragments)
 
 
-def test_empty_varlen_arrays_name_the_argument(fresh_registry):
-    cu = np.array([0, 0], np.int32)
-    rejects(lambda: portakern.attention(rand(0, 2, 8), rand(4, 2, 8), rand(4, 2, 8), cu_seqlens_q=cu,
-                                        cu_seqlens_k=np.array([0, 4], np.int32)),
-            InvalidInputError, "q has shape (0, 2, 8)", "total_q=0", "skip the call")
+def test_empty_varlen_keys_name_the_argument(fresh_registry):
     rejects(lambda: portakern.attention(rand(4, 2, 8), rand(0, 2, 8), rand(0, 2, 8),
-                                        cu_seqlens_q=np.array([0, 4], np.int32), cu_seqlens_k=cu),
+                                        cu_seqlens_q=np.array([0, 4], np.int32),
+                                        cu_seqlens_k=np.array([0, 0], np.int32)),
             InvalidInputError, "k has shape (0, 2, 8)", "total_k=0", "use zeros")
 
 
