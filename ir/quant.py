@@ -23,7 +23,9 @@ class Packing(str, enum.Enum):
         at 4 bits, byte j holds k = 2j in its low nibble and k = 2j+1 in its high nibble.
         Codes are unsigned in ``[0, 2^bits)``.
         ``scales`` ``(N, K // G)`` in ``scale_dtype``.
-        ``zeros`` uint8 ``(N, K // G)`` integer zero points (asymmetric only). Symmetric formats
+        ``zeros`` uint8 ``(N, K // G)`` integer zero points (asymmetric only; any uint8 value: at 4 bits
+        a zero point above 15 shifts every code of its group below zero, which the reference and the
+        kernels compute alike; ``pack`` and ``quantize`` never write one). Symmetric formats
         use the fixed zero point ``2^(bits-1)`` (8 at 4 bits, 128 at 8 bits) and have no ``zeros``.
 
     AWQ: AutoAWQ's GEMM layout, 4 bits, asymmetric, weight stored transposed (in=K, out=N).
