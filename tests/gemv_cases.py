@@ -26,6 +26,7 @@ CASES = [
     ("native4-asym-g100-m2-f16-perelem", "native", 4, 100, False, 2, 16, 300, "float16", {}),
     ("native4-asym-g64-m1-f32-scalebf16", "native", 4, 64, False, 1, 32, 256, "float32", {"scale": "bfloat16"}),
     ("native4-asym-g64-m1-f16-scalef32", "native", 4, 64, False, 1, 32, 256, "float16", {"scale": "float32"}),
+    ("native4-zeros-above-15-m2-f32", "native", 4, 64, False, 2, 40, 256, "float32", {"zeros_high": True}),
     ("native8-asym-g64-m1-f32", "native", 8, 64, False, 1, 40, 256, "float32", {}),
     ("native8-sym-gK-m4-f16", "native", 8, 264, True, 4, 33, 264, "float16", {}),
     ("native8-asym-g32-m16-f32", "native", 8, 32, False, 16, 32, 128, "float32", {}),
@@ -290,6 +291,8 @@ def weight(case, seed=0):
     elif gidx == "random":
         g_idx = rng.integers(0, ng, K)
     tensors = pack(fmt, codes, scales, zeros, N, K, g_idx=g_idx)
+    if extra.get("zeros_high"):   # native zero points past 2^bits - 1 (pack refuses them; the layout holds uint8)
+        tensors["zeros"] = rng.integers(1 << bits, 256, (N, ng)).astype(np.uint8)
     return QuantizedWeight(fmt, N, K, tensors)
 
 
