@@ -149,10 +149,12 @@ def _empty_attention(q, k, v, kwargs, backend):
 
 
 def _check_backend_name(backend) -> None:
-    """The backend= checks a call without a kernel still makes: its type, and that the name is registered."""
+    """The backend checks a call without a kernel still makes: backend='s type, and that the forced name (backend=,
+    else ``use_backend()``'s, else ``$PORTAKERN_BACKEND``) is registered, as ``dispatch.decide`` checks it."""
     dispatch.override_key(backend)
-    if backend is not None:
-        registry().get(backend)
+    forced, _ = dispatch.override(backend)
+    if forced is not None:
+        registry().get(forced)
 
 
 def _same_arrays(caller: str, kind: str, dtype: DType) -> bool:

@@ -154,6 +154,15 @@ def test_no_query_rows_are_checked_like_any_call(fresh_registry, call, fragments
     rejects(call, InvalidInputError, *fragments)
 
 
+@pytest.mark.parametrize("batch", [1, 0], ids=["rows", "no-rows"])
+def test_no_query_rows_still_check_a_backend_forced_by_the_environment(fresh_registry, monkeypatch, batch):
+    # an empty q used to return empty results although PORTAKERN_BACKEND names no backend
+    monkeypatch.setenv("PORTAKERN_BACKEND", "nope")
+    q = rand(batch, 4, 2, 8)
+    rejects(lambda: portakern.attention(q, q, q), InvalidInputError, "backend='nope' is not registered",
+            "registered backends are")
+
+
 def test_explain_names_an_empty_q(fresh_registry):
     rejects(lambda: portakern.explain(portakern.attention, rand(0, 4, 2, 8), rand(0, 4, 2, 8), rand(0, 4, 2, 8)),
             InvalidInputError, "q has shape (0, 4, 2, 8)", "batch=0", "no kernel to run or explain")

@@ -58,3 +58,11 @@ def test_a_batch_of_rows_still_computes(weight):
     x = np.linspace(-2, 2, 2 * 64, dtype=np.float32).reshape(2, 64)
     want = x.astype(np.float64) @ np.asarray(weight.dequantize(), np.float64).T
     np.testing.assert_allclose(portakern.quant_gemv(x, weight), want, rtol=1e-5, atol=1e-5)
+
+
+def test_empty_batch_still_checks_a_backend_forced_by_the_environment(weight, monkeypatch):
+    # PORTAKERN_BACKEND naming no backend fails a batch of rows; an empty batch used to return (0, N) regardless
+    monkeypatch.setenv("PORTAKERN_BACKEND", "no-such-backend")
+    for rows in (1, 0):
+        with pytest.raises(InvalidInputError, match="backend='no-such-backend' is not registered"):
+            portakern.quant_gemv(np.zeros((rows, 64), np.float32), weight)

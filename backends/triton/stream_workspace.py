@@ -8,7 +8,8 @@ gets its own set, made on its first call there (launches on one stream run one a
 A CUDA-graph capture does not make a set: allocating and zeroing counters while capturing would
 record a memset into the graph, replayed before every launch. A capture takes the set of the
 stream it captures, or else the first set made (normally the warm-up stream's, the way
-``torch.cuda.graph`` is used). So a graph's replays share that set with eager calls on the stream
+``torch.cuda.graph`` is used). The one exception is a signature whose very first call is captured
+(no warm-up): that call makes the first set inside the capture. So a graph's replays share that set with eager calls on the stream
 that made it, and two graphs of one signature share it too: replaying them concurrently with each
 other, or with eager calls on that stream, is not supported (``docs/api.md``, "Streams and threads").
 

@@ -519,7 +519,7 @@ def num_splits(op, cfg: AttnConfig, num_sms: int, per_sm: int = PROGRAMS_PER_SM)
 
 
 def workspace_bytes(op, cfg: AttnConfig) -> int:
-    """Split-KV workspace, allocated once per compiled signature and device.
+    """Split-KV workspace, allocated once per compiled signature, device and CUDA stream (this is one set).
 
     ``4 * num_splits * R * Hq * (Dv + 1)`` bytes of float32 partials (output and LSE per split),
     ``R = B * Sq`` (``total_q`` for varlen), plus one int32 arrival counter per query tile
