@@ -96,6 +96,8 @@ def test_the_interpreter_keeps_one_set_and_asks_no_stream(monkeypatch):
 @pytest.mark.parametrize("device, index", [("cpu", None), ("cuda", 0), ("cuda:0", 0), ("cuda:3", 3)])
 def test_stream_index(device, index):
     assert SW.stream_index(device) == index
+    torch = pytest.importorskip("torch")
+    assert SW.stream_index(torch.device(device)) == index
 
 
 # -- on a CUDA device ------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ from . import tuning
 from .backend import KERNEL_OPTIONS
 from .tuning import AttnConfig
 from .launch import KernelLaunch
-from .stream_workspace import StreamWorkspace
+from .stream_workspace import StreamWorkspace, stream_index
 
 MAX_HEAD_DIM = 256
 MAX_GRID_Y = 65535
@@ -248,8 +248,7 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
             ws = workspace.get(q.device)
             if ws is None:
                 dev = q.device
-                ws = workspace[dev] = StreamWorkspace(lambda: _workspace(op, cfg, R, grid, dev),
-                                                      None if dev.type == "cpu" else dev.index or 0)
+                ws = workspace[dev] = StreamWorkspace(lambda: _workspace(op, cfg, R, grid, dev), stream_index(dev))
             ws_o, ws_lse, locks = ws.get()
         else:
             ws_o = ws_lse = locks = None

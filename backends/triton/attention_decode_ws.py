@@ -130,7 +130,7 @@ def launcher(op: Attention, cfg, combine_consts: dict[str, Any]) -> Callable[...
     ``stream_workspace``) that ``attn_combine`` (``combine_consts``) merges."""
     from . import kernels
     from .attention import split_partials
-    from .stream_workspace import StreamWorkspace
+    from .stream_workspace import StreamWorkspace, stream_index
 
     fn = kernels.load("attention_decode_ws").attn_decode_ws
     combine = kernels.load("attention_combine").attn_combine
@@ -156,7 +156,7 @@ def launcher(op: Attention, cfg, combine_consts: dict[str, Any]) -> Callable[...
             ws = workspace.get(q.device)
             if ws is None:
                 dev = q.device
-                ws = workspace[dev] = StreamWorkspace(lambda: split_partials(op, cfg, op.batch, dev), dev.index or 0)
+                ws = workspace[dev] = StreamWorkspace(lambda: split_partials(op, cfg, op.batch, dev), stream_index(dev))
             ws_o, ws_lse = ws.get()
         sl = lse.stride() if lse is not None else (0, 0, 0)
         decode(qd, kd, vd, out, lse, ws_o, ws_lse, bt, sk, out.stride(0), out.stride(2), sl[0], sl[1],

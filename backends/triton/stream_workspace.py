@@ -8,10 +8,11 @@ gets its own set, made on its first call there (launches on one stream run one a
 A CUDA-graph capture does not make a set: allocating and zeroing counters while capturing would
 record a memset into the graph, replayed before every launch. A capture takes the set of the
 stream it captures, or else the first set made (normally the warm-up stream's, the way
-``torch.cuda.graph`` is used). The one exception is a signature whose very first call is captured
-(no warm-up): that call makes the first set inside the capture. So a graph's replays share that set with eager calls on the stream
-that made it, and two graphs of one signature share it too: replaying them concurrently with each
-other, or with eager calls on that stream, is not supported (``docs/api.md``, "Streams and threads").
+``torch.cuda.graph`` is used); only a signature whose very first call is captured (no warm-up) makes
+its first set inside the capture. So a graph's replays share that set with eager calls on the
+stream that made it, and two graphs of one signature share it too: replaying them concurrently with
+each other, or with eager calls on that stream, is not supported (``docs/api.md``, "Streams and
+threads").
 
 The hot path is one current-stream read (``torch._C._cuda_getCurrentRawStream``, what Triton's own
 launcher reads) and a compare with the first set's stream.
@@ -22,8 +23,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 
-def stream_index(device: str) -> int | None:
-    """The CUDA device index of a torch device string (``"cuda:1"`` -> 1, ``"cuda"`` -> 0); None for ``"cpu"``."""
+def stream_index(device) -> int | None:
+    """The CUDA device index of a torch device or its string (``"cuda:1"`` -> 1, ``"cuda"`` -> 0); None for
+    ``"cpu"`` (the interpreter: one set, no stream)."""
+    device = str(device)
     if not device.startswith("cuda"):
         return None
     _, _, index = device.partition(":")
