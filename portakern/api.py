@@ -34,7 +34,8 @@ def _sig(a: Any) -> tuple | None:
     except TypeError:
         return (type(a), a.shape, a.dtype, a.strides, a.device)
     try:
-        return (type(a), a.shape, a.dtype, a.strides, getattr(a, "device", None))  # numpy subclass / cupy
+        # numpy subclass / cupy / pyopencl (its device is its queue's: the context names it)
+        return (type(a), a.shape, a.dtype, a.strides, getattr(a, "device", None) or getattr(a, "context", None))
     except AttributeError:
         return (type(a), id(a))  # not an array: the plan miss validates it and names the argument
 

@@ -1,7 +1,10 @@
-"""Array interop: numpy, torch and cupy arrays in, the caller's array type out.
+"""Array interop: numpy, torch, cupy and pyopencl arrays in, the caller's array type out.
 
-Backends receive arrays of their ``array_kind`` ("numpy" or "torch"). numpy has no bfloat16, so a
-bf16 torch tensor reaches a numpy backend as float32 (exact) and its float32 result is cast back.
+Backends receive arrays of their ``array_kind`` ("numpy", "torch" or "pyopencl"). numpy has no bfloat16, so a
+bf16 torch tensor reaches a numpy backend as float32 (exact) and its float32 result is cast back; pyopencl arrays
+are numpy-typed on the device, so the same holds for a pyopencl backend. A ``pyopencl.array.Array`` lives on its
+queue's OpenCL device (``opencl:<n>``, see ``portakern.opencl_runtime``); host arrays converted for a pyopencl
+backend go to that device's cached queue.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ _TORCH_DTYPES: dict[DType, Any] = {}             # DType -> torch.dtype
 
 
 def kind_of(a: Any, argument: str = "array") -> str:
-    """"numpy", "torch" or "cupy"; raise ``InvalidTypeError`` naming ``argument`` otherwise."""
+    """"numpy", "torch", "cupy" or "pyopencl"; raise ``InvalidTypeError`` naming ``argument`` otherwise."""
     kind = _KINDS.get(type(a))  # hot path: one dict lookup per array type seen before
     if kind is not None:
         return kind
@@ -37,10 +40,13 @@ def kind_of(a: Any, argument: str = "array") -> str:
         kind = "torch"
     elif mod == "cupy":
         kind = "cupy"
+    elif mod == "pyopencl" and "pyopencl.array" in sys.modules and \
+            isinstance(a, sys.modules["pyopencl.array"].Array):
+        kind = "pyopencl"
     else:
         raise InvalidTypeError(
             f"{argument} is a {type(a).__module__}.{type(a).__name__}: expected a numpy array, "
-            "a torch tensor or a cupy array; convert it with numpy.asarray(...) or torch.as_tensor(...)")
+            "a torch tensor, a cupy array or a pyopencl.array.Array; convert it with numpy.asarray(...) or torch.as_tensor(...)")
     _KINDS[type(a)] = kind
     return kind
 
@@ -56,6 +62,10 @@ def device_of(a: Any, kind: str) -> Device:
         if d.type == "cuda":
             return torch_device("cuda", d.index if d.index is not None else 0)
         raise InvalidTypeError(f"torch device {d} is not supported: use a cpu or cuda tensor")
+    if kind == "pyopencl":
+        from .opencl_runtime import device_for
+
+        return device_for(a.queue.device)
     return torch_device("cuda", a.device.id)  # cupy
 
 
@@ -67,6 +77,8 @@ def dtype_of(a: Any, kind: str) -> DType:
 def is_contiguous(a: Any, kind: str) -> bool:
     if kind == "torch":
         return a.is_contiguous()
+    if kind == "pyopencl":
+        return bool(a.flags.c_contiguous)
     return bool(a.flags["C_CONTIGUOUS"])
 
 
@@ -83,7 +95,7 @@ def to_numpy(a: Any) -> Any:
         if str(a.dtype) == "torch.bfloat16":
             a = a.float()
         return a.numpy() if a.is_cpu else a.cpu().numpy()
-    return a.get()
+    return a.get()  # cupy and pyopencl: a device -> host copy
 
 
 def convert_for_backend(a: Any, backend: Any, device: Device) -> Any:
@@ -111,6 +123,14 @@ def convert_for_backend(a: Any, backend: Any, device: Device) -> Any:
         if device.type in ("cuda", "rocm") and not t.is_cuda:  # is_cuda: no torch.device object built
             t = t.to(f"cuda:{device.index}")
         return t
+    if backend.array_kind == "pyopencl":
+        if kind == "pyopencl":
+            return a
+        import pyopencl.array as cla
+
+        from .opencl_runtime import queue
+
+        return cla.to_device(queue(device), np.ascontiguousarray(to_numpy(a)))
     raise InvalidTypeError(f"backend {backend.name!r} declares unknown array_kind {backend.array_kind!r}")
 
 
@@ -125,6 +145,15 @@ def empty(kind: str, shape: tuple[int, ...], dtype: DType, device: Device, poiso
         out = np.empty(shape, dtype=_NP_DTYPES[dtype])
         if poison:
             out.fill(np.nan)
+        return out
+    if kind == "pyopencl":  # on ``like``'s queue (a converted input), else the device's cached one
+        import pyopencl.array as cla
+
+        from .opencl_runtime import queue
+
+        out = cla.empty(like.queue if like is not None else queue(device), shape, _NP_DTYPES[dtype])
+        if poison:
+            out.fill(np.float32("nan") if out.dtype.kind == "f" else 0)
         return out
     import torch
 
@@ -146,6 +175,11 @@ def empty(kind: str, shape: tuple[int, ...], dtype: DType, device: Device, poiso
 
 def to_caller(out: Any, caller_kind: str, like: Any, dtype: DType) -> Any:
     """Return a backend result as the caller's array type on the caller's device, in ``dtype``."""
+    if caller_kind == "pyopencl":
+        target = _NP_DTYPES[dtype]
+        return out if out.dtype == target else out.astype(target)
+    if type(out).__module__.startswith("pyopencl"):  # a pyopencl backend's result for a host caller
+        out = out.get()
     if caller_kind == "numpy":
         if not isinstance(out, np.ndarray):
             out = to_numpy(out)

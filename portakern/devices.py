@@ -64,7 +64,10 @@ def torch_device(type_: str, index: int) -> Device:
 
 
 def parse_device(text: str) -> Device:
-    """Parse "cpu", "cuda", "cuda:1", "rocm:0" into a present Device; raise naming what exists."""
+    """Parse "cpu", "cuda", "cuda:1", "rocm:0", "opencl:0" into a present Device; raise naming what exists.
+
+    OpenCL devices are numbered flat across platforms (``portakern.opencl_runtime``); "opencl" alone is opencl:0.
+    """
     from .errors import InvalidInputError
 
     text = str(text).strip()
@@ -87,13 +90,7 @@ def detect_devices() -> list[Device]:
             devices += [torch_device("cuda", i) for i in range(torch.cuda.device_count())]
     except Exception:  # torch missing or broken: CPU and OpenCL still work
         pass
-    try:
-        import pyopencl as cl
+    from .opencl_runtime import devices as opencl_devices  # empty without pyopencl or an OpenCL platform
 
-        for p in cl.get_platforms():
-            for i, d in enumerate(p.get_devices()):
-                devices.append(Device("opencl", i, arch=d.version, name=f"{p.name}:{d.name}".strip(),
-                                      warp_size=1, info=(("platform", p.name),)))
-    except Exception:
-        pass
+    devices += opencl_devices()
     return devices

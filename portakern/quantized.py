@@ -5,6 +5,8 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+import numpy as np
+
 from portakern.ir import packing
 from portakern.ir.dtypes import DType
 from portakern.ir.quant import Packing, QuantFormat
@@ -203,20 +205,31 @@ class QuantizedWeight:
 
         torch tensors move with ``Tensor.to``; numpy arrays become torch tensors when a GPU device
         is asked (copied first when their strides are negative, which torch cannot wrap); cupy
-        arrays come back to the host as numpy for "cpu". The result shares no ``prepared`` cache
+        arrays come back to the host as numpy for "cpu"; "opencl:<n>" gives pyopencl arrays on that
+        OpenCL device (pyopencl arrays come back as numpy for "cpu"). The result shares no ``prepared`` cache
         with ``self``.
         """
         target = _parse_target(device)
-        here = "cpu" if self._device.type == "cpu" else f"cuda:{self._device.index}"
+        here = "cpu" if self._device.type == "cpu" else f"{'opencl' if self._device.type == 'opencl' else 'cuda'}:" \
+            f"{self._device.index}"
         if target == here:
             return self
+        if target.startswith("opencl:"):  # pyopencl arrays on that device's cached queue
+            import pyopencl.array as cla
+
+            from .devices import Device
+            from .opencl_runtime import queue
+
+            q = queue(Device("opencl", int(target.partition(":")[2])))
+            return self.with_tensors({k: cla.to_device(q, np.ascontiguousarray(to_numpy(v)))
+                                      for k, v in self.tensors.items()})
+        if target == "cpu" and self._kind == "pyopencl":
+            return self.with_tensors({k: to_numpy(v) for k, v in self.tensors.items()})
         if target == "cpu":
             moved = {k: (v.cpu() if self._kind == "torch" else to_numpy(v)) for k, v in self.tensors.items()}
         else:
-            import numpy as np
-
             torch = _torch()
-            moved = {k: (torch.from_numpy(np.ascontiguousarray(to_numpy(v))) if self._kind == "numpy" else
+            moved = {k: (torch.from_numpy(np.ascontiguousarray(to_numpy(v))) if self._kind in ("numpy", "pyopencl") else
                          torch.from_dlpack(v) if self._kind == "cupy" else v).to(target)
                      for k, v in self.tensors.items()}
         return self.with_tensors(moved)
@@ -234,6 +247,10 @@ def _like(host: Any, a: Any) -> Any:
 
         with cupy.cuda.Device(a.device.id):
             return cupy.asarray(host)
+    if kind == "pyopencl":
+        import pyopencl.array as cla
+
+        return cla.to_device(a.queue, np.ascontiguousarray(host))
     return host
 
 
@@ -266,15 +283,19 @@ def _nbytes(t: Any) -> int:
 
 
 def _parse_target(device: Any) -> str:
-    """"cpu" or "cuda:<i>" (torch's name for NVIDIA and ROCm GPUs alike)."""
+    """"cpu", "cuda:<i>" (torch's name for NVIDIA and ROCm GPUs alike) or "opencl:<i>"."""
     text = str(device).strip()
     if text == "cpu":
         return "cpu"
     head, _, idx = text.partition(":")
     if head in ("cuda", "rocm") and (idx == "" or idx.isdigit()):
         return f"cuda:{int(idx or 0)}"
+    if head == "opencl" and (idx == "" or idx.isdigit()):
+        from .devices import parse_device
+
+        return str(parse_device(f"opencl:{int(idx or 0)}"))  # raises naming the present devices
     raise InvalidInputError(f"device={device!r} is not a device QuantizedWeight.to can move to: use "
-                            "'cpu', 'cuda' or 'cuda:<index>' (rocm devices are 'cuda' to torch)")
+                            "'cpu', 'cuda', 'cuda:<index>' (rocm devices are 'cuda' to torch) or 'opencl:<index>'")
 
 
 def _dims2(a: Any, name: str, formula: str) -> tuple[int, int]:

@@ -121,12 +121,13 @@ def _check_last_dim_contiguous(a: Any, kind: str, argument: str, dim: str) -> No
     A 0-d array has no last dimension: it passes here and the caller's rank check names it."""
     if len(a.shape) == 0 or a.shape[-1] <= 1 or 0 in a.shape:  # 0-d, one element per row, or empty: no layout
         return
-    if kind != "torch" and a.strides[-1] % a.itemsize:  # a structured array's field
+    itemsize = 0 if kind == "torch" else a.dtype.itemsize  # pyopencl arrays have no .itemsize
+    if kind != "torch" and a.strides[-1] % itemsize:  # a structured array's field
         raise InvalidInputError(
             f"{argument} has a stride of {a.strides[-1]} bytes in its last ({dim}) dimension, not a multiple of its "
-            f"{a.itemsize}-byte elements: the innermost dimension must be contiguous; pass "
+            f"{itemsize}-byte elements: the innermost dimension must be contiguous; pass "
             f"numpy.ascontiguousarray({argument})")
-    stride = a.stride(-1) if kind == "torch" else a.strides[-1] // a.itemsize
+    stride = a.stride(-1) if kind == "torch" else a.strides[-1] // itemsize
     if stride != 1:
         raise InvalidInputError(
             f"{argument} has stride {stride} in its last ({dim}) dimension: the innermost dimension "

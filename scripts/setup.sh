@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv (if absent) and install portakern with its test extras, from nothing.
+# Create .venv (if absent) and install portakern with its test and opencl extras, from nothing
+# (the opencl extra brings pyopencl and PoCL's CPU device, which CI's opencl tests run on).
 # torch is pinned to the CPU build first so the `test` extra does not pull a multi-GB CUDA build;
 # on a GPU machine install your CUDA torch into .venv before running this.
 set -euo pipefail
@@ -12,5 +13,5 @@ fi
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/python -m pip install -q "torch==2.13.0"
 fi
-.venv/bin/python -m pip install -q -e ".[test]"
+.venv/bin/python -m pip install -q -e ".[test,opencl]"
 .venv/bin/python -m pip install -q --no-deps -e examples/portakern-torch-eager

@@ -1,0 +1,147 @@
+"""Host side of the opencl attention kernel: what it supports, building ``kernels/attention.cl`` for an op,
+launching it on pyopencl arrays.
+
+Tile sizes: ``BN`` keys per K/V tile, the largest power of two up to 64 whose two tiles (``BN * (D + Dv)``
+float32) fit the 32 KiB of local memory every OpenCL 1.2 (full profile) device has; ``BM`` query rows per
+work-group, ``G * Sq`` rounded up to a power of two, at most 64 (decode with GQA fills a work-group with the
+G query heads of one kv head).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from portakern.backend import YES, Support, no
+from portakern.errors import InvalidInputError, UnsupportedError
+from portakern.ir.dtypes import DType
+from portakern.ir.ops import Attention, KVLayout
+
+from . import expr_opencl
+from .program import build, defines, kernel_source
+
+#: Local memory every OpenCL 1.2 full-profile device guarantees (CL_DEVICE_LOCAL_MEM_SIZE >= 32 KiB).
+LOCAL_BYTES = 32 * 1024
+#: Largest head dim: each work-item keeps its query row (D) and output accumulator (Dv) in private memory.
+MAX_HEAD_DIM = 512
+_LAYOUT = {KVLayout.DENSE: 0, KVLayout.PAGED: 1, KVLayout.VARLEN: 2}
+_STORAGE = {DType.float16: "float16", DType.float32: "float32", DType.bfloat16: "float32"}
+
+
+def tiles(op: Attention) -> tuple[int, int]:
+    """``(BM, BN)`` for ``op`` (see the module docstring)."""
+    bn = 64
+    while bn > 1 and bn * (op.head_dim + op.head_dim_v) * 4 > LOCAL_BYTES:
+        bn //= 2
+    rows = op.group_size * op.seqlen_q
+    bm = 1
+    while bm < min(rows, 64):
+        bm *= 2
+    return bm, bn
+
+
+def supports(op: Attention, device) -> Support:
+    for name, dim in (("head_dim", op.head_dim), ("head_dim_v", op.head_dim_v)):
+        if dim > MAX_HEAD_DIM:
+            return no(f"{name}={dim} is above the opencl backend's limit of {MAX_HEAD_DIM} (each work-item "
+                      f"holds its query row and output accumulator in private memory); use backend='cpu'")
+    if op.dtype not in _STORAGE:
+        return no(f"dtype={op.dtype.value}: the opencl backend stores float16 or float32 (bfloat16 from torch "
+                  "travels as float32); convert the inputs to float16 or float32")
+    try:
+        expr_opencl.source(op.score_mod, op.mask_mod)
+    except UnsupportedError as e:
+        return no(f"{e}; use backend='cpu'")
+    return YES
+
+
+def program_source(op: Attention) -> str:
+    """The full OpenCL C text for ``op``: defines, the lowered mods, then ``kernels/attention.cl``."""
+    bm, bn = tiles(op)
+    vals = dict(D=op.head_dim, DV=op.head_dim_v, BM=bm, BN=bn, G=op.group_size, HQ=op.heads_q,
+                LAYOUT=_LAYOUT[op.kv_layout], HAS_SEQLENS=int(op.has_seqlens_k), RETURN_LSE=int(op.return_lse),
+                PAGE_SIZE=max(op.page_size, 1), MAX_PAGES=max(op.max_pages if op.kv_layout is KVLayout.PAGED else 1, 1),
+                IN_HALF=int(op.dtype is DType.float16), OUT_HALF=int(op.dtype is DType.float16))
+    return (f"/* portakern opencl attention {op.content_hash()} */\n" + defines(vals)
+            + expr_opencl.source(op.score_mod, op.mask_mod) + "\n" + kernel_source("attention.cl"))
+
+
+def compile(op: Attention, device) -> Callable[..., None]:
+    """``kernel(q, k, v, out, lse, aux)`` on pyopencl arrays; builds per OpenCL context on first use."""
+    op.verify()
+    source = program_source(op)
+    bm, _ = tiles(op)
+    want = np.dtype(_STORAGE[op.dtype])
+    shapes = op.shapes()
+    layout = op.kv_layout
+
+    def kernel(q, k, v, out, lse, aux=None) -> None:
+        aux = dict(aux or {})
+        for name, a in (("q", q), ("k", k), ("v", v), ("out", out)) + ((("lse", lse),) if op.return_lse else ()):
+            if tuple(a.shape) != shapes[name]:
+                raise InvalidInputError(f"{name} has shape {tuple(a.shape)}, expected {shapes[name]} for this "
+                                        f"{layout.value} attention op")
+        for name, a in (("q", q), ("k", k), ("v", v), ("out", out)):
+            if a.dtype != want:
+                raise InvalidInputError(f"{name} has dtype {a.dtype}: the opencl attention kernel for "
+                                        f"{op.dtype.value} reads and writes {want}")
+        queue = out.queue
+        knl = build(queue.context, source, "attention", "pk_attention")
+        idx0, idx1 = _index_arrays(op, aux, queue)
+        if layout is KVLayout.VARLEN:   # rows past cu_seqlens_q[-1] belong to no sequence: 0 and -inf
+            out.fill(0)
+            if lse is not None:
+                lse.fill(np.float32(-np.inf))
+        lse_buf = lse.base_data if lse is not None else out.base_data
+        if lse is not None and lse.offset:
+            raise InvalidInputError("lse must start at its buffer's beginning (offset 0)")
+        if out.offset or not out.flags.c_contiguous:
+            raise InvalidInputError("out must be a contiguous array at offset 0 of its buffer")
+        rows_q = op.seqlen_q if layout is not KVLayout.VARLEN else op.total_q
+        nblocks = -(-op.group_size * rows_q // bm)
+        args = [q.base_data, k.base_data, v.base_data, out.base_data, lse_buf, idx0, idx1,
+                np.float32(op.scale), np.int32(op.seqlen_q), np.int32(op.seqlen_k), np.int32(shapes["out"][0])]
+        for a in (q, k, v):
+            args += _strides(a, layout)
+        knl(queue, (nblocks * bm, op.heads_kv, op.batch), (bm, 1, 1), *args)
+
+    kernel.__name__ = f"opencl_attention_{op.content_hash()}"
+    return kernel
+
+
+def _strides(a: Any, layout: KVLayout) -> list:
+    """``[offset, batch-or-page stride, row stride, head stride]`` in elements (varlen: no batch stride)."""
+    it = a.dtype.itemsize
+    st = [s // it for s in a.strides]
+    if layout is KVLayout.VARLEN:   # (rows, H, D)
+        return [np.int64(a.offset // it), np.int64(0), np.int64(st[0]), np.int64(st[1])]
+    return [np.int64(a.offset // it), np.int64(st[0]), np.int64(st[1]), np.int64(st[2])]
+
+
+def _index_arrays(op: Attention, aux: dict, queue) -> tuple[Any, Any]:
+    """``(idx0, idx1)`` int32 device buffers for the kernel (a one-element dummy where unused)."""
+    import pyopencl.array as cla
+
+    def dev(name):
+        a = aux.get(name)
+        if a is None:
+            raise InvalidInputError(f"aux[{name!r}] is missing: this attention op needs it")
+        if not isinstance(a, cla.Array):
+            a = cla.to_device(queue, np.ascontiguousarray(np.asarray(a)))
+        if a.dtype != np.int32:
+            a = a.astype(np.int32)
+        if a.offset or not a.flags.c_contiguous:
+            a = a.copy() if a.flags.c_contiguous else cla.to_device(queue, np.ascontiguousarray(a.get()))
+        return a.base_data
+
+    dummy = None
+    if op.kv_layout is KVLayout.VARLEN:
+        return dev("cu_seqlens_q"), dev("cu_seqlens_k")
+    if op.kv_layout is KVLayout.PAGED:
+        return dev("block_table"), dev("seqlens_k")
+    if op.has_seqlens_k:
+        dummy = cla.zeros(queue, 1, np.int32).base_data
+        return dummy, dev("seqlens_k")
+    dummy = cla.zeros(queue, 1, np.int32).base_data
+    return dummy, dummy

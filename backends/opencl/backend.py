@@ -1,0 +1,78 @@
+"""OpenCLBackend: capabilities and the op -> lowering table."""
+
+from __future__ import annotations
+
+from portakern.backend import Backend, Support, no
+from portakern.devices import Device
+
+
+def _version() -> str:
+    try:
+        import pyopencl as cl
+    except Exception:
+        return "pyopencl not installed"
+    from portakern.opencl_runtime import cl_devices
+
+    platforms = sorted({dict(d.info)["platform"] + " " + c.platform.version.strip() for d, c in cl_devices()})
+    return f"pyopencl {cl.VERSION_TEXT}" + (f"; {', '.join(platforms)}" if platforms else "; no OpenCL platform")
+
+
+class OpenCLBackend(Backend):
+    """OpenCL C kernels for any OpenCL 1.2 device (CI: PoCL on the CPU).
+
+    Runs on pyopencl arrays (on their queue's device) and, when asked by name (``backend="opencl"``), on host
+    numpy / CPU torch arrays, which are copied to ``PORTAKERN_OPENCL_DEVICE`` (default opencl:0) and back; for
+    host arrays it ranks below the cpu reference (see ``portakern_backend_priority`` in ``__init__``).
+    bfloat16 inputs from torch travel as float32 (exact) and the result is rounded back to bfloat16.
+    """
+
+    name = "opencl"
+    version = _version()
+    array_kind = "pyopencl"
+    device_types = ("opencl", "cpu")
+    priority = 50
+    x_prologues = ("silu_mul",)
+
+    def status(self) -> str:
+        try:
+            import pyopencl  # noqa: F401
+        except Exception as e:
+            return f"unavailable: {type(e).__name__}: {e} (pip install 'portakern[opencl]')"
+        from portakern.opencl_runtime import devices
+
+        if not devices():
+            return ("unavailable: pyopencl finds no OpenCL platform or device (install a driver; for the CPU "
+                    "pip install pocl-binary-distribution, part of 'portakern[opencl]')")
+        return "ok"
+
+    def _lowering(self, op):
+        if op.kind == "attention":
+            from . import attention as mod
+        elif op.kind == "quant_gemv":
+            from . import quant_gemv as mod
+        else:
+            return None
+        return mod
+
+    def supports(self, op, device: Device) -> Support:
+        st = self.status()
+        if st != "ok":
+            return no(st)
+        if device.type not in ("opencl", "cpu"):
+            return no(f"the opencl backend runs on OpenCL devices (and host arrays copied to one), not on "
+                      f"{device.type} devices; pass pyopencl arrays, or numpy arrays with backend='opencl'")
+        mod = self._lowering(op)
+        if mod is None:
+            return no(f"op {op.kind!r} has no opencl lowering")
+        return mod.supports(op, device)
+
+    def compile(self, op, device: Device):
+        return self._lowering(op).compile(op, device)
+
+    def prepare_weight(self, weight, device: Device):
+        from . import quant_gemv
+
+        return quant_gemv.prepare_weight(weight, device)
+
+
+__all__ = ["OpenCLBackend"]

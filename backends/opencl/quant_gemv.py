@@ -1,0 +1,143 @@
+"""Host side of the opencl quantized GEMV: the load-time repack, building ``kernels/quant_gemv.cl``, launching.
+
+``prepare_weight`` reads any packing once (``portakern.ir.packing.unpack``: codes, scales, zero points, group of
+each k) and stores one layout the kernel reads for all of them (see the kernel's header): unsigned codes (GGUF
+Q8_0's signed codes shifted by 128, with zero point 128), float32 scales and zero points (exact: fp16 / bf16 /
+fp32 scales and small integer zero points), int32 ``g_idx`` for GPTQ act-order. The arrays go to each OpenCL
+context that uses the weight once, then stay there.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from portakern.backend import YES, Support, no
+from portakern.errors import InvalidInputError
+from portakern.ir.dtypes import DType
+from portakern.ir.ops import QuantGemv
+from portakern.ir.quant import Packing, QuantFormat
+
+from .program import build, defines, kernel_source
+
+WG = 64          #: work-items per output column (K is split among them)
+MT = 16          #: activation rows per work-group (M > 16 takes several work-groups per column)
+_STORAGE = {DType.float16: "float16", DType.float32: "float32", DType.bfloat16: "float32"}
+
+
+@dataclass
+class Prepared:
+    """A weight repacked for the kernel: host arrays, and their copies per OpenCL context (by pointer)."""
+
+    fmt: QuantFormat
+    N: int
+    K: int
+    host: dict[str, np.ndarray]
+    on_device: dict[int, dict[str, Any]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def buffers(self, queue) -> dict[str, Any]:
+        key = queue.context.int_ptr
+        bufs = self.on_device.get(key)
+        if bufs is None:
+            import pyopencl.array as cla
+
+            with self.lock:
+                bufs = self.on_device.get(key)
+                if bufs is None:
+                    bufs = self.on_device[key] = {n: cla.to_device(queue, a) for n, a in self.host.items()}
+        return bufs
+
+
+def prepare_weight(weight, device) -> Prepared:
+    """Repack ``weight`` (numpy, torch or pyopencl tensors, any packing) into the kernel's layout, once."""
+    from portakern.arrays import to_numpy
+    from portakern.ir.packing import unpack
+
+    fmt, N, K = weight.fmt, weight.N, weight.K
+    codes, scales, zeros, group = unpack(fmt, {n: to_numpy(t) for n, t in weight.tensors.items()}, N, K)
+    if fmt.packing is Packing.GGUF_Q8_0:        # signed codes -> unsigned, zero point 0 -> 128
+        codes, zeros = codes + 128, zeros + 128
+    c = codes.astype(np.uint8)
+    packed = (c[:, 0::2] | (c[:, 1::2] << np.uint8(4))) if fmt.bits == 4 else c
+    host = {"codes": np.ascontiguousarray(packed), "scales": np.ascontiguousarray(scales, dtype=np.float32),
+            "zeros": np.ascontiguousarray(zeros, dtype=np.float32)}
+    host["g_idx"] = np.ascontiguousarray(group, dtype=np.int32) if fmt.has_g_idx else np.zeros(1, np.int32)
+    prepared = Prepared(fmt, N, K, host)
+    if device.type == "opencl":                 # copy now, to the device's cached context
+        from portakern.opencl_runtime import queue
+
+        prepared.buffers(queue(device))
+    return prepared
+
+
+def supports(op: QuantGemv, device) -> Support:
+    if op.dtype not in _STORAGE or op.result_dtype not in _STORAGE:
+        return no(f"dtype={op.dtype.value}, out_dtype={op.result_dtype.value}: the opencl backend stores float16 "
+                  "or float32 (bfloat16 from torch travels as float32); convert x to float16 or float32")
+    if op.fmt.bits not in (4, 8):
+        return no(f"QuantFormat bits={op.fmt.bits}: the opencl GEMV kernel unpacks 4- and 8-bit codes only; "
+                  "use backend='cpu'")
+    return YES
+
+
+def _chunk(fmt: QuantFormat) -> int:
+    """Codes per work-item step: the largest of 16, 8, 4, 2, 1 dividing the group size (a chunk never spans
+    two groups, so its scale and zero point are read once)."""
+    for ch in (16, 8, 4, 2, 1):
+        if fmt.group_size % ch == 0:
+            return ch
+    return 1
+
+
+def program_source(op: QuantGemv, xin_float: bool) -> str:
+    fmt = op.fmt
+    vals = dict(K=op.K, N=op.N, M=op.M, MT=min(MT, op.M), WG=WG, GS=fmt.group_size, NG=op.K // fmt.group_size,
+                CH=_chunk(fmt), BITS=fmt.bits, HAS_GIDX=int(fmt.has_g_idx), X_HALF=int(op.dtype is DType.float16),
+                OUT_HALF=int(op.result_dtype is DType.float16), XIN_FLOAT=int(xin_float))
+    return f"/* portakern opencl quant_gemv {op.content_hash()} */\n" + defines(vals) + kernel_source("quant_gemv.cl")
+
+
+def compile(op: QuantGemv, device) -> Callable[..., None]:
+    """``kernel(x, prepared, out)`` on pyopencl arrays; builds per OpenCL context on first use."""
+    op.verify()
+    silu = op.prologue == "silu_mul"
+    source = program_source(op, xin_float=silu)
+    x_shape, want_x, want_out = op.shapes()["x"], np.dtype(_STORAGE[op.dtype]), np.dtype(_STORAGE[op.result_dtype])
+    mt = min(MT, op.M)
+
+    def kernel(x, weight: Prepared, out) -> None:
+        # -- check operands against the op
+        if tuple(x.shape) != x_shape or tuple(out.shape) != (op.M, op.N):
+            raise InvalidInputError(f"x has shape {tuple(x.shape)} and out {tuple(out.shape)}: expected {x_shape} "
+                                    f"and {(op.M, op.N)} for QuantGemv(M={op.M}, N={op.N}, K={op.K})")
+        if not isinstance(weight, Prepared) or (weight.fmt, weight.N, weight.K) != (op.fmt, op.N, op.K):
+            raise InvalidInputError("weight does not match the op (format, N, K): pass the QuantizedWeight the op "
+                                    "was built from; the backend repacks it through prepare_weight")
+        if x.dtype != want_x or out.dtype != want_out:
+            raise InvalidInputError(f"x has dtype {x.dtype}, out {out.dtype}: this kernel reads {want_x} and "
+                                    f"writes {want_out}")
+        if out.offset or not out.flags.c_contiguous:
+            raise InvalidInputError("out must be a contiguous array at offset 0 of its buffer")
+        queue = out.queue
+        w = weight.buffers(queue)
+        it = x.dtype.itemsize
+        x_buf, x_off, x_sm = x.base_data, np.int64(x.offset // it), np.int64(x.strides[0] // it)
+        # -- prologue: silu(gate) * up into a float32 (M, K) buffer, once for all output columns
+        if silu:
+            import pyopencl.array as cla
+
+            xin = cla.empty(queue, (op.M, op.K), np.float32)
+            pro = build(queue.context, source, "quant_gemv", "pk_silu_mul")
+            pro(queue, (-(-op.K // 64) * 64, op.M), (64, 1), x_buf, xin.base_data, x_off, x_sm)
+            x_buf, x_off, x_sm = xin.base_data, np.int64(0), np.int64(op.K)
+        # -- the GEMV: one work-group per (column, block of MT rows)
+        knl = build(queue.context, source, "quant_gemv", "pk_quant_gemv")
+        knl(queue, (op.N * WG, -(-op.M // mt)), (WG, 1), x_buf, w["codes"].data, w["scales"].data,
+            w["zeros"].data, w["g_idx"].data, out.base_data, x_off, x_sm)
+
+    kernel.__name__ = f"opencl_quant_gemv_{op.content_hash()}"
+    return kernel
