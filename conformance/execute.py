@@ -2,7 +2,10 @@
 
 Inputs go where the backend would receive them from a user: numpy arrays for a numpy backend on
 the CPU, torch tensors on ``cuda:N`` for a device, CPU torch tensors for a torch backend on the CPU
-(Triton's interpreter). bfloat16 needs torch (numpy has no bfloat16). The call goes through the
+(Triton's interpreter), pyopencl arrays on ``opencl:N`` (on portakern's cached queue of that device).
+bfloat16 needs torch (numpy has no bfloat16); pyopencl arrays cannot hold it, so bfloat16 cases on an
+OpenCL device are reported unsupported with that reason (``--device cpu --backend opencl`` runs them from
+CPU torch tensors, which the backend carries as float32). The call goes through the
 public API with ``backend=NAME`` (no fallback) inside ``poison_outputs()``, so every output starts
 as NaN and an element a kernel forgets to write fails the case.
 """
@@ -36,6 +39,8 @@ def _torch():
 
 def place(case, inputs: dict[str, np.ndarray], backend, device) -> dict[str, Any]:
     """Convert a case's numpy inputs to the arrays a user of ``backend`` on ``device`` would pass."""
+    if device.type == "opencl":
+        return _place_opencl(case, inputs, device)
     if device.type not in ("cpu", "cuda", "rocm"):
         raise CannotPlace(f"the conformance runner cannot place inputs on {device.type} devices yet")
     use_torch = device.type != "cpu" or backend.array_kind == "torch" or case.dtype == "bfloat16"
@@ -53,9 +58,31 @@ def place(case, inputs: dict[str, np.ndarray], backend, device) -> dict[str, Any
     return out
 
 
+def _place_opencl(case, inputs: dict[str, np.ndarray], device) -> dict[str, Any]:
+    """pyopencl arrays on ``device``'s cached queue (what a user of an OpenCL device passes)."""
+    if case.dtype == "bfloat16":
+        raise CannotPlace("pyopencl arrays have no bfloat16 dtype, so a bfloat16 case cannot be placed on an "
+                          "OpenCL device; run it with --device cpu --backend opencl (CPU torch bf16 tensors, "
+                          "carried to the device as float32)")
+    try:
+        import pyopencl.array as cla
+
+        from portakern.opencl_runtime import queue
+    except Exception as e:
+        raise CannotPlace(f"placing inputs on {device} needs pyopencl ({type(e).__name__}: {e}); "
+                          "pip install 'portakern[opencl]'") from None
+    qu = queue(device)
+    np_dt = {"float16": np.float16, "float32": np.float32}[case.dtype]
+    return {n: cla.to_device(qu, np.ascontiguousarray(a.astype(np_dt) if n in ("q", "k", "v", "x") else a))
+            for n, a in inputs.items()}
+
+
 def weight_for(case, inputs: dict[str, np.ndarray], device, as_torch: bool):
-    """The case's ``QuantizedWeight``, its tensors numpy on the CPU or torch on ``device``."""
+    """The case's ``QuantizedWeight``, its tensors numpy on the CPU, torch on a CUDA/ROCm ``device``, pyopencl
+    on an OpenCL one."""
     w = case.weight(inputs)
+    if device.type == "opencl":
+        return w.to(str(device))
     if not as_torch:
         return w
     torch = _torch()
@@ -99,7 +126,11 @@ def _host(a) -> np.ndarray | None:
 
 
 def _sync(device) -> None:
-    if device.type in ("cuda", "rocm"):
+    if device.type == "opencl":
+        from portakern.opencl_runtime import queue
+
+        queue(device).finish()
+    elif device.type in ("cuda", "rocm"):
         import torch
 
         torch.cuda.synchronize(device.index)

@@ -152,8 +152,11 @@ def empty(kind: str, shape: tuple[int, ...], dtype: DType, device: Device, poiso
         from .opencl_runtime import queue
 
         out = cla.empty(like.queue if like is not None else queue(device), shape, _NP_DTYPES[dtype])
-        if poison:
-            out.fill(np.float32("nan") if out.dtype.kind == "f" else 0)
+        if poison:  # pyopencl cannot fill a half array without cl_khr_fp16: write NaN's bits
+            if out.dtype == np.float16:
+                out.view(np.uint16).fill(np.uint16(0x7E00))
+            else:
+                out.fill(out.dtype.type(np.nan) if out.dtype.kind == "f" else 0)
         return out
     import torch
 

@@ -295,8 +295,8 @@ def test_a_run_where_every_record_is_unsupported_exits_1(register_plugin, tmp_pa
 
 FAKE_PORTAKERN = """
 class _D:
-    def __init__(self, type, index):
-        self.type, self.index = type, index
+    def __init__(self, type, index, info=()):
+        self.type, self.index, self.info = type, index, info
 
     def __str__(self):
         return self.type if self.type == "cpu" else f"{self.type}:{self.index}"
@@ -335,7 +335,16 @@ def test_main_sh_runs_the_suite_on_rocm_devices_too(tmp_path):
     assert r.returncode == 0, r.stderr
     assert any("--device rocm:0 --tier gpu" in c for c in runs), runs
     assert any("--device cpu --tier cpu" in c for c in runs), runs
-    assert not any("opencl" in c for c in runs), runs     # the runner cannot place inputs there yet
+    assert any("--device opencl:0 --tier gpu" in c for c in runs), runs   # an OpenCL device of unknown type
+
+
+def test_main_sh_runs_the_cpu_tier_on_opencl_cpu_devices(tmp_path):
+    r, runs = _main_sh_sandbox(tmp_path, "return [_D('cpu', 0), _D('opencl', 0, (('device_type', 'cpu'),)), "
+                                         "_D('opencl', 1, (('device_type', 'gpu'),))]")
+    assert r.returncode == 0, r.stderr
+    assert any("--device opencl:0 --tier cpu" in c for c in runs), runs   # PoCL: the CPU's tier
+    assert any("--device opencl:1 --tier gpu" in c for c in runs), runs
+    assert len(runs) == 3, runs
 
 
 def test_main_sh_fails_when_the_devices_cannot_be_listed(tmp_path):

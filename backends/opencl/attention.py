@@ -90,7 +90,7 @@ def compile(op: Attention, device) -> Callable[..., None]:
         knl = build(queue.context, source, "attention", "pk_attention")
         idx0, idx1 = _index_arrays(op, aux, queue)
         if layout is KVLayout.VARLEN:   # rows past cu_seqlens_q[-1] belong to no sequence: 0 and -inf
-            out.fill(0)
+            (out.view(np.uint16) if out.dtype == np.float16 else out).fill(0)  # half: no fp16 fill kernel
             if lse is not None:
                 lse.fill(np.float32(-np.inf))
         lse_buf = lse.base_data if lse is not None else out.base_data
