@@ -62,8 +62,8 @@ def _place_opencl(case, inputs: dict[str, np.ndarray], device) -> dict[str, Any]
     """pyopencl arrays on ``device``'s cached queue (what a user of an OpenCL device passes)."""
     if case.dtype == "bfloat16":
         raise CannotPlace("pyopencl arrays have no bfloat16 dtype, so a bfloat16 case cannot be placed on an "
-                          "OpenCL device; run it with --device cpu --backend opencl (CPU torch bf16 tensors, "
-                          "carried to the device as float32)")
+                          "OpenCL device (the opencl backend's supports() refuses bfloat16 there too); run it with "
+                          "--device cpu --backend opencl (CPU torch bf16 tensors, carried to the device as float32)")
     try:
         import pyopencl.array as cla
 

@@ -43,6 +43,7 @@ COLUMNS = (
            (("TRITON_INTERPRET", "0"),)),
     Column("rocm gfx942", Device("rocm", 0, arch="gfx942", name="gfx942", warp_size=64),
            (("TRITON_INTERPRET", "0"),)),
+    Column("opencl 1.2", Device("opencl", 0, arch="OpenCL 1.2", name="opencl"), (("TRITON_INTERPRET", "0"),)),
 )
 
 
@@ -126,11 +127,13 @@ def generate_markdown(builtin_only: bool = True) -> str:
         "asked for fixed device descriptions so the page is the same on every machine. A cell is",
         "`supported / cases`. Supported is a promise to run, not a result: the conformance report of a",
         "machine (`portakern conformance`) says what passes there. Answers of the `triton` backend need",
-        "torch and triton importable (the `[triton]` extra); without them every triton cell is 0.",
+        "torch and triton importable (the `[triton]` extra); without them every triton cell is 0. Answers of the",
+        "`opencl` backend need pyopencl and an OpenCL device (the `[opencl]` extra brings PoCL); its `cpu` columns",
+        "are host arrays with `backend=\"opencl\"` (copied to the OpenCL device).",
         "",
         "Devices: " + "; ".join(f"**{c.label}**: `{c.device.type}` arch `{c.device.arch}`"
                                 + (f", capability {c.device.capability}" if c.device.capability else "")
-                                + (f", warp {c.device.warp_size}" if c.device.type != "cpu" else "")
+                                + (f", warp {c.device.warp_size}" if c.device.type not in ("cpu", "opencl") else "")
                                 + (f", `{'`, `'.join(f'{k}={v}' for k, v in c.env)}`" if c.env else "")
                                 for c in COLUMNS) + ".",
         "",

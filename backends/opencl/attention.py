@@ -46,8 +46,8 @@ def supports(op: Attention, device) -> Support:
         if dim > MAX_HEAD_DIM:
             return no(f"{name}={dim} is above the opencl backend's limit of {MAX_HEAD_DIM} (each work-item "
                       f"holds its query row and output accumulator in private memory); use backend='cpu'")
-    if op.dtype not in _STORAGE:
-        return no(f"dtype={op.dtype.value}: the opencl backend stores float16 or float32 (bfloat16 from torch "
+    if DType.parse(op.dtype) not in _STORAGE:
+        return no(f"dtype={DType.parse(op.dtype).value}: the opencl backend stores float16 or float32 (bfloat16 from torch "
                   "travels as float32); convert the inputs to float16 or float32")
     try:
         expr_opencl.source(op.score_mod, op.mask_mod)
@@ -59,10 +59,11 @@ def supports(op: Attention, device) -> Support:
 def program_source(op: Attention) -> str:
     """The full OpenCL C text for ``op``: defines, the lowered mods, then ``kernels/attention.cl``."""
     bm, bn = tiles(op)
+    half = DType.parse(op.dtype) is DType.float16
     vals = dict(D=op.head_dim, DV=op.head_dim_v, BM=bm, BN=bn, G=op.group_size, HQ=op.heads_q,
                 LAYOUT=_LAYOUT[op.kv_layout], HAS_SEQLENS=int(op.has_seqlens_k), RETURN_LSE=int(op.return_lse),
                 PAGE_SIZE=max(op.page_size, 1), MAX_PAGES=max(op.max_pages if op.kv_layout is KVLayout.PAGED else 1, 1),
-                IN_HALF=int(op.dtype is DType.float16), OUT_HALF=int(op.dtype is DType.float16))
+                IN_HALF=int(half), OUT_HALF=int(half))
     return (f"/* portakern opencl attention {op.content_hash()} */\n" + defines(vals)
             + expr_opencl.source(op.score_mod, op.mask_mod) + "\n" + kernel_source("attention.cl"))
 
@@ -72,7 +73,7 @@ def compile(op: Attention, device) -> Callable[..., None]:
     op.verify()
     source = program_source(op)
     bm, _ = tiles(op)
-    want = np.dtype(_STORAGE[op.dtype])
+    want = np.dtype(_STORAGE[DType.parse(op.dtype)])
     shapes = op.shapes()
     layout = op.kv_layout
 
@@ -85,7 +86,7 @@ def compile(op: Attention, device) -> Callable[..., None]:
         for name, a in (("q", q), ("k", k), ("v", v), ("out", out)):
             if a.dtype != want:
                 raise InvalidInputError(f"{name} has dtype {a.dtype}: the opencl attention kernel for "
-                                        f"{op.dtype.value} reads and writes {want}")
+                                        f"{DType.parse(op.dtype).value} reads and writes {want}")
         queue = out.queue
         knl = build(queue.context, source, "attention", "pk_attention")
         idx0, idx1 = _index_arrays(op, aux, queue)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from portakern.backend import Backend, Support, no
 from portakern.devices import Device
+from portakern.ir.dtypes import DType
 
 
 def _version() -> str:
@@ -64,6 +65,10 @@ class OpenCLBackend(Backend):
         mod = self._lowering(op)
         if mod is None:
             return no(f"op {op.kind!r} has no opencl lowering")
+        if device.type == "opencl" and DType.parse(op.dtype) is DType.bfloat16:
+            return no("dtype=bfloat16 on an OpenCL device: pyopencl arrays have no bfloat16 dtype; pass CPU torch "
+                      "bfloat16 tensors with backend='opencl' (carried to the device as float32, the result "
+                      "rounded back to bfloat16), or float16 / float32 pyopencl arrays")
         return mod.supports(op, device)
 
     def compile(self, op, device: Device):

@@ -11,7 +11,21 @@ from typing import Any
 from portakern.errors import BackendError
 
 _programs: dict[tuple[int, str], Any] = {}
+_kernels: dict[tuple[int, str, str], "Launcher"] = {}
 _lock = threading.Lock()
+
+
+class Launcher:
+    """One ``cl.Kernel``, retrieved once; setting its arguments and enqueueing happen under a lock (a kernel
+    object's arguments are shared state)."""
+
+    def __init__(self, kernel: Any):
+        self.kernel = kernel
+        self.lock = threading.Lock()
+
+    def __call__(self, queue, global_size, local_size, *args):
+        with self.lock:
+            return self.kernel(queue, global_size, local_size, *args)
 
 
 def kernel_source(name: str) -> str:
@@ -23,12 +37,16 @@ def defines(values: dict[str, int]) -> str:
     return "".join(f"#define {k} {int(v)}\n" for k, v in values.items())
 
 
-def build(context: Any, source: str, op_kind: str, entry: str) -> Any:
+def build(context: Any, source: str, op_kind: str, entry: str) -> Launcher:
     """The kernel ``entry`` of ``source`` built for ``context`` (cached; pyopencl also caches binaries on disk).
 
     Raises ``BackendError`` naming the backend, the op and the compiler's build log when the build fails.
     """
-    key = (context.int_ptr, hashlib.sha256(source.encode()).hexdigest())
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    launcher = _kernels.get((context.int_ptr, digest, entry))
+    if launcher is not None:
+        return launcher
+    key = (context.int_ptr, digest)
     prg = _programs.get(key)
     if prg is None:
         import pyopencl as cl
@@ -39,18 +57,19 @@ def build(context: Any, source: str, op_kind: str, entry: str) -> Any:
                 try:
                     prg = cl.Program(context, source).build(options=["-cl-std=CL1.2"])
                 except cl.Error as e:  # RuntimeError subclasses: build failures, invalid options
-                    log = _build_log(e)
-                    raise BackendError(f"backend 'opencl' failed to build the {op_kind} kernel {entry}: "
-                                       f"{type(e).__name__}: {str(e)[:4000]}" + (f"\nbuild log:\n{log}" if log else "")) \
-                        from None
+                    devices = ", ".join(d.name.strip() for d in context.devices)
+                    raise BackendError(f"backend 'opencl' failed to build the {op_kind} kernel {entry} for "
+                                       f"{devices}: {type(e).__name__}; build log:\n{_build_log(e)}") from None
                 _programs[key] = prg
-    return getattr(prg, entry)
+    import pyopencl as cl
+
+    with _lock:
+        launcher = _kernels.setdefault((context.int_ptr, digest, entry), Launcher(cl.Kernel(prg, entry)))
+    return launcher
 
 
 def _build_log(e: Exception) -> str:
-    """The build log pyopencl attached to a build error (its message carries it too)."""
-    logs = []
-    for arg in getattr(e, "args", ()):
-        for item in getattr(arg, "build_logs", ()) or ():
-            logs.append(str(item[1]) if isinstance(item, tuple) else str(item))
-    return "\n".join(logs)[:8000]
+    """The compiler's messages: pyopencl puts each device's build log into the error's text, after "Build on"."""
+    text = str(e)
+    at = text.find("Build on")
+    return (text[at:] if at >= 0 else text)[:8000]

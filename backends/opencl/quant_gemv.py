@@ -75,8 +75,8 @@ def prepare_weight(weight, device) -> Prepared:
 
 
 def supports(op: QuantGemv, device) -> Support:
-    if op.dtype not in _STORAGE or op.result_dtype not in _STORAGE:
-        return no(f"dtype={op.dtype.value}, out_dtype={op.result_dtype.value}: the opencl backend stores float16 "
+    if DType.parse(op.dtype) not in _STORAGE or DType.parse(op.result_dtype) not in _STORAGE:
+        return no(f"dtype={DType.parse(op.dtype).value}, out_dtype={DType.parse(op.result_dtype).value}: the opencl backend stores float16 "
                   "or float32 (bfloat16 from torch travels as float32); convert x to float16 or float32")
     if op.fmt.bits not in (4, 8):
         return no(f"QuantFormat bits={op.fmt.bits}: the opencl GEMV kernel unpacks 4- and 8-bit codes only; "
@@ -96,8 +96,8 @@ def _chunk(fmt: QuantFormat) -> int:
 def program_source(op: QuantGemv, xin_float: bool) -> str:
     fmt = op.fmt
     vals = dict(K=op.K, N=op.N, M=op.M, MT=min(MT, op.M), WG=WG, GS=fmt.group_size, NG=op.K // fmt.group_size,
-                CH=_chunk(fmt), BITS=fmt.bits, HAS_GIDX=int(fmt.has_g_idx), X_HALF=int(op.dtype is DType.float16),
-                OUT_HALF=int(op.result_dtype is DType.float16), XIN_FLOAT=int(xin_float))
+                CH=_chunk(fmt), BITS=fmt.bits, HAS_GIDX=int(fmt.has_g_idx), X_HALF=int(DType.parse(op.dtype) is DType.float16),
+                OUT_HALF=int(DType.parse(op.result_dtype) is DType.float16), XIN_FLOAT=int(xin_float))
     return f"/* portakern opencl quant_gemv {op.content_hash()} */\n" + defines(vals) + kernel_source("quant_gemv.cl")
 
 
@@ -106,7 +106,8 @@ def compile(op: QuantGemv, device) -> Callable[..., None]:
     op.verify()
     silu = op.prologue == "silu_mul"
     source = program_source(op, xin_float=silu)
-    x_shape, want_x, want_out = op.shapes()["x"], np.dtype(_STORAGE[op.dtype]), np.dtype(_STORAGE[op.result_dtype])
+    x_shape = op.shapes()["x"]
+    want_x, want_out = (np.dtype(_STORAGE[DType.parse(d)]) for d in (op.dtype, op.result_dtype))
     mt = min(MT, op.M)
 
     def kernel(x, weight: Prepared, out) -> None:

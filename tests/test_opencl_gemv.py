@@ -1,0 +1,145 @@
+"""The opencl backend's quantized GEMV on the OpenCL device (PoCL in CI): every packing, M in {1, 3, 16} and
+beyond, fp16 / fp32 activations, the silu_mul prologue, poisoned outputs and array kinds, each against a
+float64 product computed here from the codes, scales and zero points the test packed itself."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import portakern
+from portakern.ir.dtypes import DType
+from portakern.ir.packing import pack
+from portakern.ir.quant import Packing, QuantFormat
+from portakern.quantized import QuantizedWeight
+
+from opencl_helpers import require_opencl, to_cl
+
+#: (packing, bits, symmetric, has_g_idx)
+FORMATS = {"native4s": (Packing.NATIVE, 4, True, False), "native4a": (Packing.NATIVE, 4, False, False),
+           "native8s": (Packing.NATIVE, 8, True, False), "native8a": (Packing.NATIVE, 8, False, False),
+           "awq": (Packing.AWQ, 4, False, False), "gptq": (Packing.GPTQ, 4, False, False),
+           "gptq-gidx": (Packing.GPTQ, 4, False, True), "q4_0": (Packing.GGUF_Q4_0, 4, True, False),
+           "q8_0": (Packing.GGUF_Q8_0, 8, True, False)}
+
+
+@pytest.fixture(scope="module")
+def cl_dev():
+    return require_opencl()
+
+
+def make_weight(rng, name, N, K, G, scale_dtype="float16"):
+    """A packed weight and the float64 ``W (N, K)`` it stores, from codes / scales / zeros drawn here."""
+    packing, bits, sym, gidx = FORMATS[name]
+    fmt = QuantFormat(bits, G, sym, packing, scale_dtype=DType(scale_dtype), has_g_idx=gidx)
+    ng = K // G
+    if packing is Packing.GGUF_Q8_0:
+        codes = rng.integers(-128, 128, (N, K))
+    else:
+        codes = rng.integers(0, 1 << bits, (N, K))
+    scales = rng.integers(1, 64, (N, ng)) / 1024.0              # exact in float16, bfloat16 and float32
+    if sym:
+        zeros, z = None, np.full((N, ng), float(fmt.zero_point))
+    else:
+        lo = 1 if packing is Packing.GPTQ else 0
+        zeros = rng.integers(lo, 16 if bits == 4 else 256, (N, ng))
+        z = zeros.astype(np.float64)
+    g_idx = rng.permutation(np.arange(K) // G).astype(np.int32) if gidx else None
+    group = g_idx.astype(np.int64) if gidx else np.arange(K) // G
+    w64 = (codes - z[:, group]) * scales[:, group]
+    tensors = pack(fmt, codes, scales, zeros, N, K, g_idx)
+    return QuantizedWeight(fmt, N, K, tensors), w64
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("M", [1, 3, 16])
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_every_packing_against_float64(cl_dev, rng, name, M, dtype):
+    dev, queue = cl_dev
+    gguf = name.startswith("q")
+    N, K, G = (40, 320, 32) if gguf else (48, 384, 64)
+    w, w64 = make_weight(rng, name, N, K, G)
+    x = rng.standard_normal((M, K)).astype(dtype)
+    out = portakern.quant_gemv(to_cl(queue, x), w.to(str(dev)))
+    assert type(out).__module__.startswith("pyopencl") and out.dtype == dtype and out.shape == (M, N)
+    ref = x.astype(np.float64) @ w64.T
+    got = out.get().astype(np.float64)
+    bound = (2e-3 if dtype == np.float16 else 2e-5) * max(1.0, np.abs(ref).max())
+    assert np.abs(got - ref).max() <= bound, (name, M, np.abs(got - ref).max(), bound)
+
+
+@pytest.mark.parametrize("name,G,K", [("native4a", 200, 200), ("native8s", 6, 96), ("gptq-gidx", 128, 256),
+                                      ("awq", 32, 4096)])
+def test_group_sizes_and_long_k(cl_dev, rng, name, G, K):
+    """One group spanning K, a group size of 6 (chunks of 2 codes), act-order groups, a long K at M = 1."""
+    _, queue = cl_dev
+    w, w64 = make_weight(rng, name, 16, K, G)
+    x = rng.standard_normal((1, K)).astype(np.float32)
+    out = portakern.quant_gemv(x, w, backend="opencl")
+    assert type(out) is np.ndarray
+    ref = x.astype(np.float64) @ w64.T
+    assert np.abs(out - ref).max() <= 1e-5 * max(1.0, np.abs(ref).max())
+
+
+@pytest.mark.parametrize("M", [17, 40])
+def test_m_above_16_takes_several_row_blocks(cl_dev, rng, M):
+    _, queue = cl_dev
+    w, w64 = make_weight(rng, "native4s", 24, 128, 32)
+    x = rng.standard_normal((M, 128)).astype(np.float32)
+    out = portakern.quant_gemv(x, w, backend="opencl")
+    np.testing.assert_allclose(out, x.astype(np.float64) @ w64.T, atol=1e-4)
+
+
+@pytest.mark.parametrize("scale_dtype", ["bfloat16", "float32"])
+def test_scale_dtypes(cl_dev, rng, scale_dtype):
+    w, w64 = make_weight(rng, "native8a", 20, 192, 64, scale_dtype=scale_dtype)
+    x = rng.standard_normal((2, 192)).astype(np.float32)
+    out = portakern.quant_gemv(x, w, backend="opencl")
+    np.testing.assert_allclose(out, x.astype(np.float64) @ w64.T, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_silu_mul_prologue(cl_dev, rng, dtype):
+    dev, queue = cl_dev
+    w, w64 = make_weight(rng, "gptq-gidx", 32, 256, 32)
+    x = (3 * rng.standard_normal((5, 512))).astype(dtype)
+    out = portakern.quant_gemv(to_cl(queue, x), w.to(str(dev)), prologue="silu_mul")
+    g, u = x[:, :256].astype(np.float64), x[:, 256:].astype(np.float64)
+    ref = (g / (1 + np.exp(-g)) * u) @ w64.T
+    got = out.get().astype(np.float64)
+    assert np.abs(got - ref).max() <= (3e-3 if dtype == np.float16 else 3e-5) * np.abs(ref).max()
+
+
+def test_poisoned_output_is_fully_written(cl_dev, rng):
+    from portakern.dispatch import poison_outputs
+
+    dev, queue = cl_dev
+    w, _ = make_weight(rng, "q4_0", 77, 352, 32)
+    for dtype in (np.float16, np.float32):
+        with poison_outputs():
+            out = portakern.quant_gemv(to_cl(queue, rng.standard_normal((7, 352)).astype(dtype)), w.to(str(dev)),
+                                       backend="opencl")
+        assert not np.isnan(out.get()).any()
+
+
+def test_array_kinds_round_trip(cl_dev, rng):
+    import torch
+
+    dev, queue = cl_dev
+    w, w64 = make_weight(rng, "awq", 16, 128, 32)
+    x = rng.standard_normal((3, 128)).astype(np.float32)
+    ref = x.astype(np.float64) @ w64.T
+    wd = w.to(str(dev))
+    assert wd.device == dev and type(wd.tensors["qweight"]).__module__.startswith("pyopencl")
+    assert type(wd.to("cpu").tensors["qweight"]) is np.ndarray
+    out_cl = portakern.quant_gemv(to_cl(queue, x), wd)
+    out_np = portakern.quant_gemv(x, w, backend="opencl")
+    assert type(out_np) is np.ndarray
+    np.testing.assert_array_equal(out_cl.get(), out_np)
+    np.testing.assert_allclose(out_np, ref, atol=1e-5)
+    out_t = portakern.quant_gemv(torch.from_numpy(x).to(torch.bfloat16), w, backend="opencl")
+    assert out_t.dtype == torch.bfloat16
+    np.testing.assert_allclose(out_t.float().numpy(),
+                               torch.from_numpy(x).to(torch.bfloat16).double().numpy() @ w64.T, atol=5e-2)
+    assert portakern.explain(portakern.quant_gemv, x, w).chosen == "cpu"
+    assert portakern.explain(portakern.quant_gemv, to_cl(queue, x), wd).chosen == "opencl"
