@@ -14,8 +14,21 @@ def _version() -> str:
         return "pyopencl not installed"
     from portakern.opencl_runtime import cl_devices
 
-    platforms = sorted({dict(d.info)["platform"] + " " + c.platform.version.strip() for d, c in cl_devices()})
+    platforms = sorted({" ".join(f"{dict(d.info)['platform']} {c.platform.version}".split()) for d, c in cl_devices()})
     return f"pyopencl {cl.VERSION_TEXT}" + (f"; {', '.join(platforms)}" if platforms else "; no OpenCL platform")
+
+
+class _LazyVersion:
+    """``OpenCLBackend.version``, computed on first read: listing the OpenCL platforms starts the drivers (PoCL
+    loads LLVM, which installs its crash signal handlers), which a process that never uses OpenCL should not pay
+    for at plugin registration."""
+
+    def __get__(self, obj, cls) -> str:
+        value = cls.__dict__.get("_version_text")
+        if value is None:
+            value = _version()
+            cls._version_text = value
+        return value
 
 
 class OpenCLBackend(Backend):
@@ -28,7 +41,7 @@ class OpenCLBackend(Backend):
     """
 
     name = "opencl"
-    version = _version()
+    version = _LazyVersion()
     array_kind = "pyopencl"
     device_types = ("opencl", "cpu")
     priority = 50
