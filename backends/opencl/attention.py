@@ -19,7 +19,7 @@ from portakern.ir.dtypes import DType
 from portakern.ir.ops import Attention, KVLayout
 
 from . import expr_opencl
-from .program import build, defines, kernel_source
+from .program import build, defines, digest, kernel_source
 
 #: Local memory every OpenCL 1.2 full-profile device guarantees (CL_DEVICE_LOCAL_MEM_SIZE >= 32 KiB).
 LOCAL_BYTES = 32 * 1024
@@ -72,6 +72,7 @@ def compile(op: Attention, device) -> Callable[..., None]:
     """``kernel(q, k, v, out, lse, aux)`` on pyopencl arrays; builds per OpenCL context on first use."""
     op.verify()
     source = program_source(op)
+    key = digest(source)
     bm, _ = tiles(op)
     want = np.dtype(_STORAGE[DType.parse(op.dtype)])
     shapes = op.shapes()
@@ -88,7 +89,7 @@ def compile(op: Attention, device) -> Callable[..., None]:
                 raise InvalidInputError(f"{name} has dtype {a.dtype}: the opencl attention kernel for "
                                         f"{DType.parse(op.dtype).value} reads and writes {want}")
         queue = out.queue
-        knl = build(queue.context, source, "attention", "pk_attention")
+        knl = build(queue.context, source, "attention", "pk_attention", key)
         idx0, idx1 = _index_arrays(op, aux, queue)
         if layout is KVLayout.VARLEN:   # rows past cu_seqlens_q[-1] belong to no sequence: 0 and -inf
             (out.view(np.uint16) if out.dtype == np.float16 else out).fill(0)  # half: no fp16 fill kernel
@@ -136,13 +137,16 @@ def _index_arrays(op: Attention, aux: dict, queue) -> tuple[Any, Any]:
             a = a.copy() if a.flags.c_contiguous else cla.to_device(queue, np.ascontiguousarray(a.get()))
         return a.base_data
 
-    dummy = None
     if op.kv_layout is KVLayout.VARLEN:
         return dev("cu_seqlens_q"), dev("cu_seqlens_k")
     if op.kv_layout is KVLayout.PAGED:
         return dev("block_table"), dev("seqlens_k")
-    if op.has_seqlens_k:
-        dummy = cla.zeros(queue, 1, np.int32).base_data
-        return dummy, dev("seqlens_k")
-    dummy = cla.zeros(queue, 1, np.int32).base_data
-    return dummy, dummy
+    arr = _dummies.get(queue.context.int_ptr)
+    if arr is None:
+        arr = _dummies.setdefault(queue.context.int_ptr, cla.zeros(queue, 1, np.int32))
+    dummy = arr.base_data
+    return (dummy, dev("seqlens_k")) if op.has_seqlens_k else (dummy, dummy)
+
+
+#: a one-element int32 buffer per OpenCL context, passed for index arrays a layout does not read
+_dummies: dict[int, Any] = {}

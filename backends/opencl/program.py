@@ -37,12 +37,17 @@ def defines(values: dict[str, int]) -> str:
     return "".join(f"#define {k} {int(v)}\n" for k, v in values.items())
 
 
-def build(context: Any, source: str, op_kind: str, entry: str) -> Launcher:
+def digest(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+def build(context: Any, source: str, op_kind: str, entry: str, source_digest: str | None = None) -> Launcher:
     """The kernel ``entry`` of ``source`` built for ``context`` (cached; pyopencl also caches binaries on disk).
+    ``source_digest``: ``digest(source)`` when the caller has it (the per-call path passes it: no rehashing).
 
     Raises ``BackendError`` naming the backend, the op and the compiler's build log when the build fails.
     """
-    digest = hashlib.sha256(source.encode()).hexdigest()
+    digest = source_digest or globals()["digest"](source)
     launcher = _kernels.get((context.int_ptr, digest, entry))
     if launcher is not None:
         return launcher

@@ -21,7 +21,7 @@ from portakern.ir.dtypes import DType
 from portakern.ir.ops import QuantGemv
 from portakern.ir.quant import Packing, QuantFormat
 
-from .program import build, defines, kernel_source
+from .program import build, defines, digest, kernel_source
 
 WG = 64          #: work-items per output column (K is split among them)
 MT = 16          #: activation rows per work-group (M > 16 takes several work-groups per column)
@@ -106,6 +106,7 @@ def compile(op: QuantGemv, device) -> Callable[..., None]:
     op.verify()
     silu = op.prologue == "silu_mul"
     source = program_source(op, xin_float=silu)
+    key = digest(source)
     x_shape = op.shapes()["x"]
     want_x, want_out = (np.dtype(_STORAGE[DType.parse(d)]) for d in (op.dtype, op.result_dtype))
     mt = min(MT, op.M)
@@ -132,11 +133,11 @@ def compile(op: QuantGemv, device) -> Callable[..., None]:
             import pyopencl.array as cla
 
             xin = cla.empty(queue, (op.M, op.K), np.float32)
-            pro = build(queue.context, source, "quant_gemv", "pk_silu_mul")
+            pro = build(queue.context, source, "quant_gemv", "pk_silu_mul", key)
             pro(queue, (-(-op.K // 64) * 64, op.M), (64, 1), x_buf, xin.base_data, x_off, x_sm)
             x_buf, x_off, x_sm = xin.base_data, np.int64(0), np.int64(op.K)
         # -- the GEMV: one work-group per (column, block of MT rows)
-        knl = build(queue.context, source, "quant_gemv", "pk_quant_gemv")
+        knl = build(queue.context, source, "quant_gemv", "pk_quant_gemv", key)
         knl(queue, (op.N * WG, -(-op.M // mt)), (WG, 1), x_buf, w["codes"].data, w["scales"].data,
             w["zeros"].data, w["g_idx"].data, out.base_data, x_off, x_sm)
 
