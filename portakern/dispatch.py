@@ -444,7 +444,12 @@ def _rank_by_measurement(plan: Plan) -> None:
 
 
 def _synchronizer(device: Device) -> Callable[[], None]:
-    """Waits for ``device`` to finish queued work (CUDA / ROCm through torch, else cupy); no-op on CPU."""
+    """Waits for ``device`` to finish queued work (CUDA / ROCm through torch, else cupy; OpenCL through its cached
+    queue); no-op on CPU."""
+    if device.type == "opencl":
+        from .opencl_runtime import queue
+
+        return queue(device).finish
     if device.type not in ("cuda", "rocm"):
         return lambda: None
     try:
