@@ -40,7 +40,7 @@ def _torch():
 def place(case, inputs: dict[str, np.ndarray], backend, device) -> dict[str, Any]:
     """Convert a case's numpy inputs to the arrays a user of ``backend`` on ``device`` would pass."""
     if device.type == "opencl":
-        return _place_opencl(case, inputs, device)
+        return _place_opencl(case, inputs, backend, device)
     if device.type not in ("cpu", "cuda", "rocm"):
         raise CannotPlace(f"the conformance runner cannot place inputs on {device.type} devices yet")
     use_torch = device.type != "cpu" or backend.array_kind == "torch" or case.dtype == "bfloat16"
@@ -58,12 +58,16 @@ def place(case, inputs: dict[str, np.ndarray], backend, device) -> dict[str, Any
     return out
 
 
-def _place_opencl(case, inputs: dict[str, np.ndarray], device) -> dict[str, Any]:
-    """pyopencl arrays on ``device``'s cached queue (what a user of an OpenCL device passes)."""
+def _place_opencl(case, inputs: dict[str, np.ndarray], backend, device) -> dict[str, Any]:
+    """pyopencl arrays on ``device``'s cached queue (what a user of an OpenCL device passes). A bfloat16 case
+    cannot be placed (no bf16 pyopencl dtype): reported unsupported with the backend's own ``supports()`` reason
+    for the case's op when it refuses it, else with the placement reason."""
     if case.dtype == "bfloat16":
+        s = supports(backend, static_op(case), device)
+        if not s.ok:
+            raise CannotPlace(s.reason)
         raise CannotPlace("pyopencl arrays have no bfloat16 dtype, so a bfloat16 case cannot be placed on an "
-                          "OpenCL device (the opencl backend's supports() refuses bfloat16 there too); run it with "
-                          "--device cpu --backend opencl (CPU torch bf16 tensors, carried to the device as float32)")
+                          "OpenCL device; run it with --device cpu (CPU torch bf16 tensors)")
     try:
         import pyopencl.array as cla
 
