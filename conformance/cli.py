@@ -26,6 +26,7 @@ examples:
   portakern conformance --compile-only --target sm_90a,sm_100a,gfx942 --backend triton --report aot.json
   portakern conformance --list --cases 'gemv-awq-*'
   portakern conformance --backend triton --device cuda:0 --jobs 0        one worker per CPU core
+  portakern conformance --backend opencl --device opencl:0 --jobs 0      pyopencl arrays on an OpenCL device
 
 status per record: pass | fail | error | nondeterministic | unsupported (with the backend's reason).
 exit status: 0 every record passed or was unsupported, and at least one ran;
@@ -46,7 +47,8 @@ def _run_parser() -> argparse.ArgumentParser:
                     "(see docs/conformance.md).")
     p.add_argument("--backend", action="extend", nargs="+", metavar="NAME", default=[],
                    help="backend(s) to check; repeat or comma-separate (default: every registered backend)")
-    p.add_argument("--device", default="cpu", help="device to run on: cpu, cuda, cuda:1, ... (default cpu)")
+    p.add_argument("--device", default="cpu",
+                   help="device to run on: cpu, cuda, cuda:1, opencl:0, ... (default cpu)")
     p.add_argument("--cases", action="append", metavar="GLOB", default=[],
                    help="only cases whose id matches GLOB (repeat or comma-separate), e.g. 'attn-d128-*'")
     p.add_argument("--tier", choices=("cpu", "gpu"), default="cpu",

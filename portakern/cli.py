@@ -120,10 +120,19 @@ class _Arrays:
         self.dtype = dtype
         self.shape_arg = shape_arg  # named in the error when an array cannot be allocated
         self.use_torch = device != "cpu" or dtype.value == "bfloat16"
+        self.opencl = None      # the OpenCL device's queue: placeholders are pyopencl arrays there
         if device != "cpu":
             from portakern.devices import parse_device
 
-            parse_device(device)  # raises naming the present devices
+            d = parse_device(device)  # raises naming the present devices
+            if d.type == "opencl":
+                if dtype.value == "bfloat16":
+                    raise _UsageError(f"--device {device} --dtype bf16: pyopencl arrays have no bfloat16; pass "
+                                      "--dtype fp16 or fp32 (bf16 runs on the opencl backend from CPU torch "
+                                      "tensors: --device cpu --backend opencl)")
+                from portakern.opencl_runtime import queue
+
+                self.opencl, self.use_torch = queue(d), False
 
     def float(self, shape: tuple[int, ...], name: str, dtype=None):
         return self._alloc(shape, (dtype or self.dtype).value, name)
@@ -132,6 +141,10 @@ class _Arrays:
         import numpy as np
 
         a = np.ascontiguousarray(np.asarray(values, dtype=np.int32))
+        if self.opencl is not None:
+            import pyopencl.array as cla
+
+            return cla.to_device(self.opencl, a)
         if not self.use_torch:
             return a
         import torch
@@ -149,6 +162,10 @@ class _Arrays:
 
     def _alloc(self, shape, dtype_name: str, name: str):
         try:
+            if self.opencl is not None:
+                import pyopencl.array as cla
+
+                return cla.zeros(self.opencl, shape, dtype=dtype_name)
             if not self.use_torch:
                 import numpy as np
 
@@ -399,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bf16", help="fp16 | bf16 | fp32 (default bf16)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, opencl:0, ... (default cpu)")
     p.add_argument("--backend", default=None, help="explain a forced backend (as backend=NAME)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 

@@ -105,3 +105,17 @@ def test_quantized_weight_to_opencl_and_bad_target(cl_dev):
     np.testing.assert_array_equal(wd.dequantize().get(), w.dequantize())
     with pytest.raises(InvalidInputError, match="not present"):
         w.to("opencl:99")
+
+
+def test_cli_explain_on_the_opencl_device(cl_dev, capsys):
+    from portakern.cli import main
+
+    assert main(["explain", "attention", "--shape", "1,1,300,8,2,64", "--causal", "--device", "opencl:0",
+                 "--dtype", "fp16"]) == 0
+    out = capsys.readouterr().out
+    assert "chosen   opencl" in out and "device   opencl:0" in out
+    assert main(["explain", "quant_gemv", "--shape", "3,64,256", "--bits", "4", "--group-size", "32",
+                 "--device", "opencl:0", "--dtype", "fp32"]) == 0
+    assert "chosen   opencl" in capsys.readouterr().out
+    assert main(["explain", "attention", "--shape", "1,1,64,4,1,64", "--device", "opencl:0"]) == 2   # bf16 default
+    assert "pyopencl arrays have no bfloat16" in capsys.readouterr().err

@@ -18,17 +18,24 @@ def test_wheel_layout_and_import(tmp_path):
     assert top <= {"portakern", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}, top
     for module in ("portakern/ir/ops.py", "portakern/backends/cpu/attention.py",
                    "portakern/backends/triton/backend.py", "portakern/backends/triton/kernels/attention_fwd.py",
+                   "portakern/backends/opencl/backend.py", "portakern/backends/opencl/kernels/attention.cl",
+                   "portakern/backends/opencl/kernels/quant_gemv.cl",
                    "portakern/conformance/data/cases-v1/manifest.json", "portakern/conformance/__init__.py"):
         assert module in names
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "[portakern.backends]" in entry_points and "cpu = portakern.backends.cpu" in entry_points
+    assert "opencl = portakern.backends.opencl" in entry_points
 
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
                    check=True)
     code = ("import portakern, numpy as np; assert portakern.__file__.startswith(%r), portakern.__file__;"
             "q = np.ones((1, 2, 1, 4), np.float32); out = portakern.attention(q, q, q, backend='cpu');"
-            "assert np.allclose(out, 1.0); print(sorted(b.name for b in portakern.backends()))" % str(target))
+            "assert np.allclose(out, 1.0); print(sorted(b.name for b in portakern.backends()));"
+            # the opencl kernels load from the installed package data (when an OpenCL device is present)
+            "ok = portakern.backends()[[b.name for b in portakern.backends()].index('opencl')].status() == 'ok';"
+            "out = portakern.attention(q, q, q, backend='opencl') if ok else out; assert np.allclose(out, 1.0)"
+            % str(target))
     env = dict(os.environ, PYTHONPATH=str(target))
     res = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
