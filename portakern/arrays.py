@@ -46,7 +46,8 @@ def kind_of(a: Any, argument: str = "array") -> str:
     else:
         raise InvalidTypeError(
             f"{argument} is a {type(a).__module__}.{type(a).__name__}: expected a numpy array, "
-            "a torch tensor, a cupy array or a pyopencl.array.Array; convert it with numpy.asarray(...) or torch.as_tensor(...)")
+            "a torch tensor, a cupy array or a pyopencl.array.Array; convert it with numpy.asarray(...) or "
+            "torch.as_tensor(...)")
     _KINDS[type(a)] = kind
     return kind
 

@@ -46,9 +46,10 @@ def supports(op: Attention, device) -> Support:
         if dim > MAX_HEAD_DIM:
             return no(f"{name}={dim} is above the opencl backend's limit of {MAX_HEAD_DIM} (each work-item "
                       f"holds its query row and output accumulator in private memory); use backend='cpu'")
-    if DType.parse(op.dtype) not in _STORAGE:
-        return no(f"dtype={DType.parse(op.dtype).value}: the opencl backend stores float16 or float32 (bfloat16 from torch "
-                  "travels as float32); convert the inputs to float16 or float32")
+    dtype = DType.parse(op.dtype)
+    if dtype not in _STORAGE:
+        return no(f"dtype={dtype.value}: the opencl backend stores float16 or float32 (bfloat16 from torch travels "
+                  "as float32); convert the inputs to float16 or float32")
     try:
         expr_opencl.source(op.score_mod, op.mask_mod)
     except UnsupportedError as e:

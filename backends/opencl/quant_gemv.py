@@ -75,9 +75,10 @@ def prepare_weight(weight, device) -> Prepared:
 
 
 def supports(op: QuantGemv, device) -> Support:
-    if DType.parse(op.dtype) not in _STORAGE or DType.parse(op.result_dtype) not in _STORAGE:
-        return no(f"dtype={DType.parse(op.dtype).value}, out_dtype={DType.parse(op.result_dtype).value}: the opencl backend stores float16 "
-                  "or float32 (bfloat16 from torch travels as float32); convert x to float16 or float32")
+    dtype, out_dtype = DType.parse(op.dtype), DType.parse(op.result_dtype)
+    if dtype not in _STORAGE or out_dtype not in _STORAGE:
+        return no(f"dtype={dtype.value}, out_dtype={out_dtype.value}: the opencl backend stores float16 or float32 "
+                  "(bfloat16 from torch travels as float32); convert x to float16 or float32")
     if op.fmt.bits not in (4, 8):
         return no(f"QuantFormat bits={op.fmt.bits}: the opencl GEMV kernel unpacks 4- and 8-bit codes only; "
                   "use backend='cpu'")
@@ -95,9 +96,10 @@ def _chunk(fmt: QuantFormat) -> int:
 
 def program_source(op: QuantGemv, xin_float: bool) -> str:
     fmt = op.fmt
+    half_x, half_out = (DType.parse(d) is DType.float16 for d in (op.dtype, op.result_dtype))
     vals = dict(K=op.K, N=op.N, M=op.M, MT=min(MT, op.M), WG=WG, GS=fmt.group_size, NG=op.K // fmt.group_size,
-                CH=_chunk(fmt), BITS=fmt.bits, HAS_GIDX=int(fmt.has_g_idx), X_HALF=int(DType.parse(op.dtype) is DType.float16),
-                OUT_HALF=int(DType.parse(op.result_dtype) is DType.float16), XIN_FLOAT=int(xin_float))
+                CH=_chunk(fmt), BITS=fmt.bits, HAS_GIDX=int(fmt.has_g_idx), X_HALF=int(half_x),
+                OUT_HALF=int(half_out), XIN_FLOAT=int(xin_float))
     return f"/* portakern opencl quant_gemv {op.content_hash()} */\n" + defines(vals) + kernel_source("quant_gemv.cl")
 
 
