@@ -143,3 +143,43 @@ def test_array_kinds_round_trip(cl_dev, rng):
                                torch.from_numpy(x).to(torch.bfloat16).double().numpy() @ w64.T, atol=5e-2)
     assert portakern.explain(portakern.quant_gemv, x, w).chosen == "cpu"
     assert portakern.explain(portakern.quant_gemv, to_cl(queue, x), wd).chosen == "opencl"
+
+
+@pytest.mark.parametrize("cap", [1, 8])
+def test_small_work_group_devices(cl_dev, rng, cap):
+    """A device allowing only ``cap`` work-items per group: the GEMV shrinks its work-group and row block, the
+    attention its row block (exercised on PoCL by describing the device with that cap)."""
+    from dataclasses import replace
+
+    from portakern.backends.opencl import attention as A
+    from portakern.backends.opencl import quant_gemv as Q
+    from portakern.ir.ops import Attention, QuantGemv
+
+    dev, queue = cl_dev
+    small = replace(dev, info=tuple((k, str(cap) if k == "max_work_group_size" else v) for k, v in dev.info))
+    w, w64 = make_weight(rng, "native4a", 24, 128, 32)
+    x = rng.standard_normal((11, 256)).astype(np.float32)
+    op = QuantGemv(11, 24, 128, DType.float32, w.fmt, prologue="silu_mul")
+    out = cla_empty(queue, (11, 24))
+    Q.compile(op, small)(to_cl(queue, x), Q.prepare_weight(w, dev), out)
+    g, u = x[:, :128].astype(np.float64), x[:, 128:].astype(np.float64)
+    np.testing.assert_allclose(out.get(), (g / (1 + np.exp(-g)) * u) @ w64.T, atol=1e-4)
+
+    aop = Attention(batch=1, seqlen_q=9, seqlen_k=20, heads_q=4, heads_kv=2, head_dim=16, head_dim_v=16,
+                    dtype=DType.float32, scale=0.25, return_lse=True)
+    assert A.tiles(aop, cap)[0] == cap
+    q, k = rng.standard_normal((1, 9, 4, 16)).astype(np.float32), rng.standard_normal((1, 20, 2, 16)).astype(np.float32)
+    o, lse = cla_empty(queue, (1, 9, 4, 16)), cla_empty(queue, (1, 4, 9))
+    A.compile(aop, small)(to_cl(queue, q), to_cl(queue, k), to_cl(queue, k), o, lse, {})
+    from opencl_helpers import ref_attention
+
+    ref, _ = ref_attention(q, k, k, scale=0.25)
+    np.testing.assert_allclose(o.get(), ref, atol=2e-5)
+
+
+def cla_empty(queue, shape):
+    import pyopencl.array as cla
+
+    a = cla.empty(queue, shape, np.float32)
+    a.fill(np.float32(np.nan))
+    return a

@@ -33,6 +33,21 @@ def kernel_source(name: str) -> str:
     return resources.files("portakern.backends.opencl.kernels").joinpath(name).read_text()
 
 
+def work_group_cap(device, want: int) -> int:
+    """The largest power of two <= ``want`` that ``device`` allows in one work-group (``max_work_group_size``
+    from its ``Device.info``; a host device means the OpenCL device host arrays run on; a device description
+    without the figure keeps ``want``)."""
+    if device.type != "opencl":
+        from portakern.opencl_runtime import default_device, devices
+
+        device = default_device() if devices() else device
+    cap = int(dict(device.info).get("max_work_group_size", want))
+    size = 1
+    while size * 2 <= min(want, cap):
+        size *= 2
+    return size
+
+
 def defines(values: dict[str, int]) -> str:
     return "".join(f"#define {k} {int(v)}\n" for k, v in values.items())
 

@@ -21,7 +21,7 @@ from portakern.ir.dtypes import DType
 from portakern.ir.ops import QuantGemv
 from portakern.ir.quant import Packing, QuantFormat
 
-from .program import build, defines, digest, kernel_source
+from .program import build, defines, digest, kernel_source, work_group_cap
 
 WG = 64          #: work-items per output column (K is split among them)
 MT = 16          #: activation rows per work-group (M > 16 takes several work-groups per column)
@@ -94,10 +94,10 @@ def _chunk(fmt: QuantFormat) -> int:
     return 1
 
 
-def program_source(op: QuantGemv, xin_float: bool) -> str:
+def program_source(op: QuantGemv, xin_float: bool, wg: int = WG) -> str:
     fmt = op.fmt
     half_x, half_out = (DType.parse(d) is DType.float16 for d in (op.dtype, op.result_dtype))
-    vals = dict(K=op.K, N=op.N, M=op.M, MT=min(MT, op.M), WG=WG, GS=fmt.group_size, NG=op.K // fmt.group_size,
+    vals = dict(K=op.K, N=op.N, M=op.M, MT=min(MT, op.M, wg), WG=wg, GS=fmt.group_size, NG=op.K // fmt.group_size,
                 CH=_chunk(fmt), BITS=fmt.bits, HAS_GIDX=int(fmt.has_g_idx), X_HALF=int(half_x),
                 OUT_HALF=int(half_out), XIN_FLOAT=int(xin_float))
     return f"/* portakern opencl quant_gemv {op.content_hash()} */\n" + defines(vals) + kernel_source("quant_gemv.cl")
@@ -107,11 +107,12 @@ def compile(op: QuantGemv, device) -> Callable[..., None]:
     """``kernel(x, prepared, out)`` on pyopencl arrays; builds per OpenCL context on first use."""
     op.verify()
     silu = op.prologue == "silu_mul"
-    source = program_source(op, xin_float=silu)
+    wg = work_group_cap(device, WG)     # the row writes need MT <= WG: both shrink on a small device
+    source = program_source(op, xin_float=silu, wg=wg)
     key = digest(source)
     x_shape = op.shapes()["x"]
     want_x, want_out = (np.dtype(_STORAGE[DType.parse(d)]) for d in (op.dtype, op.result_dtype))
-    mt = min(MT, op.M)
+    mt = min(MT, op.M, wg)
 
     def kernel(x, weight: Prepared, out) -> None:
         # -- check operands against the op
@@ -136,11 +137,11 @@ def compile(op: QuantGemv, device) -> Callable[..., None]:
 
             xin = cla.empty(queue, (op.M, op.K), np.float32)
             pro = build(queue.context, source, "quant_gemv", "pk_silu_mul", key)
-            pro(queue, (-(-op.K // 64) * 64, op.M), (64, 1), x_buf, xin.base_data, x_off, x_sm)
+            pro(queue, (-(-op.K // wg) * wg, op.M), (wg, 1), x_buf, xin.base_data, x_off, x_sm)
             x_buf, x_off, x_sm = xin.base_data, np.int64(0), np.int64(op.K)
         # -- the GEMV: one work-group per (column, block of MT rows)
         knl = build(queue.context, source, "quant_gemv", "pk_quant_gemv", key)
-        knl(queue, (op.N * WG, -(-op.M // mt)), (WG, 1), x_buf, w["codes"].data, w["scales"].data,
+        knl(queue, (op.N * wg, -(-op.M // mt)), (wg, 1), x_buf, w["codes"].data, w["scales"].data,
             w["zeros"].data, w["g_idx"].data, out.base_data, x_off, x_sm)
 
     kernel.__name__ = f"opencl_quant_gemv_{op.content_hash()}"
