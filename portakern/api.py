@@ -14,7 +14,7 @@ from .arrays import convert_for_backend, empty, kind_of, to_caller
 from .backend import Backend
 from .devices import Device, detect_devices
 from .dispatch import Decision, Plan
-from .errors import InvalidTypeError, PortakernError
+from .errors import InvalidTypeError, PortakernError, UnsupportedError
 from .plugins import registry
 from .validate import attention_op, quant_gemv_op
 
@@ -137,6 +137,7 @@ def _empty_attention(q, k, v, kwargs, backend):
     """The empty result of a q without query rows, after the checks any other call gets."""
     _check_backend_name(backend)
     op, qi = attention_op(q, k, v, **kwargs, empty_ok=True)
+    _check_forced_support(op, qi.device, backend)
     varlen = kwargs["cu_seqlens_q"] is not None
     rows = tuple(qi.shape[:-2])                    # (B, Sq), or (total_q,) for varlen
     like = q if qi.kind == "torch" else None
@@ -155,6 +156,19 @@ def _check_backend_name(backend) -> None:
     forced, _ = dispatch.override(backend)
     if forced is not None:
         registry().get(forced)
+
+
+def _check_forced_support(op, device, backend) -> None:
+    """An empty call with a forced backend (backend=, ``use_backend()``, ``$PORTAKERN_BACKEND``) is refused where the
+    same call with rows would be: that backend must support the one-row problem the call stands for (``op``, built by
+    validation with ``empty_ok``), else ``UnsupportedError`` with the backend's reason and the way out. Nothing is
+    compiled; without a forced backend an empty call needs no backend at all."""
+    if dispatch.override(backend)[0] is None:
+        return
+    try:
+        dispatch.decide(op, device, backend)
+    except UnsupportedError as e:
+        raise UnsupportedError(f"{e} (a call without rows is checked as its problem with one row)") from None
 
 
 def _same_arrays(caller: str, kind: str, dtype: DType) -> bool:
@@ -229,6 +243,7 @@ def _empty_gemv(x, w, prologue, backend):
     """The ``(0, N)`` result of an empty batch, after the checks a batch of rows gets."""
     _check_backend_name(backend)
     op, xi = quant_gemv_op(x, w, prologue, empty_ok=True)
+    _check_forced_support(op, xi.device, backend)
     out = empty(xi.kind, (0, op.N), op.result_dtype, xi.device, like=x if xi.kind == "torch" else None)
     return to_caller(out, xi.kind, x, op.result_dtype)
 

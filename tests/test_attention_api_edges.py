@@ -293,3 +293,27 @@ def test_a_scale_or_softcap_float32_cannot_hold_is_refused(kw, fragment):
     with pytest.raises(InvalidInputError, match=fragment):
         portakern.attention(q, q, q, **kw)
     portakern.attention(q, q, q, scale=1e-30, softcap=0)          # in range: runs
+
+
+@pytest.mark.parametrize("batch", [1, 0], ids=["rows", "no-rows"])
+def test_no_query_rows_are_refused_by_a_forced_backend_that_cannot_run_them(register_plugin, batch):
+    # an empty q used to return empty results from a forced backend whose supports() refuses the problem
+    from portakern.backend import Backend, no
+    from portakern.errors import UnsupportedError
+    from plugin_helpers import provides
+
+    class Picky(Backend):
+        name, array_kind, device_types = "picky", "numpy", ("cpu",)
+
+        def supports(self, op, device):
+            return no(f"head_dim={op.head_dim} must be 128; pad the head dimension")
+
+    register_plugin(provides(Picky()), name="picky")
+    q = rand(batch, 4, 2, 8)
+    msg = rejects(lambda: portakern.attention(q, q, q, backend="picky"), UnsupportedError,
+                  "not supported by picky on cpu", "head_dim=8 must be 128", "pass backend='cpu'")
+    assert ("checked as its problem with one row" in msg) == (batch == 0)
+    with portakern.use_backend("picky"):
+        rejects(lambda: portakern.attention(q, q, q, return_lse=True), UnsupportedError, "head_dim=8 must be 128")
+    # the backend that can run it still gives the empty results
+    assert portakern.attention(q, q, q, backend="cpu").shape == q.shape
