@@ -317,3 +317,42 @@ def test_no_query_rows_are_refused_by_a_forced_backend_that_cannot_run_them(regi
         rejects(lambda: portakern.attention(q, q, q, return_lse=True), UnsupportedError, "head_dim=8 must be 128")
     # the backend that can run it still gives the empty results
     assert portakern.attention(q, q, q, backend="cpu").shape == q.shape
+
+
+def test_no_query_rows_are_checked_once_per_signature_off_the_cpu_index_path(fresh_registry, monkeypatch):
+    # the checks of an empty call ran on every call (host reads of CUDA index arrays, no graph capture): now once per
+    # signature, like a plan; a new signature, a cleared cache or a forced backend checks again
+    from portakern import api, dispatch
+
+    calls = []
+    real = api.attention_op
+    monkeypatch.setattr(api, "attention_op", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    q = rand(0, 4, 2, 8)
+    first = portakern.attention(q, q, q, return_lse=True)
+    again = portakern.attention(rand(0, 4, 2, 8), q, q, return_lse=True)
+    assert len(calls) == 1
+    assert [a.shape for a in again] == [a.shape for a in first] == [(0, 4, 2, 8), (0, 2, 4)]
+    assert again[0] is not first[0]                     # fresh arrays each call
+    portakern.attention(rand(0, 5, 2, 8), q, q)          # another signature (Sq 5)
+    portakern.attention(q, q, q, backend="cpu")          # another override
+    assert len(calls) == 3
+    dispatch.clear_cache()
+    portakern.attention(q, q, q, return_lse=True)
+    assert len(calls) == 4
+
+
+def test_no_query_rows_on_the_cpu_recheck_index_values_every_call(fresh_registry):
+    # as for a call with rows: on the host, index values are checked on every call, not only the first
+    q, k = rand(2, 0, 2, 8), rand(2, 4, 2, 8)
+    assert portakern.attention(q, k, k, seqlens_k=np.array([1, 4], np.int32)).shape == (2, 0, 2, 8)
+    rejects(lambda: portakern.attention(q, k, k, seqlens_k=np.array([1, 9], np.int32)), InvalidInputError,
+            "seqlens_k=[1, 9] must lie in [0, 4]")
+
+
+def test_cached_empty_torch_results_follow_each_call(fresh_registry):
+    q = torch.zeros(0, 3, 4, 8, dtype=torch.float16)
+    k = torch.ones(0, 5, 2, 8, dtype=torch.float16)
+    for _ in range(2):
+        out, lse = portakern.attention(q, k, k, return_lse=True)
+        assert isinstance(out, torch.Tensor) and out.dtype == torch.float16 and out.shape == (0, 3, 4, 8)
+        assert lse.dtype == torch.float32 and lse.shape == (0, 4, 3)

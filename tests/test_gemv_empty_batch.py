@@ -87,3 +87,19 @@ def test_empty_batch_is_refused_by_a_forced_backend_that_cannot_run_it(weight, r
         portakern.quant_gemv(x, weight, backend="picky")
     assert ("checked as its problem with one row" in str(info.value)) == (rows == 0)
     assert portakern.quant_gemv(x, weight, backend="cpu").shape == (rows, 8)
+
+
+def test_empty_batch_is_checked_once_per_signature(weight, monkeypatch, fresh_registry):
+    from portakern import api, dispatch
+
+    calls = []
+    real = api.quant_gemv_op
+    monkeypatch.setattr(api, "quant_gemv_op", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    x = np.zeros((0, 64), np.float32)
+    a, b = portakern.quant_gemv(x, weight), portakern.quant_gemv(x.copy(), weight)
+    assert len(calls) == 1 and a.shape == b.shape == (0, 8) and a.dtype == np.float32 and a is not b
+    portakern.quant_gemv(np.zeros((0, 64), np.float16), weight)   # another signature
+    assert len(calls) == 2
+    dispatch.clear_cache()
+    portakern.quant_gemv(x, weight)
+    assert len(calls) == 3
