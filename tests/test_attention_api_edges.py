@@ -356,3 +356,22 @@ def test_cached_empty_torch_results_follow_each_call(fresh_registry):
         out, lse = portakern.attention(q, k, k, return_lse=True)
         assert isinstance(out, torch.Tensor) and out.dtype == torch.float16 and out.shape == (0, 3, 4, 8)
         assert lse.dtype == torch.float32 and lse.shape == (0, 4, 3)
+
+
+def test_an_empty_paged_call_on_cuda_is_captured_in_a_graph_after_its_first_call(fresh_registry):
+    # its checks read seqlens_k / block_table on the host; they ran on every call, so a capture failed
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device on this machine: the CPU tests check that the checks run once per signature")
+    dev = torch.device("cuda")
+    q = torch.zeros(2, 0, 4, 64, dtype=torch.float16, device=dev)
+    pages = torch.ones(3, 16, 2, 64, dtype=torch.float16, device=dev)
+    aux = dict(block_table=torch.zeros(2, 2, dtype=torch.int32, device=dev),
+               seqlens_k=torch.tensor([5, 20], dtype=torch.int32, device=dev))
+    portakern.attention(q, pages, pages, return_lse=True, **aux)        # first call: checked, outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = portakern.attention(q, pages, pages, return_lse=True, **aux)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert out.shape == (2, 0, 4, 64) and out.device.type == "cuda" and lse.shape == (2, 4, 0)
