@@ -14,7 +14,7 @@ from .arrays import convert_for_backend, empty, kind_of, to_caller
 from .backend import Backend
 from .devices import Device, detect_devices
 from .dispatch import Decision, Plan
-from .errors import InvalidTypeError, PortakernError
+from .errors import InvalidTypeError, PortakernError, UnsupportedError
 from .plugins import registry
 from .validate import attention_op, quant_gemv_op
 
@@ -92,7 +92,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, sc
     try:
         plan = dispatch.get_plan(key, lambda: _attention_node(q, k, v, options(), has_aux), backend)
     except _EmptyBatch:  # found on the plan miss, so a cached call pays nothing for it
-        return _empty_attention(q, k, v, options(), backend)
+        return _empty_attention(key, q, k, v, options(), backend, has_aux)
     aux = {"block_table": block_table, "seqlens_k": seqlens_k, "cu_seqlens_q": cu_seqlens_q,
            "cu_seqlens_k": cu_seqlens_k}
     if has_aux and plan.decision.device.type == "cpu":
@@ -134,19 +134,36 @@ def _no_query_rows(q, varlen: bool) -> bool:
     return 0 in tuple(rows)
 
 
-def _empty_attention(q, k, v, kwargs, backend):
-    """The empty result of a q without query rows, after the checks any other call gets."""
+def _empty_attention(key, q, k, v, kwargs, backend, has_aux):
+    """The empty result of a q without query rows, after the checks any other call gets. Like a plan, the checks run
+    on a signature's first call only (no host read of CUDA index arrays after it, so the call can be captured in a
+    CUDA graph); on the CPU index values are checked every call, as for a call with rows."""
+    try:
+        make = dispatch.empty_results.get(key)
+    except TypeError:                              # an option that cannot be hashed: validation names it
+        make, key = None, None
+    if make is not None:
+        return make(q)
     _check_backend_name(backend)
     op, qi = attention_op(q, k, v, **kwargs, empty_ok=True)
-    varlen = kwargs["cu_seqlens_q"] is not None
+    _check_forced_support(op, qi.device, backend)
     rows = tuple(qi.shape[:-2])                    # (B, Sq), or (total_q,) for varlen
-    like = q if qi.kind == "torch" else None
-    out = to_caller(empty(qi.kind, (*rows, op.heads_q, op.head_dim_v), op.dtype, qi.device, like=like),
-                    qi.kind, q, op.dtype)
-    if not op.return_lse:
-        return out
-    lse_shape = (op.heads_q, rows[0]) if varlen else (rows[0], op.heads_q, rows[1])
-    return out, to_caller(empty(qi.kind, lse_shape, _F32, qi.device, like=like), qi.kind, q, _F32)
+    out_shape = (*rows, op.heads_q, op.head_dim_v)
+    lse_shape = None
+    if op.return_lse:
+        lse_shape = (op.heads_q, rows[0]) if kwargs["cu_seqlens_q"] is not None else (rows[0], op.heads_q, rows[1])
+    kind, device, dtype = qi.kind, qi.device, op.dtype
+
+    def make(q):
+        like = q if kind == "torch" else None
+        out = to_caller(empty(kind, out_shape, dtype, device, like=like), kind, q, dtype)
+        if lse_shape is None:
+            return out
+        return out, to_caller(empty(kind, lse_shape, _F32, device, like=like), kind, q, _F32)
+
+    if key is not None and not (has_aux and device.type == "cpu"):
+        dispatch.empty_results[key] = make
+    return make(q)
 
 
 def _check_backend_name(backend) -> None:
@@ -156,6 +173,19 @@ def _check_backend_name(backend) -> None:
     forced, _ = dispatch.override(backend)
     if forced is not None:
         registry().get(forced)
+
+
+def _check_forced_support(op, device, backend) -> None:
+    """An empty call with a forced backend (backend=, ``use_backend()``, ``$PORTAKERN_BACKEND``) is refused where the
+    same call with rows would be: that backend must support the one-row problem the call stands for (``op``, built by
+    validation with ``empty_ok``), else ``UnsupportedError`` with the backend's reason and the way out. Nothing is
+    compiled; without a forced backend an empty call needs no backend at all."""
+    if dispatch.override(backend)[0] is None:
+        return
+    try:
+        dispatch.decide(op, device, backend)
+    except UnsupportedError as e:
+        raise UnsupportedError(f"{e} (a call without rows is checked as its problem with one row)") from None
 
 
 def _same_arrays(caller: str, kind: str, dtype: DType) -> bool:
@@ -216,7 +246,7 @@ def quant_gemv(x, w, *, prologue=None, backend=None):
     try:
         plan = dispatch.get_plan(key, lambda: _gemv_node(x, w, prologue), backend)
     except _EmptyBatch:  # found on the plan miss, so a cached call pays nothing for it
-        return _empty_gemv(x, w, prologue, backend)
+        return _empty_gemv(key, x, w, prologue, backend)
     while True:
         try:
             return _run_gemv(plan, x, w)
@@ -226,12 +256,21 @@ def quant_gemv(x, w, *, prologue=None, backend=None):
             plan = dispatch.fall_back(key, plan, e)
 
 
-def _empty_gemv(x, w, prologue, backend):
-    """The ``(0, N)`` result of an empty batch, after the checks a batch of rows gets."""
-    _check_backend_name(backend)
-    op, xi = quant_gemv_op(x, w, prologue, empty_ok=True)
-    out = empty(xi.kind, (0, op.N), op.result_dtype, xi.device, like=x if xi.kind == "torch" else None)
-    return to_caller(out, xi.kind, x, op.result_dtype)
+def _empty_gemv(key, x, w, prologue, backend):
+    """The ``(0, N)`` result of an empty batch, after the checks a batch of rows gets (on a signature's first call
+    only, as for a plan)."""
+    make = dispatch.empty_results.get(key)
+    if make is None:
+        _check_backend_name(backend)
+        op, xi = quant_gemv_op(x, w, prologue, empty_ok=True)
+        _check_forced_support(op, xi.device, backend)
+        kind, device, shape, dtype = xi.kind, xi.device, (0, op.N), op.result_dtype
+
+        def make(x):
+            return to_caller(empty(kind, shape, dtype, device, like=x if kind == "torch" else None), kind, x, dtype)
+
+        dispatch.empty_results[key] = make
+    return make(x)
 
 
 def _weight_place(w) -> tuple:

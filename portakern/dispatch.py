@@ -41,6 +41,8 @@ _context: contextvars.ContextVar[tuple[str | None, str | None]] = contextvars.Co
     "portakern_dispatch", default=(None, None))
 _poison: contextvars.ContextVar[bool] = contextvars.ContextVar("portakern_poison", default=False)
 _plans: dict[tuple, "Plan"] = {}
+#: signature -> the result maker of a call without rows (an empty batch), checked on its first call; see api.py
+empty_results: dict[tuple, Callable[[Any], Any]] = {}
 _plan_lock = threading.Lock()
 _warned: set[tuple] = set()
 
@@ -393,6 +395,7 @@ def clear_cache() -> None:
     """Forget every plan (after registering a plugin, or in tests)."""
     with _plan_lock:
         _plans.clear()
+        empty_results.clear()
     _warned.clear()
 
 

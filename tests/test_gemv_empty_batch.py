@@ -66,3 +66,40 @@ def test_empty_batch_still_checks_a_backend_forced_by_the_environment(weight, mo
     for rows in (1, 0):
         with pytest.raises(InvalidInputError, match="backend='no-such-backend' is not registered"):
             portakern.quant_gemv(np.zeros((rows, 64), np.float32), weight)
+
+
+@pytest.mark.parametrize("rows", [1, 0])
+def test_empty_batch_is_refused_by_a_forced_backend_that_cannot_run_it(weight, register_plugin, rows):
+    # an empty batch used to return (0, N) from a forced backend whose supports() refuses the problem
+    from portakern.backend import Backend, no
+    from plugin_helpers import provides
+
+    class Picky(Backend):
+        name, array_kind, device_types = "picky", "numpy", ("cpu",)
+
+        def supports(self, op, device):
+            return no(f"group_size={op.fmt.group_size} must be 128; requantize")
+
+    register_plugin(provides(Picky()), name="picky")
+    x = np.zeros((rows, 64), np.float32)
+    with pytest.raises(UnsupportedError, match=r"not supported by picky on cpu.*group_size=32 must be 128.*"
+                                               r"pass backend='cpu'") as info:
+        portakern.quant_gemv(x, weight, backend="picky")
+    assert ("checked as its problem with one row" in str(info.value)) == (rows == 0)
+    assert portakern.quant_gemv(x, weight, backend="cpu").shape == (rows, 8)
+
+
+def test_empty_batch_is_checked_once_per_signature(weight, monkeypatch, fresh_registry):
+    from portakern import api, dispatch
+
+    calls = []
+    real = api.quant_gemv_op
+    monkeypatch.setattr(api, "quant_gemv_op", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    x = np.zeros((0, 64), np.float32)
+    a, b = portakern.quant_gemv(x, weight), portakern.quant_gemv(x.copy(), weight)
+    assert len(calls) == 1 and a.shape == b.shape == (0, 8) and a.dtype == np.float32 and a is not b
+    portakern.quant_gemv(np.zeros((0, 64), np.float16), weight)   # another signature
+    assert len(calls) == 2
+    dispatch.clear_cache()
+    portakern.quant_gemv(x, weight)
+    assert len(calls) == 3

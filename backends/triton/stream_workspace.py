@@ -14,6 +14,10 @@ stream that made it, and two graphs of one signature share it too: replaying the
 each other, or with eager calls on that stream, is not supported (``docs/api.md``, "Streams and
 threads").
 
+Sets are never freed while the kernel (its dispatch plan) lives: one per stream that called it, bounded for
+``torch.cuda.Stream()`` streams (PyTorch hands them out from a fixed pool) and dropped with the plan by
+``portakern.dispatch.clear_cache()``.
+
 The hot path is one current-stream read (``torch._C._cuda_getCurrentRawStream``, what Triton's own
 launcher reads) and a compare with the first set's stream.
 """
