@@ -176,6 +176,25 @@ class Expr:
         return f"{self.op.value}({', '.join(str(a) for a in self.args)})"
 
 
+def value_kind(node: Expr) -> str:
+    """"bool", "int" or "float": the type ``node`` evaluates to under numpy's promotion rules (what the cpu reference
+    computes). Lowerings to typed languages (Triton, OpenCL C) use it to pick casts and literals."""
+    op = node.op
+    if op is Op.VAR:
+        return "float" if node.value == "score" else "int"
+    if op is Op.CONST:
+        v = node.value
+        return "bool" if isinstance(v, bool) else "int" if isinstance(v, int) else "float"
+    if op in COMPARE or op in LOGIC or op is Op.NOT:
+        return "bool"
+    if op in (Op.EXP, Op.TANH, Op.DIV):
+        return "float"
+    kinds = [value_kind(a) for a in (node.args[1:] if op is Op.WHERE else node.args)]
+    if op is Op.WHERE and all(k == "bool" for k in kinds):
+        return "bool"
+    return "float" if "float" in kinds else "int"
+
+
 def lift(x: Operand) -> Expr:
     """Wrap a Python number or bool as a constant node; pass nodes through."""
     if isinstance(x, Expr):

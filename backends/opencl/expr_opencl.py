@@ -39,22 +39,7 @@ inline float pk_fmax(float a, float b) { return (isnan(a) || isnan(b)) ? NAN : f
 """
 
 
-def kind_of(node: Expr) -> str:
-    """"bool", "int" or "float": the type the node evaluates to (numpy promotion rules)."""
-    op = node.op
-    if op is Op.VAR:
-        return "float" if node.value == "score" else "int"
-    if op is Op.CONST:
-        v = node.value
-        return "bool" if isinstance(v, bool) else "int" if isinstance(v, int) else "float"
-    if op in E.COMPARE or op in E.LOGIC or op is Op.NOT:
-        return "bool"
-    if op in (Op.EXP, Op.TANH, Op.DIV):
-        return "float"
-    kinds = [kind_of(a) for a in (node.args[1:] if op is Op.WHERE else node.args)]
-    if op is Op.WHERE and all(k == "bool" for k in kinds):
-        return "bool"
-    return "float" if "float" in kinds else "int"
+kind_of = E.value_kind  # the IR's typing of an expression (numpy promotion)
 
 
 class _Emitter:

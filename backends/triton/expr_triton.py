@@ -48,22 +48,7 @@ _INT_VARS = frozenset({"b", "h", "q_idx", "kv_idx", "seqlen_q", "seqlen_k"})
 
 # -- typing --------------------------------------------------------------------------------------
 
-def kind_of(node: Expr) -> str:
-    """"bool", "int" or "float": the type the node evaluates to (numpy promotion rules)."""
-    op = node.op
-    if op is Op.VAR:
-        return "float" if node.value == "score" else "int"
-    if op is Op.CONST:
-        v = node.value
-        return "bool" if isinstance(v, bool) else "int" if isinstance(v, int) else "float"
-    if op in E.COMPARE or op in E.LOGIC or op is Op.NOT:
-        return "bool"
-    if op in (Op.EXP, Op.TANH, Op.DIV):
-        return "float"
-    kinds = [kind_of(a) for a in node.args[1:]] if op is Op.WHERE else [kind_of(a) for a in node.args]
-    if op is Op.WHERE and all(k == "bool" for k in kinds):
-        return "bool"
-    return "float" if "float" in kinds else "int"
+kind_of = E.value_kind  # the IR's typing of an expression (numpy promotion)
 
 
 # -- code generation ------------------------------------------------------------------------------
