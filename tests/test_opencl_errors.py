@@ -119,3 +119,30 @@ def test_cli_explain_on_the_opencl_device(cl_dev, capsys):
     assert "chosen   opencl" in capsys.readouterr().out
     assert main(["explain", "attention", "--shape", "1,1,64,4,1,64", "--device", "opencl:0"]) == 2   # bf16 default
     assert "pyopencl arrays have no bfloat16" in capsys.readouterr().err
+
+
+def test_host_arrays_name_a_missing_opencl_device(cl_dev, monkeypatch):
+    from portakern import opencl_runtime as R
+
+    monkeypatch.setenv("PORTAKERN_OPENCL_DEVICE", "7")
+    with pytest.raises(InvalidInputError, match=r"PORTAKERN_OPENCL_DEVICE='7' names no OpenCL device: present are "
+                                                r"opencl:0"):
+        R.default_device()
+    monkeypatch.setenv("PORTAKERN_OPENCL_DEVICE", "opencl:0")
+    assert R.default_device() == cl_dev[0]
+    monkeypatch.setattr(R, "devices", lambda: [])
+    with pytest.raises(InvalidInputError, match=r"no OpenCL device is present: install an OpenCL driver .*"
+                                                r"backend='cpu'"):
+        R.default_device()
+
+
+def test_an_opencl_device_portakern_does_not_list_is_named(cl_dev, monkeypatch):
+    from portakern import opencl_runtime as R
+
+    with pytest.raises(InvalidInputError, match=r"device opencl:9 is not an OpenCL device present here: present "
+                                                r"OpenCL devices are opencl:0"):
+        R.cl_device(Device("opencl", 9))
+    monkeypatch.setattr(R, "_by_pointer", lambda: {})   # an array made on a device of a platform loaded later
+    with pytest.raises(InvalidTypeError, match=r"is not one portakern lists \(portakern.devices\(\)\); create the "
+                                               r"array on a listed device"):
+        R.device_for(cl_dev[1].device)
