@@ -19,6 +19,8 @@
 #   gemv-cluster    benchmarks/experiments/gemv_cluster.py (CUDA C, NVRTC): the M=1 int4 GEMV of the N = 4096
 #                   shapes with its K split merged through cluster shared memory, against float64, then timed
 #                   beside the table's kernel and tinygemm (session 16: built, not yet run)
+#   gemv-wide       benchmarks/experiments/gemv_wide.py (CUDA C, NVRTC): the M=1 int4 / int8 GEMV with small CTAs and
+#                   x staged per CTA, every variant against float64, then timed beside the table and tinygemm
 #   decode-ws-probe benchmarks/experiments/decode_ws_probe.py: the Gluon decode kernel against float64 (NaN past
 #                   every sequence), then its tiles and split counts against the table's attn_fwd
 #   gemv-sweep      benchmarks/gemv.py --sweep over dq 2/3 and both operand orders, M 1 4 16
@@ -126,6 +128,8 @@ for s in "$@"; do
             --tag='$TAG' --out '$RES' && python3 benchmarks/experiments/gemv_stream_ws.py --phase bench \
             --tag='$TAG' --out '$RES'" ;;
         gemv-cluster) step gemv-cluster python3 benchmarks/experiments/gemv_cluster.py --phase bench --tag="$TAG" \
+            --out "$RES" ;;
+        gemv-wide) step gemv-wide python3 benchmarks/experiments/gemv_wide.py --phase bench --tag="$TAG" \
             --out "$RES" ;;
         decode-ws-probe) step decode-ws-probe bash -c "python3 benchmarks/experiments/decode_ws_probe.py --phase check \
             --tag='$TAG' --out '$RES' && python3 benchmarks/experiments/decode_ws_probe.py --phase bench \

@@ -22,13 +22,13 @@ variants beside the table's kernel and tinygemm in CUDA graphs over weights rota
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
-import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from experiments.cuda_build import Kernel, compile_cubin, registers  # noqa: E402
 
 SOURCE = os.path.join(os.path.dirname(__file__), "gemv_cluster.cu")
 #: (bits, N, K): the decode step's N = 4096 linears, its qkv projection (6144 x 4096, 41% of the floor on the
@@ -53,72 +53,6 @@ def usable(N: int, K: int, bn: int, cs: int) -> str | None:
     return None
 
 
-def compile_cubin(defs: dict[str, int], arch: str = "sm_90a") -> tuple[bytes, str]:
-    """The kernel's cubin for ``arch`` and the compiler's log (ptxas' register and spill report): NVRTC through
-    ``cuda.bindings``, else ``nvcc`` where NVRTC cannot be loaded."""
-    try:
-        from cuda.bindings import nvrtc
-
-        nvrtc.nvrtcVersion()
-    except (ImportError, OSError, RuntimeError) as e:
-        return _compile_nvcc(defs, arch, why=f"{type(e).__name__}: {e}")
-    return _compile_nvrtc(defs, arch)
-
-
-def _compile_nvcc(defs: dict[str, int], arch: str, why: str) -> tuple[bytes, str]:
-    import subprocess
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:
-        cubin = os.path.join(d, "k.cubin")
-        cmd = ["nvcc", "--cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", "-v", "-o", cubin, SOURCE]
-        cmd += [f"-D{k}={v}" for k, v in defs.items()]
-        p = subprocess.run(cmd, capture_output=True, text=True)
-        if p.returncode:
-            raise RuntimeError(f"nvcc failed for {defs} (NVRTC unavailable: {why}):\n{p.stderr}")
-        return open(cubin, "rb").read(), p.stderr
-
-
-def _compile_nvrtc(defs: dict[str, int], arch: str) -> tuple[bytes, str]:
-    from cuda.bindings import nvrtc
-
-    src = open(SOURCE, "rb").read()
-    err, prog = nvrtc.nvrtcCreateProgram(src, b"gemv_cluster.cu", 0, [], [])
-    _nvrtc_ok(err, "create")
-    opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", b"--ptxas-options=-v"]
-    opts += [f"-D{k}={v}".encode() for k, v in defs.items()]
-    (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-    err_log, size = nvrtc.nvrtcGetProgramLogSize(prog)
-    log = b" " * size
-    nvrtc.nvrtcGetProgramLog(prog, log)
-    log = log.decode(errors="replace").rstrip("\x00 \n")
-    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        raise RuntimeError(f"NVRTC failed for {defs}:\n{log}")
-    err, size = nvrtc.nvrtcGetCUBINSize(prog)
-    _nvrtc_ok(err, "cubin size")
-    cubin = b" " * size
-    (err,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
-    _nvrtc_ok(err, "cubin")
-    return cubin, log
-
-
-def _nvrtc_ok(err, what: str) -> None:
-    from cuda.bindings import nvrtc
-
-    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        raise RuntimeError(f"NVRTC {what}: {err}")
-
-
-def _cu_ok(res, what: str):
-    """``cuda.bindings.driver`` calls return (error, *values): the values, or an error naming the call."""
-    from cuda.bindings import driver as cu
-
-    err, *vals = res if isinstance(res, tuple) else (res,)
-    if err != cu.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"CUDA driver {what}: {err}")
-    return vals[0] if len(vals) == 1 else vals
-
-
 class ClusterGemv:
     """``kern(x, w, out)`` for torch tensors: x (1, K) bf16, ``w`` a ``PreparedGemvWeight`` (int4 or int8 g128,
     asymmetric, fp16 scales), out (1, N) bf16, on the current CUDA stream."""
@@ -128,46 +62,18 @@ class ClusterGemv:
         why = usable(N, K, bn, cs)
         if why:
             raise ValueError(f"gemv_cluster({N}x{K}, BN={bn}, CS={cs}): {why}")
-        from cuda.bindings import driver as cu
-
         self.N, self.K, self.bn, self.cs, self.pf, self.pdl, self.bits = N, K, bn, cs, pf, pdl, bits
-        self.cubin, self.log = compile_cubin(defines(bits, N, K, NP, bn, cs, pf, pdl))
-        self.module = _cu_ok(cu.cuModuleLoadData(self.cubin), "cuModuleLoadData")
-        self.fn = _cu_ok(cu.cuModuleGetFunction(self.module, b"gemv_cluster"), "cuModuleGetFunction")
-        self.grid = (N // bn) * cs
-        self.threads = bn
+        self.cubin, self.log = compile_cubin(SOURCE, defines(bits, N, K, NP, bn, cs, pf, pdl))
+        self.kernel = Kernel(self.cubin, "gemv_cluster", (N // bn) * cs, bn, pdl=pdl)
 
     def __call__(self, x, w, out) -> None:
-        import torch
-        from cuda.bindings import driver as cu
-
-        cfg = cu.CUlaunchConfig()
-        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = self.grid, 1, 1
-        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = self.threads, 1, 1
-        cfg.sharedMemBytes = 0
-        cfg.hStream = cu.CUstream(torch.cuda.current_stream().cuda_stream)
-        attrs = []
-        if self.pdl:
-            a = cu.CUlaunchAttribute()
-            a.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-            a.value.programmaticStreamSerializationAllowed = 1
-            attrs.append(a)
-        cfg.attrs, cfg.numAttrs = attrs, len(attrs)
-        ptrs = (w.qweight.data_ptr(), w.scales.data_ptr(), w.zeros.data_ptr(), x.data_ptr(), out.data_ptr())
-        _cu_ok(cu.cuLaunchKernelEx(cfg, self.fn, (ptrs, (ctypes.c_void_p,) * len(ptrs)), 0), "cuLaunchKernelEx")
+        self.kernel(w.qweight.data_ptr(), w.scales.data_ptr(), w.zeros.data_ptr(), x.data_ptr(), out.data_ptr())
 
 
 @functools.lru_cache(maxsize=None)
 def cluster_gemv(N: int, K: int, NP: int, bn: int, cs: int, pf: int, pdl: bool, bits: int) -> ClusterGemv:
     """One compiled and loaded ``ClusterGemv`` per configuration (the check and the bench share them)."""
     return ClusterGemv(N, K, NP, bn, cs, pf, pdl, bits)
-
-
-def registers(log: str) -> dict:
-    """ptxas' report in the NVRTC log: registers, spill stores / loads, shared memory."""
-    find = lambda pat: int(m.group(1)) if (m := re.search(pat, log)) else None   # noqa: E731
-    return {"registers": find(r"Used (\d+) registers"), "spill_stores": find(r"(\d+) bytes spill stores"),
-            "spill_loads": find(r"(\d+) bytes spill loads"), "smem": find(r"(\d+) bytes smem")}
 
 
 def lower() -> int:
@@ -183,7 +89,7 @@ def lower() -> int:
             for pdl in (True, False):
                 what = f"int{bits} {N}x{K} BN={bn} CS={cs} PF={pf} pdl={int(pdl)}"
                 try:
-                    _, log = compile_cubin(defines(bits, N, K, NP, bn, cs, pf, pdl))
+                    _, log = compile_cubin(SOURCE, defines(bits, N, K, NP, bn, cs, pf, pdl))
                     print(f"{what}: {registers(log)}")
                 except RuntimeError as e:
                     bad += 1

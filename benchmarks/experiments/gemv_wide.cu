@@ -1,0 +1,229 @@
+// Experiment (benchmarks/experiments/gemv_wide.py): M = 1 int4 / int8 group-128 GEMV in CUDA C for the
+// memory-bound regime, built to test one claim of gemv_notes.md (v10, v11, v14): the Triton kernels stop at
+// 55-82% of the floor because their instruction stream (3.4 per code) runs at an occupancy their registers
+// allow (3.5 warps per scheduler), not because of the loads. This kernel keeps what the Triton "dq=3" kernel
+// does per code (one LOP3 and one FFMA: the code masked in place and read as an fp32 subnormal, x pre-scaled
+// per code position) and removes the rest: x is staged once per CTA in shared memory, already scaled and
+// laid out per word row (two 16-byte shared loads serve 32 codes), the scale and zero apply once per group,
+// and the CTAs are small (64-256 threads, ~64 registers) so that many sit on each SM and their loads overlap
+// each other's arithmetic. Split K merges through an fp32 workspace, summed in slice order by the last CTA of
+// a column tile to arrive (deterministic; the counter resets itself, so graphs replay).
+//
+// Layout (portakern's internal one, backends/triton/kernels/gemv_quant.py): words qw (KWP, NP) int32,
+// K-major, EPW = 32 / BITS codes per word, int4 word rows interleaved in blocks of IW = 8 (int8: IW = 1):
+// code e of word row j is column k = (j / IW) * IW * EPW + e * IW + j % IW of K; scales s and zero points z
+// (G, NP) fp16 (no z: HAS_Z 0, the constant ZP); x (1, K) and out (1, N) bf16 (raw 16-bit words).
+//
+// Compile-time constants (-D): BITS (4 or 8), N, K, NP (the words' row stride), QUADS (16-byte column quads
+// per CTA: BN = 4 QUADS columns), LANES (row lanes: thread t reads word rows lane, lane + LANES, ... of its
+// quad), S (K slices), PF (groups of words each thread keeps in flight), PDL (1: programmatic dependent
+// launch -- first weight loads, then griddepcontrol.wait before x is read), HAS_Z, ZP, LDNA (1: weight loads
+// as ld.global.nc.L1::no_allocate.L2::256B).
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+#define EPW (32 / BITS)                  // codes per 32-bit word
+#define IW (BITS == 4 ? 8 : 1)           // word rows per interleaved block
+#define GROUP_ROWS (128 / EPW)           // word rows per group of 128 codes
+#define RPG (GROUP_ROWS / LANES)         // word rows of one thread in one group
+#define BN (4 * QUADS)                   // columns of a CTA
+#define THREADS (QUADS * LANES)
+#define GROUPS (K / 128 / S)             // groups of one CTA's K slice
+#define ROWS (GROUPS * GROUP_ROWS)       // word rows of one slice
+#define KS (ROWS * EPW)                  // codes of one slice
+#define TILES (N / BN)
+
+static_assert(K % (128 * S) == 0, "each slice holds whole groups of 128");
+static_assert(N % BN == 0, "N must be a multiple of the column tile");
+static_assert(GROUP_ROWS % LANES == 0, "row lanes must divide a group's word rows");
+static_assert(BITS == 4 || BITS == 8, "int4 or int8 codes");
+
+// -- conversions (bf16 as raw bits; fp16 through PTX)
+__device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
+
+__device__ __forceinline__ u16 f32_to_bf16(float f) {           // round to nearest even (finite values)
+    u32 u = __float_as_uint(f);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (u16)(u >> 16);
+}
+
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// -- code positions: code e of a word, masked in place and read as an fp32 subnormal, is q * 2^P(e) * 2^-149
+//    (codes whose bits reach past bit 22 come from the word shifted right by 16); x of that position carries
+//    2^(85 - P(e)), so each product is q * x * 2^-64
+__device__ __forceinline__ bool low_half(int e) { return BITS * e + BITS <= 23; }
+__device__ __forceinline__ int code_shift(int e) { return low_half(e) ? BITS * e : BITS * e - 16; }
+__device__ __forceinline__ float x_scale(int e) {                // 2^(85 - P(e)), exact
+    return __uint_as_float((u32)(127 + 85 - code_shift(e)) << 23);
+}
+__device__ __forceinline__ u32 k_of(u32 j, int e) { return (j / IW) * IW * EPW + e * IW + j % IW; }
+
+__device__ __forceinline__ uint4 load_words(const uint4* p) {
+#if LDNA
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+#else
+    return __ldg(p);
+#endif
+}
+
+struct Group {                  // one thread's words, scales and zeros of one group: RPG rows x 4 columns
+    uint4 w[RPG];
+    uint2 s, z;
+};
+
+__device__ __forceinline__ void load_group(Group& out, const uint4* qw4, const uint2* s2, const uint2* z2,
+                                           u32 row0, u32 lane, u32 quad4, u32 g) {
+#pragma unroll
+    for (int m = 0; m < RPG; ++m)
+        out.w[m] = load_words(qw4 + (size_t)(row0 + g * GROUP_ROWS + lane + LANES * m) * (NP / 4) + quad4);
+    out.s = __ldg(s2 + (size_t)(row0 / GROUP_ROWS + g) * (NP / 4) + quad4);
+#if HAS_Z
+    out.z = __ldg(z2 + (size_t)(row0 / GROUP_ROWS + g) * (NP / 4) + quad4);
+#endif
+}
+
+// One group of one thread: RPG rows x 4 columns of products (q x 2^-64), then the group's scale and zero:
+// res[c] += s_c (sum q x - z_c sum x).
+__device__ __forceinline__ void group_products(const Group& cur, const float* xs, const float* xrow, u32 g,
+                                               u32 lane, float res[4]) {
+    float aq[4] = {0.f, 0.f, 0.f, 0.f};
+    float xg = 0.f;
+#pragma unroll
+    for (int m = 0; m < RPG; ++m) {
+        const u32 j = g * GROUP_ROWS + lane + LANES * m;
+        const float4* xr = reinterpret_cast<const float4*>(xs + j * EPW);
+        float xv[EPW];
+#pragma unroll
+        for (int v = 0; v < EPW / 4; ++v) {
+            const float4 q = xr[v];
+            xv[4 * v] = q.x, xv[4 * v + 1] = q.y, xv[4 * v + 2] = q.z, xv[4 * v + 3] = q.w;
+        }
+        xg += xrow[j];
+        const u32 wc[4] = {cur.w[m].x, cur.w[m].y, cur.w[m].z, cur.w[m].w};
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const u32 lo = wc[c], hi = wc[c] >> 16;
+#pragma unroll
+            for (int e = 0; e < EPW; ++e) {
+                const u32 bits = (low_half(e) ? lo : hi) & (((1u << BITS) - 1u) << code_shift(e));
+                aq[c] = fmaf(__uint_as_float(bits), xv[e], aq[c]);
+            }
+        }
+    }
+    const u32 sv[2] = {cur.s.x, cur.s.y};
+#if HAS_Z
+    const u32 zv[2] = {cur.z.x, cur.z.y};
+#endif
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        const float sc = f16_to_f32((u16)(sv[c / 2] >> (16 * (c % 2))));
+#if HAS_Z
+        const float zc = f16_to_f32((u16)(zv[c / 2] >> (16 * (c % 2))));
+#else
+        const float zc = (float)ZP;
+#endif
+        res[c] = fmaf(sc, fmaf(aq[c], 0x1p64f, -zc * xg), res[c]);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+gemv_wide(const int* __restrict__ qw, const u16* __restrict__ s, const u16* __restrict__ z,
+          const u16* __restrict__ x, u16* __restrict__ out, float* __restrict__ ws, u32* __restrict__ counters) {
+    extern __shared__ float4 smem4[];
+    float* xs = reinterpret_cast<float*>(smem4);   // [KS]: x of the slice, pre-scaled, in word-row order
+    float* xrow = xs + KS;                          // [ROWS]: per word row, the sum of its x (unscaled)
+    float* red = xrow + ROWS;                       // [LANES][BN]: the row lanes' partial columns
+    __shared__ u32 last;
+
+    const u32 t = threadIdx.x, quad = t % QUADS, lane = t / QUADS;
+    const u32 slice = blockIdx.x % S, tile = blockIdx.x / S;
+    const u32 quad4 = tile * QUADS + quad;          // 16-byte column quad within a row of NP words
+    const u32 row0 = slice * ROWS;                  // first word row of the slice
+    const uint4* qw4 = reinterpret_cast<const uint4*>(qw);
+    const uint2* s2 = reinterpret_cast<const uint2*>(s);
+    const uint2* z2 = reinterpret_cast<const uint2*>(z);
+
+    // -- phase 1: the first PF groups of words, scales and zeros in flight (they do not depend on the kernel
+    //    before this one, so they go out before the wait)
+    Group buf[PF];
+#pragma unroll
+    for (int p = 0; p < PF; ++p)
+        if (p < GROUPS) load_group(buf[p], qw4, s2, z2, row0, lane, quad4, p);
+#if PDL
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+
+    // -- phase 2: stage x of the slice, one word row per thread and step: its EPW values scaled per code
+    //    position, and their plain sum
+    for (u32 j = t; j < ROWS; j += THREADS) {
+        float sum = 0.f;
+#pragma unroll
+        for (int e = 0; e < EPW; ++e) {
+            const float v = bf16_to_f32(x[slice * KS + k_of(j, e)]);
+            xs[j * EPW + e] = v * x_scale(e);
+            sum += v;
+        }
+        xrow[j] = sum;
+    }
+    __syncthreads();
+#if PDL
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+
+    // -- phase 3: the groups of the slice, PF in flight: consume buffer p, refill it PF groups ahead
+    float res[4] = {0.f, 0.f, 0.f, 0.f};
+    for (u32 g0 = 0; g0 < GROUPS; g0 += PF) {
+#pragma unroll
+        for (int p = 0; p < PF; ++p) {
+            const u32 g = g0 + p;
+            if (g < GROUPS) {
+                group_products(buf[p], xs, xrow, g, lane, res);
+                if (g + PF < GROUPS) load_group(buf[p], qw4, s2, z2, row0, lane, quad4, g + PF);
+            }
+        }
+    }
+
+    // -- phase 4: the row lanes' sums in lane order, then this slice's columns: written directly (S = 1), or
+    //    to the workspace, and the last slice of the tile to arrive adds all S in slice order
+#pragma unroll
+    for (int c = 0; c < 4; ++c) red[lane * BN + quad * 4 + c] = res[c];
+    __syncthreads();
+#if S == 1
+    for (u32 col = t; col < BN; col += THREADS) {
+        float part = 0.f;
+#pragma unroll
+        for (int l = 0; l < LANES; ++l) part += red[l * BN + col];
+        out[tile * BN + col] = f32_to_bf16(part);
+    }
+#else
+    for (u32 col = t; col < BN; col += THREADS) {
+        float part = 0.f;
+#pragma unroll
+        for (int l = 0; l < LANES; ++l) part += red[l * BN + col];
+        ws[slice * N + tile * BN + col] = part;
+    }
+    __threadfence();
+    __syncthreads();
+    if (t == 0) last = atomicAdd(counters + tile, 1u) == S - 1;
+    __syncthreads();
+    if (last) {
+        __threadfence();
+        for (u32 col = t; col < BN; col += THREADS) {
+            float acc = 0.f;
+#pragma unroll 4
+            for (u32 q = 0; q < S; ++q) acc += __ldcg(ws + q * N + tile * BN + col);
+            out[tile * BN + col] = f32_to_bf16(acc);
+        }
+        if (t == 0) counters[tile] = 0u;           // ready for the next launch
+    }
+#endif
+}

@@ -1,0 +1,233 @@
+"""Experiment, not part of the backend: M = 1 int4 / int8 GEMV in CUDA C with small CTAs, x staged per CTA.
+
+Written in session 26 to test the claim of gemv_notes.md v10-v14 that the Triton kernels' instruction stream (3.4
+per code at the occupancy their registers allow) is what holds the large shapes at ~80% of the floor and the
+N = 4096 ones far below: ``gemv_wide.cu`` keeps one LOP3 and one FFMA per code (the "dq=3" trick) and drops the
+rest -- x staged once per CTA in shared memory, scaled and in word-row order; scales and zeros once per group;
+64-256-thread CTAs of ~64 registers, many per SM; split K merged by the tile's last CTA to arrive, in slice
+order. Compiled by NVRTC (``cuda_build.py``), launched through the driver API as a programmatic dependent.
+
+    python benchmarks/experiments/gemv_wide.py --phase lower   # no GPU: every variant to sm_90a, registers, spills
+    python benchmarks/experiments/gemv_wide.py --phase check   # GPU: every variant against float64 (NaN-poisoned)
+    python benchmarks/experiments/gemv_wide.py --phase bench   # GPU: check, then time beside the table and tinygemm
+
+The bench times each variant in CUDA graphs over weights rotated past 4x the L2, in the same process as the
+table's Triton kernel and tinygemm, and prints the best variant per shape against both and the floor.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from experiments.cuda_build import Kernel, compile_cubin, registers  # noqa: E402
+
+SOURCE = os.path.join(os.path.dirname(__file__), "gemv_wide.cu")
+#: (bits, N, K): the int4 table's six shapes and the int8 target's three
+SHAPES = ((4, 4096, 4096), (4, 14336, 4096), (4, 4096, 14336), (4, 8192, 8192), (4, 28672, 8192),
+          (4, 16384, 16384), (8, 8192, 8192), (8, 28672, 8192), (8, 16384, 16384))
+QUADS = (16, 32)
+LANES = {4: (2, 4, 8), 8: (4, 8, 16)}
+PFS = (1, 2)
+SPLITS = (1, 2, 4, 7, 8, 14, 16, 32)
+NUM_SMS = 132
+
+
+def splits_for(N: int, K: int, quads: int) -> list[int]:
+    """K slices worth timing for a tile width: whole groups per slice, 256-4096 CTAs (and S = 1 from one wave)."""
+    tiles = N // (4 * quads)
+    return [s for s in SPLITS if K % (128 * s) == 0 and (256 <= tiles * s <= 4096 or (s == 1 and tiles >= NUM_SMS))]
+
+
+def variants(bits: int, N: int, K: int) -> list[tuple[int, int, int, int, int]]:
+    """(QUADS, LANES, S, PF, LDNA) to time for one shape; LDNA (no-L1 loads with a 256-byte L2 hint) only on the
+    PF = 2, 4-lane variants."""
+    out = []
+    for q in QUADS:
+        for lanes in LANES[bits]:
+            for s in splits_for(N, K, q):
+                for pf in PFS:
+                    if K // 128 // s >= pf:
+                        out.append((q, lanes, s, pf, 0))
+                        if pf == 2 and lanes == LANES[bits][1]:
+                            out.append((q, lanes, s, pf, 1))
+    return out
+
+
+def defines(bits, N, K, NP, quads, lanes, s, pf, ldna, pdl=True, has_z=True) -> dict[str, int]:
+    return {"BITS": bits, "N": N, "K": K, "NP": NP, "QUADS": quads, "LANES": lanes, "S": s, "PF": pf,
+            "LDNA": ldna, "PDL": int(pdl), "HAS_Z": int(has_z), "ZP": 1 << (bits - 1)}
+
+
+def smem_bytes(bits: int, K: int, quads: int, lanes: int, s: int) -> int:
+    ks = K // s
+    return 4 * (ks + ks // (32 // bits) + lanes * 4 * quads)
+
+
+def _np(N: int) -> int:
+    from portakern.backends.triton import quant_gemv as Q
+
+    return -(-N // Q.N_ALIGN_WORDS) * Q.N_ALIGN_WORDS
+
+
+def _compile(job) -> tuple[tuple, bytes | None, str]:
+    bits, N, K, v = job
+    try:
+        cubin, log = compile_cubin(SOURCE, defines(bits, N, K, _np(N), *v))
+        return job, cubin, log
+    except RuntimeError as e:
+        return job, None, str(e)
+
+
+def compile_all(jobs, workers: int = 16) -> dict:
+    """Every (bits, N, K, variant) compiled in parallel processes (before CUDA is initialised here)."""
+    with ProcessPoolExecutor(workers) as ex:
+        return {job: (cubin, log) for job, cubin, log in ex.map(_compile, jobs)}
+
+
+class WideGemv:
+    """``kern(x, w, out)``: x (1, K) bf16, ``w`` a ``PreparedGemvWeight`` (g128, fp16 scales, zeros), out (1, N)
+    bf16, on the current CUDA stream; ``ws`` / ``counters`` the split-K workspace and the tiles' arrival counters
+    (zeroed once; the last CTA of a tile resets its counter)."""
+
+    def __init__(self, cubin: bytes, bits, N, K, quads, lanes, s, pf, ws, counters, pdl=True):
+        self.kernel = Kernel(cubin, "gemv_wide", (N // (4 * quads)) * s, quads * lanes,
+                             smem_bytes(bits, K, quads, lanes, s), pdl)
+        self.ws, self.counters = ws, counters
+
+    def __call__(self, x, w, out) -> None:
+        self.kernel(w.qweight.data_ptr(), w.scales.data_ptr(), w.zeros.data_ptr(), x.data_ptr(), out.data_ptr(),
+                    self.ws.data_ptr(), self.counters.data_ptr())
+
+
+def lower() -> int:
+    jobs = [(b, N, K, v) for b, N, K in SHAPES for v in variants(b, N, K)]
+    bad = 0
+    for (b, N, K, v), (cubin, log) in compile_all(jobs).items():
+        r = registers(log) if cubin else None
+        bad += cubin is None or bool(r["spill_stores"])
+        print(f"int{b} {N}x{K} quads,lanes,S,PF,ldna={v}: {r if cubin else 'FAILED ' + log}")
+    print(f"{len(jobs)} variants, {bad} failed or spilled")
+    return 1 if bad else 0
+
+
+def reference(x, w):
+    """float64 ``x @ dequant(W)^T`` of a prepared weight, unpacked with torch on the weight's device: code e of
+    word row j is column (j // IW) * IW * EPW + e * IW + j % IW of K (the internal layout)."""
+    import torch
+
+    bits, epw, iw, N, K = w.bits, 32 // w.bits, w.interleave, w.N, w.K
+    qw = w.qweight[: K // epw, :N]
+    codes = torch.stack([(qw >> (bits * e)) & ((1 << bits) - 1) for e in range(epw)], dim=1)   # (KW, EPW, N)
+    codes = codes.view(K // epw // iw, iw, epw, N).permute(0, 2, 1, 3).reshape(K, N).double()
+    g = torch.arange(K, device=qw.device) // w.group_size
+    dq = (codes - w.zeros.double()[g, :N]) * w.scales.double()[g, :N]
+    return (x.double() @ dq).cpu().numpy()
+
+
+@functools.lru_cache(maxsize=None)
+def _buffers(N: int, K: int):
+    import torch
+
+    return (torch.zeros(max(SPLITS) * N, device="cuda", dtype=torch.float32),
+            torch.zeros(N, device="cuda", dtype=torch.int32))
+
+
+def run(phase: str, res) -> int:
+    import torch
+
+    from experiments.harness import poisoned_errors
+    from gemv import copies_for, floor_bytes, gemv_op, graph_us, int8_torch, ours, random_prepared, tinygemm
+
+    jobs = [(b, N, K, v) for b, N, K in SHAPES for v in variants(b, N, K)]
+    cubins = res.pop("_cubins")
+    bad = 0
+    for bits, N, K in SHAPES:
+        ws, counters = _buffers(N, K)
+        w = random_prepared(N, K, bits, 128, False)
+        x = torch.randn(1, K, device="cuda").to(torch.bfloat16)
+        ref = reference(x, w)
+        kerns = {}
+        for job in [j for j in jobs if j[:3] == (bits, N, K)]:
+            cubin, log = cubins[job]
+            v = job[3]
+            row = {"bits": bits, "N": N, "K": K, "variant": v, **(registers(log) if cubin else {"error": log})}
+            if cubin is not None:
+                kern = WideGemv(cubin, bits, N, K, *v[:4], ws, counters)
+                out = torch.empty(1, N, device="cuda", dtype=torch.bfloat16)
+                errs = poisoned_errors(lambda: kern(x, w, out), out, ref, times=3)
+                row.update(rel_err=errs, ok=max(errs) <= 1e-2)
+                if row["ok"]:
+                    kerns[v] = kern
+            bad += not row.get("ok", False)
+            res["check"].append(row)
+        print(f"int{bits} {N}x{K}: {len(kerns)}/{len([j for j in jobs if j[:3] == (bits, N, K)])} variants correct",
+              flush=True)
+        if phase != "bench":
+            continue
+        op = gemv_op(1, N, K, bits=bits)
+        fb = floor_bytes(op)
+        copies = copies_for(fb)
+        row = {"bits": bits, "N": N, "K": K, "floor_us": fb / (res["copy_TBps"] * 1e12) * 1e6}
+        table_fns, _ = ours(op, None, copies)
+        row["table_us"] = graph_us(table_fns)
+        del table_fns
+        if bits == 4:
+            row["tinygemm_us"] = graph_us(tinygemm(1, N, K, 128, copies_for(N * K // 2)))
+        else:
+            row["torch_int8_us"] = graph_us(int8_torch(1, N, K, copies_for(N * K)))
+        wss = [random_prepared(N, K, bits, 128, False) for _ in range(copies)]
+        xs = [torch.randn(1, K, device="cuda").to(torch.bfloat16) for _ in range(copies)]
+        out = torch.empty(1, N, device="cuda", dtype=torch.bfloat16)
+        row["wide_us"] = {}
+        for v, kern in kerns.items():
+            row["wide_us"][",".join(map(str, v))] = graph_us([lambda x=x, w=w: kern(x, w, out)
+                                                              for x, w in zip(xs, wss)])
+        best = min(row["wide_us"], key=row["wide_us"].get)
+        row["best"], row["best_us"] = best, row["wide_us"][best]
+        res["bench"].append(row)
+        peer = row.get("tinygemm_us", row.get("torch_int8_us"))
+        print(f"int{bits} {N}x{K}: floor {row['floor_us']:.2f} table {row['table_us']:.2f} "
+              f"({row['floor_us'] / row['table_us']:.0%}) wide {row['best_us']:.2f} "
+              f"({row['floor_us'] / row['best_us']:.0%}, {best}) peer {peer:.2f} "
+              f"-> {peer / row['best_us']:.2f}x", flush=True)
+        del wss, xs
+        torch.cuda.empty_cache()
+    return bad
+
+
+def main() -> int:
+    from experiments.harness import parse_args
+
+    args = parse_args(__doc__, lambda ap: ap.add_argument("--phase", choices=("lower", "check", "bench"),
+                                                          required=True))
+    if args.phase == "lower":
+        return lower()
+    jobs = [(b, N, K, v) for b, N, K in SHAPES for v in variants(b, N, K)]
+    cubins = compile_all(jobs)           # before CUDA is initialised in this process (forked workers)
+    import torch
+
+    from experiments.harness import header, write
+    from gemv import copy_bandwidth_TBps
+
+    torch.cuda.init()
+    torch.empty(1, device="cuda")        # the primary context current on this thread (the driver API uses it)
+    res = header(__doc__, copy_bandwidth_TBps(), check=[], bench=[])
+    res["_cubins"] = cubins
+    bad = run(args.phase, res)
+    write(res, args.out, f"gemv-wide-{args.phase}", args.tag)
+    print(f"{len(res['check']) - bad}/{len(res['check'])} correct")
+    for r in res["bench"]:
+        peer = r.get("tinygemm_us", r.get("torch_int8_us"))
+        print(f"| int{r['bits']} {r['N']}x{r['K']} | {r['floor_us']:.2f} | {r['table_us']:.2f} "
+              f"({r['floor_us'] / r['table_us']:.0%}) | {r['best_us']:.2f} ({r['floor_us'] / r['best_us']:.0%}) "
+              f"| {r['best']} | {peer / r['best_us']:.2f}x |")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
