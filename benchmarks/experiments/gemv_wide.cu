@@ -162,16 +162,36 @@ gemv_wide(const int* __restrict__ qw, const u16* __restrict__ s, const u16* __re
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 
-    // -- phase 2: stage x of the slice, one word row per thread and step: its EPW values scaled per code
-    //    position, and their plain sum
+    // -- phase 2: stage x of the slice in word-row order, scaled per code position (16-byte loads of x: for int4
+    //    the 8 rows of an interleave block at one code position, for int8 one row's 4 codes), then each word
+    //    row's plain sum from the staged values (the scales are powers of two: exact)
+#if BITS == 4
+    const uint4* x4 = reinterpret_cast<const uint4*>(x + slice * KS);
+#pragma unroll 4
+    for (u32 i = t; i < KS / 8; i += THREADS) {          // i = block * 8 + e: rows block * 8 .. + 7, position e
+        const uint4 v = __ldg(x4 + i);
+        const u32 blk = i / 8, e = i % 8;
+        const u32 h[4] = {v.x, v.y, v.z, v.w};
+        const float sc = x_scale(e);
+#pragma unroll
+        for (int r = 0; r < 8; ++r)
+            xs[(blk * 8 + r) * EPW + e] = bf16_to_f32((u16)(h[r / 2] >> (16 * (r % 2)))) * sc;
+    }
+#else
+    const uint2* x2 = reinterpret_cast<const uint2*>(x + slice * KS);
+#pragma unroll 4
+    for (u32 j = t; j < ROWS; j += THREADS) {
+        const uint2 v = __ldg(x2 + j);
+        const u32 h[2] = {v.x, v.y};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) xs[j * EPW + e] = bf16_to_f32((u16)(h[e / 2] >> (16 * (e % 2)))) * x_scale(e);
+    }
+#endif
+    __syncthreads();
     for (u32 j = t; j < ROWS; j += THREADS) {
         float sum = 0.f;
 #pragma unroll
-        for (int e = 0; e < EPW; ++e) {
-            const float v = bf16_to_f32(x[slice * KS + k_of(j, e)]);
-            xs[j * EPW + e] = v * x_scale(e);
-            sum += v;
-        }
+        for (int e = 0; e < EPW; ++e) sum += xs[j * EPW + e] * __uint_as_float((u32)(127 - 85 + code_shift(e)) << 23);
         xrow[j] = sum;
     }
     __syncthreads();
