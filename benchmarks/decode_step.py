@@ -18,13 +18,14 @@ Floor = (weight bytes: codes + fp16 scale + fp16 zero per group; + K/V bytes rea
 
     python benchmarks/decode_step.py [--ctx 2048 8192] [--glue compile-combo|compile-pdl|compile|compile-max|eager]
         [--compare-glue GLUE] [--compare-attention table release early early+o2 ...] [--cluster-gemv o,down ...]
+        [--wide-gemv o,down ... --wide-from JSON]
         [--l2-prefetch UNITS ...] [--compare-tiles] [--prefetch none after:24 during:24]
         [--chain AHEAD,PER_SM,L2_AHEAD[,attn|,step] ...] [--sweep-gemv LINEAR ...] [--sweep-attention]
         [--ab-gemv LINEAR:CONFIG ...] [--ab-attention CONFIG ...]
         [--captures N] [--breakdown] [--no-peers] [--no-eager] [--out DIR]
 
 The same-process variants (``--compare-*``, ``--sweep-*``, ``--ab-*``, ``--chain``, ``--cluster-gemv``,
-``--l2-prefetch``) are defined in ``benchmarks/step_variants.py``.
+``--wide-gemv``, ``--l2-prefetch``) are defined in ``benchmarks/step_variants.py``.
 """
 
 from __future__ import annotations
@@ -244,6 +245,20 @@ class PortakernStep:
         for name in names:
             N, K = self.linears[name]
             other.kern[name] = ClusterGemv(N, K, self.layers[0][name].stride_qk)
+        return other
+
+    def with_wide_gemv(self, names: tuple[str, ...], bench_json: str) -> "PortakernStep":
+        """The same step with the linears ``names`` on the session-26 CUDA C experiment kernel
+        (``experiments/gemv_wide.py``), each under the variant that timed fastest for its shape in ``bench_json``
+        (a ``gemv-wide-bench-*.json``; ``--wide-gemv``)."""
+        from experiments.gemv_wide import wide_for_shape
+
+        other = copy.copy(self)
+        other.kern = dict(self.kern)
+        for name in names:
+            N, K = self.linears[name]
+            w = self.layers[0][name] if name in self.layers[0] else self.lm
+            other.kern[name] = wide_for_shape(bench_json, 4, N, K, w.stride_qk)
         return other
 
     def with_gemv_config(self, name: str, cfg) -> "PortakernStep":

@@ -21,6 +21,8 @@
 #                   beside the table's kernel and tinygemm (session 16: built, not yet run)
 #   gemv-wide       benchmarks/experiments/gemv_wide.py (CUDA C, NVRTC): the M=1 int4 / int8 GEMV with small CTAs and
 #                   x staged per CTA, every variant against float64, then timed beside the table and tinygemm
+#   decode-step-wide  the step at ctx 2048 with o + down, and with every linear, on the gemv-wide kernel (the variant
+#                   fastest per shape in $RES/gemv-wide-bench-*.json: run gemv-wide first), logits compared; no peers
 #   decode-ws-probe benchmarks/experiments/decode_ws_probe.py: the Gluon decode kernel against float64 (NaN past
 #                   every sequence), then its tiles and split counts against the table's attn_fwd
 #   gemv-sweep      benchmarks/gemv.py --sweep over dq 2/3 and both operand orders, M 1 4 16
@@ -131,6 +133,9 @@ for s in "$@"; do
             --out "$RES" ;;
         gemv-wide) step gemv-wide python3 benchmarks/experiments/gemv_wide.py --phase bench --tag="$TAG" \
             --out "$RES" ;;
+        decode-step-wide) step decode-step-wide python3 benchmarks/decode_step.py --ctx 2048 --no-peers \
+            --wide-from "$(ls "$RES"/gemv-wide-bench-*.json | head -n 1)" --wide-gemv o,down qkv,o,gu,down,lm \
+            --tag="-wide$TAG" --out "$RES" ;;
         decode-ws-probe) step decode-ws-probe bash -c "python3 benchmarks/experiments/decode_ws_probe.py --phase check \
             --tag='$TAG' --out '$RES' && python3 benchmarks/experiments/decode_ws_probe.py --phase bench \
             --tag='$TAG' --out '$RES'" ;;

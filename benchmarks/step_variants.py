@@ -112,6 +112,13 @@ def add_variant_arguments(ap: argparse.ArgumentParser) -> None:
                          "NAMES (of qkv, o, gu, down) on the experiment kernel that merges its K split in cluster "
                          "shared memory (benchmarks/experiments/gemv_cluster.py), as int4_portakern_cluster_NAMES, "
                          "logits compared (a different summation order: close, not equal)")
+    ap.add_argument("--wide-gemv", nargs="+", default=[], metavar="NAMES",
+                    help="also time portakern's step with the comma-separated linears NAMES (of qkv, o, gu, down, lm) "
+                         "on the session-26 CUDA C experiment kernel (benchmarks/experiments/gemv_wide.py), each "
+                         "under the variant fastest for its shape in --wide-from, as int4_portakern_wide_NAMES, "
+                         "logits compared (a different summation order: close, not equal)")
+    ap.add_argument("--wide-from", default=None, metavar="JSON",
+                    help="the gemv-wide-bench-*.json whose fastest variant per shape --wide-gemv uses")
     ap.add_argument("--fused-silu", action="store_true",
                     help="also time portakern's step without the SiLU-mul glue kernel, the down projection's GEMV "
                          "forming silu(gate) * up from the gate/up output itself (the silu_mul prologue), as "
@@ -202,6 +209,11 @@ def variants_for(step, args) -> dict:
         variants[f"int4_portakern_attention_{spec}"] = step.with_attention(spec)
     for names in args.cluster_gemv:
         variants[f"int4_portakern_cluster_{names.replace(',', '_')}"] = step.with_cluster_gemv(tuple(names.split(",")))
+    for names in args.wide_gemv:
+        if not args.wide_from:
+            raise SystemExit("--wide-gemv needs --wide-from: the gemv-wide-bench JSON that names each shape's variant")
+        variants[f"int4_portakern_wide_{names.replace(',', '_')}"] = step.with_wide_gemv(tuple(names.split(",")),
+                                                                                        args.wide_from)
     for name in args.sweep_gemv:
         cands = gemv_candidates(*step.linears[name])[:args.sweep_limit]
         variants.update(_sweep(step, f"int4_portakern_{name}",
