@@ -17,6 +17,7 @@ import pytest
 
 pytest.importorskip("triton")
 
+from portakern.backends.triton import gemv_layout  # noqa: E402
 from portakern.backends.triton import gemv_tuning as T  # noqa: E402
 from portakern.backends.triton import quant_gemv as Q  # noqa: E402
 
@@ -160,7 +161,7 @@ def test_without_gluon_no_weight_gets_the_layout_and_the_table_keeps_mma(monkeyp
 
     op = QuantGemv(M=16, N=4096, K=4096, dtype=DType.bfloat16, fmt=QuantFormat(bits=4, group_size=128, symmetric=False))
     assert Q.frag_kernel_available() and Q._LayoutStub(op).frag is not None   # Triton >= 3.5 here
-    monkeypatch.setattr(Q, "_GLUON", [False])
+    monkeypatch.setattr(gemv_layout, "_GLUON", [False])
     stub = Q._LayoutStub(op)
     assert stub.frag is None
     assert T.choose(stub, 16, 4096, "sm_90", 132, dtype="bfloat16").kind == "mma"

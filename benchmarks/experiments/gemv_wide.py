@@ -121,8 +121,8 @@ def emulate(bits: int, N: int, K: int, quads: int, lanes: int, s: int) -> float:
     w = random_prepared(N, K, bits, 128, False, device="cpu")
     x = torch.randn(1, K).to(torch.bfloat16)
     ref = reference(x, w)[0]
-    epw, iw, gr = 32 // bits, (8 if bits == 4 else 1), 128 // (32 // bits)
-    rpg, bn, groups = gr // lanes, 4 * quads, K // 128 // s
+    epw, gr = 32 // bits, 128 // (32 // bits)
+    rpg, groups = gr // lanes, K // 128 // s
     rows, ks = groups * gr, groups * 128
     u = w.qweight.numpy().view(np.uint32)
     sc = w.scales.numpy().astype(np.float32)

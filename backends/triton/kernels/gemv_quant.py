@@ -1,6 +1,6 @@
 """Triton bodies of the weight-only quantized GEMV: ``out (M, N) = x (M, K) @ dequant(W)^T``.
 
-The host side (``backends/triton/quant_gemv.py``) repacks every packing into one internal layout:
+The host side (``backends/triton/gemv_layout.py``, ``prepare_weight``) repacks every packing into one internal layout:
 
 * ``qw``  int32 ``(KWP, NP)``, K-major: word ``(j, n)`` holds ``EPW = 32 // BITS`` unsigned codes of
   column n, code ``e`` in bits ``BITS*e .. BITS*e + BITS-1``. Word rows are interleaved in blocks of
