@@ -235,32 +235,6 @@ class PortakernStep:
         op, device = self.attention_op()
         return tuning.candidates(op, *A._device_arch(device))
 
-    def with_cluster_gemv(self, names: tuple[str, ...]) -> "PortakernStep":
-        """The same step with the linears ``names`` on the session-16 experiment kernel whose split-K merge runs
-        through cluster shared memory (``experiments/gemv_cluster.py``, CUDA C; ``--cluster-gemv``)."""
-        from experiments.gemv_cluster import ClusterGemv
-
-        other = copy.copy(self)
-        other.kern = dict(self.kern)
-        for name in names:
-            N, K = self.linears[name]
-            other.kern[name] = ClusterGemv(N, K, self.layers[0][name].stride_qk)
-        return other
-
-    def with_wide_gemv(self, names: tuple[str, ...], bench_json: str) -> "PortakernStep":
-        """The same step with the linears ``names`` on the session-26 CUDA C experiment kernel
-        (``experiments/gemv_wide.py``), each under the variant that timed fastest for its shape in ``bench_json``
-        (a ``gemv-wide-bench-*.json``; ``--wide-gemv``)."""
-        from experiments.gemv_wide import wide_for_shape
-
-        other = copy.copy(self)
-        other.kern = dict(self.kern)
-        for name in names:
-            N, K = self.linears[name]
-            w = self.layers[0][name] if name in self.layers[0] else self.lm
-            other.kern[name] = wide_for_shape(bench_json, 4, N, K, w.stride_qk)
-        return other
-
     def with_gemv_config(self, name: str, cfg) -> "PortakernStep":
         """The same step with the linear ``name``'s GEMV compiled under ``cfg`` (``--sweep-gemv``)."""
         other = copy.copy(self)

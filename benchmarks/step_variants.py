@@ -199,6 +199,20 @@ def _labelled(candidates: list, label: str, label_of, what: str):
     return found[0]
 
 
+def with_kernels(step, names: str, make):
+    """``step`` with the comma-separated linears ``names`` (of qkv, o, gu, down, lm) on an experiment kernel:
+    ``make(N, K, NP)`` returns ``kern(x, prepared, out)`` for the linear's shape and its words' row stride --
+    ``experiments/gemv_cluster.py``'s cluster-merge kernel (``--cluster-gemv``) or ``gemv_wide.py``'s small-CTA
+    kernel under its shape's fastest variant (``--wide-gemv``)."""
+    other = copy.copy(step)
+    other.kern = dict(step.kern)
+    for name in names.split(","):
+        N, K = step.linears[name]
+        w = step.layers[0][name] if name in step.layers[0] else step.lm
+        other.kern[name] = make(N, K, w.stride_qk)
+    return other
+
+
 def variants_for(step, args) -> dict:
     """The variants of ``step`` (a ``decode_step.PortakernStep``) that ``args`` asks for, by result name, in the
     order they are timed."""
@@ -207,13 +221,16 @@ def variants_for(step, args) -> dict:
         variants[f"int4_portakern_glue_{args.compare_glue}"] = step.with_glue(args.compare_glue)
     for spec in args.compare_attention:
         variants[f"int4_portakern_attention_{spec}"] = step.with_attention(spec)
+    if args.cluster_gemv or args.wide_gemv:
+        from experiments.gemv_cluster import ClusterGemv
+        from experiments.gemv_wide import wide_for_shape
     for names in args.cluster_gemv:
-        variants[f"int4_portakern_cluster_{names.replace(',', '_')}"] = step.with_cluster_gemv(tuple(names.split(",")))
+        variants[f"int4_portakern_cluster_{names.replace(',', '_')}"] = with_kernels(step, names, ClusterGemv)
     for names in args.wide_gemv:
         if not args.wide_from:
             raise SystemExit("--wide-gemv needs --wide-from: the gemv-wide-bench JSON that names each shape's variant")
-        variants[f"int4_portakern_wide_{names.replace(',', '_')}"] = step.with_wide_gemv(tuple(names.split(",")),
-                                                                                        args.wide_from)
+        variants[f"int4_portakern_wide_{names.replace(',', '_')}"] = with_kernels(
+            step, names, lambda N, K, NP: wide_for_shape(args.wide_from, 4, N, K, NP))
     for name in args.sweep_gemv:
         cands = gemv_candidates(*step.linears[name])[:args.sweep_limit]
         variants.update(_sweep(step, f"int4_portakern_{name}",
