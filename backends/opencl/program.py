@@ -29,8 +29,10 @@ class Launcher:
 
 
 def kernel_source(name: str) -> str:
-    """The text of ``kernels/<name>`` (shipped as package data)."""
-    return resources.files("portakern.backends.opencl.kernels").joinpath(name).read_text()
+    """The text of ``kernels/<name>`` (shipped as package data) after ``kernels/storage.cl``, the half / float
+    storage types and load / store macros every kernel shares (``IN_HALF`` / ``OUT_HALF`` defines)."""
+    kernels = resources.files("portakern.backends.opencl.kernels")
+    return kernels.joinpath("storage.cl").read_text() + kernels.joinpath(name).read_text()
 
 
 def work_group_cap(device, want: int) -> int:

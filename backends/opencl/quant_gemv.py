@@ -98,7 +98,7 @@ def program_source(op: QuantGemv, xin_float: bool, wg: int = WG) -> str:
     fmt = op.fmt
     half_x, half_out = (DType.parse(d) is DType.float16 for d in (op.dtype, op.result_dtype))
     vals = dict(K=op.K, N=op.N, M=op.M, MT=min(MT, op.M, wg), WG=wg, GS=fmt.group_size, NG=op.K // fmt.group_size,
-                CH=_chunk(fmt), BITS=fmt.bits, HAS_GIDX=int(fmt.has_g_idx), X_HALF=int(half_x),
+                CH=_chunk(fmt), BITS=fmt.bits, HAS_GIDX=int(fmt.has_g_idx), IN_HALF=int(half_x),
                 OUT_HALF=int(half_out), XIN_FLOAT=int(xin_float))
     return f"/* portakern opencl quant_gemv {op.content_hash()} */\n" + defines(vals) + kernel_source("quant_gemv.cl")
 

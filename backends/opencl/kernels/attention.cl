@@ -8,24 +8,8 @@
  * Compile-time defines (set by attention.py): D, DV, BM, BN, G, HQ, LAYOUT (0 dense, 1 paged, 2 varlen),
  * HAS_SEQLENS, RETURN_LSE, PAGE_SIZE, MAX_PAGES, IN_HALF, OUT_HALF; pk_score_mod / pk_mask_mod and
  * PK_HAS_SCORE_MOD / PK_HAS_MASK_MOD come from expr_opencl.py, prepended to this file.
- * Arithmetic is float32 throughout; half is storage only (vload_half / vstore_half_rte).
+ * Arithmetic is float32 throughout; half is storage only (storage.cl, prepended: tin / LD, tout / ST).
  */
-
-#if IN_HALF
-typedef half tin;
-#define LD(p, i) vload_half((i), (p))
-#else
-typedef float tin;
-#define LD(p, i) ((p)[(i)])
-#endif
-
-#if OUT_HALF
-typedef half tout;
-#define ST(v, p, i) vstore_half_rte((v), (i), (p))
-#else
-typedef float tout;
-#define ST(v, p, i) ((p)[(i)] = (v))
-#endif
 
 #define LAYOUT_DENSE 0
 #define LAYOUT_PAGED 1

@@ -9,35 +9,19 @@
  * point once per chunk; every code is dequantized once and used for all MT rows. A local-memory tree
  * reduction sums the work-items' partial dot products. Accumulation is float32; half is storage only.
  *
- * Defines (quant_gemv.py): K, N, M, MT, WG, GS, NG, CH, BITS, HAS_GIDX, X_HALF, OUT_HALF.
+ * Defines (quant_gemv.py): K, N, M, MT, WG, GS, NG, CH, BITS, HAS_GIDX, IN_HALF (x), OUT_HALF; storage.cl (prepended) gives tin / LD, tout / ST.
  */
-
-#if X_HALF
-typedef half tx;
-#define LDX(p, i) vload_half((i), (p))
-#else
-typedef float tx;
-#define LDX(p, i) ((p)[(i)])
-#endif
-
-#if OUT_HALF
-typedef half tout;
-#define ST(v, p, i) vstore_half_rte((v), (i), (p))
-#else
-typedef float tout;
-#define ST(v, p, i) ((p)[(i)] = (v))
-#endif
 
 /* The silu_mul prologue: x_in[m, k] = silu(x[m, k]) * x[m, K + k] in float32, into a float buffer the
  * GEMV kernel then reads (formed once, not once per output column). silu(g) = g * (1 + tanh(g / 2)) / 2. */
-__kernel void pk_silu_mul(__global const tx *x, __global float *xin, const long x_off, const long x_sm)
+__kernel void pk_silu_mul(__global const tin *x, __global float *xin, const long x_off, const long x_sm)
 {
     const int k = get_global_id(0);
     const int m = get_global_id(1);
     if (k >= K)
         return;
-    const float g = LDX(x, x_off + m * x_sm + k);
-    const float u = LDX(x, x_off + m * x_sm + K + k);
+    const float g = LD(x, x_off + m * x_sm + k);
+    const float u = LD(x, x_off + m * x_sm + K + k);
     xin[(long)m * K + k] = g * (0.5f * (1.0f + tanh(0.5f * g))) * u;
 }
 
@@ -45,8 +29,8 @@ __kernel void pk_silu_mul(__global const tx *x, __global float *xin, const long 
 #define LDA(p, i) ((p)[(i)])
 typedef float ta;
 #else
-#define LDA(p, i) LDX(p, i)
-typedef tx ta;
+#define LDA(p, i) LD(p, i)
+typedef tin ta;
 #endif
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
