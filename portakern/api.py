@@ -294,7 +294,7 @@ def _gemv_node(x, w, prologue=None):
 
 def _run_gemv(plan: Plan, x, w):
     op, device, be = plan.decision.op, plan.decision.device, plan.backend
-    pkey = (be.name, str(device))
+    pkey = (be.weight_layout or be.name, str(device))   # backends of one layout share the prepared copy
     prepared = w.prepared.get(pkey)
     if prepared is None:
         prepared = w.prepared[pkey] = be.prepare_weight(w, device)

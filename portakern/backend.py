@@ -53,6 +53,9 @@ class Backend:
       priority      default rank, higher wins; the ``portakern_backend_priority`` hook may override
       compile_targets  targets it can lower for without the device (``compile_for_target``)
       has_bfloat16  whether its array kind can hold bf16 (numpy cannot: bf16 arrives as float32)
+      weight_layout the name of the prepared-weight layout ``prepare_weight`` returns when it is another
+                    backend's (None: its own); backends naming one layout share one prepared copy of a weight,
+                    cached under ``(weight_layout or name, device)``
       x_prologues   the ``QuantGemv.prologue`` transforms its quant_gemv kernels implement (e.g. "silu_mul":
                     ``x`` is ``(M, 2K)`` and the GEMV's input is ``silu(gate) * up``); dispatch never offers a
                     backend an op whose prologue is not listed, so a backend written before prologues existed
@@ -66,6 +69,7 @@ class Backend:
     priority: ClassVar[int] = 0
     compile_targets: ClassVar[tuple[str, ...]] = ()
     x_prologues: ClassVar[tuple[str, ...]] = ()
+    weight_layout: ClassVar[str | None] = None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} {self.version}>"

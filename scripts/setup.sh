@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv (if absent) and install portakern with its test and opencl extras, from nothing
-# (the opencl extra brings pyopencl and PoCL's CPU device, which CI's opencl tests run on).
+# Create .venv (if absent) and install portakern with its test, opencl and cuda extras, from nothing
+# (the opencl extra brings pyopencl and PoCL's CPU device, which CI's opencl tests run on; the cuda extra
+# brings cuda-bindings and NVRTC, with which CI lowers the cuda backend's kernels without a GPU).
 # torch is pinned to the CPU build first so the `test` extra does not pull a multi-GB CUDA build;
 # on a GPU machine install your CUDA torch into .venv before running this.
 set -euo pipefail
@@ -13,5 +14,5 @@ fi
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/python -m pip install -q "torch==2.13.0"
 fi
-.venv/bin/python -m pip install -q -e ".[test,opencl]"
+.venv/bin/python -m pip install -q -e ".[test,opencl,cuda]"
 .venv/bin/python -m pip install -q --no-deps -e examples/portakern-torch-eager

@@ -2,13 +2,15 @@
 # Set up and run the tests (what CI runs):
 #   1. the triton backend over the whole cpu-tier conformance suite in Triton's CPU interpreter;
 #   2. compile-only lowering of every supported case for sm_80, sm_90a and sm_100a (no GPU needed);
-#   3. the opencl backend over the whole cpu-tier conformance suite on the OpenCL device (PoCL on the CPU),
+#   3. compile-only lowering of the cuda backend's kernels (NVRTC from the package index) for the same targets
+#      and sm_120;
+#   4. the opencl backend over the whole cpu-tier conformance suite on the OpenCL device (PoCL on the CPU),
 #      then again from host arrays (backend="opencl" on numpy / CPU torch: the bfloat16 cases too);
-#      (1 to 3 shard their cases over one worker process per core: --jobs 0)
-#   4. the pytest suite (unit, reference, dispatch, plugin, conformance and mutation tests); the opencl tests
+#      (1 to 4 shard their cases over one worker process per core: --jobs 0)
+#   5. the pytest suite (unit, reference, dispatch, plugin, conformance and mutation tests); the opencl tests
 #      fail, never skip, when no OpenCL device is present (PORTAKERN_REQUIRE_OPENCL=1).
 # Exit status is non-zero if any step fails; pytest's "no tests ran" (5) is a failure too.
-# Reports of steps 1-3 land in reports/; their progress is a line per 10 % on stderr.
+# Reports of steps 1-4 land in reports/; their progress is a line per 10 % on stderr.
 # Set PORTAKERN_SKIP_SLOW_CONFORMANCE=1 to run pytest only.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +25,9 @@ if [ -z "${PORTAKERN_SKIP_SLOW_CONFORMANCE:-}" ]; then
   echo "== triton backend, compile-only for sm_80, sm_90a, sm_100a =="
   $PK conformance --backend triton --compile-only --target sm_80,sm_90a,sm_100a --jobs 0 \
     --report reports/triton-compile-only.json --markdown reports/triton-compile-only.md || status=1
+  echo "== cuda backend, compile-only (NVRTC) for sm_80, sm_90a, sm_100a, sm_120 =="
+  $PK conformance --backend cuda --compile-only --target sm_80,sm_90a,sm_100a,sm_120 --jobs 0 \
+    --report reports/cuda-compile-only.json --markdown reports/cuda-compile-only.md || status=1
   echo "== opencl backend, cpu-tier conformance on opencl:0 (PoCL) =="
   $PK conformance --backend opencl --device opencl:0 --jobs 0 \
     --report reports/opencl-pocl.json --markdown reports/opencl-pocl.md || status=1

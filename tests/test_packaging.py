@@ -19,12 +19,13 @@ def test_wheel_layout_and_import(tmp_path):
     for module in ("portakern/ir/ops.py", "portakern/backends/cpu/attention.py",
                    "portakern/backends/triton/backend.py", "portakern/backends/triton/kernels/attention_fwd.py",
                    "portakern/backends/opencl/backend.py", "portakern/backends/opencl/kernels/attention.cl",
-                   "portakern/backends/opencl/kernels/quant_gemv.cl",
+                   "portakern/backends/opencl/kernels/quant_gemv.cl", "portakern/backends/opencl/kernels/storage.cl",
+                   "portakern/backends/cuda/backend.py", "portakern/backends/cuda/kernels/gemv_m1.cu",
                    "portakern/conformance/data/cases-v1/manifest.json", "portakern/conformance/__init__.py"):
         assert module in names
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "[portakern.backends]" in entry_points and "cpu = portakern.backends.cpu" in entry_points
-    assert "opencl = portakern.backends.opencl" in entry_points
+    assert "opencl = portakern.backends.opencl" in entry_points and "cuda = portakern.backends.cuda" in entry_points
 
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],

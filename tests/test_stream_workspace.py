@@ -1,4 +1,4 @@
-"""Split-K / split-KV scratch buffers are kept per CUDA stream (``backends/triton/stream_workspace.py``).
+"""Split-K / split-KV scratch buffers are kept per CUDA stream (``portakern/stream_workspace.py``).
 
 On the CPU: the bookkeeping, with the current stream and the capture state replaced by test doubles.
 On a CUDA device (``gpu`` tests): one signature run on two streams at once, every call's output kept
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from portakern.backends.triton import stream_workspace as SW
+from portakern import stream_workspace as SW
 
 
 class _Streams:

@@ -45,7 +45,7 @@ from . import tuning
 from .backend import KERNEL_OPTIONS
 from .tuning import AttnConfig
 from .launch import KernelLaunch
-from .stream_workspace import StreamWorkspace, stream_index
+from portakern.stream_workspace import StreamWorkspace, stream_index
 
 MAX_HEAD_DIM = 256
 MAX_GRID_Y = 65535

@@ -130,7 +130,7 @@ def launcher(op: Attention, cfg, combine_consts: dict[str, Any]) -> Callable[...
     ``stream_workspace``) that ``attn_combine`` (``combine_consts``) merges."""
     from . import kernels
     from .attention import split_partials
-    from .stream_workspace import StreamWorkspace, stream_index
+    from portakern.stream_workspace import StreamWorkspace, stream_index
 
     fn = kernels.load("attention_decode_ws").attn_decode_ws
     combine = kernels.load("attention_combine").attn_combine

@@ -80,7 +80,7 @@ class Launcher:
         from . import kernels
         from .backend import KERNEL_OPTIONS
         from .launch import KernelLaunch
-        from .stream_workspace import StreamWorkspace, stream_index
+        from portakern.stream_workspace import StreamWorkspace, stream_index
 
         self.fn = kernels.load("gemv_stream").gemv_stream_kernel
         self.programs = grid_programs(op, layout, cfg, num_sms, programs)

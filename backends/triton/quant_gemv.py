@@ -38,7 +38,7 @@ from .gemv_frag_layout import FRAG_CHUNK, frag_eligible, pack_fragments, unpack_
 from .gemv_layout import (K_ALIGN_WORDS, MAX_INTERLEAVE, N_ALIGN_WORDS, PreparedGemvWeight,  # noqa: F401
                           frag_kernel_available, interleave_words, pack_internal, prepare_weight, unpack_internal)
 from .launch import KernelLaunch
-from .stream_workspace import StreamWorkspace, stream_index
+from portakern.stream_workspace import StreamWorkspace, stream_index
 
 _TARGETS = {"sm_80": 80, "sm_90a": 90, "sm_100a": 100, "sm_120": 120}
 

@@ -1,11 +1,12 @@
-"""Experiment, not part of the backend: M = 1 int4 / int8 GEMV in CUDA C with small CTAs, x staged per CTA.
+"""The cuda backend's M = 1 GEMV kernel (``backends/cuda/kernels/gemv_m1.cu``) swept over its launch variants.
 
 Written in session 26 to test the claim of gemv_notes.md v10-v14 that the Triton kernels' instruction stream (3.4
 per code at the occupancy their registers allow) is what holds the large shapes at ~80% of the floor and the
-N = 4096 ones far below: ``gemv_wide.cu`` keeps one LOP3 and one FFMA per code (the "dq=3" trick) and drops the
+N = 4096 ones far below: the kernel keeps one LOP3 and one FFMA per code (the "dq=3" trick) and drops the
 rest -- x staged once per CTA in shared memory, scaled and in word-row order; scales and zeros once per group;
 64-256-thread CTAs of ~64 registers, many per SM; split K merged by the tile's last CTA to arrive, in slice
-order. Compiled by NVRTC (``cuda_build.py``), launched through the driver API as a programmatic dependent.
+order. Compiled by NVRTC and launched through the driver API as a programmatic dependent, by the backend's own
+``nvrtc.py`` and ``quant_gemv.defines``; the variants replace ``quant_gemv.choose``'s rule once measured.
 
     python benchmarks/experiments/gemv_wide.py --phase lower   # no GPU: every variant to sm_90a, registers, spills
     python benchmarks/experiments/gemv_wide.py --phase emulate # no GPU: the index maps and arithmetic vs float64
@@ -25,9 +26,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from experiments.cuda_build import Kernel, compile_cubin, registers  # noqa: E402
-
-SOURCE = os.path.join(os.path.dirname(__file__), "gemv_wide.cu")
+from experiments.cuda_build import registers  # noqa: E402
 #: (bits, N, K): the int4 table's six shapes, the decode step's other three (qkv, gate/up, lm_head) and the int8
 #: target's three
 SHAPES = ((4, 4096, 4096), (4, 14336, 4096), (4, 4096, 14336), (4, 8192, 8192), (4, 28672, 8192),
@@ -61,50 +60,58 @@ def variants(bits: int, N: int, K: int) -> list[tuple[int, int, int, int, int]]:
     return out
 
 
-def defines(bits, N, K, NP, quads, lanes, s, pf, ldna, pdl=True, has_z=True) -> dict[str, int]:
-    return {"BITS": bits, "N": N, "K": K, "NP": NP, "QUADS": quads, "LANES": lanes, "S": s, "PF": pf,
-            "LDNA": ldna, "PDL": int(pdl), "HAS_Z": int(has_z), "ZP": 1 << (bits - 1)}
+def _op_cfg(bits: int, N: int, K: int, v: tuple):
+    from gemv import gemv_op
+
+    from portakern.backends.cuda.quant_gemv import GemvM1Config
+
+    return gemv_op(1, N, K, bits=bits), GemvM1Config(*v)
 
 
 def smem_bytes(bits: int, K: int, quads: int, lanes: int, s: int) -> int:
-    ks = K // s
-    return 4 * (ks + ks // (32 // bits) + lanes * 4 * quads)
+    from portakern.backends.cuda import quant_gemv as C
+
+    return C.smem_bytes(*_op_cfg(bits, 128, K, (quads, lanes, s)))
 
 
-def _np(N: int) -> int:
-    from portakern.backends.triton import quant_gemv as Q
+def _compile(job, target: str = "sm_90a"):
+    """(job, Compiled or None, log) for one (bits, N, K, variant): the backend's NVRTC path and ``-D`` constants."""
+    from portakern.backends.cuda import nvrtc
+    from portakern.backends.cuda import quant_gemv as C
+    from portakern.errors import BackendError
 
-    return -(-N // Q.N_ALIGN_WORDS) * Q.N_ALIGN_WORDS
-
-
-def _compile(job) -> tuple[tuple, bytes | None, str]:
     bits, N, K, v = job
+    op, cfg = _op_cfg(bits, N, K, v)
     try:
-        cubin, log = compile_cubin(SOURCE, defines(bits, N, K, _np(N), *v))
-        return job, cubin, log
-    except RuntimeError as e:
+        c = nvrtc.compile_source(C.SOURCE, tuple(C.defines(op, cfg, True, None).items()), target)
+        return job, c, c.log
+    except BackendError as e:
         return job, None, str(e)
 
 
 def compile_all(jobs, workers: int = 16) -> dict:
     """Every (bits, N, K, variant) compiled in parallel processes (before CUDA is initialised here)."""
     with ProcessPoolExecutor(workers) as ex:
-        return {job: (cubin, log) for job, cubin, log in ex.map(_compile, jobs)}
+        return {job: (compiled, log) for job, compiled, log in ex.map(_compile, jobs)}
 
 
 class WideGemv:
     """``kern(x, w, out)``: x (1, K) bf16, ``w`` a ``PreparedGemvWeight`` (g128, fp16 scales, zeros), out (1, N)
-    bf16, on the current CUDA stream; ``ws`` / ``counters`` the split-K workspace and the tiles' arrival counters
-    (zeroed once; the last CTA of a tile resets its counter)."""
+    bf16, on the current CUDA stream of device 0, under variant ``v``; ``ws`` / ``counters`` the split-K workspace
+    and the tiles' arrival counters (zeroed once; the last CTA of a tile resets its counter)."""
 
-    def __init__(self, cubin: bytes, bits, N, K, quads, lanes, s, pf, ws, counters, pdl=True):
-        self.kernel = Kernel(cubin, "gemv_wide", (N // (4 * quads)) * s, quads * lanes,
-                             smem_bytes(bits, K, quads, lanes, s), pdl)
+    def __init__(self, compiled, bits, N, K, v: tuple, ws, counters, pdl=True):
+        from portakern.backends.cuda import nvrtc
+        from portakern.backends.cuda import quant_gemv as C
+
+        op, cfg = _op_cfg(bits, N, K, v)
+        self.fn = nvrtc.Function(compiled, C.ENTRY, 0, C.smem_bytes(op, cfg), pdl)
+        self.grid, self.threads = -(-N // cfg.columns) * cfg.splits, cfg.threads
         self.ws, self.counters = ws, counters
 
     def __call__(self, x, w, out) -> None:
-        self.kernel(w.qweight.data_ptr(), w.scales.data_ptr(), w.zeros.data_ptr(), x.data_ptr(), out.data_ptr(),
-                    self.ws.data_ptr(), self.counters.data_ptr())
+        self.fn(self.grid, self.threads, w.qweight.data_ptr(), w.scales.data_ptr(), w.zeros.data_ptr(),
+                x.data_ptr(), out.data_ptr(), self.ws.data_ptr(), self.counters.data_ptr())
 
 
 def emulate(bits: int, N: int, K: int, quads: int, lanes: int, s: int) -> float:
@@ -193,19 +200,21 @@ def wide_for_shape(bench_json: str, bits: int, N: int, K: int, NP: int) -> WideG
     if not rows:
         raise ValueError(f"{bench_json} has no bench row for int{bits} {N}x{K}; run --phase bench with that shape")
     v = tuple(int(t) for t in rows[0]["best"].split(","))
-    cubin, log = compile_cubin(SOURCE, defines(bits, N, K, NP, *v))
-    ws = torch.zeros(v[2] * N, device="cuda", dtype=torch.float32)
-    counters = torch.zeros(N // (4 * v[0]), device="cuda", dtype=torch.int32)
-    return WideGemv(cubin, bits, N, K, *v[:4], ws, counters)
+    _, compiled, log = _compile((bits, N, K, v))
+    if compiled is None:
+        raise RuntimeError(log)
+    ws = torch.zeros(v[2] * NP, device="cuda", dtype=torch.float32)
+    counters = torch.zeros(-(-N // (4 * v[0])), device="cuda", dtype=torch.int32)
+    return WideGemv(compiled, bits, N, K, v, ws, counters)
 
 
 def lower() -> int:
     jobs = [(b, N, K, v) for b, N, K in SHAPES for v in variants(b, N, K)]
     bad = 0
-    for (b, N, K, v), (cubin, log) in compile_all(jobs).items():
-        r = registers(log) if cubin else None
-        bad += cubin is None or bool(r["spill_stores"])
-        print(f"int{b} {N}x{K} quads,lanes,S,PF,ldna={v}: {r if cubin else 'FAILED ' + log}")
+    for (b, N, K, v), (compiled, log) in compile_all(jobs).items():
+        r = registers(log) if compiled else None
+        bad += compiled is None or bool(r["spill_stores"])
+        print(f"int{b} {N}x{K} quads,lanes,S,PF,ldna={v}: {r if compiled else 'FAILED ' + log}")
     print(f"{len(jobs)} variants, {bad} failed or spilled")
     return 1 if bad else 0
 
@@ -228,7 +237,8 @@ def reference(x, w):
 def _buffers(N: int, K: int):
     import torch
 
-    return (torch.zeros(max(SPLITS) * N, device="cuda", dtype=torch.float32),
+    np_ = -(-N // 128) * 128                 # the words' row stride: the workspace's too
+    return (torch.zeros(max(SPLITS) * np_, device="cuda", dtype=torch.float32),
             torch.zeros(N, device="cuda", dtype=torch.int32))
 
 
@@ -248,12 +258,12 @@ def run(phase: str, res) -> int:
         ref = reference(x, w)
         kerns = {}
         for job in [j for j in jobs if j[:3] == (bits, N, K)]:
-            cubin, log = cubins[job]
+            compiled, log = cubins[job]
             v = job[3]
-            row = {"bits": bits, "N": N, "K": K, "variant": v, **(registers(log) if cubin else {"error": log})}
-            if cubin is not None:
+            row = {"bits": bits, "N": N, "K": K, "variant": v, **(registers(log) if compiled else {"error": log})}
+            if compiled is not None:
                 counters.zero_()             # a wrong variant must not leave the next one a stale count
-                kern = WideGemv(cubin, bits, N, K, *v[:4], ws, counters)
+                kern = WideGemv(compiled, bits, N, K, v, ws, counters)
                 out = torch.empty(1, N, device="cuda", dtype=torch.bfloat16)
                 errs = poisoned_errors(lambda: kern(x, w, out), out, ref, times=3)
                 row.update(rel_err=errs, ok=max(errs) <= 1e-2)

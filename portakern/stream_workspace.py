@@ -1,4 +1,4 @@
-"""Scratch buffers of a compiled kernel, one set per CUDA stream.
+"""Scratch buffers of a compiled kernel, one set per CUDA stream (shared by the triton and cuda backends).
 
 Split-K GEMVs and split-KV attention merge their partial results through an fp32 workspace and
 arrival counters that the kernels reset after each use. Two launches of one signature running at

@@ -1,24 +1,25 @@
-// Experiment (benchmarks/experiments/gemv_wide.py): M = 1 int4 / int8 group-128 GEMV in CUDA C for the
-// memory-bound regime, built to test one claim of gemv_notes.md (v10, v11, v14): the Triton kernels stop at
-// 55-82% of the floor because their instruction stream (3.4 per code) runs at an occupancy their registers
-// allow (3.5 warps per scheduler), not because of the loads. This kernel keeps what the Triton "dq=3" kernel
-// does per code (one LOP3 and one FFMA: the code masked in place and read as an fp32 subnormal, x pre-scaled
-// per code position) and removes the rest: x is staged once per CTA in shared memory, already scaled and
-// laid out per word row (two 16-byte shared loads serve 32 codes), the scale and zero apply once per group,
-// and the CTAs are small (64-256 threads, ~64 registers) so that many sit on each SM and their loads overlap
-// each other's arithmetic. Split K merges through an fp32 workspace, summed in slice order by the last CTA of
-// a column tile to arrive (deterministic; the counter resets itself, so graphs replay).
+// M = 1 weight-only quantized GEMV (int4 / int8, groups of 128) for the memory-bound regime: the cuda backend's
+// kernel (backends/cuda/quant_gemv.py), compiled by NVRTC per shape and format.
 //
-// Layout (portakern's internal one, backends/triton/kernels/gemv_quant.py): words qw (KWP, NP) int32,
-// K-major, EPW = 32 / BITS codes per word, int4 word rows interleaved in blocks of IW = 8 (int8: IW = 1):
-// code e of word row j is column k = (j / IW) * IW * EPW + e * IW + j % IW of K; scales s and zero points z
-// (G, NP) fp16 (no z: HAS_Z 0, the constant ZP); x (1, K) and out (1, N) bf16 (raw 16-bit words).
+// Design (benchmarks/gemv_notes.md v26): per code one LOP3 and one FFMA -- the code masked in place and read as an
+// fp32 subnormal, x pre-scaled per code position (the Triton "dq=3" kernels' trick) -- and little else: x is staged
+// once per CTA in shared memory, scaled and in word-row order (two 16-byte shared loads serve one word row of
+// 4 columns, 32 codes), the scale and zero apply once per group, and the CTAs are small (64-512 threads) so that
+// many sit on each SM and their loads overlap each other's arithmetic. Split K merges through an fp32 workspace,
+// summed in slice order by the last CTA of a column tile to arrive (deterministic; the counter resets itself, so
+// CUDA graphs replay it).
 //
-// Compile-time constants (-D): BITS (4 or 8), N, K, NP (the words' row stride), QUADS (16-byte column quads
-// per CTA: BN = 4 QUADS columns), LANES (row lanes: thread t reads word rows lane, lane + LANES, ... of its
-// quad), S (K slices), PF (groups of words each thread keeps in flight), PDL (1: programmatic dependent
-// launch -- first weight loads, then griddepcontrol.wait before x is read), HAS_Z, ZP, LDNA (1: weight loads
-// as ld.global.nc.L1::no_allocate.L2::256B).
+// Layout: the triton backend's (backends/triton/gemv_layout.py): words qw (KWP, NP) int32, K-major, EPW = 32 / BITS
+// codes per word, int4 word rows interleaved in blocks of IW = 8 (int8: IW = 1): code e of word row j is column
+// k = (j / IW) * IW * EPW + e * IW + j % IW of K; scales s and zero points z (G, NP), fp16 or bf16 (no z: HAS_Z 0,
+// the constant ZP); x (1, K) bf16 or fp16, 16-byte aligned; out (1, N) bf16, fp16 or fp32.
+//
+// Compile-time constants (-D): BITS (4 or 8), N, K, NP (the words' row stride, a multiple of 128 >= N), QUADS
+// (16-byte column quads per CTA: BN = 4 QUADS columns), LANES (row lanes: thread t reads word rows lane,
+// lane + LANES, ... of its quad), S (K slices), PF (groups of words each thread keeps in flight), PDL (1:
+// programmatic dependent launch -- first weight loads, then griddepcontrol.wait before x is read; sm_90+), HAS_Z,
+// ZP, LDNA (1: weight loads as ld.global.nc.L1::no_allocate.L2::256B), X_F16 (x is fp16, else bf16), S_BF16
+// (scales and zeros are bf16, else fp16), OUT_KIND (0 bf16, 1 fp16, 2 fp32).
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -32,14 +33,14 @@ typedef unsigned short u16;
 #define GROUPS (K / 128 / S)             // groups of one CTA's K slice
 #define ROWS (GROUPS * GROUP_ROWS)       // word rows of one slice
 #define KS (ROWS * EPW)                  // codes of one slice
-#define TILES (N / BN)
+#define TILES ((N + BN - 1) / BN)
 
 static_assert(K % (128 * S) == 0, "each slice holds whole groups of 128");
-static_assert(N % BN == 0, "N must be a multiple of the column tile");
+static_assert(NP % BN == 0 && NP >= N, "the words' row stride covers every column tile");
 static_assert(GROUP_ROWS % LANES == 0, "row lanes must divide a group's word rows");
 static_assert(BITS == 4 || BITS == 8, "int4 or int8 codes");
 
-// -- conversions (bf16 as raw bits; fp16 through PTX)
+// -- conversions (16-bit floats as raw bits; fp16 through PTX)
 __device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
 
 __device__ __forceinline__ u16 f32_to_bf16(float f) {           // round to nearest even (finite values)
@@ -53,6 +54,33 @@ __device__ __forceinline__ float f16_to_f32(u16 h) {
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
 }
+
+__device__ __forceinline__ u16 f32_to_f16(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+#if X_F16
+#define X_TO_F32 f16_to_f32
+#else
+#define X_TO_F32 bf16_to_f32
+#endif
+#if S_BF16
+#define S_TO_F32 bf16_to_f32
+#else
+#define S_TO_F32 f16_to_f32
+#endif
+#if OUT_KIND == 2
+typedef float out_t;
+__device__ __forceinline__ out_t to_out(float f) { return f; }
+#elif OUT_KIND == 1
+typedef u16 out_t;
+__device__ __forceinline__ out_t to_out(float f) { return f32_to_f16(f); }
+#else
+typedef u16 out_t;
+__device__ __forceinline__ out_t to_out(float f) { return f32_to_bf16(f); }
+#endif
 
 // -- code positions: code e of a word, masked in place and read as an fp32 subnormal, is q * 2^P(e) * 2^-149
 //    (codes whose bits reach past bit 22 come from the word shifted right by 16); x of that position carries
@@ -125,9 +153,9 @@ __device__ __forceinline__ void group_products(const Group& cur, const float* xs
 #endif
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-        const float sc = f16_to_f32((u16)(sv[c / 2] >> (16 * (c % 2))));
+        const float sc = S_TO_F32((u16)(sv[c / 2] >> (16 * (c % 2))));
 #if HAS_Z
-        const float zc = f16_to_f32((u16)(zv[c / 2] >> (16 * (c % 2))));
+        const float zc = S_TO_F32((u16)(zv[c / 2] >> (16 * (c % 2))));
 #else
         const float zc = (float)ZP;
 #endif
@@ -136,8 +164,8 @@ __device__ __forceinline__ void group_products(const Group& cur, const float* xs
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
-gemv_wide(const int* __restrict__ qw, const u16* __restrict__ s, const u16* __restrict__ z,
-          const u16* __restrict__ x, u16* __restrict__ out, float* __restrict__ ws, u32* __restrict__ counters) {
+gemv_m1(const int* __restrict__ qw, const u16* __restrict__ s, const u16* __restrict__ z,
+        const u16* __restrict__ x, out_t* __restrict__ out, float* __restrict__ ws, u32* __restrict__ counters) {
     extern __shared__ float4 smem4[];
     float* xs = reinterpret_cast<float*>(smem4);   // [KS]: x of the slice, pre-scaled, in word-row order
     float* xrow = xs + KS;                          // [ROWS]: per word row, the sum of its x (unscaled)
@@ -175,7 +203,7 @@ gemv_wide(const int* __restrict__ qw, const u16* __restrict__ s, const u16* __re
         const float sc = x_scale(e);
 #pragma unroll
         for (int r = 0; r < 8; ++r)
-            xs[(blk * 8 + r) * EPW + e] = bf16_to_f32((u16)(h[r / 2] >> (16 * (r % 2)))) * sc;
+            xs[(blk * 8 + r) * EPW + e] = X_TO_F32((u16)(h[r / 2] >> (16 * (r % 2)))) * sc;
     }
 #else
     const uint2* x2 = reinterpret_cast<const uint2*>(x + slice * KS);
@@ -184,7 +212,7 @@ gemv_wide(const int* __restrict__ qw, const u16* __restrict__ s, const u16* __re
         const uint2 v = __ldg(x2 + j);
         const u32 h[2] = {v.x, v.y};
 #pragma unroll
-        for (int e = 0; e < 4; ++e) xs[j * EPW + e] = bf16_to_f32((u16)(h[e / 2] >> (16 * (e % 2)))) * x_scale(e);
+        for (int e = 0; e < 4; ++e) xs[j * EPW + e] = X_TO_F32((u16)(h[e / 2] >> (16 * (e % 2)))) * x_scale(e);
     }
 #endif
     __syncthreads();
@@ -222,14 +250,14 @@ gemv_wide(const int* __restrict__ qw, const u16* __restrict__ s, const u16* __re
         float part = 0.f;
 #pragma unroll
         for (int l = 0; l < LANES; ++l) part += red[l * BN + col];
-        out[tile * BN + col] = f32_to_bf16(part);
+        if (tile * BN + col < N) out[tile * BN + col] = to_out(part);
     }
 #else
     for (u32 col = t; col < BN; col += THREADS) {
         float part = 0.f;
 #pragma unroll
         for (int l = 0; l < LANES; ++l) part += red[l * BN + col];
-        ws[slice * N + tile * BN + col] = part;
+        ws[slice * NP + tile * BN + col] = part;
     }
     __threadfence();
     __syncthreads();
@@ -240,8 +268,8 @@ gemv_wide(const int* __restrict__ qw, const u16* __restrict__ s, const u16* __re
         for (u32 col = t; col < BN; col += THREADS) {
             float acc = 0.f;
 #pragma unroll 4
-            for (u32 q = 0; q < S; ++q) acc += __ldcg(ws + q * N + tile * BN + col);
-            out[tile * BN + col] = f32_to_bf16(acc);
+            for (u32 q = 0; q < S; ++q) acc += __ldcg(ws + q * NP + tile * BN + col);
+            if (tile * BN + col < N) out[tile * BN + col] = to_out(acc);
         }
         if (t == 0) counters[tile] = 0u;           // ready for the next launch
     }

@@ -1,0 +1,202 @@
+"""Host side of the cuda backend's quantized GEMV: supports, the launch configuration, compile, compile_for_target.
+
+One kernel (``kernels/gemv_m1.cu``): M = 1, int4 or int8 codes in groups of 128 along K (every packing of those
+widths without act-order: native, AWQ, GPTQ without ``g_idx``), fp16 / bf16 activations, fp16 / bf16 scales. It
+reads the triton backend's weight layout (``backends/triton/gemv_layout.py``), so a weight prepared by either
+backend serves both (``CudaBackend.weight_layout``). Per code one LOP3 and one FFMA; x staged once per CTA in
+shared memory; small CTAs, many per SM; split K merged by the last CTA of a column tile in slice order
+(deterministic). Compiled by NVRTC per shape and format (``nvrtc.py``).
+
+The launch configuration (``choose``) is a rule, not yet a measured table: the kernel has not run on a GPU
+(``benchmarks/gemv_notes.md`` v26; ``benchmarks/experiments/gemv_wide.py`` sweeps its variants against the triton
+table), so the backend ranks below triton (``CudaBackend.priority``) and serves when named or when the "fastest"
+policy measures it ahead.
+
+CUDA-graph contract: the first call of a signature compiles and loads the kernel and, when K is split, makes the
+fp32 workspace and arrival counters of its stream (``portakern.stream_workspace``; the kernel resets the counters
+itself); later calls launch one kernel, allocating nothing, unless x is not a contiguous, 16-byte aligned row
+(then it is copied each call).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from portakern.backend import YES, Support, no
+from portakern.devices import Device
+from portakern.errors import InvalidInputError
+from portakern.ir.dtypes import DType
+from portakern.ir.ops import QuantGemv
+
+from . import nvrtc
+
+SOURCE = "gemv_m1.cu"
+ENTRY = "gemv_m1"
+GROUP = 128
+#: row stride of the prepared words (``gemv_layout.N_ALIGN_WORDS``; checked against it at compile)
+N_ALIGN = 128
+SPLITS = (1, 2, 4, 8, 16, 32)
+_OUT_KIND = {DType.bfloat16: 0, DType.float16: 1, DType.float32: 2}
+#: CUDA targets it lowers for without the device, and the NVRTC architecture of each
+TARGETS = {"sm_80": "sm_80", "sm_90a": "sm_90a", "sm_100a": "sm_100a", "sm_120": "sm_120"}
+DEFAULT_SMS = {"sm_80": 108, "sm_90a": 132, "sm_100a": 148, "sm_120": 84}
+#: shared memory one CTA may take (so that two fit on every target's multiprocessor)
+SMEM_PER_CTA = 48 * 1024
+
+
+@dataclass(frozen=True)
+class GemvM1Config:
+    """One launch configuration: ``quads`` 16-byte column quads per CTA (4 * quads columns), ``lanes`` row lanes,
+    ``splits`` K slices, ``pf`` groups of words each thread keeps in flight, ``ldna`` 1: weight loads bypass L1 with
+    a 256-byte L2 hint."""
+
+    quads: int = 32
+    lanes: int = 4
+    splits: int = 1
+    pf: int = 2
+    ldna: int = 0
+
+    @property
+    def threads(self) -> int:
+        return self.quads * self.lanes
+
+    @property
+    def columns(self) -> int:
+        return 4 * self.quads
+
+
+def supports(op: QuantGemv, device: Device) -> Support:
+    """M = 1, int4 / int8 codes in groups of 128 without act-order, K a multiple of 128, fp16 / bf16 activations and
+    scales, no prologue."""
+    f = op.fmt
+    if op.M != 1:
+        return no(f"quant_gemv(M={op.M}) is not supported by cuda: its kernel is M = 1 only; use the triton backend "
+                  "for M > 1")
+    if f.bits not in (4, 8):
+        return no(f"quant_gemv(bits={f.bits}) is not supported by cuda: bits must be 4 or 8")
+    if f.group_size != GROUP:
+        return no(f"quant_gemv(group_size={f.group_size}) is not supported by cuda: its kernel takes groups of "
+                  f"{GROUP} (use the triton backend)")
+    if f.has_g_idx:
+        return no("quant_gemv with g_idx (act-order) is not supported by cuda: use the triton backend")
+    if op.K % GROUP:
+        return no(f"quant_gemv(K={op.K}) is not supported by cuda: K must be a multiple of {GROUP}")
+    if op.dtype not in (DType.float16, DType.bfloat16):
+        return no(f"quant_gemv(dtype={op.dtype.value}) is not supported by cuda: use float16 or bfloat16 "
+                  "activations")
+    if f.scale_dtype not in (DType.float16, DType.bfloat16):
+        return no(f"quant_gemv(scale_dtype={f.scale_dtype.value}) is not supported by cuda: scales must be "
+                  "float16 or bfloat16")
+    if op.result_dtype not in _OUT_KIND:
+        return no(f"quant_gemv(out_dtype={op.result_dtype.value}) is not supported by cuda: bfloat16, float16 "
+                  "or float32")
+    if op.prologue is not None:
+        return no(f"quant_gemv(prologue={op.prologue!r}) is not supported by cuda")
+    if op.K // 32 * 4 * 9 // 8 > SMEM_PER_CTA * max(SPLITS):
+        return no(f"quant_gemv(K={op.K}) is not supported by cuda: x of one K slice must fit in shared memory "
+                  "(use the triton backend)")
+    return YES
+
+
+def choose(op: QuantGemv, num_sms: int) -> GemvM1Config:
+    """The launch configuration for ``op`` on a GPU of ``num_sms`` multiprocessors: 128-column CTAs (64 below
+    N = 4096), 4 row lanes for int4 and 8 for int8, two groups in flight, and the fewest K slices that give every
+    multiprocessor two CTAs (slices hold whole groups). A rule until the variants are measured (module docstring)."""
+    quads = 32 if op.N >= 4096 else 16
+    lanes = 4 if op.fmt.bits == 4 else 8
+    groups = op.K // GROUP
+    tiles = -(-op.N // (4 * quads))
+    fits = [s for s in SPLITS if groups % s == 0
+            and smem_bytes(op, GemvM1Config(quads, lanes, s)) <= SMEM_PER_CTA]
+    if not fits:
+        raise InvalidInputError(f"quant_gemv(K={op.K}) on cuda: no K split in {SPLITS} leaves a slice of x that fits "
+                                f"{SMEM_PER_CTA} bytes of shared memory; use the triton backend")
+    splits = next((s for s in fits if tiles * s >= 2 * num_sms), fits[-1])
+    return GemvM1Config(quads=quads, lanes=lanes, splits=splits, pf=min(2, groups // splits))
+
+
+def smem_bytes(op: QuantGemv, cfg: GemvM1Config) -> int:
+    """Dynamic shared memory of one CTA: the slice's x (fp32), its word rows' sums, the row lanes' partials."""
+    ks = op.K // cfg.splits
+    return 4 * (ks + ks // (32 // op.fmt.bits) + cfg.lanes * cfg.columns)
+
+
+def defines(op: QuantGemv, cfg: GemvM1Config, pdl: bool, zero_point: int | None) -> dict[str, int]:
+    """The kernel's ``-D`` constants (``kernels/gemv_m1.cu``'s header); ``zero_point`` None: the weight has zeros."""
+    return {"BITS": op.fmt.bits, "N": op.N, "K": op.K, "NP": -(-op.N // N_ALIGN) * N_ALIGN, "QUADS": cfg.quads,
+            "LANES": cfg.lanes, "S": cfg.splits, "PF": cfg.pf, "LDNA": cfg.ldna, "PDL": int(pdl),
+            "HAS_Z": int(zero_point is None), "ZP": zero_point or 0, "X_F16": int(op.dtype is DType.float16),
+            "S_BF16": int(op.fmt.scale_dtype is DType.bfloat16), "OUT_KIND": _OUT_KIND[op.result_dtype]}
+
+
+def _zero_point(op: QuantGemv) -> int | None:
+    return int(op.fmt.zero_point) if op.fmt.symmetric else None
+
+
+def _target(device: Device) -> str:
+    major, minor = device.capability
+    return f"sm_{major}{minor}" + ("a" if major in (9, 10) else "")
+
+
+def compile(op: QuantGemv, device: Device, config: GemvM1Config | None = None):
+    """``kernel(x, prepared, out)`` for ``op`` on CUDA ``device`` (``prepared``: the triton layout)."""
+    import torch
+
+    from portakern.backends.triton.gemv_layout import N_ALIGN_WORDS
+    from portakern.stream_workspace import StreamWorkspace, stream_index
+
+    if N_ALIGN_WORDS != N_ALIGN:
+        raise AssertionError(f"the triton layout's row stride alignment is {N_ALIGN_WORDS}, this kernel's {N_ALIGN}")
+    props = torch.cuda.get_device_properties(device.index or 0)
+    cfg = config or choose(op, props.multi_processor_count)
+    pdl = device.capability >= (9, 0)
+    zp = _zero_point(op)
+    consts = defines(op, cfg, pdl, zp)
+    smem = smem_bytes(op, cfg)
+    fn = nvrtc.Function(nvrtc.compile_source(SOURCE, tuple(consts.items()), _target(device)), ENTRY,
+                        device.index or 0, smem, pdl)
+    grid = -(-op.N // cfg.columns) * cfg.splits
+    tdev = f"cuda:{device.index or 0}"
+    np_ = consts["NP"]
+    buffers = None
+    if cfg.splits > 1:
+        buffers = StreamWorkspace(lambda: (torch.zeros(cfg.splits * np_, device=tdev, dtype=torch.float32),
+                                           torch.zeros(-(-op.N // cfg.columns), device=tdev, dtype=torch.int32)),
+                                  stream_index(tdev))
+
+    def kernel(x, w, out):
+        if w.zeros is None and zp is None or w.zeros is not None and zp is not None:
+            raise InvalidInputError(f"quant_gemv on cuda: the prepared weight {'lacks' if zp is None else 'has'} "
+                                    "zero points but the op's format says otherwise; prepare it for this format")
+        if x.stride(-1) != 1 or x.data_ptr() % 16:
+            x = x.contiguous() if x.stride(-1) != 1 else x.clone()
+        if w.stride_qk != np_:
+            raise InvalidInputError(f"quant_gemv on cuda: the prepared words' row stride is {w.stride_qk}, expected "
+                                    f"{np_} for N={op.N}; pass the weight this op was built for")
+        if out.stride(-1) != 1:
+            raise InvalidInputError(f"quant_gemv on cuda: out has stride {tuple(out.stride())}; its row must be "
+                                    "contiguous")
+        ws, counters = buffers.get() if buffers is not None else (out, out)
+        fn(grid, cfg.threads, w.qweight.data_ptr(), w.scales.data_ptr(),
+           (w.zeros if w.zeros is not None else w.scales).data_ptr(), x.data_ptr(), out.data_ptr(),
+           ws.data_ptr(), counters.data_ptr())
+
+    kernel.config = cfg
+    return kernel
+
+
+def compile_for_target(op: QuantGemv, target: str, config: GemvM1Config | None = None) -> dict:
+    """Lower ``op`` for ``target`` with NVRTC, no device: the cubin and ptxas' report.
+
+    Raises:
+      BackendError when NVRTC rejects it or ptxas spills registers to local memory (a kernel of this kind that
+      spills is a configuration error, never a fast path)."""
+    from portakern.errors import BackendError
+
+    cfg = config or choose(op, DEFAULT_SMS[target])
+    consts = defines(op, cfg, target != "sm_80", _zero_point(op))
+    compiled = nvrtc.compile_source(SOURCE, tuple(consts.items()), TARGETS[target])
+    if compiled.spill_bytes:
+        raise BackendError(f"gemv_m1 for {target} with {consts} spills {compiled.spill_bytes} bytes:\n{compiled.log}")
+    return {"target": target, "config": cfg, "cubin_bytes": len(compiled.cubin), "registers": compiled.registers,
+            "smem_bytes": smem_bytes(op, cfg)}
