@@ -68,6 +68,7 @@ def test_registered_and_ranked_below_triton(backend):
     (gemv(dtype=DType.float32), "float16 or bfloat16 activations"),
     (gemv(scale_dtype=DType.float32), "scales must be float16 or bfloat16"),
     (gemv(N=2048, K=4096, prologue="silu_mul"), "prologue='silu_mul'"),
+    (gemv(K=128 * 1031), "no K split"),                # 1031 groups (prime): one slice of x, 580 KB
 ])
 def test_refusals_say_why(backend, op, why):
     s = backend.supports(op, H200)

@@ -92,9 +92,9 @@ def supports(op: QuantGemv, device: Device) -> Support:
                   "or float32")
     if op.prologue is not None:
         return no(f"quant_gemv(prologue={op.prologue!r}) is not supported by cuda")
-    if op.K // 32 * 4 * 9 // 8 > SMEM_PER_CTA * max(SPLITS):
-        return no(f"quant_gemv(K={op.K}) is not supported by cuda: x of one K slice must fit in shared memory "
-                  "(use the triton backend)")
+    if not _fitting_splits(op, *_tile(op)):
+        return no(f"quant_gemv(K={op.K}) is not supported by cuda: no K split in {SPLITS} holds whole groups and "
+                  f"leaves a slice of x that fits {SMEM_PER_CTA} bytes of shared memory (use the triton backend)")
     return YES
 
 
@@ -102,17 +102,25 @@ def choose(op: QuantGemv, num_sms: int) -> GemvM1Config:
     """The launch configuration for ``op`` on a GPU of ``num_sms`` multiprocessors: 128-column CTAs (64 below
     N = 4096), 4 row lanes for int4 and 8 for int8, two groups in flight, and the fewest K slices that give every
     multiprocessor two CTAs (slices hold whole groups). A rule until the variants are measured (module docstring)."""
-    quads = 32 if op.N >= 4096 else 16
-    lanes = 4 if op.fmt.bits == 4 else 8
-    groups = op.K // GROUP
-    tiles = -(-op.N // (4 * quads))
-    fits = [s for s in SPLITS if groups % s == 0
-            and smem_bytes(op, GemvM1Config(quads, lanes, s)) <= SMEM_PER_CTA]
+    quads, lanes = _tile(op)
+    fits = _fitting_splits(op, quads, lanes)
     if not fits:
         raise InvalidInputError(f"quant_gemv(K={op.K}) on cuda: no K split in {SPLITS} leaves a slice of x that fits "
                                 f"{SMEM_PER_CTA} bytes of shared memory; use the triton backend")
+    tiles = -(-op.N // (4 * quads))
     splits = next((s for s in fits if tiles * s >= 2 * num_sms), fits[-1])
-    return GemvM1Config(quads=quads, lanes=lanes, splits=splits, pf=min(2, groups // splits))
+    return GemvM1Config(quads=quads, lanes=lanes, splits=splits, pf=min(2, op.K // GROUP // splits))
+
+
+def _tile(op: QuantGemv) -> tuple[int, int]:
+    """(column quads, row lanes) of ``choose``'s CTA for ``op``."""
+    return (32 if op.N >= 4096 else 16), (4 if op.fmt.bits == 4 else 8)
+
+
+def _fitting_splits(op: QuantGemv, quads: int, lanes: int) -> list[int]:
+    """The K splits (of ``SPLITS``) whose slices hold whole groups and whose CTA fits ``SMEM_PER_CTA``."""
+    return [s for s in SPLITS if (op.K // GROUP) % s == 0
+            and smem_bytes(op, GemvM1Config(quads, lanes, s)) <= SMEM_PER_CTA]
 
 
 def smem_bytes(op: QuantGemv, cfg: GemvM1Config) -> int:
