@@ -153,6 +153,82 @@ def test_the_prepared_weight_is_shared_by_layout(register_plugin, rng):
     assert list(w.prepared) == [("cpu", "cpu")]
 
 
+# -- the kernel's own CUDA C, run on the CPU (host_run: threads of a block as std::threads) -------------------
+
+def _require_cxx():
+    from portakern.backends.cuda.host_run import compiler
+
+    if compiler() is None:
+        if os.environ.get("CI"):
+            pytest.fail("the cuda kernels must run on the host here (CI is set) but no g++ / clang++ is installed")
+        pytest.skip("no host C++ compiler")
+
+
+@pytest.mark.parametrize("N,K,bits,sym,xdt,sdt,odt,cfg", [
+    (256, 1024, 4, False, "bfloat16", "float16", "float32", (16, 4, 1, 2)),    # one slice, the PF ring refilled
+    (1000, 1024, 4, False, "float16", "bfloat16", "float32", (16, 4, 2, 2)),   # N past the last full tile, masked
+    (256, 1152, 4, False, "bfloat16", "float16", "float32", (32, 2, 1, 2)),    # 9 groups: the ring ends mid-pair
+    (300, 1536, 4, True, "bfloat16", "bfloat16", "float32", (32, 4, 4, 1)),    # symmetric: the constant zero point
+    (200, 2048, 8, True, "bfloat16", "float16", "float32", (16, 8, 4, 2)),
+    (200, 2048, 8, False, "float16", "float16", "float32", (16, 16, 2, 1)),
+    (256, 4096, 4, False, "bfloat16", "float16", "float32", (16, 8, 32, 1)),   # 32 slices of one group each
+])
+def test_kernel_source_on_the_host_matches_float64(N, K, bits, sym, xdt, sdt, odt, cfg):
+    _require_cxx()
+    out, ref = _host_gemv(N, K, bits, sym, xdt, sdt, odt, cfg)
+    assert np.isfinite(out).all()
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 1e-6       # fp32 accumulation, fp32 out
+
+
+@pytest.mark.parametrize("odt,tol", [("bfloat16", 2 ** -8), ("float16", 2 ** -11)])
+def test_kernel_rounds_its_output_to_the_dtype(odt, tol):
+    _require_cxx()
+    out, ref = _host_gemv(512, 1024, 4, False, "bfloat16", "float16", odt, (16, 4, 4, 2))
+    rel = np.abs(out - ref) / np.maximum(np.abs(ref), 1e-3)
+    assert np.isfinite(out).all() and np.median(rel) < tol and np.abs(out - ref).max() / np.abs(ref).max() < 8 * tol
+
+
+def test_host_run_sees_a_broken_lane_map(monkeypatch):
+    # the same kernel with each thread's rows taken one lane off: the host run must not pass it
+    _require_cxx()
+    from portakern.backends.cuda import host_run
+
+    src = (host_run._KERNELS / "gemv_m1.cu").read_text()
+    bad = src.replace("const u32 j = g * GROUP_ROWS + lane + LANES * m;",
+                      "const u32 j = g * GROUP_ROWS + (lane + 1) % LANES + LANES * m;")
+    assert bad != src
+    import tempfile
+    from pathlib import Path
+
+    d = Path(tempfile.mkdtemp())
+    for f in ("host_shim.h", "host_launch.cpp"):
+        (d / f).write_text((host_run._KERNELS / f).read_text())
+    (d / "gemv_m1.cu").write_text(bad)
+    monkeypatch.setattr(host_run, "_KERNELS", d)
+    host_run.build.cache_clear()
+    try:
+        out, ref = _host_gemv(256, 1024, 4, False, "bfloat16", "float16", "float32", (16, 4, 1, 2))
+    finally:
+        host_run.build.cache_clear()
+    assert np.abs(out - ref).max() / np.abs(ref).max() > 1e-2
+
+
+def _host_gemv(N, K, bits, sym, xdt, sdt, odt, cfg):
+    torch = pytest.importorskip("torch")
+    from portakern.backends.cuda import quant_gemv as C
+    from portakern.backends.cuda.host_run import quant_gemv_on_host
+    from portakern.backends.triton.gemv_layout import prepare_weight
+
+    g = torch.Generator().manual_seed(N * 7 + K + bits)
+    w = portakern.quantize(torch.randn(N, K, generator=g).numpy(), bits=bits, group_size=128, symmetric=sym,
+                           scale_dtype=sdt)
+    x = torch.randn(1, K, generator=g).to(getattr(torch, xdt))
+    op = QuantGemv(M=1, N=N, K=K, dtype=DType(xdt), fmt=w.fmt, out_dtype=DType(odt))
+    cpu = Device("cpu", None, arch="x86_64", name="cpu")
+    out = quant_gemv_on_host(op, prepare_weight(None, w, cpu), x, C.GemvM1Config(*cfg))
+    return out, _float64(x, w)
+
+
 # -- on a GPU ------------------------------------------------------------------------------------------
 
 def _cuda():

@@ -7,10 +7,10 @@ backend serves both (``CudaBackend.weight_layout``). Per code one LOP3 and one F
 shared memory; small CTAs, many per SM; split K merged by the last CTA of a column tile in slice order
 (deterministic). Compiled by NVRTC per shape and format (``nvrtc.py``).
 
-The launch configuration (``choose``) is a rule, not yet a measured table: the kernel has not run on a GPU
-(``benchmarks/gemv_notes.md`` v26; ``benchmarks/experiments/gemv_wide.py`` sweeps its variants against the triton
-table), so the backend ranks below triton (``CudaBackend.priority``) and serves when named or when the "fastest"
-policy measures it ahead.
+The launch configuration (``choose``) is a rule, not yet a measured table: the kernel has not run on a GPU (its
+CUDA C runs on the CPU in CI, ``host_run.py``, against float64; ``benchmarks/gemv_notes.md`` v26;
+``benchmarks/experiments/gemv_wide.py`` sweeps its variants against the triton table), so the backend ranks below
+triton (``CudaBackend.priority``) and serves when named or when the "fastest" policy measures it ahead.
 
 CUDA-graph contract: the first call of a signature compiles and loads the kernel and, when K is split, makes the
 fp32 workspace and arrival counters of its stream (``portakern.stream_workspace``; the kernel resets the counters

@@ -21,8 +21,16 @@
 // ZP, LDNA (1: weight loads as ld.global.nc.L1::no_allocate.L2::256B), X_F16 (x is fp16, else bf16), S_BF16
 // (scales and zeros are bf16, else fp16), OUT_KIND (0 bf16, 1 fp16, 2 fp32).
 
+// PK_HOST: compiled as C++ for the CPU by backends/cuda/host_run.py, which supplies host_shim.h (threads of a block
+// as std::threads, __syncthreads as a barrier); each inline-PTX spot has a plain C++ branch under PK_HOST.
+
 typedef unsigned int u32;
 typedef unsigned short u16;
+
+#ifndef PK_HOST
+#define PK_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#define PK_SHARED(type, name) __shared__ type name
+#endif
 
 #define EPW (32 / BITS)                  // codes per 32-bit word
 #define IW (BITS == 4 ? 8 : 1)           // word rows per interleaved block
@@ -50,15 +58,23 @@ __device__ __forceinline__ u16 f32_to_bf16(float f) {           // round to near
 }
 
 __device__ __forceinline__ float f16_to_f32(u16 h) {
+#ifdef PK_HOST
+    return pk_host::f16_to_f32(h);
+#else
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
+#endif
 }
 
 __device__ __forceinline__ u16 f32_to_f16(float f) {
+#ifdef PK_HOST
+    return pk_host::f32_to_f16(f);
+#else
     u16 h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
+#endif
 }
 
 #if X_F16
@@ -93,7 +109,7 @@ __device__ __forceinline__ float x_scale(int e) {                // 2^(85 - P(e)
 __device__ __forceinline__ u32 k_of(u32 j, int e) { return (j / IW) * IW * EPW + e * IW + j % IW; }
 
 __device__ __forceinline__ uint4 load_words(const uint4* p) {
-#if LDNA
+#if LDNA && !defined(PK_HOST)
     uint4 v;
     asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
@@ -166,11 +182,11 @@ __device__ __forceinline__ void group_products(const Group& cur, const float* xs
 extern "C" __global__ void __launch_bounds__(THREADS)
 gemv_m1(const int* __restrict__ qw, const u16* __restrict__ s, const u16* __restrict__ z,
         const u16* __restrict__ x, out_t* __restrict__ out, float* __restrict__ ws, u32* __restrict__ counters) {
-    extern __shared__ float4 smem4[];
+    PK_DYNAMIC_SHARED(float4, smem4);
     float* xs = reinterpret_cast<float*>(smem4);   // [KS]: x of the slice, pre-scaled, in word-row order
     float* xrow = xs + KS;                          // [ROWS]: per word row, the sum of its x (unscaled)
     float* red = xrow + ROWS;                       // [LANES][BN]: the row lanes' partial columns
-    __shared__ u32 last;
+    PK_SHARED(u32, last);
 
     const u32 t = threadIdx.x, quad = t % QUADS, lane = t / QUADS;
     const u32 slice = blockIdx.x % S, tile = blockIdx.x / S;
@@ -186,7 +202,7 @@ gemv_m1(const int* __restrict__ qw, const u16* __restrict__ s, const u16* __rest
 #pragma unroll
     for (int p = 0; p < PF; ++p)
         if (p < GROUPS) load_group(buf[p], qw4, s2, z2, row0, lane, quad4, p);
-#if PDL
+#if PDL && !defined(PK_HOST)
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 
@@ -223,7 +239,7 @@ gemv_m1(const int* __restrict__ qw, const u16* __restrict__ s, const u16* __rest
         xrow[j] = sum;
     }
     __syncthreads();
-#if PDL
+#if PDL && !defined(PK_HOST)
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 
