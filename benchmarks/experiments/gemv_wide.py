@@ -9,7 +9,6 @@ order. Compiled by NVRTC and launched through the driver API as a programmatic d
 ``nvrtc.py`` and ``quant_gemv.defines``; the variants replace ``quant_gemv.choose``'s rule once measured.
 
     python benchmarks/experiments/gemv_wide.py --phase lower   # no GPU: every variant to sm_90a, registers, spills
-    python benchmarks/experiments/gemv_wide.py --phase emulate # no GPU: the index maps and arithmetic vs float64
     python benchmarks/experiments/gemv_wide.py --phase check   # GPU: every variant against float64 (NaN-poisoned)
     python benchmarks/experiments/gemv_wide.py --phase bench   # GPU: check, then time beside the table and tinygemm
 
@@ -112,81 +111,6 @@ class WideGemv:
     def __call__(self, x, w, out) -> None:
         self.fn(self.grid, self.threads, w.qweight.data_ptr(), w.scales.data_ptr(), w.zeros.data_ptr(),
                 x.data_ptr(), out.data_ptr(), self.ws.data_ptr(), self.counters.data_ptr())
-
-
-def emulate(bits: int, N: int, K: int, quads: int, lanes: int, s: int) -> float:
-    """No GPU: the kernel's index maps and arithmetic in numpy float32, loop for loop -- x staged per slice from
-    its 16-byte loads into word-row order and scaled, the row sums from the staged values, each (tile, slice,
-    lane, quad) thread's groups of RPG rows x 4 columns as masked words read as subnormals, scale and zero per
-    group, the lanes' sums in lane order, the slices' in slice order -- against the float64 product. Returns
-    the relative error."""
-    import numpy as np
-    import torch
-
-    from gemv import random_prepared
-
-    w = random_prepared(N, K, bits, 128, False, device="cpu")
-    x = torch.randn(1, K).to(torch.bfloat16)
-    ref = reference(x, w)[0]
-    epw, gr = 32 // bits, 128 // (32 // bits)
-    rpg, groups = gr // lanes, K // 128 // s
-    rows, ks = groups * gr, groups * 128
-    u = w.qweight.numpy().view(np.uint32)
-    sc = w.scales.numpy().astype(np.float32)
-    zc = w.zeros.numpy().astype(np.float32)
-    xb = x.float().numpy()[0]
-    low = [bits * e + bits <= 23 for e in range(epw)]
-    shift = [bits * e if low[e] else bits * e - 16 for e in range(epw)]
-    scale = [np.float32(2.0 ** (85 - shift[e])) for e in range(epw)]
-    slices = np.zeros((s, N), np.float32)
-    for sl in range(s):
-        xsl = xb[sl * ks:(sl + 1) * ks]
-        xs = np.zeros(ks, np.float32)
-        if bits == 4:                                   # vector i = blk * 8 + e holds rows blk * 8 + r at position e
-            for i in range(ks // 8):
-                blk, e = divmod(i, 8)
-                for r in range(8):
-                    xs[(blk * 8 + r) * epw + e] = xsl[i * 8 + r] * scale[e]
-        else:
-            for j in range(rows):
-                for e in range(4):
-                    xs[j * epw + e] = xsl[j * 4 + e] * scale[e]
-        xrow = np.zeros(rows, np.float32)
-        for j in range(rows):
-            acc = np.float32(0)
-            for e in range(epw):
-                acc = np.float32(acc + xs[j * epw + e] * np.float32(2.0 ** (shift[e] - 85)))
-            xrow[j] = acc
-        red = np.zeros((lanes, N), np.float32)
-        for lane in range(lanes):
-            res = np.zeros(N, np.float32)
-            for g in range(groups):
-                aq = np.zeros(N, np.float32)
-                xg = np.float32(0)
-                for m in range(rpg):
-                    j = g * gr + lane + lanes * m
-                    word = u[sl * rows + j, :N]
-                    xg = np.float32(xg + xrow[j])
-                    for e in range(epw):
-                        part = (word if low[e] else word >> np.uint32(16)) & np.uint32(((1 << bits) - 1) << shift[e])
-                        aq = (aq + part.view(np.float32) * xs[j * epw + e]).astype(np.float32)
-                grow = sl * groups + g
-                res += sc[grow, :N] * (aq * np.float32(2.0 ** 64) - zc[grow, :N] * xg)
-            red[lane] = res
-        slices[sl] = red.sum(0, dtype=np.float32)
-    out = slices.sum(0, dtype=np.float32)
-    return float(np.abs(out - ref).max() / np.abs(ref).max())
-
-
-def emulate_all() -> int:
-    bad = 0
-    for bits, N, K, quads, lanes, s in ((4, 256, 1024, 16, 2, 2), (4, 256, 2048, 32, 4, 4), (4, 128, 1024, 16, 8, 1),
-                                        (8, 256, 1024, 16, 4, 2), (8, 128, 2048, 32, 16, 4)):
-        err = emulate(bits, N, K, quads, lanes, s)
-        bad += not err < 1e-5
-        print(f"emulation int{bits} {N}x{K} quads={quads} lanes={lanes} S={s}: relative error {err:.3g} "
-              f"against float64")
-    return 1 if bad else 0
 
 
 def wide_for_shape(bench_json: str, bits: int, N: int, K: int, NP: int) -> WideGemv:
@@ -309,12 +233,10 @@ def run(phase: str, res) -> int:
 def main() -> int:
     from experiments.harness import parse_args
 
-    args = parse_args(__doc__, lambda ap: ap.add_argument("--phase", choices=("lower", "emulate", "check", "bench"),
+    args = parse_args(__doc__, lambda ap: ap.add_argument("--phase", choices=("lower", "check", "bench"),
                                                           required=True))
     if args.phase == "lower":
         return lower()
-    if args.phase == "emulate":
-        return emulate_all()
     jobs = [(b, N, K, v) for b, N, K in SHAPES for v in variants(b, N, K)]
     cubins = compile_all(jobs)           # before CUDA is initialised in this process (forked workers)
     import torch
