@@ -19,6 +19,8 @@
 #   gemv-cluster    benchmarks/experiments/gemv_cluster.py (CUDA C, NVRTC): the M=1 int4 GEMV of the N = 4096
 #                   shapes with its K split merged through cluster shared memory, against float64, then timed
 #                   beside the table's kernel and tinygemm (session 16: built, not yet run)
+#   cuda-tests      tests/test_cuda_backend.py: the cuda backend's GPU value and graph tests with the rest of the file
+#   cuda-conformance  the cuda backend on cuda:0, gpu tier (its M = 1 GEMV cases; the rest unsupported)
 #   gemv-wide       benchmarks/experiments/gemv_wide.py (CUDA C, NVRTC): the M=1 int4 / int8 GEMV with small CTAs and
 #                   x staged per CTA, every variant against float64, then timed beside the table and tinygemm
 #   decode-step-wide  the step at ctx 2048 with o + down, and with every linear, on the gemv-wide kernel (the variant
@@ -131,6 +133,10 @@ for s in "$@"; do
             --tag='$TAG' --out '$RES'" ;;
         gemv-cluster) step gemv-cluster python3 benchmarks/experiments/gemv_cluster.py --phase bench --tag="$TAG" \
             --out "$RES" ;;
+        cuda-tests) step cuda-tests python3 -m pytest -q -p no:cacheprovider tests/test_cuda_backend.py ;;
+        cuda-conformance) step cuda-conformance python3 -m portakern conformance --backend cuda --device cuda:0 \
+            --tier gpu --jobs 0 --no-progress --report "$RES/conformance-cuda-$CARD-gpu$TAG.json" \
+            --markdown "$RES/conformance-cuda-$CARD-gpu$TAG.md" ;;
         gemv-wide) step gemv-wide python3 benchmarks/experiments/gemv_wide.py --phase bench --tag="$TAG" \
             --out "$RES" ;;
         decode-step-wide) step decode-step-wide python3 benchmarks/decode_step.py --ctx 2048 --no-peers \
