@@ -25,8 +25,8 @@ class QuantizedWeight:
     The tensor names and byte layouts per packing are documented on ``portakern.ir.Packing``.
     Arrays may be numpy, torch or cupy; they all live on one device (checked here, with their
     names, shapes and dtypes). Backends may repack the weight once (``Backend.prepare_weight``);
-    the result is cached in ``prepared`` keyed by ``(backend name, device)`` so repeated calls do
-    no repacking.
+    the result is cached in ``prepared`` keyed by ``(backend name, device)`` (or the name of the backend whose
+    layout it shares, ``Backend.weight_layout``) so repeated calls do no repacking.
 
     Build one with ``portakern.quantize(w)`` or from a checkpoint with ``from_awq``, ``from_gptq``
     or ``from_gguf``; ``dequantize()`` gives the float32 weight back.
