@@ -23,6 +23,7 @@
 #   cuda-conformance  the cuda backend on cuda:0, gpu tier (its M = 1 GEMV cases; the rest unsupported)
 #   gemv-wide       benchmarks/experiments/gemv_wide.py (CUDA C, NVRTC): the M=1 int4 / int8 GEMV with small CTAs and
 #                   x staged per CTA, every variant against float64, then timed beside the table and tinygemm
+#   gemv-wide-m4    the same at M = 4 on the int4 table's six shapes (317 variants)
 #   decode-step-wide  the step at ctx 2048 with o + down, and with every linear, on the gemv-wide kernel (the variant
 #                   fastest per shape in $RES/gemv-wide-bench-*.json: run gemv-wide first), logits compared; no peers
 #   decode-ws-probe benchmarks/experiments/decode_ws_probe.py: the Gluon decode kernel against float64 (NaN past
@@ -139,6 +140,8 @@ for s in "$@"; do
             --markdown "$RES/conformance-cuda-$CARD-gpu$TAG.md" ;;
         gemv-wide) step gemv-wide python3 benchmarks/experiments/gemv_wide.py --phase bench --tag="$TAG" \
             --out "$RES" ;;
+        gemv-wide-m4) step gemv-wide-m4 python3 benchmarks/experiments/gemv_wide.py --phase bench --m 4 \
+            --tag="$TAG" --out "$RES" ;;
         decode-step-wide) step decode-step-wide python3 benchmarks/decode_step.py --ctx 2048 --no-peers \
             --wide-from "$(ls "$RES"/gemv-wide-bench-*.json | head -n 1)" --wide-gemv o,down qkv,o,gu,down,lm \
             --tag="-wide$TAG" --out "$RES" ;;

@@ -61,7 +61,7 @@ def test_registered_and_ranked_below_triton(backend):
 
 
 @pytest.mark.parametrize("op,why", [
-    (gemv(M=2), "M = 1 only"),
+    (gemv(M=5), "M = 1 to 4 rows"),
     (gemv(gs=32), "groups of 128"),
     (gemv(bits=4, has_g_idx=True, packing=Packing.GPTQ), "g_idx"),
     (gemv(K=4160), "K must be a multiple of 128"),
@@ -86,16 +86,18 @@ def test_refuses_other_devices_and_old_gpus(backend):
     assert "no cuda lowering yet" in backend.supports(attn, H200).reason
 
 
-@pytest.mark.parametrize("N,K,bits", [(4096, 4096, 4), (4096, 14336, 4), (28672, 8192, 4), (128256, 4096, 4),
-                                      (8192, 8192, 8), (1000, 4096, 4), (64, 128, 4), (4096, 65536, 4)])
-def test_launch_rule_holds_whole_groups_and_fits(C, N, K, bits):
-    cfg = C.choose(gemv(N=N, K=K, bits=bits), 132)
+@pytest.mark.parametrize("M,N,K,bits", [(1, 4096, 4096, 4), (1, 4096, 14336, 4), (1, 28672, 8192, 4),
+                                        (1, 128256, 4096, 4), (1, 8192, 8192, 8), (1, 1000, 4096, 4), (1, 64, 128, 4),
+                                        (1, 4096, 65536, 4), (4, 4096, 14336, 4), (3, 8192, 8192, 8)])
+def test_launch_rule_holds_whole_groups_and_fits(C, M, N, K, bits):
+    op = gemv(M=M, N=N, K=K, bits=bits)
+    cfg = C.choose(op, 132)
     groups = K // 128
     assert groups % cfg.splits == 0 and 1 <= cfg.pf <= groups // cfg.splits
-    assert C.smem_bytes(gemv(N=N, K=K, bits=bits), cfg) <= C.SMEM_PER_CTA
+    assert C.smem_bytes(op, cfg) <= C.SMEM_PER_CTA
     tiles = -(-N // cfg.columns)
     fitting = [s for s in C.SPLITS if groups % s == 0 and
-               C.smem_bytes(gemv(N=N, K=K, bits=bits), C.GemvM1Config(cfg.quads, cfg.lanes, s)) <= C.SMEM_PER_CTA]
+               C.smem_bytes(op, C.SmallMConfig(cfg.quads, cfg.lanes, s)) <= C.SMEM_PER_CTA]
     if any(tiles * s >= 264 for s in fitting):          # two CTAs per multiprocessor when a split allows it ...
         assert tiles * cfg.splits >= 264
         assert all(tiles * s < 264 for s in fitting if s < cfg.splits)   # ... with the fewest slices
@@ -104,7 +106,7 @@ def test_launch_rule_holds_whole_groups_and_fits(C, N, K, bits):
 
 
 def test_defines_follow_the_format(C):
-    cfg = C.GemvM1Config()
+    cfg = C.SmallMConfig()
     d = C.defines(gemv(N=1000, dtype=DType.float16, out_dtype=DType.float32, scale_dtype=DType.bfloat16), cfg,
                   True, None)
     assert (d["N"], d["NP"], d["X_F16"], d["S_BF16"], d["OUT_KIND"], d["HAS_Z"], d["PDL"]) == (1000, 1024, 1, 1, 2,
@@ -116,7 +118,8 @@ def test_defines_follow_the_format(C):
 @pytest.mark.parametrize("target", ["sm_80", "sm_90a", "sm_100a", "sm_120"])
 @pytest.mark.parametrize("op", [gemv(), gemv(N=4096, K=14336), gemv(bits=8, N=8192, K=8192),
                                 gemv(sym=True, dtype=DType.float16, scale_dtype=DType.bfloat16),
-                                gemv(N=1000, K=1024, out_dtype=DType.float32)])
+                                gemv(N=1000, K=1024, out_dtype=DType.float32), gemv(M=4),
+                                gemv(M=3, bits=8, N=8192, K=8192), gemv(M=2, N=4096, K=14336, dtype=DType.float16)])
 def test_lowers_for_every_target_without_spills(backend, target, op):
     art = backend.compile_for_target(op, target)
     assert art["cubin_bytes"] > 1000 and art["registers"] and art["registers"] <= 255
@@ -127,7 +130,7 @@ def test_a_rejected_source_raises_with_the_log(C):
     from portakern.backends.cuda import nvrtc
     from portakern.errors import BackendError
 
-    bad = dict(C.defines(gemv(), C.GemvM1Config(lanes=3), True, None))    # 3 row lanes do not divide a group
+    bad = dict(C.defines(gemv(), C.SmallMConfig(lanes=3), True, None))    # 3 row lanes do not divide a group
     with pytest.raises(BackendError, match="row lanes must divide"):
         nvrtc.compile_source(C.SOURCE, tuple(bad.items()), "sm_90a")
 
@@ -164,19 +167,22 @@ def _require_cxx():
         pytest.skip("no host C++ compiler")
 
 
-@pytest.mark.parametrize("N,K,bits,sym,xdt,sdt,odt,cfg", [
-    (256, 1024, 4, False, "bfloat16", "float16", "float32", (16, 4, 1, 2)),    # one slice, the PF ring refilled
-    (1000, 1024, 4, False, "float16", "bfloat16", "float32", (16, 4, 2, 2)),   # N past the last full tile, masked
-    (256, 1152, 4, False, "bfloat16", "float16", "float32", (32, 2, 1, 2)),    # 9 groups: the ring ends mid-pair
-    (300, 1536, 4, True, "bfloat16", "bfloat16", "float32", (32, 4, 4, 1)),    # symmetric: the constant zero point
-    (200, 2048, 8, True, "bfloat16", "float16", "float32", (16, 8, 4, 2)),
-    (200, 2048, 8, False, "float16", "float16", "float32", (16, 16, 2, 1)),
-    (256, 4096, 4, False, "bfloat16", "float16", "float32", (16, 8, 32, 1)),   # 32 slices of one group each
+@pytest.mark.parametrize("M,N,K,bits,sym,xdt,sdt,odt,cfg", [
+    (1, 256, 1024, 4, False, "bfloat16", "float16", "float32", (16, 4, 1, 2)),    # one slice, the PF ring refilled
+    (1, 1000, 1024, 4, False, "float16", "bfloat16", "float32", (16, 4, 2, 2)),   # N past the last full tile, masked
+    (1, 256, 1152, 4, False, "bfloat16", "float16", "float32", (32, 2, 1, 2)),    # 9 groups: the ring ends mid-pair
+    (1, 300, 1536, 4, True, "bfloat16", "bfloat16", "float32", (32, 4, 4, 1)),    # symmetric: the constant zero point
+    (1, 200, 2048, 8, True, "bfloat16", "float16", "float32", (16, 8, 4, 2)),
+    (1, 200, 2048, 8, False, "float16", "float16", "float32", (16, 16, 2, 1)),
+    (1, 256, 4096, 4, False, "bfloat16", "float16", "float32", (16, 8, 32, 1)),   # 32 slices of one group each
+    (2, 1000, 1024, 4, False, "bfloat16", "float16", "float32", (16, 4, 2, 2)),   # rows of x: staged, merged apart
+    (3, 256, 1152, 4, True, "float16", "bfloat16", "float32", (32, 4, 3, 1)),
+    (4, 200, 2048, 8, False, "bfloat16", "float16", "float32", (16, 8, 4, 2)),
 ])
-def test_kernel_source_on_the_host_matches_float64(N, K, bits, sym, xdt, sdt, odt, cfg):
+def test_kernel_source_on_the_host_matches_float64(M, N, K, bits, sym, xdt, sdt, odt, cfg):
     _require_cxx()
-    out, ref = _host_gemv(N, K, bits, sym, xdt, sdt, odt, cfg)
-    assert np.isfinite(out).all()
+    out, ref = _host_gemv(N, K, bits, sym, xdt, sdt, odt, cfg, M)
+    assert out.shape == (M, N) and np.isfinite(out).all()
     assert np.abs(out - ref).max() / np.abs(ref).max() < 1e-6       # fp32 accumulation, fp32 out
 
 
@@ -193,7 +199,7 @@ def test_host_run_sees_a_broken_lane_map(monkeypatch):
     _require_cxx()
     from portakern.backends.cuda import host_run
 
-    src = (host_run._KERNELS / "gemv_m1.cu").read_text()
+    src = (host_run._KERNELS / "gemv_small_m.cu").read_text()
     bad = src.replace("const u32 j = g * GROUP_ROWS + lane + LANES * m;",
                       "const u32 j = g * GROUP_ROWS + (lane + 1) % LANES + LANES * m;")
     assert bad != src
@@ -203,7 +209,7 @@ def test_host_run_sees_a_broken_lane_map(monkeypatch):
     d = Path(tempfile.mkdtemp())
     for f in ("host_shim.h", "host_launch.cpp"):
         (d / f).write_text((host_run._KERNELS / f).read_text())
-    (d / "gemv_m1.cu").write_text(bad)
+    (d / "gemv_small_m.cu").write_text(bad)
     monkeypatch.setattr(host_run, "_KERNELS", d)
     host_run.build.cache_clear()
     try:
@@ -213,7 +219,7 @@ def test_host_run_sees_a_broken_lane_map(monkeypatch):
     assert np.abs(out - ref).max() / np.abs(ref).max() > 1e-2
 
 
-def _host_gemv(N, K, bits, sym, xdt, sdt, odt, cfg):
+def _host_gemv(N, K, bits, sym, xdt, sdt, odt, cfg, M=1):
     torch = pytest.importorskip("torch")
     from portakern.backends.cuda import quant_gemv as C
     from portakern.backends.cuda.host_run import quant_gemv_on_host
@@ -222,10 +228,10 @@ def _host_gemv(N, K, bits, sym, xdt, sdt, odt, cfg):
     g = torch.Generator().manual_seed(N * 7 + K + bits)
     w = portakern.quantize(torch.randn(N, K, generator=g).numpy(), bits=bits, group_size=128, symmetric=sym,
                            scale_dtype=sdt)
-    x = torch.randn(1, K, generator=g).to(getattr(torch, xdt))
-    op = QuantGemv(M=1, N=N, K=K, dtype=DType(xdt), fmt=w.fmt, out_dtype=DType(odt))
+    x = torch.randn(M, K, generator=g).to(getattr(torch, xdt))
+    op = QuantGemv(M=M, N=N, K=K, dtype=DType(xdt), fmt=w.fmt, out_dtype=DType(odt))
     cpu = Device("cpu", None, arch="x86_64", name="cpu")
-    out = quant_gemv_on_host(op, prepare_weight(None, w, cpu), x, C.GemvM1Config(*cfg))
+    out = quant_gemv_on_host(op, prepare_weight(None, w, cpu), x, C.SmallMConfig(*cfg))
     return out, _float64(x, w)
 
 
@@ -250,18 +256,19 @@ def _float64(x, w):
     return x.double().cpu().numpy() @ W.T
 
 
-@pytest.mark.parametrize("N,K,bits,sym,dtype,sdt", [
-    (4096, 4096, 4, False, "bfloat16", "float16"), (1000, 4096, 4, True, "float16", "float16"),
-    (4096, 14336, 4, False, "bfloat16", "bfloat16"), (8192, 8192, 8, False, "bfloat16", "float16"),
-    (3000, 1024, 8, True, "float16", "bfloat16"), (28672, 4096, 4, False, "float16", "float16"),
+@pytest.mark.parametrize("M,N,K,bits,sym,dtype,sdt", [
+    (1, 4096, 4096, 4, False, "bfloat16", "float16"), (1, 1000, 4096, 4, True, "float16", "float16"),
+    (1, 4096, 14336, 4, False, "bfloat16", "bfloat16"), (1, 8192, 8192, 8, False, "bfloat16", "float16"),
+    (1, 3000, 1024, 8, True, "float16", "bfloat16"), (1, 28672, 4096, 4, False, "float16", "float16"),
+    (4, 4096, 14336, 4, False, "bfloat16", "float16"), (3, 8192, 8192, 8, True, "float16", "float16"),
 ])
-def test_gpu_values_against_float64(N, K, bits, sym, dtype, sdt):
+def test_gpu_values_against_float64(M, N, K, bits, sym, dtype, sdt):
     torch = _cuda()
     g = torch.Generator().manual_seed(N + K + bits)
     wf = torch.randn(N, K, generator=g)
     w = portakern.quantize(wf.numpy(), bits=bits, group_size=128, symmetric=sym, scale_dtype=sdt)
     w = w.to("cuda")
-    x = torch.randn(1, K, generator=g).to(getattr(torch, dtype)).cuda()
+    x = torch.randn(M, K, generator=g).to(getattr(torch, dtype)).cuda()
     ref = _float64(x, w)
     for _ in range(2):
         out = portakern.quant_gemv(x, w, backend="cuda")

@@ -20,7 +20,7 @@ def test_wheel_layout_and_import(tmp_path):
                    "portakern/backends/triton/backend.py", "portakern/backends/triton/kernels/attention_fwd.py",
                    "portakern/backends/opencl/backend.py", "portakern/backends/opencl/kernels/attention.cl",
                    "portakern/backends/opencl/kernels/quant_gemv.cl", "portakern/backends/opencl/kernels/storage.cl",
-                   "portakern/backends/cuda/backend.py", "portakern/backends/cuda/kernels/gemv_m1.cu",
+                   "portakern/backends/cuda/backend.py", "portakern/backends/cuda/kernels/gemv_small_m.cu",
                    "portakern/backends/cuda/kernels/host_shim.h", "portakern/backends/cuda/kernels/host_launch.cpp",
                    "portakern/conformance/data/cases-v1/manifest.json", "portakern/conformance/__init__.py"):
         assert module in names

@@ -4,7 +4,7 @@ another -- and called through ctypes. It checks what the NVRTC lowering cannot: 
 split-K merge and conversions produce the right numbers, on a machine with no GPU (CI). It says nothing about speed
 or about the GPU's memory model; the GPU tests and conformance on a GPU do that.
 
-    out = quant_gemv_on_host(op, prepared_weight, x)            # numpy float32 (1, N)
+    out = quant_gemv_on_host(op, prepared_weight, x)            # numpy float32 (M, N)
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ def _raw16(t) -> np.ndarray:
 
 
 def quant_gemv_on_host(op, w, x, config=None, num_sms: int = 132) -> np.ndarray:
-    """``kernels/gemv_m1.cu`` for ``op`` run on the CPU: ``w`` the triton layout on the CPU
-    (``gemv_layout.prepare_weight``), ``x`` a (1, K) float16 / bfloat16 torch tensor; float32 ``(1, N)``."""
+    """``kernels/gemv_small_m.cu`` for ``op`` run on the CPU: ``w`` the triton layout on the CPU
+    (``gemv_layout.prepare_weight``), ``x`` an (M, K) float16 / bfloat16 torch tensor; float32 ``(M, N)``."""
     from portakern.ir.dtypes import DType
 
     from . import quant_gemv as C
@@ -91,8 +91,9 @@ def quant_gemv_on_host(op, w, x, config=None, num_sms: int = 132) -> np.ndarray:
     consts = C.defines(op, cfg, False, zp)
     lib = build(C.SOURCE, C.ENTRY, tuple(consts.items()))
     np_ = consts["NP"]
-    out = np.full(op.N, np.nan, np.float32) if op.result_dtype is DType.float32 else np.full(op.N, 0x7FFF, np.uint16)
-    ws = np.full(max(1, cfg.splits) * np_, np.nan, np.float32)
+    shape = (op.M, op.N)
+    out = np.full(shape, np.nan, np.float32) if op.result_dtype is DType.float32 else np.full(shape, 0x7FFF, np.uint16)
+    ws = np.full(cfg.splits * op.M * np_, np.nan, np.float32)
     counters = np.zeros(-(-op.N // cfg.columns), np.uint32)
     qw = w.qweight.cpu().contiguous().numpy()
     s = _raw16(w.scales)
@@ -100,9 +101,9 @@ def quant_gemv_on_host(op, w, x, config=None, num_sms: int = 132) -> np.ndarray:
     run(lib, -(-op.N // cfg.columns) * cfg.splits, cfg.threads, C.smem_bytes(op, cfg), qw, s, z, _raw16(x), out, ws,
         counters)
     if counters.any():
-        raise BackendError(f"gemv_m1 left its arrival counters at {counters.tolist()} (each must reset to 0)")
+        raise BackendError(f"gemv_small_m left its arrival counters at {counters.tolist()} (each must reset to 0)")
     if op.result_dtype is DType.float32:
-        return out[None]
+        return out
     if op.result_dtype is DType.float16:
-        return out.view(np.float16).astype(np.float32)[None]
-    return (out.astype(np.uint32) << 16).view(np.float32)[None]
+        return out.view(np.float16).astype(np.float32)
+    return (out.astype(np.uint32) << 16).view(np.float32)

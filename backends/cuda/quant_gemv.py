@@ -1,7 +1,8 @@
 """Host side of the cuda backend's quantized GEMV: supports, the launch configuration, compile, compile_for_target.
 
-One kernel (``kernels/gemv_m1.cu``): M = 1, int4 or int8 codes in groups of 128 along K (every packing of those
-widths without act-order: native, AWQ, GPTQ without ``g_idx``), fp16 / bf16 activations, fp16 / bf16 scales. It
+One kernel (``kernels/gemv_small_m.cu``): M = 1 to 4 rows of x, int4 or int8 codes in groups of 128 along K
+(every packing of those widths without act-order: native, AWQ, GPTQ without ``g_idx``), fp16 / bf16 activations,
+fp16 / bf16 scales. It
 reads the triton backend's weight layout (``backends/triton/gemv_layout.py``), so a weight prepared by either
 backend serves both (``CudaBackend.weight_layout``). Per code one LOP3 and one FFMA; x staged once per CTA in
 shared memory; small CTAs, many per SM; split K merged by the last CTA of a column tile in slice order
@@ -30,12 +31,14 @@ from portakern.ir.ops import QuantGemv
 
 from . import nvrtc
 
-SOURCE = "gemv_m1.cu"
-ENTRY = "gemv_m1"
+SOURCE = "gemv_small_m.cu"
+ENTRY = "gemv_small_m"
 GROUP = 128
 #: row stride of the prepared words (``gemv_layout.N_ALIGN_WORDS``; checked against it at compile)
 N_ALIGN = 128
 SPLITS = (1, 2, 4, 8, 16, 32)
+#: rows of x one launch takes (each dequantized code is applied to every row: M FFMAs per LOP3)
+MAX_M = 4
 _OUT_KIND = {DType.bfloat16: 0, DType.float16: 1, DType.float32: 2}
 #: CUDA targets it lowers for without the device, and the NVRTC architecture of each
 TARGETS = {"sm_80": "sm_80", "sm_90a": "sm_90a", "sm_100a": "sm_100a", "sm_120": "sm_120"}
@@ -45,7 +48,7 @@ SMEM_PER_CTA = 48 * 1024
 
 
 @dataclass(frozen=True)
-class GemvM1Config:
+class SmallMConfig:
     """One launch configuration: ``quads`` 16-byte column quads per CTA (4 * quads columns), ``lanes`` row lanes,
     ``splits`` K slices, ``pf`` groups of words each thread keeps in flight, ``ldna`` 1: weight loads bypass L1 with
     a 256-byte L2 hint."""
@@ -66,12 +69,12 @@ class GemvM1Config:
 
 
 def supports(op: QuantGemv, device: Device) -> Support:
-    """M = 1, int4 / int8 codes in groups of 128 without act-order, K a multiple of 128, fp16 / bf16 activations and
-    scales, no prologue."""
+    """M = 1 to 4, int4 / int8 codes in groups of 128 without act-order, K a multiple of 128, fp16 / bf16
+    activations and scales, no prologue."""
     f = op.fmt
-    if op.M != 1:
-        return no(f"quant_gemv(M={op.M}) is not supported by cuda: its kernel is M = 1 only; use the triton backend "
-                  "for M > 1")
+    if not 1 <= op.M <= MAX_M:
+        return no(f"quant_gemv(M={op.M}) is not supported by cuda: its kernel takes M = 1 to {MAX_M} rows; use "
+                  f"the triton backend for M > {MAX_M}")
     if f.bits not in (4, 8):
         return no(f"quant_gemv(bits={f.bits}) is not supported by cuda: bits must be 4 or 8")
     if f.group_size != GROUP:
@@ -98,10 +101,11 @@ def supports(op: QuantGemv, device: Device) -> Support:
     return YES
 
 
-def choose(op: QuantGemv, num_sms: int) -> GemvM1Config:
+def choose(op: QuantGemv, num_sms: int) -> SmallMConfig:
     """The launch configuration for ``op`` on a GPU of ``num_sms`` multiprocessors: 128-column CTAs (64 below
     N = 4096), 4 row lanes for int4 and 8 for int8, two groups in flight, and the fewest K slices that give every
-    multiprocessor two CTAs (slices hold whole groups). A rule until the variants are measured (module docstring)."""
+    multiprocessor two CTAs (slices hold whole groups, and each CTA's slice of x fits ``SMEM_PER_CTA``). A rule
+    until the variants are measured (module docstring)."""
     quads, lanes = _tile(op)
     fits = _fitting_splits(op, quads, lanes)
     if not fits:
@@ -109,7 +113,7 @@ def choose(op: QuantGemv, num_sms: int) -> GemvM1Config:
                                 f"{SMEM_PER_CTA} bytes of shared memory; use the triton backend")
     tiles = -(-op.N // (4 * quads))
     splits = next((s for s in fits if tiles * s >= 2 * num_sms), fits[-1])
-    return GemvM1Config(quads=quads, lanes=lanes, splits=splits, pf=min(2, op.K // GROUP // splits))
+    return SmallMConfig(quads=quads, lanes=lanes, splits=splits, pf=min(2, op.K // GROUP // splits))
 
 
 def _tile(op: QuantGemv) -> tuple[int, int]:
@@ -120,19 +124,21 @@ def _tile(op: QuantGemv) -> tuple[int, int]:
 def _fitting_splits(op: QuantGemv, quads: int, lanes: int) -> list[int]:
     """The K splits (of ``SPLITS``) whose slices hold whole groups and whose CTA fits ``SMEM_PER_CTA``."""
     return [s for s in SPLITS if (op.K // GROUP) % s == 0
-            and smem_bytes(op, GemvM1Config(quads, lanes, s)) <= SMEM_PER_CTA]
+            and smem_bytes(op, SmallMConfig(quads, lanes, s)) <= SMEM_PER_CTA]
 
 
-def smem_bytes(op: QuantGemv, cfg: GemvM1Config) -> int:
-    """Dynamic shared memory of one CTA: the slice's x (fp32), its word rows' sums, the row lanes' partials."""
+def smem_bytes(op: QuantGemv, cfg: SmallMConfig) -> int:
+    """Dynamic shared memory of one CTA: the slice of each row of x (fp32), their word rows' sums, the row lanes'
+    partials."""
     ks = op.K // cfg.splits
-    return 4 * (ks + ks // (32 // op.fmt.bits) + cfg.lanes * cfg.columns)
+    return 4 * op.M * (ks + ks // (32 // op.fmt.bits) + cfg.lanes * cfg.columns)
 
 
-def defines(op: QuantGemv, cfg: GemvM1Config, pdl: bool, zero_point: int | None) -> dict[str, int]:
-    """The kernel's ``-D`` constants (``kernels/gemv_m1.cu``'s header); ``zero_point`` None: the weight has zeros."""
-    return {"BITS": op.fmt.bits, "N": op.N, "K": op.K, "NP": -(-op.N // N_ALIGN) * N_ALIGN, "QUADS": cfg.quads,
-            "LANES": cfg.lanes, "S": cfg.splits, "PF": cfg.pf, "LDNA": cfg.ldna, "PDL": int(pdl),
+def defines(op: QuantGemv, cfg: SmallMConfig, pdl: bool, zero_point: int | None) -> dict[str, int]:
+    """The kernel's ``-D`` constants (``kernels/gemv_small_m.cu``'s header); ``zero_point`` None: the weight has
+    zeros."""
+    return {"M": op.M, "BITS": op.fmt.bits, "N": op.N, "K": op.K, "NP": -(-op.N // N_ALIGN) * N_ALIGN,
+            "QUADS": cfg.quads, "LANES": cfg.lanes, "S": cfg.splits, "PF": cfg.pf, "LDNA": cfg.ldna, "PDL": int(pdl),
             "HAS_Z": int(zero_point is None), "ZP": zero_point or 0, "X_F16": int(op.dtype is DType.float16),
             "S_BF16": int(op.fmt.scale_dtype is DType.bfloat16), "OUT_KIND": _OUT_KIND[op.result_dtype]}
 
@@ -146,7 +152,7 @@ def _target(device: Device) -> str:
     return f"sm_{major}{minor}" + ("a" if major in (9, 10) else "")
 
 
-def compile(op: QuantGemv, device: Device, config: GemvM1Config | None = None):
+def compile(op: QuantGemv, device: Device, config: SmallMConfig | None = None):
     """``kernel(x, prepared, out)`` for ``op`` on CUDA ``device`` (``prepared``: the triton layout)."""
     import torch
 
@@ -168,7 +174,7 @@ def compile(op: QuantGemv, device: Device, config: GemvM1Config | None = None):
     np_ = consts["NP"]
     buffers = None
     if cfg.splits > 1:
-        buffers = StreamWorkspace(lambda: (torch.zeros(cfg.splits * np_, device=tdev, dtype=torch.float32),
+        buffers = StreamWorkspace(lambda: (torch.zeros(cfg.splits * op.M * np_, device=tdev, dtype=torch.float32),
                                            torch.zeros(-(-op.N // cfg.columns), device=tdev, dtype=torch.int32)),
                                   stream_index(tdev))
 
@@ -176,13 +182,13 @@ def compile(op: QuantGemv, device: Device, config: GemvM1Config | None = None):
         if w.zeros is None and zp is None or w.zeros is not None and zp is not None:
             raise InvalidInputError(f"quant_gemv on cuda: the prepared weight {'lacks' if zp is None else 'has'} "
                                     "zero points but the op's format says otherwise; prepare it for this format")
-        if x.stride(-1) != 1 or x.data_ptr() % 16:
-            x = x.contiguous() if x.stride(-1) != 1 else x.clone()
+        if not x.is_contiguous() or x.data_ptr() % 16:
+            x = x.contiguous() if not x.is_contiguous() else x.clone()
         if w.stride_qk != np_:
             raise InvalidInputError(f"quant_gemv on cuda: the prepared words' row stride is {w.stride_qk}, expected "
                                     f"{np_} for N={op.N}; pass the weight this op was built for")
-        if out.stride(-1) != 1:
-            raise InvalidInputError(f"quant_gemv on cuda: out has stride {tuple(out.stride())}; its row must be "
+        if not out.is_contiguous():
+            raise InvalidInputError(f"quant_gemv on cuda: out has strides {tuple(out.stride())}; it must be "
                                     "contiguous")
         ws, counters = buffers.get() if buffers is not None else (out, out)
         fn(grid, cfg.threads, w.qweight.data_ptr(), w.scales.data_ptr(),
@@ -193,7 +199,7 @@ def compile(op: QuantGemv, device: Device, config: GemvM1Config | None = None):
     return kernel
 
 
-def compile_for_target(op: QuantGemv, target: str, config: GemvM1Config | None = None) -> dict:
+def compile_for_target(op: QuantGemv, target: str, config: SmallMConfig | None = None) -> dict:
     """Lower ``op`` for ``target`` with NVRTC, no device: the cubin and ptxas' report.
 
     Raises:
@@ -205,6 +211,7 @@ def compile_for_target(op: QuantGemv, target: str, config: GemvM1Config | None =
     consts = defines(op, cfg, target != "sm_80", _zero_point(op))
     compiled = nvrtc.compile_source(SOURCE, tuple(consts.items()), TARGETS[target])
     if compiled.spill_bytes:
-        raise BackendError(f"gemv_m1 for {target} with {consts} spills {compiled.spill_bytes} bytes:\n{compiled.log}")
+        raise BackendError(f"gemv_small_m for {target} with {consts} spills {compiled.spill_bytes} bytes:\n"
+                           f"{compiled.log}")
     return {"target": target, "config": cfg, "cubin_bytes": len(compiled.cubin), "registers": compiled.registers,
             "smem_bytes": smem_bytes(op, cfg)}

@@ -1,4 +1,4 @@
-"""The cuda backend's M = 1 GEMV kernel (``backends/cuda/kernels/gemv_m1.cu``) swept over its launch variants.
+"""The cuda backend's M = 1 GEMV kernel (``backends/cuda/kernels/gemv_small_m.cu``) swept over its launch variants.
 
 Written in session 26 to test the claim of gemv_notes.md v10-v14 that the Triton kernels' instruction stream (3.4
 per code at the occupancy their registers allow) is what holds the large shapes at ~80% of the floor and the
@@ -44,7 +44,12 @@ def splits_for(N: int, K: int, quads: int) -> list[int]:
     return [s for s in SPLITS if K % (128 * s) == 0 and (256 <= tiles * s <= 4096 or (s == 1 and tiles >= NUM_SMS))]
 
 
-def variants(bits: int, N: int, K: int) -> list[tuple[int, int, int, int, int]]:
+def shapes_for(M: int) -> tuple:
+    """(bits, N, K) to sweep at M rows: every shape at M = 1, the int4 table's six above it."""
+    return SHAPES if M == 1 else SHAPES[:6]
+
+
+def variants(bits: int, N: int, K: int, M: int = 1) -> list[tuple[int, int, int, int, int]]:
     """(QUADS, LANES, S, PF, LDNA) to time for one shape; LDNA (no-L1 loads with a 256-byte L2 hint) only on the
     PF = 2, 4-lane variants."""
     out = []
@@ -52,35 +57,36 @@ def variants(bits: int, N: int, K: int) -> list[tuple[int, int, int, int, int]]:
         for lanes in LANES[bits]:
             for s in splits_for(N, K, q):
                 for pf in PFS:
-                    if K // 128 // s >= pf:
+                    if K // 128 // s >= pf and smem_bytes(bits, K, q, lanes, s, M) <= 100 * 1024:
                         out.append((q, lanes, s, pf, 0))
                         if pf == 2 and lanes == LANES[bits][1]:
                             out.append((q, lanes, s, pf, 1))
     return out
 
 
-def _op_cfg(bits: int, N: int, K: int, v: tuple):
+def _op_cfg(M: int, bits: int, N: int, K: int, v: tuple):
     from gemv import gemv_op
 
-    from portakern.backends.cuda.quant_gemv import GemvM1Config
+    from portakern.backends.cuda.quant_gemv import SmallMConfig
 
-    return gemv_op(1, N, K, bits=bits), GemvM1Config(*v)
+    return gemv_op(M, N, K, bits=bits), SmallMConfig(*v)
 
 
-def smem_bytes(bits: int, K: int, quads: int, lanes: int, s: int) -> int:
+def smem_bytes(bits: int, K: int, quads: int, lanes: int, s: int, M: int = 1) -> int:
     from portakern.backends.cuda import quant_gemv as C
 
-    return C.smem_bytes(*_op_cfg(bits, 128, K, (quads, lanes, s)))
+    return C.smem_bytes(*_op_cfg(M, bits, 128, K, (quads, lanes, s)))
 
 
 def _compile(job, target: str = "sm_90a"):
-    """(job, Compiled or None, log) for one (bits, N, K, variant): the backend's NVRTC path and ``-D`` constants."""
+    """(job, Compiled or None, log) for one (M, bits, N, K, variant): the backend's NVRTC path and ``-D``
+    constants."""
     from portakern.backends.cuda import nvrtc
     from portakern.backends.cuda import quant_gemv as C
     from portakern.errors import BackendError
 
-    bits, N, K, v = job
-    op, cfg = _op_cfg(bits, N, K, v)
+    M, bits, N, K, v = job
+    op, cfg = _op_cfg(M, bits, N, K, v)
     try:
         c = nvrtc.compile_source(C.SOURCE, tuple(C.defines(op, cfg, True, None).items()), target)
         return job, c, c.log
@@ -89,7 +95,7 @@ def _compile(job, target: str = "sm_90a"):
 
 
 def compile_all(jobs, workers: int = 16) -> dict:
-    """Every (bits, N, K, variant) compiled in parallel processes (before CUDA is initialised here)."""
+    """Every (M, bits, N, K, variant) compiled in parallel processes (before CUDA is initialised here)."""
     with ProcessPoolExecutor(workers) as ex:
         return {job: (compiled, log) for job, compiled, log in ex.map(_compile, jobs)}
 
@@ -99,11 +105,11 @@ class WideGemv:
     bf16, on the current CUDA stream of device 0, under variant ``v``; ``ws`` / ``counters`` the split-K workspace
     and the tiles' arrival counters (zeroed once; the last CTA of a tile resets its counter)."""
 
-    def __init__(self, compiled, bits, N, K, v: tuple, ws, counters, pdl=True):
+    def __init__(self, compiled, M, bits, N, K, v: tuple, ws, counters, pdl=True):
         from portakern.backends.cuda import nvrtc
         from portakern.backends.cuda import quant_gemv as C
 
-        op, cfg = _op_cfg(bits, N, K, v)
+        op, cfg = _op_cfg(M, bits, N, K, v)
         self.fn = nvrtc.Function(compiled, C.ENTRY, 0, C.smem_bytes(op, cfg), pdl)
         self.grid, self.threads = -(-N // cfg.columns) * cfg.splits, cfg.threads
         self.ws, self.counters = ws, counters
@@ -124,21 +130,21 @@ def wide_for_shape(bench_json: str, bits: int, N: int, K: int, NP: int) -> WideG
     if not rows:
         raise ValueError(f"{bench_json} has no bench row for int{bits} {N}x{K}; run --phase bench with that shape")
     v = tuple(int(t) for t in rows[0]["best"].split(","))
-    _, compiled, log = _compile((bits, N, K, v))
+    _, compiled, log = _compile((1, bits, N, K, v))
     if compiled is None:
         raise RuntimeError(log)
     ws = torch.zeros(v[2] * NP, device="cuda", dtype=torch.float32)
     counters = torch.zeros(-(-N // (4 * v[0])), device="cuda", dtype=torch.int32)
-    return WideGemv(compiled, bits, N, K, v, ws, counters)
+    return WideGemv(compiled, 1, bits, N, K, v, ws, counters)
 
 
 def lower() -> int:
-    jobs = [(b, N, K, v) for b, N, K in SHAPES for v in variants(b, N, K)]
+    jobs = [(M, b, N, K, v) for M in (1, 4) for b, N, K in shapes_for(M) for v in variants(b, N, K, M)]
     bad = 0
-    for (b, N, K, v), (compiled, log) in compile_all(jobs).items():
+    for (M, b, N, K, v), (compiled, log) in compile_all(jobs).items():
         r = registers(log) if compiled else None
         bad += compiled is None or bool(r["spill_stores"])
-        print(f"int{b} {N}x{K} quads,lanes,S,PF,ldna={v}: {r if compiled else 'FAILED ' + log}")
+        print(f"M={M} int{b} {N}x{K} quads,lanes,S,PF,ldna={v}: {r if compiled else 'FAILED ' + log}")
     print(f"{len(jobs)} variants, {bad} failed or spilled")
     return 1 if bad else 0
 
@@ -158,61 +164,63 @@ def reference(x, w):
 
 
 @functools.lru_cache(maxsize=None)
-def _buffers(N: int, K: int):
+def _buffers(N: int, K: int, M: int = 1):
     import torch
 
     np_ = -(-N // 128) * 128                 # the words' row stride: the workspace's too
-    return (torch.zeros(max(SPLITS) * np_, device="cuda", dtype=torch.float32),
+    return (torch.zeros(max(SPLITS) * M * np_, device="cuda", dtype=torch.float32),
             torch.zeros(N, device="cuda", dtype=torch.int32))
 
 
-def run(phase: str, res) -> int:
+def run(phase: str, res, M: int = 1) -> int:
     import torch
 
     from experiments.harness import poisoned_errors
     from gemv import copies_for, floor_bytes, gemv_op, graph_us, int8_torch, ours, random_prepared, tinygemm
 
-    jobs = [(b, N, K, v) for b, N, K in SHAPES for v in variants(b, N, K)]
     cubins = res.pop("_cubins")
+    jobs = list(cubins)
     bad = 0
-    for bits, N, K in SHAPES:
-        ws, counters = _buffers(N, K)
+    for bits, N, K in shapes_for(M):
+        ws, counters = _buffers(N, K, M)
         w = random_prepared(N, K, bits, 128, False)
-        x = torch.randn(1, K, device="cuda").to(torch.bfloat16)
+        x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
         ref = reference(x, w)
         kerns = {}
-        for job in [j for j in jobs if j[:3] == (bits, N, K)]:
+        mine = [j for j in jobs if j[:4] == (M, bits, N, K)]
+        for job in mine:
             compiled, log = cubins[job]
-            v = job[3]
-            row = {"bits": bits, "N": N, "K": K, "variant": v, **(registers(log) if compiled else {"error": log})}
+            v = job[4]
+            row = {"M": M, "bits": bits, "N": N, "K": K, "variant": v,
+                   **(registers(log) if compiled else {"error": log})}
             if compiled is not None:
                 counters.zero_()             # a wrong variant must not leave the next one a stale count
-                kern = WideGemv(compiled, bits, N, K, v, ws, counters)
-                out = torch.empty(1, N, device="cuda", dtype=torch.bfloat16)
+                kern = WideGemv(compiled, M, bits, N, K, v, ws, counters)
+                out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
                 errs = poisoned_errors(lambda: kern(x, w, out), out, ref, times=3)
                 row.update(rel_err=errs, ok=max(errs) <= 1e-2)
                 if row["ok"]:
                     kerns[v] = kern
             bad += not row.get("ok", False)
             res["check"].append(row)
-        print(f"int{bits} {N}x{K}: {len(kerns)}/{len([j for j in jobs if j[:3] == (bits, N, K)])} variants correct",
+        print(f"M={M} int{bits} {N}x{K}: {len(kerns)}/{len(mine)} variants correct",
               flush=True)
         if phase != "bench" or not kerns:
             continue
-        op = gemv_op(1, N, K, bits=bits)
+        op = gemv_op(M, N, K, bits=bits)
         fb = floor_bytes(op)
         copies = copies_for(fb)
-        row = {"bits": bits, "N": N, "K": K, "floor_us": fb / (res["copy_TBps"] * 1e12) * 1e6}
+        row = {"M": M, "bits": bits, "N": N, "K": K, "floor_us": fb / (res["copy_TBps"] * 1e12) * 1e6}
         table_fns, _ = ours(op, None, copies)
         row["table_us"] = graph_us(table_fns)
         del table_fns
         if bits == 4:
-            row["tinygemm_us"] = graph_us(tinygemm(1, N, K, 128, copies_for(N * K // 2)))
+            row["tinygemm_us"] = graph_us(tinygemm(M, N, K, 128, copies_for(N * K // 2)))
         else:
-            row["torch_int8_us"] = graph_us(int8_torch(1, N, K, copies_for(N * K)))
+            row["torch_int8_us"] = graph_us(int8_torch(M, N, K, copies_for(N * K)))
         wss = [random_prepared(N, K, bits, 128, False) for _ in range(copies)]
-        xs = [torch.randn(1, K, device="cuda").to(torch.bfloat16) for _ in range(copies)]
-        out = torch.empty(1, N, device="cuda", dtype=torch.bfloat16)
+        xs = [torch.randn(M, K, device="cuda").to(torch.bfloat16) for _ in range(copies)]
+        out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
         row["wide_us"] = {}
         for v, kern in kerns.items():
             row["wide_us"][",".join(map(str, v))] = graph_us([lambda x=x, w=w: kern(x, w, out)
@@ -221,7 +229,7 @@ def run(phase: str, res) -> int:
         row["best"], row["best_us"] = best, row["wide_us"][best]
         res["bench"].append(row)
         peer = row.get("tinygemm_us", row.get("torch_int8_us"))
-        print(f"int{bits} {N}x{K}: floor {row['floor_us']:.2f} table {row['table_us']:.2f} "
+        print(f"M={M} int{bits} {N}x{K}: floor {row['floor_us']:.2f} table {row['table_us']:.2f} "
               f"({row['floor_us'] / row['table_us']:.0%}) wide {row['best_us']:.2f} "
               f"({row['floor_us'] / row['best_us']:.0%}, {best}) peer {peer:.2f} "
               f"-> {peer / row['best_us']:.2f}x", flush=True)
@@ -233,11 +241,16 @@ def run(phase: str, res) -> int:
 def main() -> int:
     from experiments.harness import parse_args
 
-    args = parse_args(__doc__, lambda ap: ap.add_argument("--phase", choices=("lower", "check", "bench"),
-                                                          required=True))
+    def extra(ap):
+        ap.add_argument("--phase", choices=("lower", "check", "bench"), required=True)
+        ap.add_argument("--m", type=int, default=1, choices=(1, 2, 3, 4),
+                        help="rows of x (M > 1: the int4 table's six shapes; the results file is named -m<M>)")
+
+    args = parse_args(__doc__, extra)
     if args.phase == "lower":
         return lower()
-    jobs = [(b, N, K, v) for b, N, K in SHAPES for v in variants(b, N, K)]
+    M = args.m
+    jobs = [(M, b, N, K, v) for b, N, K in shapes_for(M) for v in variants(b, N, K, M)]
     cubins = compile_all(jobs)           # before CUDA is initialised in this process (forked workers)
     import torch
 
@@ -248,12 +261,12 @@ def main() -> int:
     torch.empty(1, device="cuda")        # the primary context current on this thread (the driver API uses it)
     res = header(__doc__, copy_bandwidth_TBps(), check=[], bench=[])
     res["_cubins"] = cubins
-    bad = run(args.phase, res)
-    write(res, args.out, f"gemv-wide-{args.phase}", args.tag)
+    bad = run(args.phase, res, M)
+    write(res, args.out, f"gemv-wide-{args.phase}" + (f"-m{M}" if M > 1 else ""), args.tag)
     print(f"{len(res['check']) - bad}/{len(res['check'])} correct")
     for r in res["bench"]:
         peer = r.get("tinygemm_us", r.get("torch_int8_us"))
-        print(f"| int{r['bits']} {r['N']}x{r['K']} | {r['floor_us']:.2f} | {r['table_us']:.2f} "
+        print(f"| M={r['M']} int{r['bits']} {r['N']}x{r['K']} | {r['floor_us']:.2f} | {r['table_us']:.2f} "
               f"({r['floor_us'] / r['table_us']:.0%}) | {r['best_us']:.2f} ({r['floor_us'] / r['best_us']:.0%}) "
               f"| {r['best']} | {peer / r['best_us']:.2f}x |")
     return 1 if bad else 0

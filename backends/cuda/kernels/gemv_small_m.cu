@@ -1,5 +1,5 @@
-// M = 1 weight-only quantized GEMV (int4 / int8, groups of 128) for the memory-bound regime: the cuda backend's
-// kernel (backends/cuda/quant_gemv.py), compiled by NVRTC per shape and format.
+// Weight-only quantized GEMV for M = 1 to 4 rows (int4 / int8, groups of 128) in the memory-bound regime: the cuda
+// backend's kernel (backends/cuda/quant_gemv.py), compiled by NVRTC per shape and format.
 //
 // Design (benchmarks/gemv_notes.md v26): per code one LOP3 and one FFMA -- the code masked in place and read as an
 // fp32 subnormal, x pre-scaled per code position (the Triton "dq=3" kernels' trick) -- and little else: x is staged
@@ -12,10 +12,11 @@
 // Layout: the triton backend's (backends/triton/gemv_layout.py): words qw (KWP, NP) int32, K-major, EPW = 32 / BITS
 // codes per word, int4 word rows interleaved in blocks of IW = 8 (int8: IW = 1): code e of word row j is column
 // k = (j / IW) * IW * EPW + e * IW + j % IW of K; scales s and zero points z (G, NP), fp16 or bf16 (no z: HAS_Z 0,
-// the constant ZP); x (1, K) bf16 or fp16, 16-byte aligned; out (1, N) bf16, fp16 or fp32.
+// the constant ZP); x (M, K) bf16 or fp16, contiguous and 16-byte aligned; out (M, N) bf16, fp16 or fp32,
+// contiguous. Each thread applies every dequantized code to all M rows of x (M FFMAs per LOP3).
 //
-// Compile-time constants (-D): BITS (4 or 8), N, K, NP (the words' row stride, a multiple of 128 >= N), QUADS
-// (16-byte column quads per CTA: BN = 4 QUADS columns), LANES (row lanes: thread t reads word rows lane,
+// Compile-time constants (-D): M (rows, 1-4), BITS (4 or 8), N, K, NP (the words' row stride, a multiple of 128
+// >= N), QUADS (16-byte column quads per CTA: BN = 4 QUADS columns), LANES (row lanes: thread t reads word rows lane,
 // lane + LANES, ... of its quad), S (K slices), PF (groups of words each thread keeps in flight), PDL (1:
 // programmatic dependent launch -- first weight loads, then griddepcontrol.wait before x is read; sm_90+), HAS_Z,
 // ZP, LDNA (1: weight loads as ld.global.nc.L1::no_allocate.L2::256B), X_F16 (x is fp16, else bf16), S_BF16
@@ -47,6 +48,7 @@ static_assert(K % (128 * S) == 0, "each slice holds whole groups of 128");
 static_assert(NP % BN == 0 && NP >= N, "the words' row stride covers every column tile");
 static_assert(GROUP_ROWS % LANES == 0, "row lanes must divide a group's word rows");
 static_assert(BITS == 4 || BITS == 8, "int4 or int8 codes");
+static_assert(M >= 1 && M <= 4, "1 to 4 rows of x");
 
 // -- conversions (16-bit floats as raw bits; fp16 through PTX)
 __device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
@@ -135,31 +137,35 @@ __device__ __forceinline__ void load_group(Group& out, const uint4* qw4, const u
 #endif
 }
 
-// One group of one thread: RPG rows x 4 columns of products (q x 2^-64), then the group's scale and zero:
-// res[c] += s_c (sum q x - z_c sum x).
+// One group of one thread: RPG word rows x 4 columns x M rows of x of products (q x 2^-64), then the group's
+// scale and zero: res[c][r] += s_c (sum q x_r - z_c sum x_r).
 __device__ __forceinline__ void group_products(const Group& cur, const float* xs, const float* xrow, u32 g,
-                                               u32 lane, float res[4]) {
-    float aq[4] = {0.f, 0.f, 0.f, 0.f};
-    float xg = 0.f;
+                                               u32 lane, float res[4][M]) {
+    float aq[4][M] = {};
+    float xg[M] = {};
 #pragma unroll
     for (int m = 0; m < RPG; ++m) {
         const u32 j = g * GROUP_ROWS + lane + LANES * m;
-        const float4* xr = reinterpret_cast<const float4*>(xs + j * EPW);
-        float xv[EPW];
+        float xv[M][EPW];
 #pragma unroll
-        for (int v = 0; v < EPW / 4; ++v) {
-            const float4 q = xr[v];
-            xv[4 * v] = q.x, xv[4 * v + 1] = q.y, xv[4 * v + 2] = q.z, xv[4 * v + 3] = q.w;
+        for (int r = 0; r < M; ++r) {
+            const float4* xr = reinterpret_cast<const float4*>(xs + r * KS + j * EPW);
+#pragma unroll
+            for (int v = 0; v < EPW / 4; ++v) {
+                const float4 q = xr[v];
+                xv[r][4 * v] = q.x, xv[r][4 * v + 1] = q.y, xv[r][4 * v + 2] = q.z, xv[r][4 * v + 3] = q.w;
+            }
+            xg[r] += xrow[r * ROWS + j];
         }
-        xg += xrow[j];
         const u32 wc[4] = {cur.w[m].x, cur.w[m].y, cur.w[m].z, cur.w[m].w};
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
             const u32 lo = wc[c], hi = wc[c] >> 16;
 #pragma unroll
             for (int e = 0; e < EPW; ++e) {
-                const u32 bits = (low_half(e) ? lo : hi) & (((1u << BITS) - 1u) << code_shift(e));
-                aq[c] = fmaf(__uint_as_float(bits), xv[e], aq[c]);
+                const float q = __uint_as_float((low_half(e) ? lo : hi) & (((1u << BITS) - 1u) << code_shift(e)));
+#pragma unroll
+                for (int r = 0; r < M; ++r) aq[c][r] = fmaf(q, xv[r][e], aq[c][r]);
             }
         }
     }
@@ -175,17 +181,18 @@ __device__ __forceinline__ void group_products(const Group& cur, const float* xs
 #else
         const float zc = (float)ZP;
 #endif
-        res[c] = fmaf(sc, fmaf(aq[c], 0x1p64f, -zc * xg), res[c]);
+#pragma unroll
+        for (int r = 0; r < M; ++r) res[c][r] = fmaf(sc, fmaf(aq[c][r], 0x1p64f, -zc * xg[r]), res[c][r]);
     }
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
-gemv_m1(const int* __restrict__ qw, const u16* __restrict__ s, const u16* __restrict__ z,
+gemv_small_m(const int* __restrict__ qw, const u16* __restrict__ s, const u16* __restrict__ z,
         const u16* __restrict__ x, out_t* __restrict__ out, float* __restrict__ ws, u32* __restrict__ counters) {
     PK_DYNAMIC_SHARED(float4, smem4);
-    float* xs = reinterpret_cast<float*>(smem4);   // [KS]: x of the slice, pre-scaled, in word-row order
-    float* xrow = xs + KS;                          // [ROWS]: per word row, the sum of its x (unscaled)
-    float* red = xrow + ROWS;                       // [LANES][BN]: the row lanes' partial columns
+    float* xs = reinterpret_cast<float*>(smem4);   // [M][KS]: x of the slice, pre-scaled, in word-row order
+    float* xrow = xs + M * KS;                      // [M][ROWS]: per word row, the sum of its x (unscaled)
+    float* red = xrow + M * ROWS;                   // [LANES][M][BN]: the row lanes' partial columns
     PK_SHARED(u32, last);
 
     const u32 t = threadIdx.x, quad = t % QUADS, lane = t / QUADS;
@@ -210,33 +217,34 @@ gemv_m1(const int* __restrict__ qw, const u16* __restrict__ s, const u16* __rest
     //    the 8 rows of an interleave block at one code position, for int8 one row's 4 codes), then each word
     //    row's plain sum from the staged values (the scales are powers of two: exact)
 #if BITS == 4
-    const uint4* x4 = reinterpret_cast<const uint4*>(x + slice * KS);
 #pragma unroll 4
-    for (u32 i = t; i < KS / 8; i += THREADS) {          // i = block * 8 + e: rows block * 8 .. + 7, position e
-        const uint4 v = __ldg(x4 + i);
-        const u32 blk = i / 8, e = i % 8;
+    for (u32 i = t; i < M * (KS / 8); i += THREADS) {    // i = (r, block * 8 + e): rows block * 8 .. + 7, position e
+        const u32 r = i / (KS / 8), ib = i % (KS / 8);
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + (size_t)r * K + slice * KS) + ib);
+        const u32 blk = ib / 8, e = ib % 8;
         const u32 h[4] = {v.x, v.y, v.z, v.w};
         const float sc = x_scale(e);
 #pragma unroll
-        for (int r = 0; r < 8; ++r)
-            xs[(blk * 8 + r) * EPW + e] = X_TO_F32((u16)(h[r / 2] >> (16 * (r % 2)))) * sc;
+        for (int q = 0; q < 8; ++q)
+            xs[r * KS + (blk * 8 + q) * EPW + e] = X_TO_F32((u16)(h[q / 2] >> (16 * (q % 2)))) * sc;
     }
 #else
-    const uint2* x2 = reinterpret_cast<const uint2*>(x + slice * KS);
 #pragma unroll 4
-    for (u32 j = t; j < ROWS; j += THREADS) {
-        const uint2 v = __ldg(x2 + j);
+    for (u32 i = t; i < M * ROWS; i += THREADS) {        // i = (r, word row j)
+        const u32 r = i / ROWS, j = i % ROWS;
+        const uint2 v = __ldg(reinterpret_cast<const uint2*>(x + (size_t)r * K + slice * KS) + j);
         const u32 h[2] = {v.x, v.y};
 #pragma unroll
-        for (int e = 0; e < 4; ++e) xs[j * EPW + e] = X_TO_F32((u16)(h[e / 2] >> (16 * (e % 2)))) * x_scale(e);
+        for (int e = 0; e < 4; ++e)
+            xs[r * KS + j * EPW + e] = X_TO_F32((u16)(h[e / 2] >> (16 * (e % 2)))) * x_scale(e);
     }
 #endif
     __syncthreads();
-    for (u32 j = t; j < ROWS; j += THREADS) {
+    for (u32 i = t; i < M * ROWS; i += THREADS) {
         float sum = 0.f;
 #pragma unroll
-        for (int e = 0; e < EPW; ++e) sum += xs[j * EPW + e] * __uint_as_float((u32)(127 - 85 + code_shift(e)) << 23);
-        xrow[j] = sum;
+        for (int e = 0; e < EPW; ++e) sum += xs[i * EPW + e] * __uint_as_float((u32)(127 - 85 + code_shift(e)) << 23);
+        xrow[i] = sum;                                 // i = r * ROWS + j: xs row r starts at r * KS = r * ROWS * EPW
     }
     __syncthreads();
 #if PDL && !defined(PK_HOST)
@@ -244,7 +252,7 @@ gemv_m1(const int* __restrict__ qw, const u16* __restrict__ s, const u16* __rest
 #endif
 
     // -- phase 3: the groups of the slice, PF in flight: consume buffer p, refill it PF groups ahead
-    float res[4] = {0.f, 0.f, 0.f, 0.f};
+    float res[4][M] = {};
     for (u32 g0 = 0; g0 < GROUPS; g0 += PF) {
 #pragma unroll
         for (int p = 0; p < PF; ++p) {
@@ -259,21 +267,25 @@ gemv_m1(const int* __restrict__ qw, const u16* __restrict__ s, const u16* __rest
     // -- phase 4: the row lanes' sums in lane order, then this slice's columns: written directly (S = 1), or
     //    to the workspace, and the last slice of the tile to arrive adds all S in slice order
 #pragma unroll
-    for (int c = 0; c < 4; ++c) red[lane * BN + quad * 4 + c] = res[c];
+    for (int c = 0; c < 4; ++c)
+#pragma unroll
+        for (int r = 0; r < M; ++r) red[(lane * M + r) * BN + quad * 4 + c] = res[c][r];
     __syncthreads();
 #if S == 1
-    for (u32 col = t; col < BN; col += THREADS) {
+    for (u32 i = t; i < M * BN; i += THREADS) {          // i = (r, col)
+        const u32 r = i / BN, col = i % BN;
         float part = 0.f;
 #pragma unroll
-        for (int l = 0; l < LANES; ++l) part += red[l * BN + col];
-        if (tile * BN + col < N) out[tile * BN + col] = to_out(part);
+        for (int l = 0; l < LANES; ++l) part += red[(l * M + r) * BN + col];
+        if (tile * BN + col < N) out[(size_t)r * N + tile * BN + col] = to_out(part);
     }
 #else
-    for (u32 col = t; col < BN; col += THREADS) {
+    for (u32 i = t; i < M * BN; i += THREADS) {
+        const u32 r = i / BN, col = i % BN;
         float part = 0.f;
 #pragma unroll
-        for (int l = 0; l < LANES; ++l) part += red[l * BN + col];
-        ws[slice * NP + tile * BN + col] = part;
+        for (int l = 0; l < LANES; ++l) part += red[(l * M + r) * BN + col];
+        ws[(size_t)(slice * M + r) * NP + tile * BN + col] = part;
     }
     __threadfence();
     __syncthreads();
@@ -281,11 +293,12 @@ gemv_m1(const int* __restrict__ qw, const u16* __restrict__ s, const u16* __rest
     __syncthreads();
     if (last) {
         __threadfence();
-        for (u32 col = t; col < BN; col += THREADS) {
+        for (u32 i = t; i < M * BN; i += THREADS) {
+            const u32 r = i / BN, col = i % BN;
             float acc = 0.f;
 #pragma unroll 4
-            for (u32 q = 0; q < S; ++q) acc += __ldcg(ws + q * NP + tile * BN + col);
-            if (tile * BN + col < N) out[tile * BN + col] = to_out(acc);
+            for (u32 q = 0; q < S; ++q) acc += __ldcg(ws + (size_t)(q * M + r) * NP + tile * BN + col);
+            if (tile * BN + col < N) out[(size_t)r * N + tile * BN + col] = to_out(acc);
         }
         if (t == 0) counters[tile] = 0u;           // ready for the next launch
     }
