@@ -1,11 +1,11 @@
 """The cuda backend (``backends/cuda``: CUDA C compiled by NVRTC) off the GPU: what it accepts and why it refuses,
 its launch rule, its ``-D`` constants per format, its lowering for every target (NVRTC from the package index: no
-GPU, no toolkit), and the prepared weight it shares with the triton backend. The kernel's index maps and
-arithmetic are checked in numpy by ``test_gemv_wide_experiment.py``; its values on the hardware by the GPU tests
-below (skipped without a CUDA device) and by conformance on a GPU.
+GPU, no toolkit), the prepared weight it shares with the triton backend, and the kernel's own CUDA C run on the
+CPU (``host_run``) against float64. Its values on the hardware: the GPU tests at the end (skipped without a CUDA
+device) and conformance on a GPU.
 
-Without cuda-bindings / NVRTC these tests skip on a developer's machine but fail under ``CI`` (scripts/setup.sh
-installs ``portakern[cuda]``), so CI cannot go green by skipping them."""
+Without cuda-bindings / NVRTC or a host C++ compiler these tests skip on a developer's machine but fail under ``CI``
+(scripts/setup.sh installs ``portakern[cuda]``; the machine has g++), so CI cannot go green by skipping them."""
 
 from __future__ import annotations
 
