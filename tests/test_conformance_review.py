@@ -403,7 +403,8 @@ def test_test_sh_conformance_steps_show_progress(tmp_path):
                        env={k: v for k, v in os.environ.items() if k != "PORTAKERN_SKIP_SLOW_CONFORMANCE"})
     calls = (tmp_path / "calls").read_text().splitlines()
     assert r.returncode == 0, r.stderr
-    assert len(calls) == 4 and all(c.startswith("conformance") for c in calls), calls   # triton x2, opencl x2
+    assert len(calls) == 5 and all(c.startswith("conformance") for c in calls), calls   # triton x2, cuda, opencl x2
+    assert any("--backend cuda --compile-only" in c for c in calls), calls
     assert any("--backend opencl --device opencl:0" in c for c in calls), calls
     assert any("--backend opencl --device cpu" in c for c in calls), calls
     assert not any("--no-progress" in c for c in calls), calls
