@@ -300,3 +300,43 @@ def test_gpu_graph_replays_with_new_inputs():
         torch.cuda.synchronize()
         ref = _float64(x, w)
         assert np.abs(out.double().cpu().numpy() - ref).max() / np.abs(ref).max() < 1e-2
+
+
+# -- the measured table ----------------------------------------------------------------------------------
+
+def test_choose_takes_a_measured_entry_and_the_hook_ranks_only_wins(C, backend, monkeypatch):
+    from portakern.backends import cuda as plugin
+    from portakern.backends.cuda import gemv_table
+
+    op = gemv(N=4096, K=14336)
+    rule = C.choose(op, 132, (9, 0))
+    assert plugin.portakern_backend_priority(backend, op, H200) is None          # unmeasured: the class priority
+    monkeypatch.setitem(gemv_table.TABLE, ("sm_90", 1, 4, 4096, 14336), (16, 8, 7, 1, 1, False))
+    assert C.choose(op, 132, (9, 0)) == C.SmallMConfig(16, 8, 7, 1, 1) != rule
+    assert C.choose(op, 132, (10, 0)) == rule                                     # another family: the rule
+    assert plugin.portakern_backend_priority(backend, op, H200) is None          # measured, but not ahead
+    monkeypatch.setitem(gemv_table.TABLE, ("sm_90", 1, 4, 4096, 14336), (16, 8, 7, 1, 1, True))
+    assert plugin.portakern_backend_priority(backend, op, H200) == plugin.MEASURED_WIN_PRIORITY > 100
+    assert plugin.portakern_backend_priority(backend, gemv(N=4096, K=4096), H200) is None
+
+
+def test_write_table_from_a_sweep(tmp_path):
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from experiments import gemv_wide
+
+    res = {"capability": [9, 0], "bench": [
+        {"M": 1, "bits": 4, "N": 4096, "K": 4096, "best": "32,4,8,2,0", "best_us": 4.0, "table_us": 6.3},
+        {"M": 4, "bits": 4, "N": 8192, "K": 8192, "best": "16,8,4,1,1", "best_us": 20.0, "table_us": 20.1}]}
+    (tmp_path / "bench.json").write_text(json.dumps(res))
+    out = gemv_wide.write_table([str(tmp_path / "bench.json")], out=str(tmp_path / "gemv_table.py"))
+    ns: dict = {}
+    exec(Path(out).read_text(), ns)
+    assert ns["TABLE"] == {("sm_90", 1, 4, 4096, 4096): (32, 4, 8, 2, 0, True),
+                           ("sm_90", 4, 4, 8192, 8192): (16, 8, 4, 1, 1, False)}     # 20.0 is not 2% under 20.1
+    (tmp_path / "old.json").write_text(json.dumps({"bench": []}))
+    with pytest.raises(ValueError, match="records no GPU capability"):
+        gemv_wide.write_table([str(tmp_path / "old.json")], out=str(tmp_path / "x.py"))

@@ -10,3 +10,18 @@ from .backend import CudaBackend
 @hookimpl
 def portakern_register_backends():
     return [CudaBackend()]
+
+
+#: rank of the cuda backend for problems its measured table says it runs faster than triton (triton: 100)
+MEASURED_WIN_PRIORITY = 110
+
+
+@hookimpl
+def portakern_backend_priority(backend, op, device):
+    # above triton only where a GPU sweep of this family measured the problem faster (gemv_table)
+    if backend.name != CudaBackend.name or getattr(op, "kind", None) != "quant_gemv" or device.type != "cuda":
+        return None
+    from .quant_gemv import table_entry
+
+    entry = table_entry(op, device.capability)
+    return MEASURED_WIN_PRIORITY if entry is not None and entry[5] else None

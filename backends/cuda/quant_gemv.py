@@ -8,10 +8,11 @@ backend serves both (``CudaBackend.weight_layout``). Per code one LOP3 and one F
 shared memory; small CTAs, many per SM; split K merged by the last CTA of a column tile in slice order
 (deterministic). Compiled by NVRTC per shape and format (``nvrtc.py``).
 
-The launch configuration (``choose``) is a rule, not yet a measured table: the kernel has not run on a GPU (its
-CUDA C runs on the CPU in CI, ``host_run.py``, against float64; ``benchmarks/gemv_notes.md`` v26;
-``benchmarks/experiments/gemv_wide.py`` sweeps its variants against the triton table), so the backend ranks below
-triton (``CudaBackend.priority``) and serves when named or when the "fastest" policy measures it ahead.
+The launch configuration (``choose``) comes from ``gemv_table`` where a GPU sweep measured the problem
+(``benchmarks/experiments/gemv_wide.py --write-table``), else from a rule. The table is empty until the kernel's
+first GPU run (its CUDA C runs on the CPU in CI, ``host_run.py``, against float64; ``benchmarks/gemv_notes.md``
+v26), so for now the backend ranks below triton (``CudaBackend.priority``) everywhere and serves when named or when
+the "fastest" policy measures it ahead; the priority hook ranks it above triton where its table entry won.
 
 CUDA-graph contract: the first call of a signature compiles and loads the kernel and, when K is split, makes the
 fp32 workspace and arrival counters of its stream (``portakern.stream_workspace``; the kernel resets the counters
@@ -103,11 +104,28 @@ def supports(op: QuantGemv, device: Device) -> Support:
     return YES
 
 
-def choose(op: QuantGemv, num_sms: int) -> SmallMConfig:
-    """The launch configuration for ``op`` on a GPU of ``num_sms`` multiprocessors: 128-column CTAs (64 below
-    N = 4096), 4 row lanes for int4 and 8 for int8, two groups in flight, and the fewest K slices that give every
-    multiprocessor two CTAs (slices hold whole groups, and each CTA's slice of x fits ``SMEM_PER_CTA``). A rule
-    until the variants are measured (module docstring)."""
+def family(capability: tuple[int, int]) -> str:
+    """The GPU family a measured configuration applies to: "sm_90" for (9, 0), "sm_100" for (10, 0), ..."""
+    return f"sm_{capability[0]}{capability[1]}"
+
+
+def table_entry(op: QuantGemv, capability: tuple[int, int] | None):
+    """``gemv_table.TABLE``'s entry for ``op`` on a GPU of ``capability`` (None when unmeasured)."""
+    from .gemv_table import TABLE
+
+    if capability is None:
+        return None
+    return TABLE.get((family(capability), op.M, op.fmt.bits, op.N, op.K))
+
+
+def choose(op: QuantGemv, num_sms: int, capability: tuple[int, int] | None = None) -> SmallMConfig:
+    """The launch configuration for ``op`` on a GPU of ``num_sms`` multiprocessors and ``capability``: the measured
+    one from ``gemv_table`` when the problem has an entry; else the rule -- 128-column CTAs (64 below N = 4096), 4
+    row lanes for int4 and 8 for int8, two groups in flight, and the fewest K slices that give every multiprocessor
+    two CTAs (slices hold whole groups, and each CTA's slice of x fits ``SMEM_PER_CTA``)."""
+    entry = table_entry(op, capability)
+    if entry is not None:
+        return SmallMConfig(*entry[:5])
     quads, lanes = _tile(op)
     fits = _fitting_splits(op, quads, lanes)
     if not fits:
@@ -149,6 +167,11 @@ def _zero_point(op: QuantGemv) -> int | None:
     return int(op.fmt.zero_point) if op.fmt.symmetric else None
 
 
+def _capability(target: str) -> tuple[int, int]:
+    digits = target[3:].rstrip("af")
+    return int(digits[:-1]), int(digits[-1])
+
+
 def _target(device: Device) -> str:
     major, minor = device.capability
     return f"sm_{major}{minor}" + ("a" if major in (9, 10) else "")
@@ -164,7 +187,7 @@ def compile(op: QuantGemv, device: Device, config: SmallMConfig | None = None):
     if N_ALIGN_WORDS != N_ALIGN:
         raise AssertionError(f"the triton layout's row stride alignment is {N_ALIGN_WORDS}, this kernel's {N_ALIGN}")
     props = torch.cuda.get_device_properties(device.index or 0)
-    cfg = config or choose(op, props.multi_processor_count)
+    cfg = config or choose(op, props.multi_processor_count, device.capability)
     pdl = device.capability >= (9, 0)
     zp = _zero_point(op)
     consts = defines(op, cfg, pdl, zp)
@@ -210,7 +233,7 @@ def compile_for_target(op: QuantGemv, target: str, config: SmallMConfig | None =
       spills a register or two, 4-8 bytes, in a few M = 2 configurations, which stay in L1)."""
     from portakern.errors import BackendError
 
-    cfg = config or choose(op, DEFAULT_SMS[target])
+    cfg = config or choose(op, DEFAULT_SMS[target], _capability(target))
     consts = defines(op, cfg, target != "sm_80", _zero_point(op))
     compiled = nvrtc.compile_source(SOURCE, tuple(consts.items()), TARGETS[target])
     if compiled.spill_bytes > MAX_SPILL_BYTES:

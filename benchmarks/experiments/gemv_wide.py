@@ -11,6 +11,7 @@ order. Compiled by NVRTC and launched through the driver API as a programmatic d
     python benchmarks/experiments/gemv_wide.py --phase lower   # no GPU: every variant to sm_90a, registers, spills
     python benchmarks/experiments/gemv_wide.py --phase check   # GPU: every variant against float64 (NaN-poisoned)
     python benchmarks/experiments/gemv_wide.py --phase bench   # GPU: check, then time beside the table and tinygemm
+    python benchmarks/experiments/gemv_wide.py --phase write-table --from RESULTS.json ...   # the backend's table
 
 The bench times each variant in CUDA graphs over weights rotated past 4x the L2, in the same process as the
 table's Triton kernel and tinygemm, and prints the best variant per shape against both and the floor.
@@ -138,6 +139,42 @@ def wide_for_shape(bench_json: str, bits: int, N: int, K: int, NP: int) -> WideG
     return WideGemv(compiled, 1, bits, N, K, v, ws, counters)
 
 
+#: how much faster than the triton table (same process) a variant must time for the table to rank cuda first
+WIN_MARGIN = 0.98
+
+
+def write_table(paths: list[str], out: str | None = None) -> str:
+    """``backends/cuda/gemv_table.py`` rewritten from the ``gemv-wide-bench*.json`` files ``paths``: per (family,
+    M, bits, N, K) the fastest variant and whether it timed under ``WIN_MARGIN`` x the triton table's time in the
+    same run (a later file's row replaces an earlier one's). Returns the path written."""
+    import json
+
+    from portakern.backends.cuda import gemv_table
+
+    table = dict(gemv_table.TABLE)
+    for path in paths:
+        res = json.load(open(path))
+        if "capability" not in res:
+            raise ValueError(f"{path} records no GPU capability (written before --write-table existed); re-run the "
+                             "sweep")
+        fam = "sm_{}{}".format(*res["capability"])
+        for r in res["bench"]:
+            v = tuple(int(t) for t in r["best"].split(","))
+            table[(fam, r.get("M", 1), r["bits"], r["N"], r["K"])] = (*v, r["best_us"] <= WIN_MARGIN * r["table_us"])
+    src = open(gemv_table.__file__).read()
+    head = src[:src.index("#: (family, M, bits, N, K)")]
+    lines = [f"    {k!r}: {v!r}," for k, v in sorted(table.items())]
+    body = ("#: (family, M, bits, N, K) -> (quads, lanes, splits, pf, ldna, beats_triton); family as "
+            "``quant_gemv.family``\n"
+            "TABLE: dict[tuple[str, int, int, int, int], tuple[int, int, int, int, int, bool]] = {"
+            + ("\n" + "\n".join(lines) + "\n" if lines else "") + "}\n")
+    path = out or gemv_table.__file__
+    with open(path, "w") as f:
+        f.write(head + body)
+    print(f"{path}: {len(table)} entries, {sum(v[5] for v in table.values())} ahead of triton")
+    return path
+
+
 def lower() -> int:
     jobs = [(M, b, N, K, v) for M in (1, 4) for b, N, K in shapes_for(M) for v in variants(b, N, K, M)]
     bad = 0
@@ -242,13 +279,20 @@ def main() -> int:
     from experiments.harness import parse_args
 
     def extra(ap):
-        ap.add_argument("--phase", choices=("lower", "check", "bench"), required=True)
+        ap.add_argument("--phase", choices=("lower", "check", "bench", "write-table"), required=True)
+        ap.add_argument("--from", dest="sources", nargs="+", default=[], metavar="JSON",
+                        help="--phase write-table: the gemv-wide-bench JSON files to take the table from")
         ap.add_argument("--m", type=int, default=1, choices=(1, 2, 3, 4),
                         help="rows of x (M > 1: the int4 table's six shapes; the results file is named -m<M>)")
 
     args = parse_args(__doc__, extra)
     if args.phase == "lower":
         return lower()
+    if args.phase == "write-table":
+        if not args.sources:
+            raise SystemExit("--phase write-table needs --from JSON [JSON ...] (gemv-wide-bench files)")
+        write_table(args.sources)
+        return 0
     M = args.m
     jobs = [(M, b, N, K, v) for b, N, K in shapes_for(M) for v in variants(b, N, K, M)]
     cubins = compile_all(jobs)           # before CUDA is initialised in this process (forked workers)
@@ -260,6 +304,7 @@ def main() -> int:
     torch.cuda.init()
     torch.empty(1, device="cuda")        # the primary context current on this thread (the driver API uses it)
     res = header(__doc__, copy_bandwidth_TBps(), check=[], bench=[])
+    res["capability"] = list(torch.cuda.get_device_capability(0))
     res["_cubins"] = cubins
     bad = run(args.phase, res, M)
     write(res, args.out, f"gemv-wide-{args.phase}" + (f"-m{M}" if M > 1 else ""), args.tag)
