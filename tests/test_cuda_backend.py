@@ -340,3 +340,54 @@ def test_write_table_from_a_sweep(tmp_path):
     (tmp_path / "old.json").write_text(json.dumps({"bench": []}))
     with pytest.raises(ValueError, match="records no GPU capability"):
         gemv_wide.write_table([str(tmp_path / "old.json")], out=str(tmp_path / "x.py"))
+
+
+# -- the host wrapper, with the launch recorded instead of run ----------------------------------------------
+
+def test_wrapper_checks_and_launch_geometry_without_a_gpu(C, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from portakern.backends.cuda import nvrtc
+    from portakern.backends.triton.gemv_layout import prepare_weight
+    from portakern.errors import InvalidInputError
+
+    launches = []
+
+    class Recorder:
+        def __init__(self, compiled, entry, index, smem, pdl):
+            self.entry, self.smem, self.pdl = entry, smem, pdl
+
+        def __call__(self, grid, threads, *ptrs):
+            launches.append((grid, threads, ptrs))
+
+    monkeypatch.setattr(nvrtc, "Function", Recorder)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(multi_processor_count=132))
+    N, K = 1000, 1024
+    w = portakern.quantize(np.random.default_rng(0).standard_normal((N, K)).astype(np.float32), bits=4,
+                           group_size=128)
+    cpu = Device("cpu", None, arch="x86_64", name="cpu")
+    pw = prepare_weight(None, w, cpu)
+    op = QuantGemv(M=1, N=N, K=K, dtype=DType.bfloat16, fmt=w.fmt)
+    cfg = C.SmallMConfig(16, 4, 1, 2)                    # one slice: no per-stream workspace (that needs CUDA)
+    kern = C.compile(op, H200, cfg)
+    assert kern.config == cfg
+    x = torch.randn(1, K).to(torch.bfloat16)
+    out = torch.empty(1, N, dtype=torch.bfloat16)
+    kern(x, pw, out)
+    grid, threads, ptrs = launches[-1]
+    assert (grid, threads) == (-(-N // 64), 64)          # 16 tiles of 64 columns, the last one masked
+    assert ptrs[:5] == (pw.qweight.data_ptr(), pw.scales.data_ptr(), pw.zeros.data_ptr(), x.data_ptr(),
+                        out.data_ptr())
+    strided = torch.randn(1, 2 * K).to(torch.bfloat16)[:, ::2]
+    kern(strided, pw, out)                               # not contiguous: a contiguous copy is launched
+    assert launches[-1][2][3] != strided.data_ptr()
+    with pytest.raises(InvalidInputError, match="out has strides"):
+        kern(x, pw, torch.empty(1, 2 * N, dtype=torch.bfloat16)[:, ::2])
+    sym = prepare_weight(None, portakern.quantize(np.ones((N, K), np.float32), bits=4, group_size=128,
+                                                  symmetric=True), cpu)
+    with pytest.raises(InvalidInputError, match="lacks zero points"):
+        kern(x, sym, out)
+    other = prepare_weight(None, portakern.quantize(np.ones((1200, K), np.float32), bits=4, group_size=128), cpu)
+    with pytest.raises(InvalidInputError, match="row stride is 1280, expected 1024"):
+        kern(x, other, out)
