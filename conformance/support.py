@@ -129,7 +129,8 @@ def generate_markdown(builtin_only: bool = True) -> str:
         "machine (`portakern conformance`) says what passes there. Answers of the `triton` backend need",
         "torch and triton importable (the `[triton]` extra); without them every triton cell is 0. Answers of the",
         "`opencl` backend need pyopencl and an OpenCL device (the `[opencl]` extra brings PoCL); its `cpu` columns",
-        "are host arrays with `backend=\"opencl\"` (copied to the OpenCL device).",
+        "are host arrays with `backend=\"opencl\"` (copied to the OpenCL device). Answers of the `cuda` backend",
+        "need cuda-bindings and NVRTC (the `[cuda]` extra); it runs on NVIDIA GPUs only, so its `cpu` columns are 0.",
         "",
         "Devices: " + "; ".join(f"**{c.label}**: `{c.device.type}` arch `{c.device.arch}`"
                                 + (f", capability {c.device.capability}" if c.device.capability else "")
