@@ -21,8 +21,9 @@
 #                   beside the table's kernel and tinygemm (session 16: built, not yet run)
 #   cuda-tests      tests/test_cuda_backend.py: the cuda backend's GPU value and graph tests with the rest of the file
 #   cuda-conformance  the cuda backend on cuda:0, gpu tier (its M = 1 GEMV cases; the rest unsupported)
-#   gemv-wide       benchmarks/experiments/gemv_wide.py (CUDA C, NVRTC): the M=1 int4 / int8 GEMV with small CTAs and
-#                   x staged per CTA, every variant against float64, then timed beside the table and tinygemm
+#   gemv-wide       benchmarks/experiments/gemv_wide.py: the cuda backend's GEMV kernel (CUDA C, NVRTC) at M=1 over
+#                   687 launch variants, each against float64, then timed beside the triton table and tinygemm
+#                   (afterwards: gemv_wide.py --phase write-table --from <its JSON> writes backends/cuda/gemv_table.py)
 #   gemv-wide-m4    the same at M = 4 on the int4 table's six shapes (317 variants)
 #   decode-step-wide  the step at ctx 2048 with o + down, and with every linear, on the gemv-wide kernel (the variant
 #                   fastest per shape in $RES/gemv-wide-bench-*.json: run gemv-wide first), logits compared; no peers
