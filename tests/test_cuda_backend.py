@@ -309,7 +309,8 @@ def test_choose_takes_a_measured_entry_and_the_hook_ranks_only_wins(C, backend, 
     from portakern.backends.cuda import gemv_table
 
     op = gemv(N=4096, K=14336)
-    rule = C.choose(op, 132, (9, 0))
+    rule = C.choose(op, 132)                                                      # no family: the rule
+    monkeypatch.delitem(gemv_table.TABLE, ("sm_90", 1, 4, 4096, 14336), raising=False)
     assert plugin.portakern_backend_priority(backend, op, H200) is None          # unmeasured: the class priority
     monkeypatch.setitem(gemv_table.TABLE, ("sm_90", 1, 4, 4096, 14336), (16, 8, 7, 1, 1, False))
     assert C.choose(op, 132, (9, 0)) == C.SmallMConfig(16, 8, 7, 1, 1) != rule
@@ -317,14 +318,32 @@ def test_choose_takes_a_measured_entry_and_the_hook_ranks_only_wins(C, backend, 
     assert plugin.portakern_backend_priority(backend, op, H200) is None          # measured, but not ahead
     monkeypatch.setitem(gemv_table.TABLE, ("sm_90", 1, 4, 4096, 14336), (16, 8, 7, 1, 1, True))
     assert plugin.portakern_backend_priority(backend, op, H200) == plugin.MEASURED_WIN_PRIORITY > 100
+    monkeypatch.delitem(gemv_table.TABLE, ("sm_90", 1, 4, 4096, 4096), raising=False)
     assert plugin.portakern_backend_priority(backend, gemv(N=4096, K=4096), H200) is None
 
 
-def test_write_table_from_a_sweep(tmp_path):
+def test_the_committed_table_ranks_cuda_first_only_where_it_measured_ahead(backend):
+    # gemv_table.py as written from the session-26 H100 sweep: cuda above triton on the large M = 1 shapes, never at
+    # M = 4 (the triton tensor-core kernel stays ahead there) nor where it lost (4096 x 4096)
+    from portakern.backends import cuda as plugin
+    from portakern.backends.cuda.gemv_table import TABLE
+
+    for (fam, M, bits, N, K), entry in TABLE.items():
+        op = gemv(M=M, N=N, K=K, bits=bits)
+        dev = Device("cuda", 0, arch=fam, name=fam, capability=(int(fam[3:-1]), int(fam[-1])), warp_size=32)
+        want = plugin.MEASURED_WIN_PRIORITY if entry[5] else None
+        assert plugin.portakern_backend_priority(backend, op, dev) == want
+        assert not (M > 1 and entry[5])
+
+
+def test_write_table_from_a_sweep(tmp_path, monkeypatch):
     import json
     import sys
     from pathlib import Path
 
+    from portakern.backends.cuda import gemv_table
+
+    monkeypatch.setattr(gemv_table, "TABLE", {})       # the writer merges into the committed entries
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from experiments import gemv_wide
 

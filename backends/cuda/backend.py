@@ -19,9 +19,10 @@ def _version() -> str:
 class CudaBackend(Backend):
     """CUDA C kernels compiled at run time by NVRTC, for NVIDIA GPUs (sm_80 and newer).
 
-    So far one op: ``quant_gemv`` at M = 1 to 4 (``quant_gemv.py``), on the triton backend's weight layout. Its launch
-    configuration is not yet measured, so it ranks below triton: it serves when asked by name
-    (``backend="cuda"``) or when ``use_policy("fastest")`` measures it ahead.
+    So far one op: ``quant_gemv`` at M = 1 to 4 (``quant_gemv.py``), on the triton backend's weight layout. It ranks
+    below triton (90) except for the problems its measured table (``gemv_table``) says it runs faster, where its
+    priority hook ranks it at 110; elsewhere it serves when asked by name (``backend="cuda"``) or when
+    ``use_policy("fastest")`` measures it ahead.
     """
 
     name = "cuda"

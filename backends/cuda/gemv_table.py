@@ -6,10 +6,30 @@ against float64, then timed in CUDA graphs over weights rotated past 4x the L2, 
 tinygemm); never by hand. ``quant_gemv.choose`` takes an entry when the problem has one and its rule otherwise; the
 backend's priority hook (``__init__``) ranks it above triton for the problems whose entry says it won.
 
-Empty until the first GPU sweep runs (``benchmarks/gemv_notes.md`` v26).
+Entries so far: the session-26 sweeps on an H100 (``benchmarks/results/gemv-wide-bench*-2026-12-05-s26-h100.json``;
+family sm_90, so an H200 takes them too until it is swept itself; ``benchmarks/gemv_notes.md`` v26).
 """
 
 from __future__ import annotations
 
 #: (family, M, bits, N, K) -> (quads, lanes, splits, pf, ldna, beats_triton); family as ``quant_gemv.family``
-TABLE: dict[tuple[str, int, int, int, int], tuple[int, int, int, int, int, bool]] = {}
+TABLE: dict[tuple[str, int, int, int, int], tuple[int, int, int, int, int, bool]] = {
+    ('sm_90', 1, 4, 4096, 4096): (16, 4, 8, 2, 1, False),
+    ('sm_90', 1, 4, 4096, 14336): (32, 4, 14, 2, 1, False),
+    ('sm_90', 1, 4, 6144, 4096): (32, 4, 8, 2, 1, False),
+    ('sm_90', 1, 4, 8192, 8192): (32, 4, 4, 2, 1, True),
+    ('sm_90', 1, 4, 14336, 4096): (32, 4, 4, 2, 1, True),
+    ('sm_90', 1, 4, 16384, 16384): (32, 8, 8, 1, 0, True),
+    ('sm_90', 1, 4, 28672, 4096): (32, 4, 4, 2, 1, True),
+    ('sm_90', 1, 4, 28672, 8192): (32, 4, 8, 2, 1, True),
+    ('sm_90', 1, 4, 128256, 4096): (32, 8, 1, 2, 0, True),
+    ('sm_90', 1, 8, 8192, 8192): (32, 8, 8, 2, 1, True),
+    ('sm_90', 1, 8, 16384, 16384): (16, 8, 16, 2, 1, False),
+    ('sm_90', 1, 8, 28672, 8192): (16, 8, 4, 2, 1, True),
+    ('sm_90', 4, 4, 4096, 4096): (32, 8, 8, 2, 0, False),
+    ('sm_90', 4, 4, 4096, 14336): (32, 4, 8, 2, 1, False),
+    ('sm_90', 4, 4, 8192, 8192): (32, 8, 4, 2, 0, False),
+    ('sm_90', 4, 4, 14336, 4096): (32, 4, 4, 2, 1, False),
+    ('sm_90', 4, 4, 16384, 16384): (32, 4, 16, 1, 0, False),
+    ('sm_90', 4, 4, 28672, 8192): (32, 4, 8, 1, 0, False),
+}
