@@ -87,8 +87,7 @@ def quant_gemv_on_host(op, w, x, config=None, num_sms: int = 132) -> np.ndarray:
     from . import quant_gemv as C
 
     cfg = config or C.choose(op, num_sms)
-    zp = int(op.fmt.zero_point) if op.fmt.symmetric else None
-    consts = C.defines(op, cfg, False, zp)
+    consts = C.defines(op, cfg, False, C._zero_point(op))
     lib = build(C.SOURCE, C.ENTRY, tuple(consts.items()))
     np_ = consts["NP"]
     shape = (op.M, op.N)

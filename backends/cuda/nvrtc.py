@@ -61,7 +61,12 @@ class Compiled:
 
 @functools.lru_cache(maxsize=256)
 def compile_source(name: str, defines: tuple[tuple[str, int], ...], target: str) -> Compiled:
-    """``kernels/<name>`` compiled by NVRTC for ``target`` (e.g. "sm_90a") with ``-D`` ``defines``.
+    """``kernels/<name>`` compiled by NVRTC for ``target`` (e.g. "sm_90a") with ``-D`` ``defines`` (cached)."""
+    return compile_text(source(name), name, defines, target)
+
+
+def compile_text(text: str, name: str, defines: tuple[tuple[str, int], ...], target: str) -> Compiled:
+    """CUDA C ``text`` (called ``name`` in messages) compiled by NVRTC for ``target`` with ``-D`` ``defines``.
 
     Raises:
       BackendError with the compiler's log when NVRTC rejects the source.
@@ -70,9 +75,9 @@ def compile_source(name: str, defines: tuple[tuple[str, int], ...], target: str)
 
     def ok(err, what):
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise BackendError(f"NVRTC {what} failed for kernels/{name} ({target}): {err}")
+            raise BackendError(f"NVRTC {what} failed for {name} ({target}): {err}")
 
-    err, prog = nvrtc.nvrtcCreateProgram(source(name).encode(), name.encode(), 0, [], [])
+    err, prog = nvrtc.nvrtcCreateProgram(text.encode(), name.encode(), 0, [], [])
     ok(err, "create")
     try:
         opts = [f"--gpu-architecture={target}".encode(), b"-std=c++17", b"--ptxas-options=-v"]
@@ -83,7 +88,7 @@ def compile_source(name: str, defines: tuple[tuple[str, int], ...], target: str)
         nvrtc.nvrtcGetProgramLog(prog, log)
         log = log.decode(errors="replace").rstrip("\x00 \n")
         if err_compile != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise BackendError(f"NVRTC could not compile kernels/{name} for {target} with {dict(defines)}:\n{log}")
+            raise BackendError(f"NVRTC could not compile {name} for {target} with {dict(defines)}:\n{log}")
         err, size = nvrtc.nvrtcGetCUBINSize(prog)
         ok(err, "cubin size")
         cubin = b" " * size

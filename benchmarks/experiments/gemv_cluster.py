@@ -28,7 +28,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from experiments.cuda_build import Kernel, compile_cubin, registers  # noqa: E402
+from experiments.cuda_build import compile_cubin, registers  # noqa: E402
 
 SOURCE = os.path.join(os.path.dirname(__file__), "gemv_cluster.cu")
 #: (bits, N, K): the decode step's N = 4096 linears, its qkv projection (6144 x 4096, 41% of the floor on the
@@ -64,10 +64,14 @@ class ClusterGemv:
             raise ValueError(f"gemv_cluster({N}x{K}, BN={bn}, CS={cs}): {why}")
         self.N, self.K, self.bn, self.cs, self.pf, self.pdl, self.bits = N, K, bn, cs, pf, pdl, bits
         self.cubin, self.log = compile_cubin(SOURCE, defines(bits, N, K, NP, bn, cs, pf, pdl))
-        self.kernel = Kernel(self.cubin, "gemv_cluster", (N // bn) * cs, bn, pdl=pdl)
+        from portakern.backends.cuda.nvrtc import Compiled, Function
+
+        self.fn = Function(Compiled(self.cubin, self.log, "sm_90a"), "gemv_cluster", 0, 0, pdl)
+        self.grid, self.threads = (N // bn) * cs, bn
 
     def __call__(self, x, w, out) -> None:
-        self.kernel(w.qweight.data_ptr(), w.scales.data_ptr(), w.zeros.data_ptr(), x.data_ptr(), out.data_ptr())
+        self.fn(self.grid, self.threads, w.qweight.data_ptr(), w.scales.data_ptr(), w.zeros.data_ptr(),
+                x.data_ptr(), out.data_ptr())
 
 
 @functools.lru_cache(maxsize=None)
