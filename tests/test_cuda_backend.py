@@ -410,3 +410,20 @@ def test_wrapper_checks_and_launch_geometry_without_a_gpu(C, monkeypatch):
     other = prepare_weight(None, portakern.quantize(np.ones((1200, K), np.float32), bits=4, group_size=128), cpu)
     with pytest.raises(InvalidInputError, match="row stride is 1280, expected 1024"):
         kern(x, other, out)
+
+
+def test_choose_and_host_run_say_what_they_cannot_do(C, monkeypatch):
+    from portakern.backends.cuda import host_run
+    from portakern.errors import BackendError, InvalidInputError
+
+    with pytest.raises(InvalidInputError, match=r"quant_gemv\(K=131968\) on cuda: no K split .* use the triton backend"):
+        C.choose(gemv(K=128 * 1031), 132)
+    with pytest.raises(BackendError, match="every array must be C-contiguous"):
+        host_run.run(None, 1, 1, 0, np.zeros((4, 4), np.float32)[:, ::2])
+    monkeypatch.setattr(host_run, "compiler", lambda: None)
+    host_run.build.cache_clear()
+    try:
+        with pytest.raises(BackendError, match="no host C\\+\\+ compiler"):
+            host_run.build(C.SOURCE, C.ENTRY, (("M", 1),))
+    finally:
+        host_run.build.cache_clear()
