@@ -2,7 +2,9 @@
 
 32 layers, hidden 4096, MLP 14336, 32 query / 8 KV heads of 128, vocab 128256, random weights.
 portakern's step: every linear (qkv, o, gate+up, down, lm_head) is int4 group-128 asymmetric through
-the triton quant_gemv kernel (weights straight in its internal layout), attention is
+the kernel ``torch.ops.portakern.quant_gemv`` picks for its shape (``torch_ops.gemv_kernel``: the triton table, or
+the cuda backend where its measured table ranks it first; weights straight in the triton layout, which both read;
+the results name each linear's backend), attention is
 ``portakern.attention`` over a paged KV cache (page 64, shuffled block table; torch SDPA on a dense
 cache when the triton backend cannot serve it, said in the output), the element-wise glue
 (residual add + RMSNorm, RoPE with the KV-cache append, SiLU-mul) is torch, fused by
@@ -18,19 +20,20 @@ Floor = (weight bytes: codes + fp16 scale + fp16 zero per group; + K/V bytes rea
 
     python benchmarks/decode_step.py [--ctx 2048 8192] [--glue compile-combo|compile-pdl|compile|compile-max|eager]
         [--compare-glue GLUE] [--compare-attention table release early early+o2 ...] [--cluster-gemv o,down ...]
-        [--wide-gemv o,down ... --wide-from JSON]
+        [--wide-gemv o,down ... --wide-from JSON] [--compare-gemv-backend triton]
         [--l2-prefetch UNITS ...] [--compare-tiles] [--prefetch none after:24 during:24]
         [--chain AHEAD,PER_SM,L2_AHEAD[,attn|,step] ...] [--sweep-gemv LINEAR ...] [--sweep-attention]
         [--ab-gemv LINEAR:CONFIG ...] [--ab-attention CONFIG ...]
         [--captures N] [--breakdown] [--no-peers] [--no-eager] [--out DIR]
 
 The same-process variants (``--compare-*``, ``--sweep-*``, ``--ab-*``, ``--chain``, ``--cluster-gemv``,
-``--wide-gemv``, ``--l2-prefetch``) are defined in ``benchmarks/step_variants.py``.
+``--wide-gemv``, ``--compare-gemv-backend``, ``--l2-prefetch``) are defined in ``benchmarks/step_variants.py``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 from dataclasses import replace
 import datetime
@@ -139,14 +142,32 @@ def gemv_kernel(N: int, K: int, group_rows: bool = True, l2_prefetch: int = 0, p
     return Q.compile(op, dev, replace(cfg, prefetch=prefetch))
 
 
+def chosen_gemv(N: int, K: int, backend: str | None = None) -> tuple[str, object]:
+    """``(backend name, kernel)`` that ``torch.ops.portakern.quant_gemv`` runs for one linear at M = 1
+    (``torch_ops.gemv_kernel``: the triton table, or the cuda backend where its measured table ranks it first);
+    ``backend`` forces one (``dispatch.use_backend``)."""
+    from portakern import dispatch, torch_ops
+
+    with dispatch.use_backend(backend) if backend else contextlib.nullcontext():
+        return torch_ops.gemv_kernel(gemv_op(N, K), torch_device("cuda", 0))
+
+
 # -- portakern's step --------------------------------------------------------------------------------
 
 class PortakernStep:
     def __init__(self, ctx: int, glue: str, attention: str, group_rows: bool = True,
-                 prefetch: str = "none", prefetch_mb: float = 24.0):
+                 prefetch: str = "none", prefetch_mb: float = 24.0, gemv_backend: str | None = None):
         shapes = {"qkv": ((HQ + 2 * HKV) * D, HID), "o": (HID, HQ * D), "gu": (2 * MLP, HID), "down": (HID, MLP)}
         self.linears = {**shapes, "lm": (VOCAB, HID)}
-        self.kern = {n: gemv_kernel(N, K, group_rows) for n, (N, K) in self.linears.items()}
+        # the GEMVs: the kernels portakern's op picks per linear (group_rows=False: the triton table without
+        # group-resident tiles, an experiment); which backend each runs on is recorded with the results
+        self.gemv_backends = {n: "triton" for n in self.linears}
+        self.kern = {}
+        for n, (N, K) in self.linears.items():
+            if group_rows:
+                self.gemv_backends[n], self.kern[n] = chosen_gemv(N, K, gemv_backend)
+            else:
+                self.kern[n] = gemv_kernel(N, K, group_rows)
         self.layers = [{n: random_prepared(N, K, 4, 128, False) for n, (N, K) in shapes.items()}
                        for _ in range(LAYERS)]
         self.lm = random_prepared(VOCAB, HID, 4, 128, False)
@@ -187,12 +208,27 @@ class PortakernStep:
         with torch.cuda.stream(self.side):
             prefetch_l2((w.qweight, w.scales, w.zeros), self.prefetch_bytes)
 
+    def with_gemv_backend(self, backend: str) -> "PortakernStep":
+        """The same step (weights, caches shared) with every GEMV on ``backend``'s kernel for its shape (the
+        backend forced as ``dispatch.use_backend`` forces it; ``--compare-gemv-backend``)."""
+        chosen = {n: chosen_gemv(N, K, backend) for n, (N, K) in self.linears.items()}
+        other = self.with_gemv({n: k for n, (_, k) in chosen.items()}, "")
+        other.gemv_backends = {n: b for n, (b, _) in chosen.items()}
+        return other
+
+    def with_gemv(self, kernels: dict, backend: str) -> "PortakernStep":
+        """The same step (weights, caches shared) with the linears named in ``kernels`` run by those kernels (of
+        ``backend``, which the results record)."""
+        other = copy.copy(self)
+        other.kern = {**self.kern, **kernels}
+        other.gemv_backends = {**self.gemv_backends, **{n: backend for n in kernels}}
+        return other
+
     def with_l2_prefetch(self, units: int) -> "PortakernStep":
         """The same step with its stream-kernel GEMVs asking the L2 for ``units`` units ahead before they wait
         for the kernel before them."""
-        other = copy.copy(self)
-        other.kern = {n: gemv_kernel(N, K, l2_prefetch=units) for n, (N, K) in self.linears.items()}
-        return other
+        return self.with_gemv({n: gemv_kernel(N, K, l2_prefetch=units) for n, (N, K) in self.linears.items()},
+                              "triton")
 
     def with_attention(self, spec: str) -> "PortakernStep":
         """The same step with its paged attention built by the triton backend under the table's configuration
@@ -205,7 +241,7 @@ class PortakernStep:
         other = self.with_attention_config(replace(A._config(op, device), **ATTENTION_VARIANTS[variant]))
         if deeper:
             name, depth = deeper[:-1], int(deeper[-1])
-            other.kern = {**self.kern, name: gemv_kernel(*self.linears[name], prefetch=depth)}
+            other = other.with_gemv({name: gemv_kernel(*self.linears[name], prefetch=depth)}, "triton")
         return other
 
     def attention_op(self):
@@ -237,16 +273,13 @@ class PortakernStep:
 
     def with_gemv_config(self, name: str, cfg) -> "PortakernStep":
         """The same step with the linear ``name``'s GEMV compiled under ``cfg`` (``--sweep-gemv``)."""
-        other = copy.copy(self)
-        other.kern = {**self.kern, name: Q.compile(gemv_op(*self.linears[name]), torch_device("cuda", 0), cfg)}
-        return other
+        return self.with_gemv({name: Q.compile(gemv_op(*self.linears[name]), torch_device("cuda", 0), cfg)}, "triton")
 
     def with_fused_silu(self) -> "PortakernStep":
         """The same step without the SiLU-mul glue kernel: the down projection's GEMV reads the gate/up output
         through the ``silu_mul`` prologue (``QuantGemv.prologue``; the table's kernel for that op)."""
-        other = copy.copy(self)
         op = gemv_op(*self.linears["down"]).replace(prologue="silu_mul")
-        other.kern = {**self.kern, "down": Q.compile(op, torch_device("cuda", 0))}
+        other = self.with_gemv({"down": Q.compile(op, torch_device("cuda", 0))}, "triton")
         other.fused_silu = True
         return other
 
@@ -523,6 +556,8 @@ def main():
                 graph = statistics.median(per_capture)
                 out[name] = {"attention": att, "bytes_GB": nbytes / 1e9, "floor_ms": floor_ms, "graph_ms": graph,
                              "graph_frac_floor": floor_ms / graph}
+                if hasattr(st, "gemv_backends"):
+                    out[name]["gemv_backends"] = dict(st.gemv_backends)
                 if args.captures > 1:
                     out[name]["graph_ms_per_capture"] = per_capture
                 if not args.no_eager:

@@ -27,6 +27,8 @@
 #   gemv-wide-m4    the same at M = 4 on the int4 table's six shapes (317 variants)
 #   decode-step-wide  the step at ctx 2048 with o + down, and with every linear, on the gemv-wide kernel (the variant
 #                   fastest per shape in $RES/gemv-wide-bench-*.json: run gemv-wide first), logits compared; no peers
+#   decode-step-backends  the step at ctx 2048 and 8192 (three captures, peers in the same run) with each GEMV on the
+#                   backend torch.ops.portakern.quant_gemv picks, and again with every GEMV forced onto triton
 #   decode-ws-probe benchmarks/experiments/decode_ws_probe.py: the Gluon decode kernel against float64 (NaN past
 #                   every sequence), then its tiles and split counts against the table's attn_fwd
 #   gemv-sweep      benchmarks/gemv.py --sweep over dq 2/3 and both operand orders, M 1 4 16
@@ -146,6 +148,8 @@ for s in "$@"; do
         decode-step-wide) step decode-step-wide python3 benchmarks/decode_step.py --ctx 2048 --no-peers \
             --wide-from "$(ls "$RES"/gemv-wide-bench-*.json | head -n 1)" --wide-gemv o,down qkv,o,gu,down,lm \
             --tag="-wide$TAG" --out "$RES" ;;
+        decode-step-backends) step decode-step-backends python3 benchmarks/decode_step.py --ctx 2048 8192 --captures 3 \
+            --compare-gemv-backend triton --tag="-backends$TAG" --out "$RES" ;;
         decode-ws-probe) step decode-ws-probe bash -c "python3 benchmarks/experiments/decode_ws_probe.py --phase check \
             --tag='$TAG' --out '$RES' && python3 benchmarks/experiments/decode_ws_probe.py --phase bench \
             --tag='$TAG' --out '$RES'" ;;

@@ -119,6 +119,11 @@ def add_variant_arguments(ap: argparse.ArgumentParser) -> None:
                          "logits compared (a different summation order: close, not equal)")
     ap.add_argument("--wide-from", default=None, metavar="JSON",
                     help="the gemv-wide-bench-*.json whose fastest variant per shape --wide-gemv uses")
+    ap.add_argument("--compare-gemv-backend", nargs="+", default=[], metavar="BACKEND",
+                    help="also time portakern's step with every GEMV forced onto BACKEND's kernel for its shape "
+                         "(triton: the step before the cuda backend's measured table; cuda: where it supports the "
+                         "shape), as int4_portakern_gemv_backend_BACKEND, logits compared (another summation order "
+                         "where the backend changes: close, not equal)")
     ap.add_argument("--fused-silu", action="store_true",
                     help="also time portakern's step without the SiLU-mul glue kernel, the down projection's GEMV "
                          "forming silu(gate) * up from the gate/up output itself (the silu_mul prologue), as "
@@ -204,13 +209,12 @@ def with_kernels(step, names: str, make):
     ``make(N, K, NP)`` returns ``kern(x, prepared, out)`` for the linear's shape and its words' row stride --
     ``experiments/gemv_cluster.py``'s cluster-merge kernel (``--cluster-gemv``) or ``gemv_wide.py``'s small-CTA
     kernel under its shape's fastest variant (``--wide-gemv``)."""
-    other = copy.copy(step)
-    other.kern = dict(step.kern)
+    kernels = {}
     for name in names.split(","):
         N, K = step.linears[name]
         w = step.layers[0][name] if name in step.layers[0] else step.lm
-        other.kern[name] = make(N, K, w.stride_qk)
-    return other
+        kernels[name] = make(N, K, w.stride_qk)
+    return step.with_gemv(kernels, "experiment")
 
 
 def variants_for(step, args) -> dict:
@@ -224,6 +228,8 @@ def variants_for(step, args) -> dict:
     if args.cluster_gemv or args.wide_gemv:
         from experiments.gemv_cluster import ClusterGemv
         from experiments.gemv_wide import wide_for_shape
+    for backend in args.compare_gemv_backend:
+        variants[f"int4_portakern_gemv_backend_{backend}"] = _built(lambda b=backend: step.with_gemv_backend(b))
     for names in args.cluster_gemv:
         variants[f"int4_portakern_cluster_{names.replace(',', '_')}"] = with_kernels(step, names, ClusterGemv)
     for names in args.wide_gemv:

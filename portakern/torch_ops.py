@@ -7,7 +7,9 @@ Importing this module registers, in the ``portakern`` namespace of ``torch.libra
     already in the triton backend's GEMV layout (the
     tensors of a ``PreparedGemvWeight``; see ``backends/triton/kernels/gemv_quant.py``; ``frag``, where the
     prepared weight has one, its tensor-core fragment layout, which the M = 2..16 table runs). CUDA
-    tensors run the triton kernel; CPU tensors run a plain torch dequantize-and-matmul in fp32.
+    tensors run the kernel ``portakern.quant_gemv`` would pick among the backends that read this layout
+    (``gemv_kernel``: triton, or cuda where its measured table ranks it first); CPU tensors run a plain torch
+    dequantize-and-matmul in fp32.
 
 ``torch.ops.portakern.attention(q, k, v, block_table, seqlens_k, causal, scale, window_left, window_right, softcap)``
     ``portakern.attention`` (dense or paged KV), on the backend dispatch picks for the inputs.
@@ -33,7 +35,7 @@ import torch
 from portakern.backends.triton.quant_gemv import PreparedGemvWeight
 from portakern.devices import CPU, Device, torch_device
 from portakern.errors import InvalidInputError, InvalidTypeError
-from portakern.ir import DType, QuantFormat
+from portakern.ir import DType, Packing, QuantFormat
 from portakern.ir.ops import QuantGemv, x_columns
 from portakern.validate import _is_int, check_prologue
 
@@ -117,23 +119,63 @@ def _quant_gemv_fake(x, qweight, scales, zeros, perm, kgroup, bits, group_size, 
 
 
 def _cuda_kernel(x: Tensor, w: PreparedGemvWeight, prologue: str | None = None):
-    """The compiled triton kernel for this signature (built once, then a dict lookup)."""
-    key = (x.shape[0], w.N, w.K, x.dtype, x.device.index, w.bits, w.group_size, prologue)
+    """The compiled kernel for this signature (``gemv_kernel``'s choice, built once, then a dict lookup)."""
+    from portakern import dispatch
+
+    key = (x.shape[0], w.N, w.K, x.dtype, x.device.index, w.bits, w.group_size, w.zeros is None, w.zero_point,
+           w.scales.dtype, w.perm is None and w.kgroup is None, prologue, dispatch.override_key(None))
     kern = _kernels.get(key)
     if kern is None:
-        from portakern.backends.triton import quant_gemv as Q
-
         with _kernels_lock:
             kern = _kernels.get(key)
             if kern is None:
-                dt = DType(str(x.dtype).replace("torch.", ""))
-                fmt = QuantFormat(bits=w.bits, group_size=w.group_size, symmetric=w.zeros is None)
-                op = QuantGemv(M=int(x.shape[0]), N=w.N, K=w.K, dtype=dt, fmt=fmt, prologue=prologue).verify()
-                from portakern.backends.triton.backend import on_device
-
-                dev = torch_device("cuda", x.device.index or 0)
-                kern = _kernels[key] = on_device(Q.compile(op, dev), dev)   # launched on x's GPU
+                op = gemv_op_of(x, w, prologue)
+                kern = _kernels[key] = gemv_kernel(op, torch_device("cuda", x.device.index or 0))[1]
     return kern
+
+
+def gemv_op_of(x: Tensor, w: PreparedGemvWeight, prologue: str | None = None) -> QuantGemv:
+    """The ``QuantGemv`` op that ``x`` times the prepared weight ``w`` computes: its codes' bits and groups, zero
+    points stored or fixed (``w.zero_point``, the native format's), its scales' dtype, act-order (a ``perm`` or
+    ``kgroup``: GPTQ with ``g_idx``), ``x``'s rows and dtype."""
+    _dtype = lambda t: DType(str(t.dtype).replace("torch.", ""))   # noqa: E731
+    g_idx = w.perm is not None or w.kgroup is not None
+    fmt = QuantFormat(bits=w.bits, group_size=w.group_size, symmetric=w.zeros is None,
+                      packing=Packing.GPTQ if g_idx else Packing.NATIVE, scale_dtype=_dtype(w.scales), has_g_idx=g_idx)
+    if fmt.symmetric and w.zero_point != fmt.zero_point:
+        raise InvalidInputError(f"the prepared weight's zero point is {w.zero_point}, but a symmetric int{w.bits} "
+                                f"weight in the triton layout has {fmt.zero_point}: prepare it with "
+                                "portakern.torch_ops.prepared(...)")
+    return QuantGemv(M=int(x.shape[0]), N=w.N, K=w.K, dtype=_dtype(x), fmt=fmt, prologue=prologue).verify()
+
+
+#: the weight layout this module's op takes (``PreparedGemvWeight``): backends with this ``weight_layout`` can serve it
+LAYOUT = "triton"
+
+
+def gemv_kernel(op: QuantGemv, device: Device) -> tuple[str, object]:
+    """``(backend name, kernel(x, prepared, out))`` for ``op`` on the CUDA ``device``, where ``prepared`` is a
+    ``PreparedGemvWeight`` (the triton layout): the backend ``portakern.quant_gemv`` would rank first for the op,
+    among those that read that layout (``Backend.weight_layout``) -- triton, or cuda where its measured table ranks it
+    above triton (``backends/cuda/gemv_table.py``) -- honouring ``use_backend`` / ``PORTAKERN_BACKEND`` and falling
+    back (with a ``FallbackWarning``) past a backend that fails to compile. The kernel launches on ``device``.
+
+    Raises:
+      UnsupportedError when no backend of that layout supports ``op`` (or the forced backend does not read it).
+    """
+    from portakern import dispatch
+    from portakern.errors import UnsupportedError
+
+    plan = dispatch.decide(op, device, None)
+    plan.order = [b for b in plan.order if (b.weight_layout or b.name) == LAYOUT]
+    if not plan.order:
+        d = plan.decision
+        why = f"the backend forced by {d.forced_by}, {d.forced!r}," if d.forced else "no supporting backend"
+        raise UnsupportedError(f"torch.ops.portakern.quant_gemv takes weights in the {LAYOUT!r} layout, and {why} "
+                               f"reads it for {op.kind} (M={op.M} N={op.N} K={op.K}) on {device.label}; call "
+                               "portakern.quant_gemv with the QuantizedWeight instead, or force backend 'triton'")
+    plan = dispatch.compile_next(plan)
+    return plan.backend.name, plan.kernel
 
 
 def _codes(w: PreparedGemvWeight) -> Tensor:
@@ -329,4 +371,4 @@ def _window_sides(window) -> tuple[int, int]:
     return int(window[0]), int(window[1])
 
 
-__all__ = ["QuantLinear", "attention", "attention_op", "prepared", "quant_gemv", "quant_linear"]
+__all__ = ["QuantLinear", "attention", "attention_op", "gemv_kernel", "prepared", "quant_gemv", "quant_linear"]

@@ -207,6 +207,9 @@ def compile(op: QuantGemv, device: Device, config: SmallMConfig | None = None):
         if w.zeros is None and zp is None or w.zeros is not None and zp is not None:
             raise InvalidInputError(f"quant_gemv on cuda: the prepared weight {'lacks' if zp is None else 'has'} "
                                     "zero points but the op's format says otherwise; prepare it for this format")
+        if zp is not None and w.zero_point != zp:
+            raise InvalidInputError(f"quant_gemv on cuda: the prepared weight's zero point is {w.zero_point}, the "
+                                    f"op's format's {zp}; prepare the weight for this format")
         if not x.is_contiguous() or x.data_ptr() % 16:
             x = x.contiguous() if not x.is_contiguous() else x.clone()
         if w.stride_qk != np_:
