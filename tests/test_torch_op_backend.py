@@ -145,3 +145,45 @@ def test_the_op_on_the_cpu_still_matches_float64_for_every_storage():
             y = torch_ops.quant_linear(x, w)
         ref = x.double().numpy() @ dequantize(w.fmt, w.tensors, w.N, w.K).T
         np.testing.assert_allclose(y.double().numpy(), ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device for the cuda backend's kernel")
+def test_the_op_runs_the_cuda_kernel_where_its_table_wins_in_a_graph_and_compiled(monkeypatch):
+    # a small shape marked as a measured win for this GPU's family: the op must then run the cuda kernel, with
+    # values against float64, replayed in a CUDA graph with new inputs and under torch.compile
+    from portakern.backends.cuda import gemv_table
+    from portakern.backends.cuda.quant_gemv import family
+    from portakern.devices import torch_device
+    from portakern.ir.packing import dequantize
+    from portakern.quantize import quantize
+
+    dev = torch_device("cuda", 0)
+    monkeypatch.setitem(gemv_table.TABLE, (family(dev.capability), 1, 4, 640, 1024), (16, 4, 2, 2, 1, True))
+    monkeypatch.setattr(torch_ops, "_kernels", {})
+    w = quantize(torch.randn(640, 1024, device="cuda"), bits=4, group_size=128)
+    lin = torch_ops.QuantLinear(w)
+    x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
+    assert torch_ops.gemv_kernel(torch_ops.gemv_op_of(x, lin._prepared_weight()), dev)[0] == "cuda"
+    wd = dequantize(w.fmt, {k: v.cpu().numpy() for k, v in w.tensors.items()}, 640, 1024).T
+
+    def close(y, x):
+        ref = x.double().cpu().numpy() @ wd
+        np.testing.assert_allclose(y.double().cpu().numpy(), ref, atol=1e-2 * np.abs(ref).max())
+
+    close(lin(x), x)
+    compiled = torch.compile(lin, backend="eager", fullgraph=True)
+    close(compiled(x), x)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        lin(x)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = lin(x)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        y.fill_(float("nan"))
+        g.replay()
+        close(y, x)
+    assert any(k[1:3] == (640, 1024) for k in torch_ops._kernels)
