@@ -7,7 +7,8 @@ call, medians over ``--rounds`` rounds; the variants alternate round by round. C
 
 * the quantized GEMV (int4 g128, bf16, M = 1; 4096 x 4096 and 14336 x 4096): ``portakern.quant_gemv``
   (the public API, output allocated per call) and the backend kernel alone on preallocated tensors,
-  each with the fast launch on and off (``launch.set_fast_launch``); the torch integration's ``QuantLinear``
+  each with the triton fast launch on and off (``launch.set_fast_launch``; ``[backend]`` names the backend
+  dispatch chose, the cuda backend's launch where its table wins), the API forced onto triton; the torch integration's ``QuantLinear``
   (plain eager: no torch dispatch) and ``torch.ops.portakern.quant_gemv`` (dispatched); tinygemm
   (``aten._weight_int4pack_mm``) and bf16 ``F.linear``;
 * paged decode attention (B = 1, 32 / 8 heads, D = 128, 2048 keys in pages of 64: the decode step's):
@@ -79,7 +80,8 @@ def gemv_variants(N: int, K: int) -> dict:
     x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
     portakern.quant_gemv(x, w)
     plan = [p for k, p in portakern.dispatch._plans.items() if k[0] == "quant_gemv"][-1]
-    prepared = w.prepared[(plan.backend.name, str(plan.decision.device))]
+    be = plan.backend
+    prepared = w.prepared[(be.weight_layout or be.name, str(plan.decision.device))]
     out = torch.empty(1, N, device="cuda", dtype=torch.bfloat16)
     kernel = plan.kernel
     api = lambda: portakern.quant_gemv(x, w)   # noqa: E731
@@ -90,8 +92,10 @@ def gemv_variants(N: int, K: int) -> dict:
     lin = torch_ops.QuantLinear(p)
     via_op = lambda: torch.ops.portakern.quant_gemv(x, p.qweight, p.scales, p.zeros, p.perm, p.kgroup,  # noqa: E731
                                                     p.bits, p.group_size, p.zero_point, p.N, p.K)
-    return {"portakern_api_fast": with_fast(api, True), "portakern_api_triton": with_fast(api, False),
-            "portakern_kernel_fast": with_fast(direct, True), "portakern_kernel_triton": with_fast(direct, False),
+    on_triton = lambda: portakern.quant_gemv(x, w, backend="triton")   # noqa: E731
+    return {f"portakern_api_fast[{be.name}]": with_fast(api, True), "portakern_api_triton": with_fast(api, False),
+            f"portakern_kernel_fast[{be.name}]": with_fast(direct, True),
+            "portakern_kernel_triton": with_fast(direct, False), "portakern_api_fast_backend_triton": on_triton,
             "QuantLinear_eager": lambda: lin(x), "torch_ops_dispatched": via_op,
             "tinygemm": tinygemm(1, N, K, 128, 1)[0], "bf16_linear": bf16_linear(1, N, K, 1)[0]}
 
@@ -140,7 +144,9 @@ def main() -> int:
                                                                    help="also cProfile the API calls")))
     if args.profile:
         profile(attention_variants(), ["portakern_api_fast"])
-        profile(gemv_variants(4096, 4096), ["portakern_api_fast"])
+        for shape in ((4096, 4096), (14336, 4096)):
+            v = gemv_variants(*shape)
+            profile(v, [n for n in v if n.startswith("portakern_api_fast[")])
     res = harness.header(__doc__, copy_bandwidth_TBps(), rows=[])
     cases = [("quant_gemv 4096x4096", lambda: gemv_variants(4096, 4096)),
              ("quant_gemv 14336x4096", lambda: gemv_variants(14336, 4096)),
@@ -149,9 +155,9 @@ def main() -> int:
         for variant, r in measure(make(), args.calls, args.rounds).items():
             res["rows"].append({"case": name, "variant": variant, **r})
     harness.write(res, args.out, "launch-cost", args.tag)
-    print(f"{'case':34s} {'variant':24s} {'host us':>8s} {'min':>7s} {'wall us':>8s}")
+    print(f"{'case':34s} {'variant':34s} {'host us':>8s} {'min':>7s} {'wall us':>8s}")
     for r in res["rows"]:
-        print(f"{r['case']:34s} {r['variant']:24s} {r['host_us']:8.2f} {r['host_min_us']:7.2f} {r['wall_us']:8.2f}")
+        print(f"{r['case']:34s} {r['variant']:34s} {r['host_us']:8.2f} {r['host_min_us']:7.2f} {r['wall_us']:8.2f}")
     return 0
 
 
