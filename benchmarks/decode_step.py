@@ -474,8 +474,10 @@ def same_logits(step, glue: str, other: str) -> dict:
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--ctx", type=int, nargs="+", default=[2048, 8192])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ctx", type=int, nargs="+", default=[2048, 8192], metavar="TOKENS",
+                    help="context lengths of the paged KV cache, each a separate step (default 2048 8192)")
     ap.add_argument("--glue", choices=GLUES, default=DEFAULT_GLUE,
                     help="portakern's glue: torch.compile with Inductor's combo kernels (the kernels of one glue "
                          "function that Inductor cannot fuse launched as one; H200 session 13: 10 instead of 11 "
@@ -493,9 +495,11 @@ def main():
                     help="capture each step's graph N times afresh and report the median of the captures' medians "
                          "(each capture's in graph_ms_per_capture): one process has shown two levels ~0.04 ms apart "
                          "for the same step captured at different times (session 17)")
-    ap.add_argument("--no-peers", action="store_true")
-    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
-    ap.add_argument("--tag", default="")
+    ap.add_argument("--no-peers", action="store_true",
+                    help="skip the plain-PyTorch peers (bf16 F.linear and tinygemm int4 steps, SDPA, eager glue)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"),
+                    help="folder of the result JSON decode-step-<date><tag>.json (default $OUT or benchmarks/results)")
+    ap.add_argument("--tag", default="", help="suffix of the result file name, e.g. -s27-h200")
     ap.add_argument("--breakdown", action="store_true",
                     help="also time portakern's step's GEMVs, attention and glue each alone in its own graph, "
                          "profile per-kernel device time, and attribute one replay's span to its kernels "
