@@ -1,4 +1,4 @@
-"""Weight-only quantized GEMV on an NVIDIA GPU: portakern's triton backend against its peers.
+"""Weight-only quantized GEMV on an NVIDIA GPU: portakern against its peers.
 
 Same process, same inputs. Peers: tinygemm (``torch.ops.aten._weight_int4pack_mm``, its own
 packing from ``_convert_weight_to_int4pack``, bf16), bf16 ``F.linear``, torch's int8 per-channel
@@ -9,6 +9,10 @@ problem is its bytes (packed codes + one fp16 scale, and one fp16 zero for asymm
 per group, + x + out) over the device-to-device copy bandwidth measured in the same run.
 
     python benchmarks/gemv.py [--sweep] [--quick] [--out DIR] [--workers N]
+
+The main table's "pk" figures are the kernel ``portakern.quant_gemv`` runs for the problem (``pk_backend``: the
+triton table, or the cuda backend where its measured table ranks it first -- the triton table is then timed
+beside it as ``triton_*``), or a sweep's winner where ``--sweep`` ran.
 
 ``--sweep`` times the candidate configurations on representative shapes first; the fastest per
 (M, shape) serves the main table in the same run, and is printed for ``gemv_tuning``'s sm_90 table.
@@ -135,9 +139,11 @@ def copy_bandwidth_TBps() -> float:
 
 # -- portakern and peers ----------------------------------------------------------------------------
 
-def ours(op: QuantGemv, cfg: GemvConfig | None, copies: int):
+def ours(op: QuantGemv, cfg: GemvConfig | None, copies: int, kern=None):
+    """Input sets for the triton kernel of ``op`` under ``cfg`` (None: its table) -- or for ``kern``, any kernel of
+    the triton layout -- and that kernel."""
     dev = torch_device("cuda", 0)
-    kern = Q.compile(op, dev, cfg)
+    kern = Q.compile(op, dev, cfg) if kern is None else kern
     dt = getattr(torch, op.dtype.value)
     sets = []
     for _ in range(copies):
@@ -147,6 +153,20 @@ def ours(op: QuantGemv, cfg: GemvConfig | None, copies: int):
         sets.append((x, w, out))
     fns = [(lambda s=s: kern(*s)) for s in sets]
     return fns, kern
+
+
+def dispatched(op: QuantGemv) -> tuple[str, object]:
+    """``(backend, kernel)``: what ``portakern.quant_gemv`` / the torch op run for ``op`` on this GPU (the triton
+    table, or the cuda backend where its measured table ranks it first; ``torch_ops.gemv_kernel``)."""
+    from portakern import torch_ops
+
+    return torch_ops.gemv_kernel(op, torch_device("cuda", 0))
+
+
+def config_json(kern) -> dict:
+    """The launch configuration of a triton table kernel or a cuda backend kernel, as JSON."""
+    cfg = getattr(kern, "config", None)     # the cuda backend's SmallMConfig
+    return asdict(cfg) if cfg is not None else next(iter(kern.launchers.values())).cfg.to_json()
 
 
 def tinygemm(M, N, K, gs, copies):
@@ -422,11 +442,18 @@ def main():
         copies = copies_for(fb)
         try:
             cfg = pick(bits, M, N, K)
-            fns, kern = ours(op, cfg, copies)
+            backend, kern = ("triton", None) if cfg is not None else dispatched(op)
+            fns, kern = ours(op, cfg, copies, kern)
+            row["pk_backend"] = backend
             row["pk_graph_us"] = graph_us(fns)
             row["pk_eager_us"] = eager_us(fns)
-            row["pk_config"] = next(iter(kern.launchers.values())).cfg.to_json()
+            row["pk_config"] = config_json(kern)
             del fns
+            if backend != "triton":   # the triton table beside the backend dispatch ranked first, same run
+                fns, kern = ours(op, None, copies)
+                row["triton_graph_us"], row["triton_eager_us"] = graph_us(fns), eager_us(fns)
+                row["triton_config"] = config_json(kern)
+                del fns
         except Exception as e:
             row["pk_error"] = f"{type(e).__name__}: {str(e)[:300]}"
         peers = {}
@@ -464,15 +491,15 @@ def main():
         json.dump(res, f, indent=1)
     # -- short table last
     print(f"\ncopy {bw:.3f} TB/s; {path}")
-    print(f"{'b':>2} {'M':>2} {'N':>6} {'K':>6} {'floor':>6} {'pk_g':>6} {'frac':>5} {'tiny_g':>6} {'x':>5} "
-          f"{'bf16_g':>6} {'pk_e':>6} {'tiny_e':>6}")
+    print(f"{'b':>2} {'M':>2} {'N':>6} {'K':>6} {'floor':>6} {'backend':>7} {'pk_g':>6} {'frac':>5} {'tiny_g':>6} "
+          f"{'x':>5} {'bf16_g':>6} {'pk_e':>6} {'tiny_e':>6} {'trit_g':>6}")
     for r in rows:
         peer = "tinygemm" if r["bits"] == 4 else "torch_int8"
-        print(f"{r['bits']:>2} {r['M']:>2} {r['N']:>6} {r['K']:>6} {r['floor_us']:6.1f} "
+        print(f"{r['bits']:>2} {r['M']:>2} {r['N']:>6} {r['K']:>6} {r['floor_us']:6.1f} {r.get('pk_backend', '-'):>7} "
               f"{r.get('pk_graph_us', float('nan')):6.1f} {r.get('pk_frac_floor_graph', float('nan')):5.2f} "
               f"{r.get(peer + '_graph_us', float('nan')):6.1f} {r.get('speedup_vs_' + peer + '_graph', float('nan')):5.2f} "
               f"{r.get('bf16_graph_us', float('nan')):6.1f} {r.get('pk_eager_us', float('nan')):6.1f} "
-              f"{r.get(peer + '_eager_us', float('nan')):6.1f}")
+              f"{r.get(peer + '_eager_us', float('nan')):6.1f} {r.get('triton_graph_us', float('nan')):6.1f}")
 
 
 if __name__ == "__main__":
