@@ -328,9 +328,11 @@ def test_the_committed_table_ranks_cuda_first_only_where_it_measured_ahead(backe
     from portakern.backends import cuda as plugin
     from portakern.backends.cuda.gemv_table import TABLE
 
-    for (fam, M, bits, N, K), entry in TABLE.items():
+    for (key, M, bits, N, K), entry in TABLE.items():
         op = gemv(M=M, N=N, K=K, bits=bits)
-        dev = Device("cuda", 0, arch=fam, name=fam, capability=(int(fam[3:-1]), int(fam[-1])), warp_size=32)
+        fam, _, card = key.partition("/")
+        dev = Device("cuda", 0, arch=fam, name=f"NVIDIA {card.upper()}" if card else fam,
+                     capability=(int(fam[3:-1]), int(fam[-1])), warp_size=32)
         want = plugin.MEASURED_WIN_PRIORITY if entry[5] else None
         assert plugin.portakern_backend_priority(backend, op, dev) == want
         assert not (M > 1 and entry[5])
@@ -347,18 +349,48 @@ def test_write_table_from_a_sweep(tmp_path, monkeypatch):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from experiments import gemv_wide
 
-    res = {"capability": [9, 0], "bench": [
+    res = {"capability": [9, 0], "gpu": "NVIDIA H200", "bench": [
         {"M": 1, "bits": 4, "N": 4096, "K": 4096, "best": "32,4,8,2,0", "best_us": 4.0, "table_us": 6.3},
         {"M": 4, "bits": 4, "N": 8192, "K": 8192, "best": "16,8,4,1,1", "best_us": 20.0, "table_us": 20.1}]}
     (tmp_path / "bench.json").write_text(json.dumps(res))
-    out = gemv_wide.write_table([str(tmp_path / "bench.json")], out=str(tmp_path / "gemv_table.py"))
-    ns: dict = {}
-    exec(Path(out).read_text(), ns)
-    assert ns["TABLE"] == {("sm_90", 1, 4, 4096, 4096): (32, 4, 8, 2, 0, True),
-                           ("sm_90", 4, 4, 8192, 8192): (16, 8, 4, 1, 1, False)}     # 20.0 is not 2% under 20.1
+
+    def written(**kw):
+        out = gemv_wide.write_table([str(tmp_path / "bench.json")], out=str(tmp_path / "gemv_table.py"), **kw)
+        ns: dict = {}
+        exec(Path(out).read_text(), ns)
+        return ns["TABLE"]
+
+    assert written() == {("sm_90/h200", 1, 4, 4096, 4096): (32, 4, 8, 2, 0, True),      # keyed by the sweep's card
+                         ("sm_90/h200", 4, 4, 8192, 8192): (16, 8, 4, 1, 1, False)}     # 20.0 is not 2% under 20.1
+    assert written(scope="family") == {("sm_90", 1, 4, 4096, 4096): (32, 4, 8, 2, 0, True),
+                                       ("sm_90", 4, 4, 8192, 8192): (16, 8, 4, 1, 1, False)}
+    with pytest.raises(ValueError, match="'card' or 'family'"):
+        written(scope="gpu")
+    (tmp_path / "bench.json").write_text(json.dumps({**res, "gpu": "Graphics Device"}))
+    with pytest.raises(ValueError, match="no card in its GPU name 'Graphics Device'.*scope 'family'"):
+        written()
     (tmp_path / "old.json").write_text(json.dumps({"bench": []}))
     with pytest.raises(ValueError, match="records no GPU capability"):
         gemv_wide.write_table([str(tmp_path / "old.json")], out=str(tmp_path / "x.py"))
+
+
+def test_a_cards_own_entry_comes_before_its_familys(C, backend, monkeypatch):
+    # measured on the H200 itself: the H200 takes that entry; an H100 (and an unnamed sm_90 card) keep the family's
+    from portakern.backends import cuda as plugin
+    from portakern.backends.cuda import gemv_table
+
+    op = gemv(N=4096, K=14336)
+    h100 = Device("cuda", 0, arch="sm_90a", name="NVIDIA H100 80GB HBM3", capability=(9, 0), warp_size=32)
+    other = Device("cuda", 0, arch="sm_90a", name="Graphics Device", capability=(9, 0), warp_size=32)
+    monkeypatch.setitem(gemv_table.TABLE, ("sm_90", 1, 4, 4096, 14336), (32, 4, 14, 2, 1, False))
+    monkeypatch.setitem(gemv_table.TABLE, ("sm_90/h200", 1, 4, 4096, 14336), (16, 8, 7, 1, 1, True))
+    assert C.choose(op, 132, (9, 0), H200.name) == C.SmallMConfig(16, 8, 7, 1, 1)
+    assert C.choose(op, 132, (9, 0), h100.name) == C.choose(op, 132, (9, 0)) == C.SmallMConfig(32, 4, 14, 2, 1)
+    assert plugin.portakern_backend_priority(backend, op, H200) == plugin.MEASURED_WIN_PRIORITY
+    assert plugin.portakern_backend_priority(backend, op, h100) is None
+    assert plugin.portakern_backend_priority(backend, op, other) is None
+    assert [C.card(n) for n in ("NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA GH200 480GB", "NVIDIA L40S", "")] \
+        == ["h200", "h100", "gh200", None, None]
 
 
 # -- the host wrapper, with the launch recorded instead of run ----------------------------------------------

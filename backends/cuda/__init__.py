@@ -23,5 +23,5 @@ def portakern_backend_priority(backend, op, device):
         return None
     from .quant_gemv import table_entry
 
-    entry = table_entry(op, device.capability)
+    entry = table_entry(op, device.capability, device.name)
     return MEASURED_WIN_PRIORITY if entry is not None and entry[5] else None

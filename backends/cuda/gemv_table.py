@@ -6,13 +6,16 @@ against float64, then timed in CUDA graphs over weights rotated past 4x the L2, 
 tinygemm); never by hand. ``quant_gemv.choose`` takes an entry when the problem has one and its rule otherwise; the
 backend's priority hook (``__init__``) ranks it above triton for the problems whose entry says it won.
 
-Entries so far: the session-26 sweeps on an H100 (``benchmarks/results/gemv-wide-bench*-2026-12-05-s26-h100.json``;
-family sm_90, so an H200 takes them too until it is swept itself; ``benchmarks/gemv_notes.md`` v26).
+Keys name a GPU family (``"sm_90"``: serves every card of the family without entries of its own) or one card of it
+(``"sm_90/h200"``: measured on that card, looked up first); ``--table-scope`` of ``write-table`` picks which.
+Entries so far: the session-26 sweeps on an H100 (``benchmarks/results/gemv-wide-bench*-2026-12-05-s26-h100.json``),
+written for the family sm_90 (``benchmarks/gemv_notes.md`` v26).
 """
 
 from __future__ import annotations
 
-#: (family, M, bits, N, K) -> (quads, lanes, splits, pf, ldna, beats_triton); family as ``quant_gemv.family``
+#: (family or family/card, M, bits, N, K) -> (quads, lanes, splits, pf, ldna, beats_triton);
+#: family as ``quant_gemv.family``, card as ``quant_gemv.card``
 TABLE: dict[tuple[str, int, int, int, int], tuple[int, int, int, int, int, bool]] = {
     ('sm_90', 1, 4, 4096, 4096): (16, 4, 8, 2, 1, False),
     ('sm_90', 1, 4, 4096, 14336): (32, 4, 14, 2, 1, False),

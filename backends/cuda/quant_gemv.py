@@ -22,6 +22,8 @@ itself); later calls launch one kernel, allocating nothing, unless x is not a co
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 
 from portakern.backend import YES, Support, no
@@ -109,21 +111,33 @@ def family(capability: tuple[int, int]) -> str:
     return f"sm_{capability[0]}{capability[1]}"
 
 
-def table_entry(op: QuantGemv, capability: tuple[int, int] | None):
-    """``gemv_table.TABLE``'s entry for ``op`` on a GPU of ``capability`` (None when unmeasured)."""
+def card(name: str) -> str | None:
+    """The card of a GPU name, as the table's card-specific keys spell it: "h200" for "NVIDIA H200", "h100" for
+    "NVIDIA H100 80GB HBM3", "b200", "l40" ...; None when the name has no such model number."""
+    m = re.search(r"\b([A-Z]{1,2}\d{2,3})\b", name or "")
+    return m.group(1).lower() if m else None
+
+
+def table_entry(op: QuantGemv, capability: tuple[int, int] | None, name: str = ""):
+    """``gemv_table.TABLE``'s entry for ``op`` on a GPU of ``capability`` named ``name``: the one measured on that
+    card (key ``"sm_90/h200"``) if any, else the family's (``"sm_90"``: measured on another card of the family);
+    None when unmeasured."""
     from .gemv_table import TABLE
 
     if capability is None:
         return None
-    return TABLE.get((family(capability), op.M, op.fmt.bits, op.N, op.K))
+    fam, rest = family(capability), (op.M, op.fmt.bits, op.N, op.K)
+    c = card(name)
+    entry = TABLE.get((f"{fam}/{c}", *rest)) if c else None
+    return entry if entry is not None else TABLE.get((fam, *rest))
 
 
-def choose(op: QuantGemv, num_sms: int, capability: tuple[int, int] | None = None) -> SmallMConfig:
-    """The launch configuration for ``op`` on a GPU of ``num_sms`` multiprocessors and ``capability``: the measured
-    one from ``gemv_table`` when the problem has an entry; else the rule -- 128-column CTAs (64 below N = 4096), 4
+def choose(op: QuantGemv, num_sms: int, capability: tuple[int, int] | None = None, name: str = "") -> SmallMConfig:
+    """The launch configuration for ``op`` on a GPU of ``num_sms`` multiprocessors, ``capability`` and ``name``: the
+    measured one from ``gemv_table`` when the problem has an entry (``table_entry``); else the rule -- 128-column CTAs (64 below N = 4096), 4
     row lanes for int4 and 8 for int8, two groups in flight, and the fewest K slices that give every multiprocessor
     two CTAs (slices hold whole groups, and each CTA's slice of x fits ``SMEM_PER_CTA``)."""
-    entry = table_entry(op, capability)
+    entry = table_entry(op, capability, name)
     if entry is not None:
         return SmallMConfig(*entry[:5])
     quads, lanes = _tile(op)
@@ -187,7 +201,7 @@ def compile(op: QuantGemv, device: Device, config: SmallMConfig | None = None):
     if N_ALIGN_WORDS != N_ALIGN:
         raise AssertionError(f"the triton layout's row stride alignment is {N_ALIGN_WORDS}, this kernel's {N_ALIGN}")
     props = torch.cuda.get_device_properties(device.index or 0)
-    cfg = config or choose(op, props.multi_processor_count, device.capability)
+    cfg = config or choose(op, props.multi_processor_count, device.capability, device.name)
     pdl = device.capability >= (9, 0)
     zp = _zero_point(op)
     consts = defines(op, cfg, pdl, zp)

@@ -143,29 +143,39 @@ def wide_for_shape(bench_json: str, bits: int, N: int, K: int, NP: int) -> WideG
 WIN_MARGIN = 0.98
 
 
-def write_table(paths: list[str], out: str | None = None) -> str:
-    """``backends/cuda/gemv_table.py`` rewritten from the ``gemv-wide-bench*.json`` files ``paths``: per (family,
-    M, bits, N, K) the fastest variant and whether it timed under ``WIN_MARGIN`` x the triton table's time in the
-    same run (a later file's row replaces an earlier one's). Returns the path written."""
+def write_table(paths: list[str], out: str | None = None, scope: str = "card") -> str:
+    """``backends/cuda/gemv_table.py`` rewritten from the ``gemv-wide-bench*.json`` files ``paths``: per problem the
+    fastest variant and whether it timed under ``WIN_MARGIN`` x the triton table's time in the same run (a later
+    file's row replaces an earlier one's), keyed by the card that ran the sweep (``scope`` "card": ``"sm_90/h200"``,
+    which serves that card only) or by its family (``"family"``: ``"sm_90"``, which serves every card of the family
+    that has no entry of its own). Returns the path written."""
     import json
 
     from portakern.backends.cuda import gemv_table
+    from portakern.backends.cuda.quant_gemv import card
 
+    if scope not in ("card", "family"):
+        raise ValueError(f"scope={scope!r}: the table's entries are keyed by 'card' or 'family'")
     table = dict(gemv_table.TABLE)
     for path in paths:
         res = json.load(open(path))
         if "capability" not in res:
             raise ValueError(f"{path} records no GPU capability (written before --write-table existed); re-run the "
                              "sweep")
-        fam = "sm_{}{}".format(*res["capability"])
+        key = "sm_{}{}".format(*res["capability"])
+        if scope == "card":
+            c = card(res.get("gpu", ""))
+            if c is None:
+                raise ValueError(f"{path}: no card in its GPU name {res.get('gpu')!r}; write it with scope 'family'")
+            key = f"{key}/{c}"
         for r in res["bench"]:
             v = tuple(int(t) for t in r["best"].split(","))
-            table[(fam, r.get("M", 1), r["bits"], r["N"], r["K"])] = (*v, r["best_us"] <= WIN_MARGIN * r["table_us"])
+            table[(key, r.get("M", 1), r["bits"], r["N"], r["K"])] = (*v, r["best_us"] <= WIN_MARGIN * r["table_us"])
     src = open(gemv_table.__file__).read()
-    head = src[:src.index("#: (family, M, bits, N, K)")]
+    head = src[:src.index("#: (family or family/card, M, bits, N, K)")]
     lines = [f"    {k!r}: {v!r}," for k, v in sorted(table.items())]
-    body = ("#: (family, M, bits, N, K) -> (quads, lanes, splits, pf, ldna, beats_triton); family as "
-            "``quant_gemv.family``\n"
+    body = ("#: (family or family/card, M, bits, N, K) -> (quads, lanes, splits, pf, ldna, beats_triton);\n"
+            "#: family as ``quant_gemv.family``, card as ``quant_gemv.card``\n"
             "TABLE: dict[tuple[str, int, int, int, int], tuple[int, int, int, int, int, bool]] = {"
             + ("\n" + "\n".join(lines) + "\n" if lines else "") + "}\n")
     path = out or gemv_table.__file__
@@ -282,6 +292,10 @@ def main() -> int:
         ap.add_argument("--phase", choices=("lower", "check", "bench", "write-table"), required=True)
         ap.add_argument("--from", dest="sources", nargs="+", default=[], metavar="JSON",
                         help="--phase write-table: the gemv-wide-bench JSON files to take the table from")
+        ap.add_argument("--table-scope", choices=("card", "family"), default="card",
+                        help="--phase write-table: key the entries by the card that ran the sweep (default; they "
+                             "serve that card only) or by its family (they serve every card of the family without "
+                             "entries of its own)")
         ap.add_argument("--m", type=int, default=1, choices=(1, 2, 3, 4),
                         help="rows of x (M > 1: the int4 table's six shapes; the results file is named -m<M>)")
 
@@ -291,7 +305,7 @@ def main() -> int:
     if args.phase == "write-table":
         if not args.sources:
             raise SystemExit("--phase write-table needs --from JSON [JSON ...] (gemv-wide-bench files)")
-        write_table(args.sources)
+        write_table(args.sources, scope=args.table_scope)
         return 0
     M = args.m
     jobs = [(M, b, N, K, v) for b, N, K in shapes_for(M) for v in variants(b, N, K, M)]
