@@ -22,9 +22,9 @@
 #   cuda-tests      tests/test_cuda_backend.py: the cuda backend's GPU value and graph tests with the rest of the file
 #   cuda-conformance  the cuda backend on cuda:0, gpu tier (its M = 1 GEMV cases; the rest unsupported)
 #   gemv-wide       benchmarks/experiments/gemv_wide.py: the cuda backend's GEMV kernel (CUDA C, NVRTC) at M=1 over
-#                   687 launch variants, each against float64, then timed beside the triton table and tinygemm
+#                   767 launch variants (PF 4 / 8 on N <= 6144 since session 27), each against float64, then timed beside the triton table and tinygemm
 #                   (afterwards: gemv_wide.py --phase write-table --from <its JSON> writes backends/cuda/gemv_table.py)
-#   gemv-wide-m4    the same at M = 4 on the int4 table's six shapes (317 variants)
+#   gemv-wide-m4    the same at M = 4 on the int4 table's six shapes (382 variants)
 #   decode-step-wide  the step at ctx 2048 with o + down, and with every linear, on the gemv-wide kernel (the variant
 #                   fastest per shape in $RES/gemv-wide-bench-*.json: run gemv-wide first), logits compared; no peers
 #   decode-step-backends  the step at ctx 2048 and 8192 (three captures, peers in the same run) with each GEMV on the

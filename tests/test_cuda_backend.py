@@ -179,6 +179,8 @@ def _require_cxx():
     (2, 1000, 1024, 4, False, "bfloat16", "float16", "float32", (16, 4, 2, 2)),   # rows of x: staged, merged apart
     (3, 256, 1152, 4, True, "float16", "bfloat16", "float32", (32, 4, 3, 1)),
     (4, 200, 2048, 8, False, "bfloat16", "float16", "float32", (16, 8, 4, 2)),
+    (1, 1000, 1024, 4, False, "bfloat16", "float16", "float32", (16, 4, 2, 4)),   # the slice's every group in flight
+    (1, 256, 1536, 4, False, "float16", "float16", "float32", (16, 4, 1, 8)),     # 12 groups, PF 8: one partial refill
 ])
 def test_kernel_source_on_the_host_matches_float64(M, N, K, bits, sym, xdt, sdt, odt, cfg):
     _require_cxx()

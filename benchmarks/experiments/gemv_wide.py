@@ -35,6 +35,13 @@ SHAPES = ((4, 4096, 4096), (4, 14336, 4096), (4, 4096, 14336), (4, 8192, 8192), 
 QUADS = (16, 32)
 LANES = {4: (2, 4, 8), 8: (4, 8, 16)}
 PFS = (1, 2)
+#: deeper rings for the shapes whose time is their ramp (N <= 6144: the qkv / o / down projections' shapes), PF up to
+#: a slice's every group -- all of a CTA's words requested before its griddepcontrol.wait, so under programmatic
+#: dependent launch they load while the kernel before it finishes (session 27); at most MAX_RING_ROWS word rows
+#: (16-byte loads) in flight per thread, 4 registers each
+DEEP_PFS = (4, 8)
+DEEP_MAX_N = 6144
+MAX_RING_ROWS = 32
 SPLITS = (1, 2, 4, 7, 8, 14, 16, 32)
 NUM_SMS = 132
 
@@ -52,15 +59,17 @@ def shapes_for(M: int) -> tuple:
 
 def variants(bits: int, N: int, K: int, M: int = 1) -> list[tuple[int, int, int, int, int]]:
     """(QUADS, LANES, S, PF, LDNA) to time for one shape; LDNA (no-L1 loads with a 256-byte L2 hint) only on the
-    PF = 2, 4-lane variants."""
+    PF >= 2, 4-lane variants; PF 4 and 8 (``DEEP_PFS``) on the shapes up to ``DEEP_MAX_N`` columns."""
     out = []
     for q in QUADS:
         for lanes in LANES[bits]:
+            rpg = 128 * bits // 32 // lanes            # word rows of one thread in one group
+            deep = tuple(p for p in DEEP_PFS if rpg * p <= MAX_RING_ROWS) if N <= DEEP_MAX_N else ()
             for s in splits_for(N, K, q):
-                for pf in PFS:
+                for pf in PFS + deep:
                     if K // 128 // s >= pf and smem_bytes(bits, K, q, lanes, s, M) <= 100 * 1024:
                         out.append((q, lanes, s, pf, 0))
-                        if pf == 2 and lanes == LANES[bits][1]:
+                        if pf >= 2 and lanes == LANES[bits][1]:
                             out.append((q, lanes, s, pf, 1))
     return out
 
