@@ -228,7 +228,9 @@ def _buffers(N: int, K: int, M: int = 1):
             torch.zeros(N, device="cuda", dtype=torch.int32))
 
 
-def run(phase: str, res, M: int = 1) -> int:
+def run(phase: str, res, M: int = 1, shapes=None, save=lambda: None) -> int:
+    """Check (and for ``phase`` "bench" time) every compiled variant of ``shapes`` (default ``shapes_for(M)``),
+    calling ``save()`` after each shape so that a run stopped part-way keeps the shapes it finished."""
     import torch
 
     from experiments.harness import poisoned_errors
@@ -237,7 +239,7 @@ def run(phase: str, res, M: int = 1) -> int:
     cubins = res.pop("_cubins")
     jobs = list(cubins)
     bad = 0
-    for bits, N, K in shapes_for(M):
+    for bits, N, K in shapes or shapes_for(M):
         ws, counters = _buffers(N, K, M)
         w = random_prepared(N, K, bits, 128, False)
         x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
@@ -262,6 +264,7 @@ def run(phase: str, res, M: int = 1) -> int:
         print(f"M={M} int{bits} {N}x{K}: {len(kerns)}/{len(mine)} variants correct",
               flush=True)
         if phase != "bench" or not kerns:
+            save()
             continue
         op = gemv_op(M, N, K, bits=bits)
         fb = floor_bytes(op)
@@ -291,6 +294,7 @@ def run(phase: str, res, M: int = 1) -> int:
               f"-> {peer / row['best_us']:.2f}x", flush=True)
         del wss, xs
         torch.cuda.empty_cache()
+        save()
     return bad
 
 
@@ -305,6 +309,8 @@ def main() -> int:
                         help="--phase write-table: key the entries by the card that ran the sweep (default; they "
                              "serve that card only) or by its family (they serve every card of the family without "
                              "entries of its own)")
+        ap.add_argument("--shapes", nargs="+", default=None, metavar="BITSxNxK",
+                        help="only these of the sweep's shapes, e.g. 4x4096x4096 4x6144x4096 (default: all)")
         ap.add_argument("--m", type=int, default=1, choices=(1, 2, 3, 4),
                         help="rows of x (M > 1: the int4 table's six shapes; the results file is named -m<M>)")
 
@@ -317,7 +323,17 @@ def main() -> int:
         write_table(args.sources, scope=args.table_scope)
         return 0
     M = args.m
-    jobs = [(M, b, N, K, v) for b, N, K in shapes_for(M) for v in variants(b, N, K, M)]
+    shapes = shapes_for(M)
+    if args.shapes:
+        try:
+            wanted = {tuple(int(t) for t in sh.split("x")) for sh in args.shapes}
+        except ValueError:
+            raise SystemExit(f"--shapes {' '.join(args.shapes)}: each must be BITSxNxK, e.g. 4x4096x4096") from None
+        if not wanted <= set(shapes):
+            raise SystemExit(f"--shapes {sorted(wanted - set(shapes))}: not among the sweep's (bits, N, K) at M={M}: "
+                             f"{', '.join('x'.join(map(str, s)) for s in shapes)}")
+        shapes = tuple(s for s in shapes if s in wanted)
+    jobs = [(M, b, N, K, v) for b, N, K in shapes for v in variants(b, N, K, M)]
     cubins = compile_all(jobs)           # before CUDA is initialised in this process (forked workers)
     import torch
 
@@ -329,8 +345,9 @@ def main() -> int:
     res = header(__doc__, copy_bandwidth_TBps(), check=[], bench=[])
     res["capability"] = list(torch.cuda.get_device_capability(0))
     res["_cubins"] = cubins
-    bad = run(args.phase, res, M)
-    write(res, args.out, f"gemv-wide-{args.phase}" + (f"-m{M}" if M > 1 else ""), args.tag)
+    name = f"gemv-wide-{args.phase}" + (f"-m{M}" if M > 1 else "")
+    bad = run(args.phase, res, M, shapes, save=lambda: write(res, args.out, name, args.tag))
+    write(res, args.out, name, args.tag)
     print(f"{len(res['check']) - bad}/{len(res['check'])} correct")
     for r in res["bench"]:
         peer = r.get("tinygemm_us", r.get("torch_int8_us"))
