@@ -27,3 +27,17 @@ def test_variants_hold_whole_groups_and_fit(M):
             assert (128 // (32 // bits)) % lanes == 0          # row lanes divide a group's word rows
             assert K // 128 // s >= pf
             assert gemv_wide.smem_bytes(bits, K, quads, lanes, s, M) <= 100 * 1024
+
+
+def test_deep_rings_only_where_the_ramp_rules_and_within_the_register_budget():
+    # PF 4 / 8 (a slice's every group before the PDL wait) on the N <= 6144 shapes only, never more than
+    # MAX_RING_ROWS 16-byte word rows in flight per thread; every other shape keeps PF 1 / 2
+    seen = set()
+    for bits, N, K in gemv_wide.shapes_for(1):
+        for quads, lanes, s, pf, ldna in gemv_wide.variants(bits, N, K, 1):
+            if pf > 2:
+                assert N <= gemv_wide.DEEP_MAX_N
+                assert (128 * bits // 32 // lanes) * pf <= gemv_wide.MAX_RING_ROWS
+                seen.add((N, K, pf))
+    assert {(4096, 4096, 4), (4096, 4096, 8), (6144, 4096, 4), (4096, 14336, 8)} <= seen
+    assert not any(N > gemv_wide.DEEP_MAX_N for N, _, _ in seen)
