@@ -384,8 +384,8 @@ def test_a_cards_own_entry_comes_before_its_familys(C, backend, monkeypatch):
     op = gemv(N=4096, K=14336)
     h100 = Device("cuda", 0, arch="sm_90a", name="NVIDIA H100 80GB HBM3", capability=(9, 0), warp_size=32)
     other = Device("cuda", 0, arch="sm_90a", name="Graphics Device", capability=(9, 0), warp_size=32)
-    monkeypatch.setitem(gemv_table.TABLE, ("sm_90", 1, 4, 4096, 14336), (32, 4, 14, 2, 1, False))
-    monkeypatch.setitem(gemv_table.TABLE, ("sm_90/h200", 1, 4, 4096, 14336), (16, 8, 7, 1, 1, True))
+    monkeypatch.setattr(gemv_table, "TABLE", {("sm_90", 1, 4, 4096, 14336): (32, 4, 14, 2, 1, False),   # not the
+                                              ("sm_90/h200", 1, 4, 4096, 14336): (16, 8, 7, 1, 1, True)})  # committed
     assert C.choose(op, 132, (9, 0), H200.name) == C.SmallMConfig(16, 8, 7, 1, 1)
     assert C.choose(op, 132, (9, 0), h100.name) == C.choose(op, 132, (9, 0)) == C.SmallMConfig(32, 4, 14, 2, 1)
     assert plugin.portakern_backend_priority(backend, op, H200) == plugin.MEASURED_WIN_PRIORITY
