@@ -134,9 +134,9 @@ def table_entry(op: QuantGemv, capability: tuple[int, int] | None, name: str = "
 
 def choose(op: QuantGemv, num_sms: int, capability: tuple[int, int] | None = None, name: str = "") -> SmallMConfig:
     """The launch configuration for ``op`` on a GPU of ``num_sms`` multiprocessors, ``capability`` and ``name``: the
-    measured one from ``gemv_table`` when the problem has an entry (``table_entry``); else the rule -- 128-column CTAs (64 below N = 4096), 4
-    row lanes for int4 and 8 for int8, two groups in flight, and the fewest K slices that give every multiprocessor
-    two CTAs (slices hold whole groups, and each CTA's slice of x fits ``SMEM_PER_CTA``)."""
+    measured one from ``gemv_table`` when the problem has an entry (``table_entry``); else the rule -- 128-column
+    CTAs (64 below N = 4096), 4 row lanes for int4 and 8 for int8, two groups in flight, and the fewest K slices that
+    give every multiprocessor two CTAs (slices hold whole groups, and each CTA's slice of x fits ``SMEM_PER_CTA``)."""
     entry = table_entry(op, capability, name)
     if entry is not None:
         return SmallMConfig(*entry[:5])
