@@ -48,3 +48,18 @@ def test_a_winner_moved_to_another_shape_takes_that_shape_s_split():
     f = T.GemvConfig("fma", 32, 64, 4, split_k=7)
     kwp = -(-(14336 // 8) // Q.K_ALIGN_WORDS) * Q.K_ALIGN_WORDS
     assert split_for_shape(f, 1, 4096, 14336, 4).split_k == T.split_k_for(4096, kwp, f, 132)
+
+
+def test_the_main_table_records_either_backends_launch_configuration():
+    # pk_config of a row: the cuda kernel's SmallMConfig, or the triton kernel's chosen GemvConfig
+    from types import SimpleNamespace
+
+    from gemv import config_json
+
+    from portakern.backends.cuda.quant_gemv import SmallMConfig
+
+    cuda_kernel = SimpleNamespace(config=SmallMConfig(32, 4, 8, 2, 1))
+    assert config_json(cuda_kernel) == {"quads": 32, "lanes": 4, "splits": 8, "pf": 2, "ldna": 1}
+    cfg = T.choose(Q._LayoutStub(gemv_op(1, 4096, 4096)), 1, 4096, "sm_90", 132, dtype="bfloat16")
+    triton_kernel = SimpleNamespace(launchers={(1,): SimpleNamespace(cfg=cfg)})
+    assert config_json(triton_kernel) == cfg.to_json()
