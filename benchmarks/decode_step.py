@@ -79,32 +79,33 @@ def gemv_kernel(N: int, K: int, group_rows: bool = True, l2_prefetch: int = 0, p
     return Q.compile(op, dev, replace(cfg, prefetch=prefetch))
 
 
-def chosen_gemv(N: int, K: int, backend: str | None = None) -> tuple[str, object]:
-    """``(backend name, kernel)`` that ``torch.ops.portakern.quant_gemv`` runs for one linear at M = 1
-    (``torch_ops.gemv_kernel``: the triton table, or the cuda backend where its measured table ranks it first);
-    ``backend`` forces one (``dispatch.use_backend``)."""
+def chosen_gemvs(linears: dict, backend: str | None = None) -> tuple[dict, dict]:
+    """``({name: backend name}, {name: kernel})``: what ``torch.ops.portakern.quant_gemv`` runs for each ``(N, K)``
+    linear at M = 1 (``torch_ops.gemv_kernel``: the triton table, or the cuda backend where its measured table ranks
+    it first); ``backend`` forces one (``dispatch.use_backend``)."""
     from portakern import dispatch, torch_ops
 
+    names, kernels = {}, {}
     with dispatch.use_backend(backend) if backend else contextlib.nullcontext():
-        return torch_ops.gemv_kernel(gemv_op(N, K), torch_device("cuda", 0))
+        for n, (N, K) in linears.items():
+            names[n], kernels[n] = torch_ops.gemv_kernel(gemv_op(N, K), torch_device("cuda", 0))
+    return names, kernels
 
 
 # -- portakern's step --------------------------------------------------------------------------------
 
 class PortakernStep:
     def __init__(self, ctx: int, glue: str, attention: str, group_rows: bool = True,
-                 prefetch: str = "none", prefetch_mb: float = 24.0, gemv_backend: str | None = None):
+                 prefetch: str = "none", prefetch_mb: float = 24.0):
         shapes = {"qkv": ((HQ + 2 * HKV) * D, HID), "o": (HID, HQ * D), "gu": (2 * MLP, HID), "down": (HID, MLP)}
         self.linears = {**shapes, "lm": (VOCAB, HID)}
         # the GEMVs: the kernels portakern's op picks per linear (group_rows=False: the triton table without
         # group-resident tiles, an experiment); which backend each runs on is recorded with the results
-        self.gemv_backends = {n: "triton" for n in self.linears}
-        self.kern = {}
-        for n, (N, K) in self.linears.items():
-            if group_rows:
-                self.gemv_backends[n], self.kern[n] = chosen_gemv(N, K, gemv_backend)
-            else:
-                self.kern[n] = gemv_kernel(N, K, group_rows)
+        if group_rows:
+            self.gemv_backends, self.kern = chosen_gemvs(self.linears)
+        else:
+            self.gemv_backends = {n: "triton" for n in self.linears}
+            self.kern = {n: gemv_kernel(N, K, group_rows) for n, (N, K) in self.linears.items()}
         self.layers = [{n: random_prepared(N, K, 4, 128, False) for n, (N, K) in shapes.items()}
                        for _ in range(LAYERS)]
         self.lm = random_prepared(VOCAB, HID, 4, 128, False)
@@ -148,9 +149,8 @@ class PortakernStep:
     def with_gemv_backend(self, backend: str) -> "PortakernStep":
         """The same step (weights, caches shared) with every GEMV on ``backend``'s kernel for its shape (the
         backend forced as ``dispatch.use_backend`` forces it; ``--compare-gemv-backend``)."""
-        chosen = {n: chosen_gemv(N, K, backend) for n, (N, K) in self.linears.items()}
-        other = self.with_gemv({n: k for n, (_, k) in chosen.items()}, "")
-        other.gemv_backends = {n: b for n, (b, _) in chosen.items()}
+        other = copy.copy(self)
+        other.gemv_backends, other.kern = chosen_gemvs(self.linears, backend)
         return other
 
     def with_gemv(self, kernels: dict, backend: str) -> "PortakernStep":

@@ -444,6 +444,13 @@ def test_wrapper_checks_and_launch_geometry_without_a_gpu(C, monkeypatch):
     other = prepare_weight(None, portakern.quantize(np.ones((1200, K), np.float32), bits=4, group_size=128), cpu)
     with pytest.raises(InvalidInputError, match="row stride is 1280, expected 1024"):
         kern(x, other, out)
+    from dataclasses import replace
+
+    sym_op = QuantGemv(M=1, N=N, K=K, dtype=DType.bfloat16, fmt=QuantFormat(bits=4, group_size=128, symmetric=True))
+    sym_kern = C.compile(sym_op, H200, cfg)
+    sym_kern(x, sym, out)                                # zero point 8 baked in, as the weight stores it
+    with pytest.raises(InvalidInputError, match="zero point is 3, the op's format's 8"):
+        sym_kern(x, replace(sym, zero_point=3), out)
 
 
 def test_choose_and_host_run_say_what_they_cannot_do(C, monkeypatch):
