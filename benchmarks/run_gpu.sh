@@ -24,6 +24,9 @@
 #   gemv-wide       benchmarks/experiments/gemv_wide.py: the cuda backend's GEMV kernel (CUDA C, NVRTC) at M=1 over
 #                   767 launch variants (PF 4 / 8 on N <= 6144 since session 27), each against float64, then timed beside the triton table and tinygemm
 #                   (afterwards: gemv_wide.py --phase write-table --from <its JSON> writes backends/cuda/gemv_table.py)
+#   gemv-wide-deep  the same sweep on the shapes of more than 6144 columns with the deep rings (PF 4 / 8) too
+#                   (--deep-max-n 1000000; 1228 - 767 more variants): for a card whose bandwidth wants more bytes in
+#                   flight per SM than the H100 that chose PF <= 2 for them
 #   gemv-wide-m4    the same at M = 4 on the int4 table's six shapes (382 variants)
 #   decode-step-wide  the step at ctx 2048 with o + down, and with every linear, on the gemv-wide kernel (the variant
 #                   fastest per shape in $RES/gemv-wide-bench-*.json: run gemv-wide first), logits compared; no peers
@@ -143,6 +146,9 @@ for s in "$@"; do
             --markdown "$RES/conformance-cuda-$CARD-gpu$TAG.md" ;;
         gemv-wide) step gemv-wide python3 benchmarks/experiments/gemv_wide.py --phase bench --tag="$TAG" \
             --out "$RES" ;;
+        gemv-wide-deep) step gemv-wide-deep python3 benchmarks/experiments/gemv_wide.py --phase bench \
+            --deep-max-n 1000000 --shapes 4x14336x4096 4x8192x8192 4x28672x8192 4x16384x16384 4x28672x4096 \
+            4x128256x4096 8x8192x8192 8x28672x8192 8x16384x16384 --tag="-deep$TAG" --out "$RES" ;;
         gemv-wide-m4) step gemv-wide-m4 python3 benchmarks/experiments/gemv_wide.py --phase bench --m 4 \
             --tag="$TAG" --out "$RES" ;;
         decode-step-wide) step decode-step-wide python3 benchmarks/decode_step.py --ctx 2048 --no-peers \

@@ -41,3 +41,22 @@ def test_deep_rings_only_where_the_ramp_rules_and_within_the_register_budget():
                 seen.add((N, K, pf))
     assert {(4096, 4096, 4), (4096, 4096, 8), (6144, 4096, 4), (4096, 14336, 8)} <= seen
     assert not any(N > gemv_wide.DEEP_MAX_N for N, _, _ in seen)
+
+
+def test_deep_max_n_widens_the_deep_rings_to_the_large_shapes(monkeypatch):
+    # --deep-max-n 1000000 (an H200 sweep: more bytes in flight per SM at a higher bandwidth) adds PF 4 / 8 to the
+    # large shapes, within the same register budget, and keeps every variant the default sweep had
+    default = {s: set(gemv_wide.variants(*s)) for s in gemv_wide.shapes_for(1)}
+    monkeypatch.setattr(gemv_wide, "DEEP_MAX_N", 1_000_000)
+    widened = {s: set(gemv_wide.variants(*s)) for s in gemv_wide.shapes_for(1)}
+    for s in default:
+        assert default[s] <= widened[s]
+    new = {(s, v[3]) for s in widened for v in widened[s] - default[s]}
+    assert all(s[1] > 6144 and pf > 2 for s, pf in new)
+    assert ((4, 28672, 8192), 4) in new and ((4, 16384, 16384), 8) in new
+
+
+def test_deep_max_n_rejects_a_non_positive_count(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["gemv_wide.py", "--phase", "lower", "--deep-max-n", "0"])
+    with pytest.raises(SystemExit, match=r"--deep-max-n 0: must be a positive column count"):
+        gemv_wide.main()

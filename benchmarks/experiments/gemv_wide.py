@@ -311,10 +311,18 @@ def main() -> int:
                              "entries of its own)")
         ap.add_argument("--shapes", nargs="+", default=None, metavar="BITSxNxK",
                         help="only these of the sweep's shapes, e.g. 4x4096x4096 4x6144x4096 (default: all)")
+        ap.add_argument("--deep-max-n", type=int, default=DEEP_MAX_N, metavar="N",
+                        help=f"sweep the deep rings (PF {'/'.join(map(str, DEEP_PFS))}) on shapes of at most N "
+                             f"columns (default {DEEP_MAX_N}: the N = 4096 / 6144 shapes; 1000000: every shape)")
         ap.add_argument("--m", type=int, default=1, choices=(1, 2, 3, 4),
                         help="rows of x (M > 1: the int4 table's six shapes; the results file is named -m<M>)")
 
     args = parse_args(__doc__, extra)
+    global DEEP_MAX_N
+    if args.deep_max_n < 1:
+        raise SystemExit(f"--deep-max-n {args.deep_max_n}: must be a positive column count (e.g. 6144, or 1000000 "
+                         "for every shape)")
+    DEEP_MAX_N = args.deep_max_n
     if args.phase == "lower":
         return lower()
     if args.phase == "write-table":
