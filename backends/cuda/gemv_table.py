@@ -11,7 +11,8 @@ Keys name a GPU family (``"sm_90"``: serves every card of the family without ent
 Entries so far: the session-26 sweeps on an H100 (``benchmarks/results/gemv-wide-bench*-2026-12-05-s26-h100.json``),
 written for the family sm_90 (``benchmarks/gemv_notes.md`` v26); the H100's own (``"sm_90/h100"``) from session 27's
 deep-ring sweep of the N <= 6144 shapes and session 28's of the larger ones
-(``gemv-wide-bench-2026-12-06-deep-s2{7,8}-h100.json``, v27 / v28).
+(``gemv-wide-bench-2026-12-06-deep-s2{7,8}-h100.json``, v27 / v28); the H200's own (``"sm_90/h200"``) from session
+28's sweep of every shape with every ring depth (``gemv-wide-bench-2026-12-06-s28-h200.json``, v28).
 """
 
 from __future__ import annotations
@@ -49,4 +50,16 @@ TABLE: dict[tuple[str, int, int, int, int], tuple[int, int, int, int, int, bool]
     ('sm_90/h100', 1, 8, 8192, 8192): (16, 8, 4, 4, 1, True),
     ('sm_90/h100', 1, 8, 16384, 16384): (16, 8, 16, 2, 1, True),
     ('sm_90/h100', 1, 8, 28672, 8192): (16, 8, 4, 2, 1, True),
+    ('sm_90/h200', 1, 4, 4096, 4096): (16, 4, 8, 2, 1, False),
+    ('sm_90/h200', 1, 4, 4096, 14336): (32, 4, 14, 2, 1, True),
+    ('sm_90/h200', 1, 4, 6144, 4096): (16, 8, 4, 2, 0, False),
+    ('sm_90/h200', 1, 4, 8192, 8192): (32, 4, 8, 4, 1, True),
+    ('sm_90/h200', 1, 4, 14336, 4096): (32, 4, 4, 4, 1, True),
+    ('sm_90/h200', 1, 4, 16384, 16384): (32, 4, 4, 4, 1, True),
+    ('sm_90/h200', 1, 4, 28672, 4096): (32, 4, 4, 2, 1, True),
+    ('sm_90/h200', 1, 4, 28672, 8192): (32, 4, 8, 2, 1, True),
+    ('sm_90/h200', 1, 4, 128256, 4096): (32, 4, 1, 1, 0, True),
+    ('sm_90/h200', 1, 8, 8192, 8192): (16, 16, 8, 1, 0, True),
+    ('sm_90/h200', 1, 8, 16384, 16384): (32, 8, 4, 1, 0, True),
+    ('sm_90/h200', 1, 8, 28672, 8192): (32, 8, 8, 1, 0, True),
 }
