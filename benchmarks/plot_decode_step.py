@@ -12,7 +12,8 @@ import json
 #: legend labels of the step names ``decode_step.py`` writes (others are shown as written)
 LABELS = {"int4_portakern": "portakern int4", "int4_tinygemm": "tinygemm int4 (PyTorch)", "bf16": "bf16 (PyTorch)",
           "int4_portakern_attention_hold": "portakern int4, attention merge not releasing the next GEMV",
-          "int4_portakern_attention_release-pdl": "portakern int4, + decode kernel as a dependent"}
+          "int4_portakern_attention_release-pdl": "portakern int4, + decode kernel as a dependent",
+          "int4_portakern_gemv_backend_triton": "portakern int4, every GEMV forced onto triton"}
 
 
 def main() -> None:
