@@ -60,3 +60,16 @@ def test_deep_max_n_rejects_a_non_positive_count(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["gemv_wide.py", "--phase", "lower", "--deep-max-n", "0"])
     with pytest.raises(SystemExit, match=r"--deep-max-n 0: must be a positive column count"):
         gemv_wide.main()
+
+
+def test_a_variant_answered_from_the_compute_cache_reports_its_cubins_registers():
+    # on a warm GPU machine NVRTC may answer from the driver's compute cache with no ptxas report in the log: the
+    # sweep's row then carries the registers and stack frame the cubin records, marked from_cubin
+    import dataclasses
+
+    pytest.importorskip("cuda.bindings")
+    job, compiled, log = gemv_wide._compile((1, 4, 4096, 4096, (16, 4, 8, 2, 1)))
+    fresh = gemv_wide.report(compiled, log)
+    hit = gemv_wide.report(dataclasses.replace(compiled, log=""), "")
+    assert "from_cubin" not in fresh and fresh["registers"] > 0
+    assert hit["from_cubin"] and hit["registers"] == fresh["registers"] and hit["frame_bytes"] == 0

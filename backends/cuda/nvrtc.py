@@ -17,6 +17,8 @@ from importlib import resources
 
 from portakern.errors import BackendError
 
+from .cubin_info import cubin_resources
+
 _lock = threading.Lock()
 
 
@@ -43,20 +45,40 @@ def source(name: str) -> str:
 
 @dataclass(frozen=True)
 class Compiled:
-    """A cubin and ptxas' report on it."""
+    """A cubin and ptxas' report on it. On a machine with a CUDA driver NVRTC may answer from the driver's compute
+    cache, whose hits come with no ptxas report in the log (``cubin_info``): ``registers`` then reads the cubin,
+    ``spill_bytes`` is None, and ``frame_bytes`` (read from the cubin either way) says whether anything spilled."""
 
     cubin: bytes
     log: str
     target: str
 
     @property
-    def registers(self) -> int | None:
-        m = re.search(r"Used (\d+) registers", self.log)
-        return int(m.group(1)) if m else None
+    def ptxas_ran(self) -> bool:
+        """Whether the log holds ptxas' report (False on a compute-cache hit)."""
+        return re.search(r"Used \d+ registers", self.log) is not None
 
     @property
-    def spill_bytes(self) -> int:
+    def registers(self) -> int | None:
+        """Registers a thread of the kernel uses (ptxas' report, else the cubin's record)."""
+        m = re.search(r"Used (\d+) registers", self.log)
+        if m:
+            return int(m.group(1))
+        res = cubin_resources(self.cubin)
+        return res["registers"] if res else None
+
+    @property
+    def spill_bytes(self) -> int | None:
+        """Bytes of spill stores plus loads in ptxas' report; None when ptxas did not run (a compute-cache hit)."""
+        if not self.ptxas_ran:
+            return None
         return sum(int(b) for b in re.findall(r"(\d+) bytes spill (?:stores|loads)", self.log))
+
+    @property
+    def frame_bytes(self) -> int:
+        """Bytes of stack frame a thread (the cubin's record): where spilled registers are kept, 0 when none are."""
+        res = cubin_resources(self.cubin)
+        return res["frame_bytes"] if res else 0
 
 
 @functools.lru_cache(maxsize=256)

@@ -48,6 +48,10 @@ TARGETS = {"sm_80": "sm_80", "sm_90a": "sm_90a", "sm_100a": "sm_100a", "sm_120":
 DEFAULT_SMS = {"sm_80": 108, "sm_90a": 132, "sm_100a": 148, "sm_120": 84}
 #: local-memory spill (stores + loads, bytes) a lowering may report before compile_for_target calls it a failure
 MAX_SPILL_BYTES = 16
+#: the bound on the stack frame the cubin records (the spill's storage: two registers' slots), which is all there is
+#: to go by when NVRTC answers from the driver's compute cache without ptxas' report (``cubin_info``); coarser than
+#: MAX_SPILL_BYTES: the spilling lowerings seen keep 8 bytes of frame for 8 bytes of spill traffic and for 24-32
+MAX_SPILL_FRAME_BYTES = 8
 #: shared memory one CTA may take (so that two fit on every target's multiprocessor)
 SMEM_PER_CTA = 48 * 1024
 
@@ -242,19 +246,22 @@ def compile(op: QuantGemv, device: Device, config: SmallMConfig | None = None):
 
 
 def compile_for_target(op: QuantGemv, target: str, config: SmallMConfig | None = None) -> dict:
-    """Lower ``op`` for ``target`` with NVRTC, no device: the cubin and ptxas' report.
+    """Lower ``op`` for ``target`` with NVRTC, no device: the cubin and ptxas' report (``spill_bytes`` None where
+    NVRTC answered from the driver's compute cache; ``registers`` and ``frame_bytes`` from the cubin then).
 
     Raises:
-      BackendError when NVRTC rejects it or ptxas spills more than ``MAX_SPILL_BYTES`` to local memory (a kernel
-      of this kind that spills its words or accumulators is a configuration error, never a fast path; ptxas
-      spills a register or two, 4-8 bytes, in a few M = 2 configurations, which stay in L1)."""
+      BackendError when NVRTC rejects it, ptxas spills more than ``MAX_SPILL_BYTES`` to local memory or, where
+      ptxas did not run, the cubin's stack frame exceeds ``MAX_SPILL_FRAME_BYTES`` (a kernel of this kind that
+      spills its words or accumulators is a configuration error, never a fast path; ptxas spills a register or two,
+      4-8 bytes, in a few M = 2 configurations, which stay in L1)."""
     from portakern.errors import BackendError
 
     cfg = config or choose(op, DEFAULT_SMS[target], _capability(target))
     consts = defines(op, cfg, target != "sm_80", _zero_point(op))
     compiled = nvrtc.compile_source(SOURCE, tuple(consts.items()), TARGETS[target])
-    if compiled.spill_bytes > MAX_SPILL_BYTES:
-        raise BackendError(f"gemv_small_m for {target} with {consts} spills {compiled.spill_bytes} bytes:\n"
-                           f"{compiled.log}")
+    spills = compiled.spill_bytes
+    if spills > MAX_SPILL_BYTES if spills is not None else compiled.frame_bytes > MAX_SPILL_FRAME_BYTES:
+        raise BackendError(f"gemv_small_m for {target} with {consts} spills ({spills} bytes of spill traffic, "
+                           f"{compiled.frame_bytes} bytes of stack frame):\n{compiled.log}")
     return {"target": target, "config": cfg, "cubin_bytes": len(compiled.cubin), "registers": compiled.registers,
-            "spill_bytes": compiled.spill_bytes, "smem_bytes": smem_bytes(op, cfg)}
+            "spill_bytes": spills, "frame_bytes": compiled.frame_bytes, "smem_bytes": smem_bytes(op, cfg)}

@@ -194,12 +194,21 @@ def write_table(paths: list[str], out: str | None = None, scope: str = "card") -
     return path
 
 
+def report(compiled, log: str) -> dict:
+    """ptxas' report of a variant (``cuda_build.registers``); on a GPU machine whose driver's compute cache answered
+    NVRTC (no report in the log), the registers and the stack frame (``frame_bytes``) the cubin records instead."""
+    r = registers(log)
+    if r["registers"] is None:
+        r.update(registers=compiled.registers, frame_bytes=compiled.frame_bytes, from_cubin=True)
+    return r
+
+
 def lower() -> int:
     jobs = [(M, b, N, K, v) for M in (1, 4) for b, N, K in shapes_for(M) for v in variants(b, N, K, M)]
     bad = 0
     for (M, b, N, K, v), (compiled, log) in compile_all(jobs).items():
-        r = registers(log) if compiled else None
-        bad += compiled is None or bool(r["spill_stores"])
+        r = report(compiled, log) if compiled else None
+        bad += compiled is None or bool(r["spill_stores"] or r.get("frame_bytes"))
         print(f"M={M} int{b} {N}x{K} quads,lanes,S,PF,ldna={v}: {r if compiled else 'FAILED ' + log}")
     print(f"{len(jobs)} variants, {bad} failed or spilled")
     return 1 if bad else 0
@@ -250,7 +259,7 @@ def run(phase: str, res, M: int = 1, shapes=None, save=lambda: None) -> int:
             compiled, log = cubins[job]
             v = job[4]
             row = {"M": M, "bits": bits, "N": N, "K": K, "variant": v,
-                   **(registers(log) if compiled else {"error": log})}
+                   **(report(compiled, log) if compiled else {"error": log})}
             if compiled is not None:
                 counters.zero_()             # a wrong variant must not leave the next one a stale count
                 kern = WideGemv(compiled, M, bits, N, K, v, ws, counters)
