@@ -259,8 +259,9 @@ def compile_for_target(op: QuantGemv, target: str, config: SmallMConfig | None =
     cfg = config or choose(op, DEFAULT_SMS[target], _capability(target))
     consts = defines(op, cfg, target != "sm_80", _zero_point(op))
     compiled = nvrtc.compile_source(SOURCE, tuple(consts.items()), TARGETS[target])
-    spills = compiled.spill_bytes
-    if spills > MAX_SPILL_BYTES if spills is not None else compiled.frame_bytes > MAX_SPILL_FRAME_BYTES:
+    spills = compiled.spill_bytes                   # None where ptxas did not run: the frame is all there is
+    too_much = spills > MAX_SPILL_BYTES if spills is not None else compiled.frame_bytes > MAX_SPILL_FRAME_BYTES
+    if too_much:
         raise BackendError(f"gemv_small_m for {target} with {consts} spills ({spills} bytes of spill traffic, "
                            f"{compiled.frame_bytes} bytes of stack frame):\n{compiled.log}")
     return {"target": target, "config": cfg, "cubin_bytes": len(compiled.cubin), "registers": compiled.registers,
