@@ -133,6 +133,7 @@ def test_the_cubin_records_what_ptxas_reports(C):
     # registers and stack frame read from the cubin's .nv.info (what a compute-cache hit leaves) equal ptxas' own
     # report of a fresh compile, on every target, for a kernel that does not spill and for one that does
     import re
+    import uuid
 
     from portakern.backends.cuda import nvrtc
     from portakern.backends.cuda.cubin_info import cubin_resources
@@ -142,8 +143,9 @@ def test_the_cubin_records_what_ptxas_reports(C):
     frames = []
     for op, cfg in cases:
         for target in C.TARGETS.values():
-            c = nvrtc.compile_text(nvrtc.source(C.SOURCE), C.SOURCE,
-                                   tuple(C.defines(op, cfg, target != "sm_80", None).items()), target)
+            # a source text no earlier compile used: on a GPU machine NVRTC cannot answer from the compute cache
+            text = nvrtc.source(C.SOURCE) + f"\n// {uuid.uuid4()}\n"
+            c = nvrtc.compile_text(text, C.SOURCE, tuple(C.defines(op, cfg, target != "sm_80", None).items()), target)
             assert c.ptxas_ran
             res = cubin_resources(c.cubin)
             assert res["registers"] == int(re.search(r"Used (\d+) registers", c.log).group(1))

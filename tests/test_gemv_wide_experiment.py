@@ -43,12 +43,11 @@ def test_deep_rings_only_where_the_ramp_rules_and_within_the_register_budget():
     assert not any(N > gemv_wide.DEEP_MAX_N for N, _, _ in seen)
 
 
-def test_deep_max_n_widens_the_deep_rings_to_the_large_shapes(monkeypatch):
+def test_deep_max_n_widens_the_deep_rings_to_the_large_shapes():
     # --deep-max-n 1000000 (an H200 sweep: more bytes in flight per SM at a higher bandwidth) adds PF 4 / 8 to the
     # large shapes, within the same register budget, and keeps every variant the default sweep had
     default = {s: set(gemv_wide.variants(*s)) for s in gemv_wide.shapes_for(1)}
-    monkeypatch.setattr(gemv_wide, "DEEP_MAX_N", 1_000_000)
-    widened = {s: set(gemv_wide.variants(*s)) for s in gemv_wide.shapes_for(1)}
+    widened = {s: set(gemv_wide.variants(*s, deep_max_n=1_000_000)) for s in gemv_wide.shapes_for(1)}
     for s in default:
         assert default[s] <= widened[s]
     new = {(s, v[3]) for s in widened for v in widened[s] - default[s]}
@@ -68,8 +67,23 @@ def test_a_variant_answered_from_the_compute_cache_reports_its_cubins_registers(
     import dataclasses
 
     pytest.importorskip("cuda.bindings")
-    job, compiled, log = gemv_wide._compile((1, 4, 4096, 4096, (16, 4, 8, 2, 1)))
+    compiled = _uncached_compile((1, 4, 4096, 4096, (16, 4, 8, 2, 1)))
+    log = compiled.log
     fresh = gemv_wide.report(compiled, log)
     hit = gemv_wide.report(dataclasses.replace(compiled, log=""), "")
     assert "from_cubin" not in fresh and fresh["registers"] > 0
     assert hit["from_cubin"] and hit["registers"] == fresh["registers"] and hit["frame_bytes"] == 0
+
+
+def _uncached_compile(job):
+    """The variant's kernel compiled from a source text no earlier compile used (a unique trailing comment), so that
+    on a GPU machine NVRTC cannot answer from the driver's compute cache and its log holds ptxas' report."""
+    import uuid
+
+    from portakern.backends.cuda import nvrtc
+    from portakern.backends.cuda import quant_gemv as C
+
+    M, bits, N, K, v = job
+    op, cfg = gemv_wide._op_cfg(M, bits, N, K, v)
+    text = nvrtc.source(C.SOURCE) + f"\n// {uuid.uuid4()}\n"
+    return nvrtc.compile_text(text, C.SOURCE, tuple(C.defines(op, cfg, True, None).items()), "sm_90a")

@@ -20,6 +20,7 @@ from portakern.errors import BackendError
 from .cubin_info import cubin_resources
 
 _lock = threading.Lock()
+_REGISTERS = re.compile(r"Used (\d+) registers")      # ptxas' report line (absent on a compute-cache hit)
 
 
 def unavailable() -> str | None:
@@ -56,12 +57,12 @@ class Compiled:
     @property
     def ptxas_ran(self) -> bool:
         """Whether the log holds ptxas' report (False on a compute-cache hit)."""
-        return re.search(r"Used \d+ registers", self.log) is not None
+        return _REGISTERS.search(self.log) is not None
 
     @property
     def registers(self) -> int | None:
         """Registers a thread of the kernel uses (ptxas' report, else the cubin's record)."""
-        m = re.search(r"Used (\d+) registers", self.log)
+        m = _REGISTERS.search(self.log)
         if m:
             return int(m.group(1))
         res = cubin_resources(self.cubin)

@@ -57,14 +57,17 @@ def shapes_for(M: int) -> tuple:
     return SHAPES if M == 1 else SHAPES[:6]
 
 
-def variants(bits: int, N: int, K: int, M: int = 1) -> list[tuple[int, int, int, int, int]]:
+def variants(bits: int, N: int, K: int, M: int = 1,
+             deep_max_n: int | None = None) -> list[tuple[int, int, int, int, int]]:
     """(QUADS, LANES, S, PF, LDNA) to time for one shape; LDNA (no-L1 loads with a 256-byte L2 hint) only on the
-    PF >= 2, 4-lane variants; PF 4 and 8 (``DEEP_PFS``) on the shapes up to ``DEEP_MAX_N`` columns."""
+    PF >= 2, 4-lane variants; PF 4 and 8 (``DEEP_PFS``) on the shapes up to ``deep_max_n`` (default
+    ``DEEP_MAX_N``) columns."""
+    deep_max_n = DEEP_MAX_N if deep_max_n is None else deep_max_n
     out = []
     for q in QUADS:
         for lanes in LANES[bits]:
             rpg = 128 * bits // 32 // lanes            # word rows of one thread in one group
-            deep = tuple(p for p in DEEP_PFS if rpg * p <= MAX_RING_ROWS) if N <= DEEP_MAX_N else ()
+            deep = tuple(p for p in DEEP_PFS if rpg * p <= MAX_RING_ROWS) if N <= deep_max_n else ()
             for s in splits_for(N, K, q):
                 for pf in PFS + deep:
                     if K // 128 // s >= pf and smem_bytes(bits, K, q, lanes, s, M) <= 100 * 1024:
@@ -203,8 +206,8 @@ def report(compiled, log: str) -> dict:
     return r
 
 
-def lower() -> int:
-    jobs = [(M, b, N, K, v) for M in (1, 4) for b, N, K in shapes_for(M) for v in variants(b, N, K, M)]
+def lower(deep_max_n: int | None = None) -> int:
+    jobs = [(M, b, N, K, v) for M in (1, 4) for b, N, K in shapes_for(M) for v in variants(b, N, K, M, deep_max_n)]
     bad = 0
     for (M, b, N, K, v), (compiled, log) in compile_all(jobs).items():
         r = report(compiled, log) if compiled else None
@@ -327,13 +330,11 @@ def main() -> int:
                         help="rows of x (M > 1: the int4 table's six shapes; the results file is named -m<M>)")
 
     args = parse_args(__doc__, extra)
-    global DEEP_MAX_N
     if args.deep_max_n < 1:
         raise SystemExit(f"--deep-max-n {args.deep_max_n}: must be a positive column count (e.g. 6144, or 1000000 "
                          "for every shape)")
-    DEEP_MAX_N = args.deep_max_n
     if args.phase == "lower":
-        return lower()
+        return lower(args.deep_max_n)
     if args.phase == "write-table":
         if not args.sources:
             raise SystemExit("--phase write-table needs --from JSON [JSON ...] (gemv-wide-bench files)")
@@ -350,7 +351,7 @@ def main() -> int:
             raise SystemExit(f"--shapes {sorted(wanted - set(shapes))}: not among the sweep's (bits, N, K) at M={M}: "
                              f"{', '.join('x'.join(map(str, s)) for s in shapes)}")
         shapes = tuple(s for s in shapes if s in wanted)
-    jobs = [(M, b, N, K, v) for b, N, K in shapes for v in variants(b, N, K, M)]
+    jobs = [(M, b, N, K, v) for b, N, K in shapes for v in variants(b, N, K, M, args.deep_max_n)]
     cubins = compile_all(jobs)           # before CUDA is initialised in this process (forked workers)
     import torch
 
