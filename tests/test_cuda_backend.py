@@ -186,6 +186,19 @@ def test_cubin_resources_refuses_what_is_not_a_cubin():
         cubin_resources(b"\x7fELF\x01\x01" + bytes(64))
 
 
+def test_cubin_resources_refuses_an_attribute_it_cannot_read(C):
+    # a real cubin whose .nv.info begins with an attribute format no cubin uses
+    from portakern.backends.cuda import nvrtc
+    from portakern.backends.cuda.cubin_info import _sections, cubin_resources
+
+    cubin = nvrtc.compile_source(C.SOURCE, tuple(C.defines(gemv(), C.SmallMConfig(), True, None).items()),
+                                 "sm_90a").cubin
+    at = cubin.index(_sections(cubin)[".nv.info"])
+    broken = cubin[:at] + b"\x07" + cubin[at + 1:]
+    with pytest.raises(ValueError, match=r"\.nv\.info: unknown attribute format 0x7 at byte 0"):
+        cubin_resources(broken)
+
+
 def test_a_rejected_source_raises_with_the_log(C):
     from portakern.backends.cuda import nvrtc
     from portakern.errors import BackendError
