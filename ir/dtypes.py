@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from .errors import InvalidInputError
+
 
 class DType(str, enum.Enum):
     """Element types the IR knows. The value is the canonical lower-case name."""
@@ -45,8 +47,6 @@ class DType(str, enum.Enum):
         try:
             return cls(name)
         except ValueError:
-            from portakern.errors import InvalidInputError
-
             raise InvalidInputError(
                 f"{argument}={value!r} is not an IR dtype: expected one of "
                 f"{', '.join(d.value for d in cls)}"

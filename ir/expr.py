@@ -24,6 +24,8 @@ import math
 from dataclasses import dataclass
 from typing import Union
 
+from .errors import InvalidInputError, InvalidTypeError
+
 
 class Op(str, enum.Enum):
     # leaves
@@ -125,8 +127,6 @@ class Expr:
 
     def check(self, where: str = "expression") -> None:
         """Raise ``InvalidInputError`` unless every node has the arity and payload of its op."""
-        from portakern.errors import InvalidInputError
-
         arity = 0 if self.op in (Op.VAR, Op.CONST) else 1 if self.op in UNARY else 3 if self.op is Op.WHERE else 2
         if len(self.args) != arity:
             raise InvalidInputError(f"{where}: node {self.op.value} has {len(self.args)} arguments; it takes {arity}")
@@ -204,16 +204,12 @@ def lift(x: Operand) -> Expr:
 
 def var(name: str) -> Expr:
     if name not in VARIABLES:
-        from portakern.errors import InvalidInputError
-
         raise InvalidInputError(f"expression variable {name!r} is unknown: expected one of {', '.join(VARIABLES)}")
     return Expr(Op.VAR, (), name)
 
 
 def const(value: int | float | bool) -> Expr:
     if not isinstance(value, (int, float, bool)):
-        from portakern.errors import InvalidTypeError
-
         raise InvalidTypeError(f"expression constant {value!r} must be an int, float or bool")
     return Expr(Op.CONST, (), value, type(value).__name__)
 

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, fields, replace
 
 from .dtypes import DType, STORAGE_FLOATS
+from .errors import InvalidInputError, PortakernError
 from .expr import Expr
 from .quant import QuantFormat
 
@@ -22,8 +23,6 @@ class KVLayout(str, enum.Enum):
 
 
 def _fail(node: str, msg: str) -> None:
-    from portakern.errors import InvalidInputError
-
     raise InvalidInputError(f"{node}: {msg}")
 
 
@@ -266,8 +265,6 @@ def op_from_json(d: dict):
     Raises ``InvalidInputError`` for a ``d`` that is not a dict, names no known op, lacks a field or holds a value
     the field cannot take (naming the key); the node's own rules are checked by its constructor and ``verify()``.
     """
-    from portakern.errors import PortakernError
-
     if not isinstance(d, dict):
         _fail("op_from_json", f"got a {type(d).__name__}: it must be the dict an op's to_json() made")
     cls = OPS.get(d.get("op"))

@@ -26,9 +26,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from portakern.errors import InvalidInputError, InvalidTypeError
-
 from .dtypes import DType
+from .errors import InvalidInputError, InvalidTypeError
 from .quant import Packing, QuantFormat
 
 #: AutoAWQ's interleave: nibble i of a word holds output channel 8j + AWQ_ORDER[i]

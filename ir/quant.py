@@ -13,6 +13,7 @@ import numbers
 from dataclasses import dataclass
 
 from .dtypes import DType
+from .errors import InvalidInputError
 
 
 class Packing(str, enum.Enum):
@@ -87,8 +88,6 @@ class QuantFormat:
 
     def verify(self, K: int | None = None, N: int | None = None) -> None:
         """Raise ``InvalidInputError`` naming the field, value and rule when the format is invalid."""
-        from portakern.errors import InvalidInputError
-
         def fail(msg: str) -> None:
             raise InvalidInputError(f"QuantFormat: {msg}")
 
@@ -158,8 +157,6 @@ class QuantFormat:
         Raises ``InvalidInputError`` naming the key for a missing key or an unknown packing or
         scale dtype; the fields themselves are checked by ``verify()``.
         """
-        from portakern.errors import InvalidInputError
-
         def fail(msg: str) -> None:
             raise InvalidInputError(f"QuantFormat.from_json: {msg}; pass the dict QuantFormat.to_json() made")
 

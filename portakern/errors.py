@@ -1,19 +1,17 @@
 """portakern's exception hierarchy. Every public error is a ``PortakernError`` and also the
-builtin exception a caller would expect (``ValueError``, ``TypeError``, ...)."""
+builtin exception a caller would expect (``ValueError``, ``TypeError``, ...).
+
+The three errors the IR raises (``PortakernError``, ``InvalidInputError``, ``InvalidTypeError``) are
+defined in ``portakern.ir.errors`` and re-exported here as the same classes."""
 
 from __future__ import annotations
 
+from portakern.ir.errors import InvalidInputError, InvalidTypeError, PortakernError
 
-class PortakernError(Exception):
-    """Base of every error portakern raises on purpose."""
-
-
-class InvalidInputError(PortakernError, ValueError):
-    """An argument has a bad value: shape, length, range, group size, page table, ..."""
-
-
-class InvalidTypeError(PortakernError, TypeError):
-    """An argument has the wrong type, dtype, array library or device."""
+__all__ = [
+    "PortakernError", "InvalidInputError", "InvalidTypeError", "UnsupportedError", "BackendError",
+    "StrictModeError", "PluginError",
+]
 
 
 class UnsupportedError(PortakernError, NotImplementedError):

@@ -237,6 +237,23 @@ def test_unknown_op_in_json():
         op_from_json({"op": "conv2d"})
 
 
+# -- errors ---------------------------------------------------------------------------------------
+
+def test_ir_errors_are_the_core_errors():
+    """The IR defines the errors it raises; portakern.errors re-exports the same classes."""
+    import portakern.errors as core
+    import portakern.ir.errors as ir_errors
+
+    for name, builtin in (("PortakernError", Exception), ("InvalidInputError", ValueError),
+                          ("InvalidTypeError", TypeError)):
+        assert getattr(core, name) is getattr(ir_errors, name)
+        assert issubclass(getattr(ir_errors, name), builtin)
+    assert issubclass(ir_errors.InvalidInputError, ir_errors.PortakernError)
+    assert issubclass(core.UnsupportedError, ir_errors.PortakernError)
+    with pytest.raises(core.InvalidInputError, match="dtype"):
+        DType.parse("int3", argument="dtype")
+
+
 # -- expressions ------------------------------------------------------------------------------------
 
 def test_expression_has_no_truth_value():
