@@ -284,7 +284,7 @@ def _reference_fingerprint() -> str:
 #: the modules whose code decides a computed golden's bytes
 _REFERENCE_MODULES = ("portakern.conformance.case", "portakern.conformance.generate", "portakern.conformance.naive",
                       "portakern.backends.cpu.attention", "portakern.backends.cpu.quant_gemv",
-                      "portakern.backends.cpu.expr_numpy", "portakern.quantized", "portakern.quantize")
+                      "portakern.ir.evaluate", "portakern.quantized", "portakern.quantize")
 
 
 def is_stored_case(case) -> bool:

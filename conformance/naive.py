@@ -30,7 +30,7 @@ from .generate import round_to
 
 def attention(case, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Naive ``(out, lse)`` of an attention case: out float32 in ``op.shapes()['out']``, lse too."""
-    from portakern.backends.cpu.expr_numpy import evaluate
+    from portakern.ir.evaluate import evaluate
     from portakern.validate import attention_op
 
     aux = {k: v for k, v in inputs.items() if k not in ("q", "k", "v")}

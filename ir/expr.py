@@ -10,7 +10,7 @@ An expression is a small frozen tree over the variables
 
 constants, and the ops below. ``score_mod`` evaluates to a float (the new score); ``mask_mod``
 evaluates to a boolean (True = the key is visible). Backends lower a tree to their own language
-(numpy, Triton, OpenCL C, ...); the numpy lowering in ``portakern.backends.cpu`` is the reference.
+(numpy, Triton, OpenCL C, ...); the IR's evaluator ``portakern.ir.evaluate`` is the reference.
 
 Python operators build trees: ``kv_idx <= q_idx + seqlen_k - seqlen_q``, ``(a) & (b)``, ``-x``.
 ``==`` keeps its Python meaning (structural equality) so nodes stay hashable; use ``.eq()`` /

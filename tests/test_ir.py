@@ -283,7 +283,7 @@ def _grid(Sq, Sk, H=1):
 
 @pytest.mark.parametrize("Sq, Sk", [(1, 1), (4, 9), (9, 4), (7, 7)])
 def test_library_masks_mean_what_docs_say(Sq, Sk):
-    from portakern.backends.cpu.expr_numpy import evaluate
+    from portakern.ir.evaluate import evaluate
 
     i, j = np.arange(Sq)[:, None], np.arange(Sk)[None, :]
     d = i + Sk - Sq                                             # bottom-right alignment
@@ -298,7 +298,7 @@ def test_library_masks_mean_what_docs_say(Sq, Sk):
 
 
 def test_library_scores_mean_what_docs_say():
-    from portakern.backends.cpu.expr_numpy import evaluate
+    from portakern.ir.evaluate import evaluate
 
     s = np.linspace(-50, 50, 7)
     np.testing.assert_allclose(evaluate(E.softcap_score(30.0), {"score": s}), 30 * np.tanh(s / 30))

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from portakern.backends.cpu.expr_numpy import evaluate
+from portakern.ir.evaluate import evaluate
 from portakern.backends.opencl import expr_opencl
 from portakern.errors import UnsupportedError
 from portakern.ir import expr as E

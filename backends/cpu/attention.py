@@ -27,7 +27,7 @@ import numpy as np
 from portakern.errors import InvalidInputError
 from portakern.ir.ops import Attention, KVLayout
 
-from .expr_numpy import evaluate
+from .expr_numpy import lower
 
 #: Scores per block (query heads of one group x query rows x keys): 8M float64 = 64 MiB.
 _CHUNK_ELEMENTS = 1 << 23
@@ -94,6 +94,8 @@ def _attend(op: Attention, seq: _Sequence) -> None:
            "kv_idx": np.arange(Sk, dtype=np.int64)[None, None, :]}
     # A mask that ignores the head is evaluated once per query chunk and shared by all kv heads.
     mask_per_head = op.mask_mod is not None and "h" in op.mask_mod.variables()
+    score_fn = lower(op.score_mod) if op.score_mod is not None else None
+    mask_fn = lower(op.mask_mod) if op.mask_mod is not None else None
     rows = max(1, _CHUNK_ELEMENTS // (G * Sk))
 
     for q0 in range(0, Sq, rows):
@@ -102,7 +104,7 @@ def _attend(op: Attention, seq: _Sequence) -> None:
         env["q_idx"] = np.arange(q0, q1, dtype=np.int64)[None, :, None]
         shared_mask = None
         if op.mask_mod is not None and not mask_per_head:
-            shared_mask = evaluate(op.mask_mod, env).astype(bool, copy=False)
+            shared_mask = mask_fn(env).astype(bool, copy=False)
 
         for j in range(op.heads_kv):
             heads = slice(j * G, (j + 1) * G)
@@ -115,13 +117,13 @@ def _attend(op: Attention, seq: _Sequence) -> None:
 
             # -- score_mod: the new score, evaluated on every (head, row, key)
             if op.score_mod is not None:
-                modded = evaluate(op.score_mod, {**env, "score": s})
+                modded = score_fn({**env, "score": s})
                 s = np.array(np.broadcast_to(modded, s.shape), dtype=np.float64)
 
             # -- mask_mod: hidden keys get -inf
             if op.mask_mod is not None:
                 keep = shared_mask if shared_mask is not None else \
-                    evaluate(op.mask_mod, env).astype(bool, copy=False)
+                    mask_fn(env).astype(bool, copy=False)
                 np.copyto(s, -np.inf, where=~keep)
 
             # -- softmax numerator with the row max subtracted (0 for fully masked rows)

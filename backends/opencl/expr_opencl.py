@@ -8,7 +8,7 @@
 plus ``#define PK_HAS_SCORE_MOD`` / ``PK_HAS_MASK_MOD`` for the trees that are present; the kernel
 (``kernels/attention.cl``) calls them once per (query row, key).
 
-Types follow the numpy reference (``backends/cpu/expr_numpy.py``): integer variables and constants are 64-bit
+Types follow the IR's evaluator (``portakern.ir.evaluate``): integer variables and constants are 64-bit
 (``long``, as in the reference), ``score`` and float arithmetic are float32 (the reference: float64); booleans
 are C ``int`` 0/1 and read as 0/1 in arithmetic; ``div`` is true division in float; ``and``/``or``/``not`` act
 on truth values (non-zero, NaN included, is true); ``min``/``max`` of floats propagate NaN like
@@ -109,7 +109,7 @@ class _Emitter:
     @staticmethod
     def _value(node: Expr):
         """The value of a variable-free subtree, by the numpy reference."""
-        from portakern.backends.cpu.expr_numpy import evaluate
+        from portakern.ir.evaluate import evaluate
 
         value = evaluate(node, {}).item()
         kind = kind_of(node)

@@ -11,7 +11,7 @@ score tile; Triton inlines them. Variables arrive as int32 scalars (``b``, ``seq
 ``seqlen_k``) or broadcastable int32 tensors (``h`` and ``q_idx`` of shape (M, 1), ``kv_idx``
 of shape (1, N)); ``score`` is a float32 (M, N) tile.
 
-Types follow the numpy reference (``backends/cpu/expr_numpy.py``): booleans read as 0/1 in
+Types follow the IR's evaluator (``portakern.ir.evaluate``): booleans read as 0/1 in
 arithmetic, ``div`` is true division, ``and``/``or``/``not`` act on truth values. Integers are
 int32 here (int64 in the reference): positions and lengths fit. Subtrees without variables are
 folded to constants with the reference evaluator, so the two agree on them exactly.
@@ -129,7 +129,7 @@ class _Emitter:
     @staticmethod
     def _value(node: Expr):
         """The Python value of a variable-free subtree, by the numpy reference."""
-        from portakern.backends.cpu.expr_numpy import evaluate
+        from portakern.ir.evaluate import evaluate
 
         value = evaluate(node, {}).item()
         kind = kind_of(node)

@@ -1,4 +1,5 @@
-"""The numpy lowering of the expression mini-language, JSON round trips and ``bool(expr)``.
+"""The IR's expression evaluator (``portakern.ir.evaluate``), the cpu backend's lowering built on it,
+JSON round trips and ``bool(expr)``.
 
 Expected values are written by hand or computed by an independent scalar Python interpreter.
 """
@@ -14,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from portakern.backends.cpu.expr_numpy import evaluate
+from portakern.ir.evaluate import evaluate
+from portakern.backends.cpu.expr_numpy import lower
 from portakern.errors import InvalidInputError, InvalidTypeError
 from portakern.ir import expr as E
 from portakern.ir.expr import ARITH, COMPARE, LOGIC, UNARY, VARIABLES, Expr, Op
@@ -285,10 +287,26 @@ _ENV = {"score": np.array([[[-1.5, 0.0]], [[0.25, 3.0]]]),        # (2, 1, 2)
 
 @settings(max_examples=200, deadline=None)
 @given(SAFE_TREES)
-def test_numpy_lowering_matches_scalar_python(tree):
+def test_evaluator_matches_scalar_python(tree):
     got = np.broadcast_to(evaluate(tree, _ENV), (2, 3, 2))
     for idx in np.ndindex(2, 3, 2):
         point = {name: (np.broadcast_to(v, (2, 3, 2))[idx].item() if isinstance(v, np.ndarray) else v)
                  for name, v in _ENV.items()}
         want = _scalar_eval(tree, point)
         assert math.isclose(float(got[idx]), float(want), rel_tol=1e-12, abs_tol=1e-12), (tree, idx)
+
+
+# -- the cpu backend's lowering ---------------------------------------------------------------------
+
+@settings(max_examples=50, deadline=None)
+@given(SAFE_TREES)
+def test_cpu_lowering_is_the_evaluator(tree):
+    np.testing.assert_array_equal(lower(tree)(_ENV), evaluate(tree, _ENV))
+
+
+def test_cpu_lowering_checks_the_tree_once_when_lowered():
+    with pytest.raises(InvalidInputError, match="cpu expression lowering: node add has 1 arguments; it takes 2"):
+        lower(Expr(Op.ADD, (E.q_idx,)))
+    fn = lower(E.causal_mask())
+    with pytest.raises(InvalidInputError, match="kv_idx"):
+        fn({"q_idx": 0, "seqlen_q": 1, "seqlen_k": 1})
