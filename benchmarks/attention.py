@@ -223,7 +223,7 @@ def copy_bandwidth():
     """Device-to-device copy rate in bytes/s, counting bytes read plus bytes written: back-to-back eager
     copies, as ``benchmarks/gemv.py`` measures it (no flush between them, like the calls in a graph it is
     the floor of). Not in a graph: there the copy is a memcpy node run at 2.7 TB/s (session 13,
-    ``results/timing-method-2026-12-04-s13.json``)."""
+    ``results/timing-method-h200.json``)."""
     return copy_bandwidth_TBps() * 1e12
 
 

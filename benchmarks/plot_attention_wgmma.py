@@ -1,7 +1,7 @@
 """Bar chart of a wgmma-probe bench JSON: attn_fwd, the Gluon kernel's tiles, cuDNN and flash in TFLOP/s.
 
-    python benchmarks/plot_attention_wgmma.py benchmarks/results/attention-wgmma-bench-2026-12-04-s10-pp.json \
-        docs/attention-prefill-wgmma-h200-2026-12-04-s10.png --tile BN128-st3
+    python benchmarks/plot_attention_wgmma.py benchmarks/results/attention-wgmma-pingpong-h200.json \
+        docs/attention-prefill-wgmma-h200.png --tile BN128-st3
 
 Needs matplotlib (not a dependency of the package); the JSON comes from
 ``benchmarks/experiments/attention_wgmma_probe.py --phase bench``.

@@ -8,11 +8,11 @@ backend's priority hook (``__init__``) ranks it above triton for the problems wh
 
 Keys name a GPU family (``"sm_90"``: serves every card of the family without entries of its own) or one card of it
 (``"sm_90/h200"``: measured on that card, looked up first); ``--table-scope`` of ``write-table`` picks which.
-Entries so far: the session-26 sweeps on an H100 (``benchmarks/results/gemv-wide-bench*-2026-12-05-s26-h100.json``),
+Entries so far: the session-26 sweeps on an H100 (``benchmarks/results/gemv-wide-sweep-h100.json``, ``gemv-wide-sweep-m4-h100.json``),
 written for the family sm_90 (``benchmarks/gemv_notes.md`` v26); the H100's own (``"sm_90/h100"``) from session 27's
 deep-ring sweep of the N <= 6144 shapes and session 28's of the larger ones
-(``gemv-wide-bench-2026-12-06-deep-s2{7,8}-h100.json``, v27 / v28); the H200's own (``"sm_90/h200"``) from session
-28's sweep of every shape with every ring depth (``gemv-wide-bench-2026-12-06-s28-h200.json``, v28).
+(``gemv-wide-sweep-deep-small-n-h100.json``, ``gemv-wide-sweep-deep-large-n-h100.json``, v27 / v28); the H200's own (``"sm_90/h200"``) from session
+28's sweep of every shape with every ring depth (``gemv-wide-sweep-h200.json``, v28).
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ MAX_SPLIT_K = 8
 #: The CUDA-core kernel's per-word-row programs of more than this many warps count as several toward
 #: PROGRAMS_PER_SM["fma"] (the 8-warp tile the table takes from N = 16384 as two). H200 session 16, int8 16384^2
 #: (512 tiles of 32 columns, 8 warps): unsplit 69.0 us against 76.6 with the two slices a count of programs gave
-#: (``results/gemv-2026-12-04-int8-sweep-s16.json``)
+#: (``results/gemv-int8-sweep-h200.json``)
 FMA_PROGRAM_WARPS = 4
 #: Group-resident tiles (``GemvConfig.group_rows``) run few warps per program over wide column
 #: tiles: split K until the grid holds this many warps per multiprocessor, up to MAX_SPLIT_K_ROWS.
@@ -55,12 +55,12 @@ ROWS_MIN_NK = 1 << 24
 #: Families whose int4 M=1 table takes the per-word-row tile of 64 columns x 32 word rows (4 warps) instead of
 #: group-resident tiles below STREAM_MIN_N (the decode step's down projection, 4096 x 14336). H200 session 17:
 #: the Llama-3-8B-shaped step with that GEMV alternated five times with the table's group-resident tile (same
-#: process and weights, ``results/decode-step-2026-12-04-ab-down-s17.json``) ran 2.267-2.277 ms against
+#: process and weights, ``results/decode-step-down-ab-h200.json``) ran 2.267-2.277 ms against
 #: 2.277-2.324 at ctx 2048 and 2.489-2.498 against 2.494-2.540 at 8192 (the group-resident step fast only in its
 #: first round); alone, in graphs of back-to-back calls, the two tie (13.8-14.3 us in sessions 3-4, 14.1 in 16)
 SMALL_N_WORD_ROWS_ARCHS = ("sm_90",)
 #: int8 M=1 tables use group-resident tiles (512 columns, 2 warps, 16 word rows) for ROWS_MIN_NK < N * K <=
-#: ROWS_INT8_MAX_NK. H200 session 16 sweep (``results/gemv-2026-12-04-int8-sweep-s16.json``, 206 configurations
+#: ROWS_INT8_MAX_NK. H200 session 16 sweep (``results/gemv-int8-sweep-h200.json``, 206 configurations
 #: over three shapes): 8192^2 22.2 us against 24.0 for the per-word-row table tile (74% vs 68% of the floor);
 #: above it the per-word-row tile stays (28672x8192 64.0 vs 67.7 us for this tile at its automatic split, 16384^2
 #: 69.0 vs 70.0; the best there, 63.4 and 68.3, differ from the table by less than the sweep's noise)
@@ -86,7 +86,7 @@ FRAG_WIDE_MIN_N = 65536
 #: the bench; set from the sweeps, not yet re-benched as the table's choice
 FRAG_TALL_MIN_NK = 1 << 28
 #: The "frag" tables launch it as a programmatic dependent (sm_90+). H200 session 21 sweep
-#: (``results/gemv-2026-12-05-frag-sweep-s21.json``, M = 4 and 16, six shapes, each candidate with and without):
+#: (``results/gemv-frag-sweep-h200.json``, M = 4 and 16, six shapes, each candidate with and without):
 #: with PDL best or within noise on 10 of 12 (M=4 4096^2 7.10 vs 7.90 us, 14336x4096 14.22 vs 14.64, 28672x8192
 #: 39.97 vs 41.15; M=16 4096^2 9.36 vs 10.16, 8192^2 18.13 vs 18.98), 0.3-0.45 us behind at M=4 4096x14336 and
 #: 8192^2
@@ -94,10 +94,10 @@ FRAG_PDL = True
 #: The "frag" kernel's split-K merge (``kernels/gemv_frag.py``, ``MERGE``): 0, the last slice to arrive adds the
 #: partials; 1, the grid's last slice does (the others leave without reading the count back). Session 21 anatomy:
 #: the merge costs 2.1-3.3 us at N * K <= 2^26. ``experiments/merge_ab.py`` (H100 session 23,
-#: ``results/merge-ab-2026-12-05-s23-h100.json``, bit-equal on all eight rows): 1 faster on six, by 0.37-0.92 us (all
+#: ``results/merge-ab-h100.json``, bit-equal on all eight rows): 1 faster on six, by 0.37-0.92 us (all
 #: four M=16 rows, M=4 14336x4096 and 8192^2), 0.16 / 0.31 us slower at M=4 4096x14336 / 4096^2. Taken only up to
 #: ``SPLIT_MERGE_MAX_NK``: the table's M=16 28672x8192 row, not in that run, went from 53.9 to 71.8 us with it in the
-#: same session's bench (``results/gemv-2026-12-05-s23-h100-merge1.json``; the merging slices all run in the last
+#: same session's bench (``results/gemv-merge-last-slice-h100.json``; the merging slices all run in the last
 #: wave of a grid of several)
 FRAG_MERGE = 1
 SPLIT_MERGE_MAX_NK = 1 << 26

@@ -274,7 +274,7 @@ def _decode_table(op, arch: str) -> tuple[int, int, int]:
     if arch in ("sm_90", "sm_100"):
         # H200 sweeps (CUDA-graph timing): dense keys BN=64 with 4 stages; on sm_100 paged keys keep
         # session 2's BN=128 with 3 stages. On sm_90 paged keys take the dense tile too (session 13, B=64 4k,
-        # `attention-2026-12-04-s13-b64.json`: pages of 16 255.8 us vs 278.6 with 128-key tiles, pages of 64
+        # `attention-decode-sweep-b64-h200.json`: pages of 16 255.8 us vs 278.6 with 128-key tiles, pages of 64
         # 250.2 vs 260.2, dense 246.3; 64-key tiles with 3 stages, session 2's comparison, 302.1 / 280.7)
         if op.kv_layout.value == "paged" and arch != "sm_90":
             return (128, 4, 3) if d <= 128 else (64, 4, 3)
@@ -348,7 +348,7 @@ def _split_paged(op, cfg: AttnConfig, arch: str, num_sms: int, splits: int,
 
 #: ``(block_n, num_stages)`` of split paged decode on the Gluon kernel (``AttnConfig.decode_ws``, one program per
 #: SM), per family. H200 session 14 (B=1, 32/8 heads, D=128, CUDA graph, same run as the attn_fwd table,
-#: ``results/decode-ws-bench-2026-12-04-s14.json``): 64-key tiles, 4 stages, 16 splits: pages of 16 14.83 / 37.83 us
+#: ``results/decode-ws-h200.json``): 64-key tiles, 4 stages, 16 splits: pages of 16 14.83 / 37.83 us
 #: at 8k / 32k keys against attn_fwd's 16.72 / 39.88 (dense attn_fwd 13.99 / 36.33: +6.0% / +4.1%), pages of 64
 #: 14.75 / 37.58 against 15.18 / 37.93; dense keys tie (14.11 / 36.16), so they stay on attn_fwd; 3 stages 0.1-1.4
 #: us slower, 32 splits (two waves) 4-5 us slower. Unsplit (B=64 4k, pages of 16) it lost, 260.8 vs 250.3 us.
@@ -362,10 +362,10 @@ SPLIT_PAGED_BN = {"sm_100": 64}
 #: ``(block_n, num_stages, programs per SM)`` of split paged decode (16-bit inputs, every page size), per
 #: family; the others take ``SPLIT_PAGED_BN`` for pages holding whole tiles. H200 session 13 (B=1, 32/8 heads,
 #: D=128, 64-key tiles with 3 stages, 96 KiB: two programs fit an SM; CUDA graph, long graphs of
-#: ``benchmarks/attention.py``, `attention-2026-12-04-s13-sweep.json`): pages of 16 at 32 splits 16.7 / 40.3 us
+#: ``benchmarks/attention.py``, `attention-decode-sweep-h200.json`): pages of 16 at 32 splits 16.7 / 40.3 us
 #: at 8k / 32k keys against 17.8 / 41.9 for session 12's table (128-key tiles, 16 splits, merged in the last
 #: split) and 18.5 / 43.9 for 64-key tiles at 16 splits; pages of 64 at 32 splits 15.3 / 38.6 against 15.2 /
-#: 40.2 at 16; 33 splits (2 x 132 / 8) 0.45 us slower than 32 at 32k (`-s13-p16b.json`). Dense keys keep one
+#: 40.2 at 16; 33 splits (2 x 132 / 8) 0.45 us slower than 32 at 32k (`attention-decode-sweep-p16-h200.json`). Dense keys keep one
 #: program per SM (36.9 vs 37.3 us at 32k).
 SPLIT_PAGED_TILE = {"sm_90": (64, 3, 2)}
 #: Families whose table launches split decode (``attn_fwd`` + ``attn_combine``) as programmatic
@@ -375,14 +375,14 @@ SPLIT_PAGED_TILE = {"sm_90": (64, 3, 2)}
 SPLIT_PDL_TABLE = ("sm_90",)
 #: Families whose table has the Gluon decode kernel's merge release the next kernel at its start
 #: (``AttnConfig.release_next``). H200 session 16, Llama-3-8B-shaped decode step at ctx 2048 (one CUDA graph,
-#: same process and weights, logits bit-equal; ``results/decode-step-2026-12-04-attention-s16.json``): 2.296 ms
+#: same process and weights, logits bit-equal; ``results/decode-step-attention-release-h200.json``): 2.296 ms
 #: against 2.314 / 2.320 (table, and the same table through the explicit build path), i.e. the o-projection
 #: GEMV starting while the merge runs; the decode kernel also launched as a dependent (``pdl``) 2.285 ms, not
 #: adopted (slower in back-to-back attention calls, session 15)
 RELEASE_NEXT_TABLE = ("sm_90",)
 #: Families whose table launches the Gluon decode kernel's merge at the kernel's start and has the merge release
 #: the next kernel before its wait (``AttnConfig.early_merge``). H200 session 17, the same decode step (same
-#: process and weights, logits bit-equal; ``results/decode-step-2026-12-04-attention-s17.json``): 2.269 ms
+#: process and weights, logits bit-equal; ``results/decode-step-attention-early-merge-h200.json``): 2.269 ms
 #: against 2.288 / 2.290 at ctx 2048, 2.527 against 2.542 / 2.547 at 8192 (the o-projection GEMV resident and
 #: loading its first tiles while the decode kernel runs); with the decode kernel also a dependent (``pdl``)
 #: 2.317 / 2.541, not adopted
@@ -399,12 +399,12 @@ TMA_TABLE: tuple[str, ...] = ("sm_90",)
 
 #: Families whose table runs dense prefill on the Gluon kernel (``AttnConfig.wgmma``), as
 #: ``{head_dim: (block_n, num_stages)}``. H200 session 10, TFLOP/s in the same run as cuDNN
-#: (``results/attention-wgmma-bench-2026-12-04-s10-pp.json``): D=128 with 128-key tiles and 3 stages (224 KiB
+#: (``results/attention-wgmma-pingpong-h200.json``): D=128 with 128-key tiles and 3 stages (224 KiB
 #: of shared memory) 598 / 563 / 560 / 611 at 4k / 4k causal / 16k / 16k causal (attn_fwd 459 / 414 / 470 /
 #: 465, cuDNN 682 / 526 / 623 / 570), 473 / 338 at 1k (397 / 288); 64-key tiles with 3 stages 510-530.
-#: D=64 with 128-key tiles and 2 stages (``-s10.json``, ``-s10b.json``) wins only without a mask from 4k keys
+#: D=64 with 128-key tiles and 2 stages (``attention-wgmma-tiles-h200.json``, ``attention-wgmma-tiles-rerun-h200.json``) wins only without a mask from 4k keys
 #: (430-462 vs 411-420); causal (357 vs 374-383 at 4k) and at 1k (322 vs 367-376) attn_fwd stays
-#: (``WGMMA_D64_MIN_SEQLEN_K``). Session 14 (``-s14.json``): with each K stage released once the tile's
+#: (``WGMMA_D64_MIN_SEQLEN_K``). Session 14 (``attention-wgmma-kring-h200.json``): with each K stage released once the tile's
 #: scores are done and K loaded a tile ahead of V, D=256 with 64-key tiles and 2 stages went from a tie with
 #: attn_fwd (514 / 472 / 526 / 524, session 10) to 626 / 607 / 643 / 637 (cuDNN 643 / 585 / 657 / 616;
 #: attn_fwd 518 / 455 / 535 / 528), 509 / 380 at 1k (cuDNN 595 / 467); a third K stage gained nothing

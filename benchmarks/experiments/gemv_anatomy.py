@@ -15,7 +15,7 @@ For each shape, with the table's configuration of the CUDA-core kernel (group-re
 Differences name the parts: gemv - tiles_finish = arithmetic; tiles_finish - tiles = split-K
 epilogue; tiles - tiled = access pattern; tiled - read = grid and tile shape.
 
-The session-8 run (``results/gemv-anatomy-2026-12-03-s8.json``, commit f6e917a) also timed the real
+The session-8 run (``results/gemv-anatomy-h200.json``, commit f6e917a) also timed the real
 GEMV on such a column-tiled copy (``tiled_gemv``: 8-32 columns per program, 128-256 word rows per
 tile, split 1 / 2; the kernel option ``GemvConfig.tiled`` of 0b4ab96, reverted after the run: it
 lost on 6 of 7 shapes, see ``benchmarks/gemv_notes.md`` v10).

@@ -24,7 +24,7 @@ x loads (L2 hits) stay synchronous. TMA: Triton 3.6 cuts the tile into 16 x 32-w
 swizzle), each warp's elected lane issues its share (BN=128: one box per warp), and every iteration
 has a fence.proxy.async + bar.sync before the next copy into a freed buffer.
 
-H200, session 6 (16f4090, ``benchmarks/results/gemv-tma-spike-2026-12-03-s6.json``, dq 3): TMA 5-10%
+H200, session 6 (16f4090, ``benchmarks/results/gemv-tma-spike-h200.json``, dq 3): TMA 5-10%
 faster than the pointer loads on the large shapes (28672x8192 43.4 vs 48.2 us, 16384^2 47.7 vs
 50.3), a tie or a loss on the small ones; both slower than the backend's table kernel (38.8 / 43.4
 us). Not adopted (``benchmarks/gemv_notes.md`` v8).
