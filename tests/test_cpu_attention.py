@@ -239,12 +239,12 @@ def test_float16_storage():
 
 
 def test_query_chunking_matches_one_block(monkeypatch):
-    import portakern.backends.cpu.attention as mod
+    import portakern.backends.cpu.tuning as tuning
 
     op = make_op(B=1, Sq=37, Sk=29, Hq=4, Hkv=2, mask_mod=E.window_mask(5, 2))
     q, k, v = inputs(op, seed=10)
     whole, whole_lse = run(op, q, k, v)
-    monkeypatch.setattr(mod, "_CHUNK_ELEMENTS", 2 * 29 * 3)    # 3 query rows per block
+    monkeypatch.setattr(tuning, "SCORE_BLOCK_ELEMENTS", 2 * 29 * 3)    # 3 query rows per block
     chunked, chunked_lse = run(op, q, k, v)
     np.testing.assert_array_equal(chunked, whole)
     np.testing.assert_array_equal(chunked_lse, whole_lse)

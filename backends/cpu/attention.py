@@ -14,7 +14,7 @@ expression variables): ``seqlens_k[b]`` for dense-with-lengths and paged KV, the
 expressions in ``score_mod`` / ``mask_mod``; nothing here special-cases them.
 
 The kernel walks batch entries and kv heads and vectorises the group of query heads that share a
-kv head together with a chunk of query rows, keeping each score block under ``_CHUNK_ELEMENTS``.
+kv head together with a chunk of query rows, keeping each score block under ``tuning.SCORE_BLOCK_ELEMENTS``.
 """
 
 from __future__ import annotations
@@ -27,10 +27,8 @@ import numpy as np
 from portakern.errors import InvalidInputError
 from portakern.ir.ops import Attention, KVLayout
 
+from . import tuning
 from .expr_numpy import lower
-
-#: Scores per block (query heads of one group x query rows x keys): 8M float64 = 64 MiB.
-_CHUNK_ELEMENTS = 1 << 23
 
 
 @dataclass
@@ -73,6 +71,11 @@ def attention_kernel(op: Attention) -> Callable[..., None]:
     return kernel
 
 
+def compile(op: Attention, device=None) -> Callable[..., None]:
+    """The lowering's entry point for the backend base: ``attention_kernel(op)`` (the host is the only device)."""
+    return attention_kernel(op)
+
+
 # -- per-sequence math ---------------------------------------------------------------------------
 
 def _attend(op: Attention, seq: _Sequence) -> None:
@@ -96,7 +99,7 @@ def _attend(op: Attention, seq: _Sequence) -> None:
     mask_per_head = op.mask_mod is not None and "h" in op.mask_mod.variables()
     score_fn = lower(op.score_mod) if op.score_mod is not None else None
     mask_fn = lower(op.mask_mod) if op.mask_mod is not None else None
-    rows = max(1, _CHUNK_ELEMENTS // (G * Sk))
+    rows = max(1, tuning.SCORE_BLOCK_ELEMENTS // (G * Sk))
 
     for q0 in range(0, Sq, rows):
         q1 = min(Sq, q0 + rows)

@@ -48,6 +48,11 @@ def quant_gemv_kernel(op: QuantGemv) -> Callable[..., None]:
     return kernel
 
 
+def compile(op: QuantGemv, device=None) -> Callable[..., None]:
+    """The lowering's entry point for the backend base: ``quant_gemv_kernel(op)`` (the host is the only device)."""
+    return quant_gemv_kernel(op)
+
+
 def x_input(op: QuantGemv, x: np.ndarray) -> np.ndarray:
     """The GEMV's ``(M, K)`` input from float64 ``x`` (``op.shapes()["x"]``): ``x`` itself, or with the
     ``silu_mul`` prologue ``silu(gate) * up`` of its two halves (``silu(g) = g * sigmoid(g)``, the sigmoid as
