@@ -1,10 +1,10 @@
 """Host side of the opencl attention kernel: what it supports, building ``kernels/attention.cl`` for an op,
 launching it on pyopencl arrays.
 
-Tile sizes: ``BN`` keys per K/V tile, the largest power of two up to 64 whose two tiles (``BN * (D + Dv)``
-float32) fit the 32 KiB of local memory every OpenCL 1.2 (full profile) device has; ``BM`` query rows per
-work-group, ``G * Sq`` rounded up to a power of two, at most 64 or the device's ``max_work_group_size`` (decode
-with GQA fills a work-group with the G query heads of one kv head).
+Tile sizes (their caps in ``tuning``): ``BN`` keys per K/V tile, the largest power of two up to 64 whose two
+tiles (``BN * (D + Dv)`` float32) fit the 32 KiB of local memory every OpenCL 1.2 (full profile) device has;
+``BM`` query rows per work-group, ``G * Sq`` rounded up to a power of two, at most 64 or the device's
+``max_work_group_size`` (decode with GQA fills a work-group with the G query heads of one kv head).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from portakern.errors import InvalidInputError, UnsupportedError
 from portakern.ir.dtypes import DType
 from portakern.ir.ops import Attention, KVLayout
 
-from . import expr_opencl
-from .program import build, defines, digest, kernel_source, work_group_cap
+from . import expr_opencl, tuning
+from .common.program import build, defines, digest, kernel_source, work_group_cap
 
 #: Local memory every OpenCL 1.2 full-profile device guarantees (CL_DEVICE_LOCAL_MEM_SIZE >= 32 KiB).
 LOCAL_BYTES = 32 * 1024
@@ -29,9 +29,9 @@ _LAYOUT = {KVLayout.DENSE: 0, KVLayout.PAGED: 1, KVLayout.VARLEN: 2}
 _STORAGE = {DType.float16: "float16", DType.float32: "float32", DType.bfloat16: "float32"}
 
 
-def tiles(op: Attention, max_rows: int = 64) -> tuple[int, int]:
+def tiles(op: Attention, max_rows: int = tuning.ATTENTION_BM_MAX) -> tuple[int, int]:
     """``(BM, BN)`` for ``op`` (see the module docstring); ``max_rows``: the device's work-group cap."""
-    bn = 64
+    bn = tuning.ATTENTION_BN_MAX
     while bn > 1 and bn * (op.head_dim + op.head_dim_v) * 4 > LOCAL_BYTES:
         bn //= 2
     rows = op.group_size * op.seqlen_q
@@ -57,7 +57,7 @@ def supports(op: Attention, device) -> Support:
     return YES
 
 
-def program_source(op: Attention, max_rows: int = 64) -> str:
+def program_source(op: Attention, max_rows: int = tuning.ATTENTION_BM_MAX) -> str:
     """The full OpenCL C text for ``op``: defines, the lowered mods, then ``kernels/attention.cl``."""
     bm, bn = tiles(op, max_rows)
     half = DType.parse(op.dtype) is DType.float16
@@ -72,7 +72,7 @@ def program_source(op: Attention, max_rows: int = 64) -> str:
 def compile(op: Attention, device) -> Callable[..., None]:
     """``kernel(q, k, v, out, lse, aux)`` on pyopencl arrays; builds per OpenCL context on first use."""
     op.verify()
-    cap = work_group_cap(device, 64)
+    cap = work_group_cap(device, tuning.ATTENTION_BM_MAX)
     source = program_source(op, cap)
     key = digest(source)
     bm, _ = tiles(op, cap)

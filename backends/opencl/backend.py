@@ -1,8 +1,9 @@
-"""OpenCLBackend: capabilities and the op -> lowering table."""
+"""OpenCLBackend: capabilities as data on the core's backend base, plus what is the opencl backend's own (the
+platform check, the bfloat16 rule for OpenCL arrays, a version read lazily)."""
 
 from __future__ import annotations
 
-from portakern.backend import Backend, Support, no
+from portakern.backend import YES, Backend, Support, no
 from portakern.devices import Device
 from portakern.ir.dtypes import DType
 
@@ -38,6 +39,7 @@ class OpenCLBackend(Backend):
     numpy / CPU torch arrays, which are copied to ``PORTAKERN_OPENCL_DEVICE`` (default opencl:0) and back; for
     host arrays it ranks below the cpu reference (see ``portakern_backend_priority`` in ``__init__``).
     bfloat16 inputs from torch travel as float32 (exact) and the result is rounded back to bfloat16.
+    The weight is repacked once by ``quant_gemv.prepare_weight`` (the base finds it there).
     """
 
     name = "opencl"
@@ -46,12 +48,14 @@ class OpenCLBackend(Backend):
     device_types = ("opencl", "cpu")
     priority = 50
     x_prologues = ("silu_mul",)
+    requires = ("pyopencl",)
+    install_hint = "pip install 'portakern[opencl]'"
+    lowerings = {"attention": "attention", "quant_gemv": "quant_gemv"}
+    device_refusal = ("the opencl backend runs on OpenCL devices (and host arrays copied to one), not on {type} "
+                      "devices; pass pyopencl arrays, or numpy arrays with backend='opencl'")
 
-    def status(self) -> str:
-        try:
-            import pyopencl  # noqa: F401
-        except Exception as e:
-            return f"unavailable: {type(e).__name__}: {e} (pip install 'portakern[opencl]')"
+    def runtime_status(self) -> str:
+        """"ok" when pyopencl finds an OpenCL device, else why not and how to get one."""
         from portakern.opencl_runtime import devices
 
         if not devices():
@@ -59,38 +63,13 @@ class OpenCLBackend(Backend):
                     "pip install pocl-binary-distribution, part of 'portakern[opencl]')")
         return "ok"
 
-    def _lowering(self, op):
-        if op.kind == "attention":
-            from . import attention as mod
-        elif op.kind == "quant_gemv":
-            from . import quant_gemv as mod
-        else:
-            return None
-        return mod
-
-    def supports(self, op, device: Device) -> Support:
-        st = self.status()
-        if st != "ok":
-            return no(st)
-        if device.type not in ("opencl", "cpu"):
-            return no(f"the opencl backend runs on OpenCL devices (and host arrays copied to one), not on "
-                      f"{device.type} devices; pass pyopencl arrays, or numpy arrays with backend='opencl'")
-        mod = self._lowering(op)
-        if mod is None:
-            return no(f"op {op.kind!r} has no opencl lowering")
+    def check(self, op, device: Device) -> Support:
+        """bfloat16 only from host arrays: pyopencl arrays have no bfloat16 dtype."""
         if device.type == "opencl" and DType.parse(op.dtype) is DType.bfloat16:
             return no("dtype=bfloat16 on an OpenCL device: pyopencl arrays have no bfloat16 dtype; pass CPU torch "
                       "bfloat16 tensors with backend='opencl' (carried to the device as float32, the result "
                       "rounded back to bfloat16), or float16 / float32 pyopencl arrays")
-        return mod.supports(op, device)
-
-    def compile(self, op, device: Device):
-        return self._lowering(op).compile(op, device)
-
-    def prepare_weight(self, weight, device: Device):
-        from . import quant_gemv
-
-        return quant_gemv.prepare_weight(weight, device)
+        return YES
 
 
 __all__ = ["OpenCLBackend"]

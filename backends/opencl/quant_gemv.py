@@ -21,10 +21,9 @@ from portakern.ir.dtypes import DType
 from portakern.ir.ops import QuantGemv
 from portakern.ir.quant import Packing, QuantFormat
 
-from .program import build, defines, digest, kernel_source, work_group_cap
+from . import tuning
+from .common.program import build, defines, digest, kernel_source, work_group_cap
 
-WG = 64          #: work-items per output column (K is split among them)
-MT = 16          #: activation rows per work-group (M > 16 takes several work-groups per column)
 _STORAGE = {DType.float16: "float16", DType.float32: "float32", DType.bfloat16: "float32"}
 
 
@@ -94,11 +93,11 @@ def _chunk(fmt: QuantFormat) -> int:
     return 1
 
 
-def program_source(op: QuantGemv, xin_float: bool, wg: int = WG) -> str:
+def program_source(op: QuantGemv, xin_float: bool, wg: int = tuning.GEMV_WG) -> str:
     fmt = op.fmt
     half_x, half_out = (DType.parse(d) is DType.float16 for d in (op.dtype, op.result_dtype))
-    vals = dict(K=op.K, N=op.N, M=op.M, MT=min(MT, op.M, wg), WG=wg, GS=fmt.group_size, NG=op.K // fmt.group_size,
-                CH=_chunk(fmt), BITS=fmt.bits, HAS_GIDX=int(fmt.has_g_idx), IN_HALF=int(half_x),
+    vals = dict(K=op.K, N=op.N, M=op.M, MT=min(tuning.GEMV_MT, op.M, wg), WG=wg, GS=fmt.group_size,
+                NG=op.K // fmt.group_size, CH=_chunk(fmt), BITS=fmt.bits, HAS_GIDX=int(fmt.has_g_idx), IN_HALF=int(half_x),
                 OUT_HALF=int(half_out), XIN_FLOAT=int(xin_float))
     return f"/* portakern opencl quant_gemv {op.content_hash()} */\n" + defines(vals) + kernel_source("quant_gemv.cl")
 
@@ -107,12 +106,12 @@ def compile(op: QuantGemv, device) -> Callable[..., None]:
     """``kernel(x, prepared, out)`` on pyopencl arrays; builds per OpenCL context on first use."""
     op.verify()
     silu = op.prologue == "silu_mul"
-    wg = work_group_cap(device, WG)     # the row writes need MT <= WG: both shrink on a small device
+    wg = work_group_cap(device, tuning.GEMV_WG)     # the row writes need MT <= WG: both shrink on a small device
     source = program_source(op, xin_float=silu, wg=wg)
     key = digest(source)
     x_shape = op.shapes()["x"]
     want_x, want_out = (np.dtype(_STORAGE[DType.parse(d)]) for d in (op.dtype, op.result_dtype))
-    mt = min(MT, op.M, wg)
+    mt = min(tuning.GEMV_MT, op.M, wg)
 
     def kernel(x, weight: Prepared, out) -> None:
         # -- check operands against the op
