@@ -40,7 +40,8 @@ from portakern.backends.triton import quant_gemv as Q
 from portakern.backends.triton.gemv_tuning import GemvConfig
 from portakern.conformance.report import run_identity
 from portakern.devices import torch_device
-from portakern.ir import DType, QuantFormat
+from portakern.gemv_weight import PreparedGemvWeight
+from portakern.ir import DType, QuantFormat, gemv_layout
 from portakern.ir.ops import QuantGemv
 
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (28672, 8192), (16384, 16384)]
@@ -62,22 +63,22 @@ def floor_bytes(op: QuantGemv) -> int:
             + op.M * op.K * op.dtype.itemsize + op.M * op.N * op.result_dtype.itemsize)
 
 
-def random_prepared(N, K, bits, gs, sym, device="cuda", scale_dtype=torch.float16) -> Q.PreparedGemvWeight:
+def random_prepared(N, K, bits, gs, sym, device="cuda", scale_dtype=torch.float16) -> PreparedGemvWeight:
     """A random weight directly in the internal layout (timing only: random codes, no zeros)."""
     epw = 32 // bits
     kw = -(-K // epw)
-    kwp = -(-kw // Q.K_ALIGN_WORDS) * Q.K_ALIGN_WORDS
-    npad = -(-N // Q.N_ALIGN_WORDS) * Q.N_ALIGN_WORDS
+    kwp = -(-kw // gemv_layout.K_ALIGN_WORDS) * gemv_layout.K_ALIGN_WORDS
+    npad = -(-N // gemv_layout.N_ALIGN_WORDS) * gemv_layout.N_ALIGN_WORDS
     qw = torch.randint(-2**31, 2**31 - 1, (kwp, npad), dtype=torch.int32, device=device)
     qw[kw:] = 0
     G = K // gs
     s = (torch.rand(G, npad, device=device) * 0.01 + 0.001).to(scale_dtype)
     z = None if sym else torch.randint(0, 1 << bits, (G, npad), device=device).to(scale_dtype)
     frag = None   # the tensor-core fragment layout, where prepare_weight would build one (random words too)
-    if Q.frag_eligible(bits, gs, False, False) is None:
-        frag = torch.randint(-2**31, 2**31 - 1, (-(-K // Q.FRAG_CHUNK), npad // 16, 256), dtype=torch.int32,
+    if gemv_layout.frag_eligible(bits, gs, False, False) is None:
+        frag = torch.randint(-2**31, 2**31 - 1, (-(-K // gemv_layout.FRAG_CHUNK), npad // 16, 256), dtype=torch.int32,
                              device=device)
-    return Q.PreparedGemvWeight(qw, s, z, None, None, bits, gs, 1 << (bits - 1), N, K, frag=frag)
+    return PreparedGemvWeight(qw, s, z, None, None, bits, gs, 1 << (bits - 1), N, K, frag=frag)
 
 
 def copies_for(nbytes: int) -> int:
@@ -272,7 +273,7 @@ def with_split(cfg: GemvConfig, op: QuantGemv, splits=None) -> list[GemvConfig]:
     """``split_k=0`` in a candidate means: the automatic choice, and 1."""
     if cfg.split_k:
         return [cfg]
-    kwp = -(-(-(-op.K // (32 // op.fmt.bits))) // Q.K_ALIGN_WORDS) * Q.K_ALIGN_WORDS
+    kwp = -(-(-(-op.K // (32 // op.fmt.bits))) // gemv_layout.K_ALIGN_WORDS) * gemv_layout.K_ALIGN_WORDS
     auto = tuning.split_k_for(op.N, kwp, cfg, 132)
     more = {max(1, auto // 2), 2 * auto} if (cfg.group_rows or cfg.kind == "mma") else {1}
     return [replace(cfg, split_k=s) for s in sorted({auto} | more | set(splits or ()))]
@@ -297,7 +298,7 @@ def split_for_shape(cfg: GemvConfig, M: int, N: int, K: int, bits: int) -> GemvC
     """``cfg`` (a sweep winner of another shape) with the split of K its kind's rule gives ``(N, K)``."""
     if cfg.kind == "frag":
         return replace(cfg, split_k=tuning.frag_split(N, K, cfg, M, 132))
-    kwp = -(-(-(-K // (32 // bits))) // Q.K_ALIGN_WORDS) * Q.K_ALIGN_WORDS
+    kwp = -(-(-(-K // (32 // bits))) // gemv_layout.K_ALIGN_WORDS) * gemv_layout.K_ALIGN_WORDS
     return replace(cfg, split_k=tuning.split_k_for(N, kwp, cfg, 132))
 
 

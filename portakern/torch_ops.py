@@ -4,8 +4,8 @@ Importing this module registers, in the ``portakern`` namespace of ``torch.libra
 
 ``torch.ops.portakern.quant_gemv(x, qweight, scales, zeros, perm, kgroup, bits, group_size, zero_point, n, k, prologue=None, frag=None)``
     ``x (M, K) @ dequant(W)^T`` (``prologue="silu_mul"``: ``x (M, 2K)``, input ``silu(gate) * up``) for a weight
-    already in the triton backend's GEMV layout (the
-    tensors of a ``PreparedGemvWeight``; see ``backends/triton/kernels/gemv_quant.py``; ``frag``, where the
+    already in the GEMV layout (the tensors of a ``portakern.gemv_weight.PreparedGemvWeight``; the byte layout
+    is ``portakern.ir.gemv_layout``'s; ``frag``, where the
     prepared weight has one, its tensor-core fragment layout, which the M = 2..16 table runs). CUDA
     tensors run the kernel ``portakern.quant_gemv`` would pick among the backends that read this layout
     (``gemv_kernel``: triton, or cuda where its measured table ranks it first); CPU tensors run a plain torch
@@ -32,9 +32,9 @@ from typing import Optional
 
 import torch
 
-from portakern.backends.triton.quant_gemv import PreparedGemvWeight
 from portakern.devices import CPU, Device, torch_device
 from portakern.errors import InvalidInputError, InvalidTypeError
+from portakern.gemv_weight import GEMV_LAYOUT, PreparedGemvWeight, prepare_gemv_weight
 from portakern.ir import DType, Packing, QuantFormat
 from portakern.ir.ops import QuantGemv, x_columns
 from portakern.validate import _is_int, check_prologue
@@ -51,7 +51,7 @@ _kernels_lock = threading.Lock()
 def quant_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Optional[Tensor], perm: Optional[Tensor],
                kgroup: Optional[Tensor], bits: int, group_size: int, zero_point: int, n: int, k: int,
                prologue: Optional[str] = None, frag: Optional[Tensor] = None) -> Tensor:
-    """``x (M, K) @ dequant(W (n, k))^T`` with the weight in the triton GEMV layout; returns (M, n).
+    """``x (M, K) @ dequant(W (n, k))^T`` with the weight in the GEMV layout; returns (M, n).
     ``prologue="silu_mul"``: ``x`` is ``(M, 2k)``, gate then up, and the input is ``silu(gate) * up``
     (``QuantGemv.prologue``). ``frag``: the prepared weight's fragment layout (``PreparedGemvWeight.frag``), or
     None; without it M = 2..16 on CUDA runs a slower tensor-core kernel."""
@@ -144,18 +144,18 @@ def gemv_op_of(x: Tensor, w: PreparedGemvWeight, prologue: str | None = None) ->
                       packing=Packing.GPTQ if g_idx else Packing.NATIVE, scale_dtype=_dtype(w.scales), has_g_idx=g_idx)
     if fmt.symmetric and w.zero_point != fmt.zero_point:
         raise InvalidInputError(f"the prepared weight's zero point is {w.zero_point}, but a symmetric int{w.bits} "
-                                f"weight in the triton layout has {fmt.zero_point}: prepare it with "
+                                f"weight in the GEMV layout has {fmt.zero_point}: prepare it with "
                                 "portakern.torch_ops.prepared(...)")
     return QuantGemv(M=int(x.shape[0]), N=w.N, K=w.K, dtype=_dtype(x), fmt=fmt, prologue=prologue).verify()
 
 
 #: the weight layout this module's op takes (``PreparedGemvWeight``): backends with this ``weight_layout`` can serve it
-LAYOUT = "triton"
+LAYOUT = GEMV_LAYOUT
 
 
 def gemv_kernel(op: QuantGemv, device: Device) -> tuple[str, object]:
     """``(backend name, kernel(x, prepared, out))`` for ``op`` on the CUDA ``device``, where ``prepared`` is a
-    ``PreparedGemvWeight`` (the triton layout): the backend ``portakern.quant_gemv`` would rank first for the op,
+    ``PreparedGemvWeight`` (the GEMV layout): the backend ``portakern.quant_gemv`` would rank first for the op,
     among those that read that layout (``Backend.weight_layout``) -- triton, or cuda where its measured table ranks it
     above triton (``backends/cuda/gemv_table.py``) -- honouring ``use_backend`` / ``PORTAKERN_BACKEND`` and falling
     back (with a ``FallbackWarning``) past a backend that fails to compile. The kernel launches on ``device``.
@@ -206,10 +206,10 @@ def _dequant_matmul(x: Tensor, w: PreparedGemvWeight, prologue: str | None = Non
 
 
 def prepared(w, device: Device | str | torch.device | None = None) -> PreparedGemvWeight:
-    """The triton GEMV layout of ``w`` on ``device`` (default: where ``w``'s tensors are), cached on
-    ``w.prepared`` under the same key ``portakern.quant_gemv`` uses."""
+    """The GEMV layout of ``w`` on ``device`` (default: where ``w``'s tensors are), cached on ``w.prepared`` under
+    the key ``portakern.quant_gemv`` uses for the backends of that layout (``(GEMV_LAYOUT, device)``), so both
+    share one copy."""
     from portakern.arrays import device_of, kind_of
-    from portakern.backends.triton import quant_gemv as Q
     from portakern.quantized import QuantizedWeight
 
     if isinstance(w, PreparedGemvWeight):
@@ -225,10 +225,10 @@ def prepared(w, device: Device | str | torch.device | None = None) -> PreparedGe
     else:
         td = torch.device(device)
         dev = CPU if td.type == "cpu" else torch_device("cuda", td.index or 0)
-    key = ("triton", str(dev))
+    key = (GEMV_LAYOUT, str(dev))
     p = w.prepared.get(key)
     if p is None:
-        p = w.prepared[key] = Q.prepare_weight(None, w, dev)
+        p = w.prepared[key] = prepare_gemv_weight(w, dev)
     return p
 
 
@@ -286,7 +286,7 @@ class QuantLinear(torch.nn.Module):
         """Rebuild the fragment layout (``frag``, if this module has one) from ``qweight``'s codes."""
         if self.frag is None:
             return
-        from portakern.backends.triton.quant_gemv import N_ALIGN_WORDS, pack_fragments
+        from portakern.ir.gemv_layout import N_ALIGN_WORDS, pack_fragments
 
         w = PreparedGemvWeight(self.qweight, self.scales, self.zeros, self.perm, self.kgroup, self.bits,
                                self.group_size, self.zero_point, self.out_features, self.in_features)

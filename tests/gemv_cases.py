@@ -343,11 +343,12 @@ def _run_with_config(x, w, cfg, prologue=None):
 
     from portakern.backends.triton import quant_gemv as Q
     from portakern.devices import CPU
+    from portakern.gemv_weight import prepare_gemv_weight
     from portakern.validate import quant_gemv_op
 
     op, _ = quant_gemv_op(x, w, prologue)
     kern = Q.compile(op, CPU, forced_config(cfg, num_warps=1))
-    prepared = Q.prepare_weight(None, w, CPU)
+    prepared = prepare_gemv_weight(w, CPU)
     out = torch.full((op.M, op.N), float("nan"), dtype=x.dtype)
     kern(x, prepared, out)
     kern(x, prepared, out)  # twice: the split-K counters must have reset themselves

@@ -57,7 +57,7 @@ def test_registered_and_ranked_below_triton(backend):
     triton = next(b for b in portakern.backends() if b.name == "triton")
     assert backend.status() == "ok"
     assert backend.priority < triton.priority          # not yet measured on a GPU: serves when named or measured
-    assert backend.weight_layout == "triton" and "sm_90a" in backend.compile_targets
+    assert backend.weight_layout == triton.weight_layout == "gemv-tiled" and "sm_90a" in backend.compile_targets
 
 
 @pytest.mark.parametrize("op,why", [
@@ -298,7 +298,7 @@ def _host_gemv(N, K, bits, sym, xdt, sdt, odt, cfg, M=1):
     torch = pytest.importorskip("torch")
     from portakern.backends.cuda import quant_gemv as C
     from portakern.backends.cuda.host_run import quant_gemv_on_host
-    from portakern.backends.triton.gemv_layout import prepare_weight
+    from portakern.gemv_weight import prepare_gemv_weight
 
     g = torch.Generator().manual_seed(N * 7 + K + bits)
     w = portakern.quantize(torch.randn(N, K, generator=g).numpy(), bits=bits, group_size=128, symmetric=sym,
@@ -306,7 +306,7 @@ def _host_gemv(N, K, bits, sym, xdt, sdt, odt, cfg, M=1):
     x = torch.randn(M, K, generator=g).to(getattr(torch, xdt))
     op = QuantGemv(M=M, N=N, K=K, dtype=DType(xdt), fmt=w.fmt, out_dtype=DType(odt))
     cpu = Device("cpu", None, arch="x86_64", name="cpu")
-    out = quant_gemv_on_host(op, prepare_weight(None, w, cpu), x, C.SmallMConfig(*cfg))
+    out = quant_gemv_on_host(op, prepare_gemv_weight(w, cpu), x, C.SmallMConfig(*cfg))
     return out, _float64(x, w)
 
 
@@ -473,7 +473,7 @@ def test_wrapper_checks_and_launch_geometry_without_a_gpu(C, monkeypatch):
     from types import SimpleNamespace
 
     from portakern.backends.cuda import nvrtc
-    from portakern.backends.triton.gemv_layout import prepare_weight
+    from portakern.gemv_weight import prepare_gemv_weight
     from portakern.errors import InvalidInputError
 
     launches = []
@@ -491,7 +491,7 @@ def test_wrapper_checks_and_launch_geometry_without_a_gpu(C, monkeypatch):
     w = portakern.quantize(np.random.default_rng(0).standard_normal((N, K)).astype(np.float32), bits=4,
                            group_size=128)
     cpu = Device("cpu", None, arch="x86_64", name="cpu")
-    pw = prepare_weight(None, w, cpu)
+    pw = prepare_gemv_weight(w, cpu)
     op = QuantGemv(M=1, N=N, K=K, dtype=DType.bfloat16, fmt=w.fmt)
     cfg = C.SmallMConfig(16, 4, 1, 2)                    # one slice: no per-stream workspace (that needs CUDA)
     kern = C.compile(op, H200, cfg)
@@ -508,11 +508,11 @@ def test_wrapper_checks_and_launch_geometry_without_a_gpu(C, monkeypatch):
     assert launches[-1][2][3] != strided.data_ptr()
     with pytest.raises(InvalidInputError, match="out has strides"):
         kern(x, pw, torch.empty(1, 2 * N, dtype=torch.bfloat16)[:, ::2])
-    sym = prepare_weight(None, portakern.quantize(np.ones((N, K), np.float32), bits=4, group_size=128,
-                                                  symmetric=True), cpu)
+    sym = prepare_gemv_weight(portakern.quantize(np.ones((N, K), np.float32), bits=4, group_size=128,
+                                                 symmetric=True), cpu)
     with pytest.raises(InvalidInputError, match="lacks zero points"):
         kern(x, sym, out)
-    other = prepare_weight(None, portakern.quantize(np.ones((1200, K), np.float32), bits=4, group_size=128), cpu)
+    other = prepare_gemv_weight(portakern.quantize(np.ones((1200, K), np.float32), bits=4, group_size=128), cpu)
     with pytest.raises(InvalidInputError, match="row stride is 1280, expected 1024"):
         kern(x, other, out)
     from dataclasses import replace

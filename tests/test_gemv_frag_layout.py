@@ -1,4 +1,4 @@
-"""The fragment layout of the tensor-core GEMV kernel "frag" (``gemv_frag_layout.pack_fragments``) and its
+"""The fragment layout of the tensor-core GEMV kernel "frag" (``portakern.ir.gemv_layout.pack_fragments``) and its
 place in the tuning table, on the CPU.
 
 The layout is checked against an emulation of ``mma.m16n8k16`` written from the PTX ISA's fragment
@@ -10,6 +10,7 @@ round-trips with its own unpacker fails here. The kernel itself runs in the GPU 
 
 from __future__ import annotations
 
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -17,9 +18,11 @@ import pytest
 
 pytest.importorskip("triton")
 
-from portakern.backends.triton import gemv_layout  # noqa: E402
 from portakern.backends.triton import gemv_tuning as T  # noqa: E402
 from portakern.backends.triton import quant_gemv as Q  # noqa: E402
+from portakern import gemv_weight  # noqa: E402
+from portakern.gemv_weight import prepare_gemv_weight  # noqa: E402
+from portakern.ir import gemv_layout  # noqa: E402
 
 
 def _kcol(kk: int, p: int) -> int:
@@ -57,7 +60,7 @@ def test_fragment_layout_is_what_the_mma_reads(N, K):
     rng = np.random.default_rng(N + K)
     codes = rng.integers(0, 16, size=(N, K)).astype(np.uint32)
     x = rng.standard_normal((3, K))
-    words = Q.pack_fragments(codes, Q.N_ALIGN_WORDS)
+    words = gemv_layout.pack_fragments(codes, gemv_layout.N_ALIGN_WORDS)
     assert words.shape == (K // 128, -(-N // 128) * 8, 256) and words.dtype == np.int32
     np.testing.assert_allclose(_emulate(words, x, N), codes @ x.T, rtol=1e-12, atol=1e-9)
 
@@ -66,9 +69,9 @@ def test_fragment_layout_is_what_the_mma_reads(N, K):
 def test_fragment_layout_round_trips_and_pads_with_zero_codes(N, K):
     rng = np.random.default_rng(7)
     codes = rng.integers(0, 16, size=(N, K)).astype(np.uint32)
-    words = Q.pack_fragments(codes, Q.N_ALIGN_WORDS)
-    np.testing.assert_array_equal(Q.unpack_fragments(words, N, K), codes)
-    full = Q.unpack_fragments(words, words.shape[1] * 16, words.shape[0] * 128)
+    words = gemv_layout.pack_fragments(codes, gemv_layout.N_ALIGN_WORDS)
+    np.testing.assert_array_equal(gemv_layout.unpack_fragments(words, N, K), codes)
+    full = gemv_layout.unpack_fragments(words, words.shape[1] * 16, words.shape[0] * 128)
     assert not full[N:].any() and not full[:, K:].any(), "padding rows / columns must hold code 0"
 
 
@@ -80,9 +83,9 @@ def test_fragment_layout_round_trips_and_pads_with_zero_codes(N, K):
     (4, 128, False, True, "act-order"),
 ])
 def test_frag_eligibility_names_the_reason(bits, gs, perm, irregular, needle):
-    why = Q.frag_eligible(bits, gs, perm, irregular)
+    why = gemv_layout.frag_eligible(bits, gs, perm, irregular)
     assert why is not None and needle in why
-    assert Q.frag_eligible(4, 128, False, False) is None and Q.frag_eligible(4, 256, False, False) is None
+    assert gemv_layout.frag_eligible(4, 128, False, False) is None and gemv_layout.frag_eligible(4, 256, False, False) is None
 
 
 def _layout(N=4096, K=4096, gs=128, frag=True, bits=4):
@@ -151,7 +154,7 @@ def test_prepared_weight_on_cpu_has_no_fragment_layout():
     from portakern.devices import Device
 
     w = portakern.quantize(np.random.default_rng(0).standard_normal((64, 256)), bits=4, group_size=128)
-    p = Q.prepare_weight(None, w, Device("cpu", 0))
+    p = prepare_gemv_weight(w, Device("cpu", 0))
     assert p.frag is None and "frag" not in p.tensors()
 
 
@@ -160,8 +163,20 @@ def test_without_gluon_no_weight_gets_the_layout_and_the_table_keeps_mma(monkeyp
     from portakern.ir.ops import QuantGemv
 
     op = QuantGemv(M=16, N=4096, K=4096, dtype=DType.bfloat16, fmt=QuantFormat(bits=4, group_size=128, symmetric=False))
+    from portakern.devices import Device
+
+    gpu = Device("cuda", 0, "GPU 0")
     assert Q.frag_kernel_available() and Q._LayoutStub(op).frag is not None   # Triton >= 3.5 here
-    monkeypatch.setattr(gemv_layout, "_GLUON", [False])
-    stub = Q._LayoutStub(op)
-    assert stub.frag is None
-    assert T.choose(stub, 16, 4096, "sm_90", 132, dtype="bfloat16").kind == "mma"
+    assert gemv_weight.wants_fragments(gpu)
+    # a Triton without Gluon's Ampere MMA: its import fails, and the probe (cached per process) is asked again
+    gemv_weight.fragment_kernel_available.cache_clear()
+    monkeypatch.setitem(sys.modules, "triton.experimental.gluon.language.nvidia.ampere", None)
+    try:
+        assert not gemv_weight.wants_fragments(gpu)     # what every backend of the layout prepares
+        stub = Q._LayoutStub(op)
+        assert stub.frag is None
+        assert T.choose(stub, 16, 4096, "sm_90", 132, dtype="bfloat16").kind == "mma"
+    finally:
+        monkeypatch.undo()
+        gemv_weight.fragment_kernel_available.cache_clear()
+    assert gemv_weight.wants_fragments(gpu)

@@ -16,6 +16,7 @@ from gemv import frag_candidates, gemv_op, split_for_shape  # noqa: E402
 
 from portakern.backends.triton import gemv_tuning as T  # noqa: E402
 from portakern.backends.triton import quant_gemv as Q  # noqa: E402
+from portakern.ir import gemv_layout  # noqa: E402
 
 
 @pytest.mark.parametrize("M, N, K", [(4, 4096, 4096), (4, 14336, 4096), (16, 4096, 14336), (16, 28672, 8192),
@@ -46,7 +47,7 @@ def test_a_winner_moved_to_another_shape_takes_that_shape_s_split():
     c = T.GemvConfig("frag", 64, 32, 2, split_k=3)
     assert split_for_shape(c, 16, 4096, 14336, 4).split_k == T.frag_split(4096, 14336, c, 16, 132)
     f = T.GemvConfig("fma", 32, 64, 4, split_k=7)
-    kwp = -(-(14336 // 8) // Q.K_ALIGN_WORDS) * Q.K_ALIGN_WORDS
+    kwp = -(-(14336 // 8) // gemv_layout.K_ALIGN_WORDS) * gemv_layout.K_ALIGN_WORDS
     assert split_for_shape(f, 1, 4096, 14336, 4).split_k == T.split_k_for(4096, kwp, f, 132)
 
 

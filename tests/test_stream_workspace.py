@@ -145,6 +145,7 @@ def test_gpu_split_k_gemv_on_two_streams(dev, N, K, split):
     from gemv_cases import forced_config, weight
 
     from portakern.backends.triton import quant_gemv as Q
+    from portakern.gemv_weight import prepare_gemv_weight
     from portakern.ir.packing import dequantize
     from portakern.validate import quant_gemv_op
 
@@ -153,7 +154,7 @@ def test_gpu_split_k_gemv_on_two_streams(dev, N, K, split):
     xs = [torch.randn(1, K, device=cuda, dtype=torch.bfloat16) for _ in range(2)]
     op, _ = quant_gemv_op(xs[0], w.with_tensors({k: torch.as_tensor(v).to(cuda) for k, v in w.tensors.items()}))
     kern = Q.compile(op, dev, forced_config(("fma", 64, 32, split, 3), num_warps=4) if split else None)
-    p = Q.prepare_weight(None, w, dev)
+    p = prepare_gemv_weight(w, dev)
 
     def call(x):
         out = torch.full((1, N), float("nan"), device=cuda, dtype=torch.bfloat16)

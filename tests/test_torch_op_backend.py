@@ -1,5 +1,5 @@
 """Which backend ``torch.ops.portakern.quant_gemv`` runs on CUDA (``torch_ops.gemv_kernel``): the one dispatch ranks
-first among those that read the triton weight layout, and the op it builds from a prepared weight (``gemv_op_of``).
+first among those that read the GEMV weight layout (``portakern.gemv_weight``), and the op it builds from a prepared weight (``gemv_op_of``).
 Off the GPU: the backends' ``compile`` is replaced by a recorder, and the device is a described sm_90 card."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def test_a_forced_backend_is_honoured_or_refused_with_the_way_out(recorded, regi
     with dispatch.use_backend("own-layout"), pytest.raises(UnsupportedError) as e:
         torch_ops.gemv_kernel(_gemv(), H200)
     msg = str(e.value)
-    assert "'triton' layout" in msg and "'own-layout'" in msg and "portakern.quant_gemv" in msg
+    assert "'gemv-tiled' layout" in msg and "'own-layout'" in msg and "portakern.quant_gemv" in msg
     assert torch_ops.gemv_kernel(_gemv(), H200)[0] == "cuda"           # unforced, the own layout is passed over
 
 

@@ -267,7 +267,7 @@ def test_fragment_layout_is_derived_not_saved_and_follows_loaded_codes():
     reads a previous weight's codes."""
     import numpy as np
 
-    from portakern.backends.triton.quant_gemv import N_ALIGN_WORDS, pack_fragments
+    from portakern.ir.gemv_layout import N_ALIGN_WORDS, pack_fragments
     from portakern.ir.packing import unpack
     from portakern.quantize import quantize
 

@@ -507,6 +507,7 @@ def test_gpu_released_merge_lets_a_dependent_gemv_read_the_merged_output(changes
     behind it in a CUDA graph, fed the attention output as x (poisoned with NaN before the replay), must read
     the finished output: float64 reference of ``attention(q, K, V) @ W^T`` from new inputs."""
     from portakern.backends.triton import quant_gemv as Q
+    from portakern.gemv_weight import prepare_gemv_weight
     from portakern.ir.packing import dequantize
     from portakern.quantize import quantize
     from portakern.validate import quant_gemv_op
@@ -519,7 +520,7 @@ def test_gpu_released_merge_lets_a_dependent_gemv_read_the_merged_output(changes
     x0 = torch.zeros(1, K, device=cuda, dtype=torch.bfloat16)
     gop, _ = quant_gemv_op(x0, wd)
     gemv = Q.compile(gop, dev)
-    prepared = Q.prepare_weight(None, w, dev)
+    prepared = prepare_gemv_weight(w, dev)
     q, k, v, aux, out, lse = _to_device(op, _inputs(op, [2048], seed=4), cuda)
     y = torch.empty(1, 1024, device=cuda, dtype=torch.bfloat16)
 

@@ -31,7 +31,7 @@ def _guard(monkeypatch, count, current):
 
 
 def _on_device():
-    from portakern.backends.triton.backend import on_device
+    from portakern.placement import on_device
     return on_device
 
 

@@ -22,6 +22,9 @@ import pytest
 
 from gemv_cases import CASES, COMPILE_CASES, FRAG_CASES, TARGETS, check_graph_replays, weight  # noqa: E402
 
+from portakern.gemv_weight import prepare_gemv_weight  # noqa: E402
+from portakern.ir import gemv_layout  # noqa: E402
+
 pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
 
@@ -200,14 +203,13 @@ def test_supports_every_packing_and_names_the_rule():
 
 def test_internal_layout_round_trip():
     """The repacked words, scales and zeros give back the reference dequantization."""
-    from portakern.backends.triton import quant_gemv as Q
     from portakern.devices import CPU
     from portakern.ir.packing import dequantize
 
     for case in CASES:
         w = weight(case)
-        p = Q.prepare_weight(None, w, CPU)
-        codes = Q.unpack_internal(p.qweight.numpy(), p.bits, p.interleave, p.N, p.K).astype(np.float64)
+        p = prepare_gemv_weight(w, CPU)
+        codes = gemv_layout.unpack_internal(p.qweight.numpy(), p.bits, p.interleave, p.N, p.K).astype(np.float64)
         k = np.arange(p.K)
         g = p.kgroup.numpy() if p.kgroup is not None else k // p.group_size
         s = p.scales.float().numpy()[g, : p.N].T
@@ -225,24 +227,23 @@ def test_internal_layout_interleaves_word_rows_within_groups():
     against that formula, not through ``unpack_internal``); iw is, for int4, the largest power of two
     up to 8 dividing the words per group, 1 for int8 and for groups that are not whole words or
     irregular."""
-    from portakern.backends.triton import quant_gemv as Q
-
-    assert [Q.interleave_words(4, g, False) for g in (128, 64, 32, 16, 8, 296, 12)] == [8, 8, 4, 2, 1, 1, 1]
-    assert [Q.interleave_words(8, g, False) for g in (128, 32, 8, 6)] == [1, 1, 1, 1]   # int8: plain order
-    assert Q.interleave_words(4, 128, True) == 1
+    assert [gemv_layout.interleave_words(4, g, False) for g in (128, 64, 32, 16, 8, 296, 12)] == [8, 8, 4, 2, 1, 1, 1]
+    assert [gemv_layout.interleave_words(8, g, False) for g in (128, 32, 8, 6)] == [1, 1, 1, 1]   # int8: plain order
+    assert gemv_layout.interleave_words(4, 128, True) == 1
     rng = np.random.default_rng(0)
     for bits, iw in ((4, 8), (4, 4), (8, 8), (4, 1)):
         N, K = 3, 200
         codes = rng.integers(0, 1 << bits, (N, K))
-        words = Q.pack_internal(codes, bits, iw).view(np.uint32)
+        words = gemv_layout.pack_internal(codes, bits, iw).view(np.uint32)
         epw = 32 // bits
-        assert words.shape == (-(-(-(-K // epw)) // Q.K_ALIGN_WORDS) * Q.K_ALIGN_WORDS, Q.N_ALIGN_WORDS)
+        kwp = -(-(-(-K // epw)) // gemv_layout.K_ALIGN_WORDS) * gemv_layout.K_ALIGN_WORDS
+        assert words.shape == (kwp, gemv_layout.N_ALIGN_WORDS)
         for j in range(words.shape[0]):
             for e in range(epw):
                 k = (j // iw) * iw * epw + e * iw + j % iw
                 got = (words[j, :N] >> np.uint32(bits * e)) & np.uint32((1 << bits) - 1)
                 np.testing.assert_array_equal(got, codes[:, k] if k < K else 0, err_msg=f"bits={bits} iw={iw} j={j} e={e}")
-        np.testing.assert_array_equal(Q.unpack_internal(words.view(np.int32), bits, iw, N, K), codes)
+        np.testing.assert_array_equal(gemv_layout.unpack_internal(words.view(np.int32), bits, iw, N, K), codes)
 
 
 # -- on a CUDA device ------------------------------------------------------------------------------
@@ -309,7 +310,7 @@ def test_gpu_forced_config(dev, case):
     wd = w.with_tensors({k: torch.as_tensor(v).to(f"cuda:{dev.index}") for k, v in w.tensors.items()})
     op, _ = quant_gemv_op(x, wd, prologue)
     kern = Q.compile(op, dev, forced_config(extra["config"], num_warps=4))
-    p = Q.prepare_weight(None, w, dev)
+    p = prepare_gemv_weight(w, dev)
     out = torch.full((M, w.N), float("nan"), device=x.device, dtype=x.dtype)
     ref = reference_input(x.double().cpu().numpy(), prologue, K) @ dequantize(w.fmt, w.tensors, w.N, w.K).T
     for _ in range(2):   # twice: split-K counters reset themselves
@@ -337,7 +338,7 @@ def test_gpu_frag_forced_config(dev, case):
     wd = w.with_tensors({k: torch.as_tensor(v).to(f"cuda:{dev.index}") for k, v in w.tensors.items()})
     op, _ = quant_gemv_op(x, wd)
     kern = Q.compile(op, dev, forced_config(extra["config"], num_warps=extra.get("num_warps", 4)))
-    p = Q.prepare_weight(None, w, dev)
+    p = prepare_gemv_weight(w, dev)
     assert p.frag is not None
     ref = x.double().cpu().numpy() @ dequantize(w.fmt, w.tensors, w.N, w.K).T
     out = torch.empty((M, w.N), device=x.device, dtype=x.dtype)
@@ -363,7 +364,7 @@ def test_gpu_frag_refuses_other_activation_dtypes(dev):
     op, _ = quant_gemv_op(x, w.with_tensors({k: torch.as_tensor(v).to(x.device) for k, v in w.tensors.items()}))
     kern = Q.compile(op, dev, GemvConfig("frag", 64, 32, 2))
     with pytest.raises(UnsupportedError, match="dtype=float16"):
-        kern(x, Q.prepare_weight(None, w, dev), torch.empty((4, w.N), device=x.device, dtype=x.dtype))
+        kern(x, prepare_gemv_weight(w, dev), torch.empty((4, w.N), device=x.device, dtype=x.dtype))
 
 
 @gpu_param
@@ -380,7 +381,7 @@ def test_gpu_cuda_graph_replay_with_new_inputs(dev, split):
     x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
     op, _ = quant_gemv_op(x, w.with_tensors({k: torch.as_tensor(v).cuda() for k, v in w.tensors.items()}))
     kern = Q.compile(op, dev, GemvConfig("fma", 32, 64, 4, 1, split, 2))
-    p = Q.prepare_weight(None, w, dev)
+    p = prepare_gemv_weight(w, dev)
     out = torch.full((1, 4096), float("nan"), device="cuda", dtype=torch.bfloat16)
     kern(x, p, out)  # first call builds the launcher (and workspace)
     check_graph_replays(kern, x, p, out, w, 1e-2)
@@ -413,7 +414,7 @@ def test_gpu_pdl_chain_in_a_graph(dev, kind):
     x = torch.randn(M, n, device="cuda", dtype=torch.bfloat16)
     op, _ = quant_gemv_op(x, ws[0].with_tensors({k: torch.as_tensor(v).cuda() for k, v in ws[0].tensors.items()}))
     kern = Q.compile(op, dev, cfg)
-    ps = [Q.prepare_weight(None, w, dev) for w in ws]
+    ps = [prepare_gemv_weight(w, dev) for w in ws]
     ys = [torch.full((M, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(3)]
 
     def chain():
@@ -524,7 +525,7 @@ def test_gpu_fast_launch_values(dev, guard_log, M, N, K):
     w = weight(case)
     cuda = f"cuda:{dev.index}"
     op, _ = quant_gemv_op(torch.empty(M, K, dtype=torch.bfloat16), w)
-    kern, p = Q.compile(op, dev), Q.prepare_weight(None, w, dev)
+    kern, p = Q.compile(op, dev), prepare_gemv_weight(w, dev)
     wref = dequantize(w.fmt, w.tensors, w.N, w.K)
     verdicts = []
     for call, offset in enumerate([0, 0, 0, 1, 0, 0]):

@@ -17,6 +17,7 @@ pytest.importorskip("triton")
 from gemv_cases import TOL, check_graph_replays, weight  # noqa: E402  (tests/ is on sys.path)
 from test_triton_attention import parent_only  # noqa: E402
 
+from portakern.gemv_weight import prepare_gemv_weight  # noqa: E402
 from portakern.ir import DType, Packing, QuantFormat  # noqa: E402
 from portakern.ir.ops import QuantGemv  # noqa: E402
 
@@ -207,7 +208,7 @@ def test_gpu_matches_float64_for_every_way_programs_share_tiles(case):
     w = weight((cid, packing, 4, G, sym, 1, N, K, dt, {}))
     x = torch.randn(1, K, device=f"cuda:{dev.index}", dtype=torch.float64).to(getattr(torch, dt))
     op, _ = quant_gemv_op(x, w.with_tensors({k: torch.as_tensor(v).to(x.device) for k, v in w.tensors.items()}))
-    p = Q.prepare_weight(None, w, dev)
+    p = prepare_gemv_weight(w, dev)
     ref = x.double().cpu().numpy() @ dequantize(w.fmt, w.tensors, w.N, w.K).T
     for bn, ahead, l2 in ((256, 1, 0), (128, 2, 0), (256, 1, 3)):
         cfg = T.fit(T.GemvConfig("stream", bn, 16, prefetch=ahead, pdl=True, l2_prefetch=l2), p, 1)
@@ -236,7 +237,7 @@ def test_gpu_table_choice_replays_in_a_cuda_graph_with_new_inputs():
     x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
     op, _ = quant_gemv_op(x, w.with_tensors({k: torch.as_tensor(v).cuda() for k, v in w.tensors.items()}))
     kern = Q.compile(op, dev)
-    p = Q.prepare_weight(None, w, dev)
+    p = prepare_gemv_weight(w, dev)
     out = torch.full((1, N), float("nan"), device="cuda", dtype=torch.bfloat16)
     kern(x, p, out)
     assert next(iter(kern.launchers.values())).kind == "stream"

@@ -43,10 +43,10 @@ M, N, K = 1, 40, 256
 def _case(group: int, n: int = N, seed: int = 0):
     """A native asymmetric int4 weight ``(n, K)`` with ``group``-column groups, prepared on the CPU, and its
     float64 dequantisation."""
-    from portakern.backends.triton import quant_gemv as Q
+    from portakern.gemv_weight import prepare_gemv_weight
 
     w = weight((f"g{group}", "native", 4, group, False, M, n, K, "float32", {}), seed=seed)
-    return w, Q.prepare_weight(None, w, CPU)
+    return w, prepare_gemv_weight(w, CPU)
 
 
 def _dequant(w) -> np.ndarray:

@@ -124,11 +124,11 @@ def _prepared(g_idx=None):
     """A GPTQ int4 weight (group 128, N=256, K=1024) prepared for the triton backend on the CPU."""
     from gemv_cases import weight
 
-    from portakern.backends.triton import quant_gemv as Q
     from portakern.devices import CPU
+    from portakern.gemv_weight import prepare_gemv_weight
 
     extra = {} if g_idx is None else {"g_idx": g_idx}
-    return Q.prepare_weight(None, weight(("c", "gptq", 4, 128, False, 4, 256, 1024, "bfloat16", extra)), CPU)
+    return prepare_gemv_weight(weight(("c", "gptq", 4, 128, False, 4, 256, 1024, "bfloat16", extra)), CPU)
 
 
 def test_bucket_separates_irregular_groups_and_fragment_layouts():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from portakern.backend import Backend, Support, no
 from portakern.devices import Device
+from portakern.gemv_weight import GEMV_LAYOUT
+from portakern.placement import on_device
 
 
 def _version() -> str:
@@ -32,7 +34,7 @@ class CudaBackend(Backend):
     priority = 90
     compile_targets = ("sm_80", "sm_90a", "sm_100a", "sm_120")
     #: prepared weights are shared with the triton backend (the same layout, one copy on the device)
-    weight_layout = "triton"
+    weight_layout = GEMV_LAYOUT
 
     def status(self) -> str:
         try:
@@ -65,14 +67,13 @@ class CudaBackend(Backend):
         return mod.supports(op, device)
 
     def compile(self, op, device: Device):
-        from portakern.backends.triton.backend import on_device
-
         return on_device(self._lowering(op).compile(op, device), device)
 
     def prepare_weight(self, weight, device: Device):
-        from portakern.backends.triton.gemv_layout import prepare_weight
+        from portakern.gemv_weight import prepare_gemv_weight, wants_fragments
 
-        return prepare_weight(None, weight, device)
+        # one copy per weight and device serves every backend of the layout: the same one triton builds
+        return prepare_gemv_weight(weight, device, fragments=wants_fragments(device))
 
     def compile_for_target(self, op, target: str):
         return self._lowering(op).compile_for_target(op, target)

@@ -80,8 +80,8 @@ def _raw16(t) -> np.ndarray:
 
 
 def quant_gemv_on_host(op, w, x, config=None, num_sms: int = 132) -> np.ndarray:
-    """``kernels/gemv_small_m.cu`` for ``op`` run on the CPU: ``w`` the triton layout on the CPU
-    (``gemv_layout.prepare_weight``), ``x`` an (M, K) float16 / bfloat16 torch tensor; float32 ``(M, N)``."""
+    """``kernels/gemv_small_m.cu`` for ``op`` run on the CPU: ``w`` the GEMV layout on the CPU
+    (``portakern.gemv_weight.prepare_gemv_weight``), ``x`` an (M, K) float16 / bfloat16 torch tensor; float32 ``(M, N)``."""
     from portakern.ir.dtypes import DType
 
     from . import quant_gemv as C

@@ -3,7 +3,7 @@
 One kernel (``kernels/gemv_small_m.cu``): M = 1 to 4 rows of x, int4 or int8 codes in groups of 128 along K
 (every packing of those widths without act-order: native, AWQ, GPTQ without ``g_idx``), fp16 / bf16 activations,
 fp16 / bf16 scales. It
-reads the triton backend's weight layout (``backends/triton/gemv_layout.py``), so a weight prepared by either
+reads the GEMV weight layout (``portakern.ir.gemv_layout``, ``portakern.gemv_weight``), so a weight prepared by either
 backend serves both (``CudaBackend.weight_layout``). Per code one LOP3 and one FFMA; x staged once per CTA in
 shared memory; small CTAs, many per SM; split K merged by the last CTA of a column tile in slice order
 (deterministic). Compiled by NVRTC per shape and format (``nvrtc.py``).
@@ -37,7 +37,7 @@ from . import nvrtc
 SOURCE = "gemv_small_m.cu"
 ENTRY = "gemv_small_m"
 GROUP = 128
-#: row stride of the prepared words (``gemv_layout.N_ALIGN_WORDS``; checked against it at compile)
+#: row stride of the prepared words (``portakern.ir.gemv_layout.N_ALIGN_WORDS``; checked against it at compile)
 N_ALIGN = 128
 SPLITS = (1, 2, 4, 8, 16, 32)
 #: rows of x one launch takes (each dequantized code is applied to every row: M FFMAs per LOP3)
@@ -199,11 +199,11 @@ def compile(op: QuantGemv, device: Device, config: SmallMConfig | None = None):
     """``kernel(x, prepared, out)`` for ``op`` on CUDA ``device`` (``prepared``: the triton layout)."""
     import torch
 
-    from portakern.backends.triton.gemv_layout import N_ALIGN_WORDS
+    from portakern.ir.gemv_layout import N_ALIGN_WORDS
     from portakern.stream_workspace import StreamWorkspace, stream_index
 
     if N_ALIGN_WORDS != N_ALIGN:
-        raise AssertionError(f"the triton layout's row stride alignment is {N_ALIGN_WORDS}, this kernel's {N_ALIGN}")
+        raise AssertionError(f"the GEMV layout's row stride alignment is {N_ALIGN_WORDS}, this kernel's {N_ALIGN}")
     props = torch.cuda.get_device_properties(device.index or 0)
     cfg = config or choose(op, props.multi_processor_count, device.capability, device.name)
     pdl = device.capability >= (9, 0)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 
 from portakern.backend import YES, Backend, Support, no
 from portakern.devices import Device
+from portakern.gemv_weight import GEMV_LAYOUT
+from portakern.placement import on_device
 
 
 #: Compile options every kernel of this backend is launched and lowered with. ``enable_fp_fusion``:
@@ -46,30 +47,6 @@ def _triton_version() -> str:
         return "not installed"
 
 
-def on_device(kernel, device: Device):
-    """``kernel`` launched on ``device``: Triton launches on the *current* CUDA device and its stream, so a call
-    on cuda:1 tensors while cuda:0 is current would run on the wrong GPU. With one visible GPU (or on the CPU)
-    nothing can differ and ``kernel`` is returned as it is; otherwise a wrapper makes ``device`` current around
-    the call when it is not (one integer compare per call)."""
-    if device.type != "cuda" or device.index is None:
-        return kernel
-    import torch
-
-    if torch.cuda.device_count() < 2:
-        return kernel
-    index, current, switch = device.index, torch.cuda.current_device, torch.cuda.device
-
-    def run(*args):
-        if current() == index:
-            return kernel(*args)
-        with switch(index):
-            return kernel(*args)
-
-    functools.update_wrapper(run, kernel, assigned=("__name__", "__qualname__", "__doc__"))  # and __dict__
-    run.inner = kernel
-    return run
-
-
 class TritonBackend(Backend):
     name = "triton"
     version = _triton_version()
@@ -78,6 +55,7 @@ class TritonBackend(Backend):
     priority = 100
     compile_targets = ("sm_80", "sm_90a", "sm_100a", "sm_120")
     x_prologues = ("silu_mul",)
+    weight_layout = GEMV_LAYOUT
 
     def status(self) -> str:
         try:
@@ -115,9 +93,10 @@ class TritonBackend(Backend):
         return on_device(self._lowering(op).compile(op, device), device)
 
     def prepare_weight(self, weight, device: Device):
-        from . import quant_gemv
+        from portakern.gemv_weight import prepare_gemv_weight, wants_fragments
 
-        return quant_gemv.prepare_weight(self, weight, device)
+        # the fragment copy is what this backend's tensor-core kernel reads (kernels/gemv_frag.py)
+        return prepare_gemv_weight(weight, device, fragments=wants_fragments(device))
 
     def compile_for_target(self, op, target: str):
         return self._lowering(op).compile_for_target(op, target)

@@ -10,7 +10,7 @@ from portakern.errors import InvalidInputError, InvalidTypeError
 if TYPE_CHECKING:
     from portakern.ir.ops import QuantGemv
 
-    from .quant_gemv import PreparedGemvWeight
+    from portakern.gemv_weight import PreparedGemvWeight
 
 #: The kernels compute element offsets into x and the output as 32-bit integers (``row * stride + column``).
 MAX_OFFSET = 2**31 - 1

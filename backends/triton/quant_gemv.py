@@ -1,8 +1,8 @@
 """Host side of the Triton quantized GEMV: supports, prepare_weight, compile, compile_for_target.
 
 Every packing of ``portakern.ir.Packing`` is repacked once, at ``prepare_weight``, into one
-internal layout (``gemv_layout.py``: ``PreparedGemvWeight``; the byte layout is documented in
-``kernels/gemv_quant.py``), so the kernels know a single format; act-order GPTQ reads ``x`` through
+internal layout (``portakern.gemv_weight``: ``PreparedGemvWeight``; the byte layout is documented in
+``portakern.ir.gemv_layout``), so the kernels know a single format; act-order GPTQ reads ``x`` through
 the weight's K permutation, an irregular ``g_idx`` runs the per-element path.
 
 ``compile(op, device)`` returns ``kernel(x, prepared, out)``. The launch configuration comes from
@@ -27,16 +27,16 @@ import threading
 from portakern.backend import YES, Support, no
 from portakern.devices import Device
 from portakern.errors import UnsupportedError
+from portakern.gemv_weight import PreparedGemvWeight
+from portakern.gemv_weight import fragment_kernel_available as frag_kernel_available
 from portakern.ir.dtypes import DType
+from portakern.ir.gemv_layout import K_ALIGN_WORDS, N_ALIGN_WORDS, frag_eligible, interleave_words
 from portakern.ir.ops import QuantGemv
 from portakern.ir.quant import Packing
 
 from . import gemv_tuning as tuning
 from .backend import KERNEL_OPTIONS, interpret_env
 from .gemv_checks import MAX_OFFSET, check_weight, max_row_stride, raise_out_stride
-from .gemv_frag_layout import FRAG_CHUNK, frag_eligible, pack_fragments, unpack_fragments  # noqa: F401
-from .gemv_layout import (K_ALIGN_WORDS, MAX_INTERLEAVE, N_ALIGN_WORDS, PreparedGemvWeight,  # noqa: F401
-                          frag_kernel_available, interleave_words, pack_internal, prepare_weight, unpack_internal)
 from .launch import KernelLaunch
 from portakern.stream_workspace import StreamWorkspace, stream_index
 

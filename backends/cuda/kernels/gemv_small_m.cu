@@ -9,7 +9,7 @@
 // summed in slice order by the last CTA of a column tile to arrive (deterministic; the counter resets itself, so
 // CUDA graphs replay it).
 //
-// Layout: the triton backend's (backends/triton/gemv_layout.py): words qw (KWP, NP) int32, K-major, EPW = 32 / BITS
+// Layout: the GEMV layout (ir/gemv_layout.py): words qw (KWP, NP) int32, K-major, EPW = 32 / BITS
 // codes per word, int4 word rows interleaved in blocks of IW = 8 (int8: IW = 1): code e of word row j is column
 // k = (j / IW) * IW * EPW + e * IW + j % IW of K; scales s and zero points z (G, NP), fp16 or bf16 (no z: HAS_Z 0,
 // the constant ZP); x (M, K) bf16 or fp16, contiguous and 16-byte aligned; out (M, N) bf16, fp16 or fp32,

@@ -1,6 +1,6 @@
 """Int4 GEMV (M = 1..16) on the tensor cores, the words laid out as the MMA's A fragments (Gluon).
 
-The prepared "fragment layout" (``gemv_frag_layout.pack_fragments``) puts one lane's share of four
+The prepared "fragment layout" (``portakern.ir.gemv_layout.pack_fragments``) puts one lane's share of four
 ``mma.m16n8k16`` A fragments in one 16-byte vector, so the words go from global memory straight to
 the registers the MMA reads (Marlin's idea, our own layout and code); the CUDA-core kernel spends
 ~3.4 instructions per code and the Triton "mma" kernel stages words and x through shared memory.
@@ -72,7 +72,7 @@ def _chunk_weights(w_ptrs, s_ptrs, z_ptrs, c, c_hi, stride_s, stride_c, GS: gl.c
     """The constant part of chunk ``c`` (128 columns of K: two 64-column units): its words ``(J, 256)``
     and its group's scales and zeros. ``c`` past ``c_hi - 1`` reads chunk ``c_hi - 1`` again (the
     prefetch past the end: cache hits, never used). K is a multiple of the group size, itself a multiple
-    of 128 (``gemv_frag_layout.frag_eligible``): no column is masked."""
+    of 128 (``portakern.ir.gemv_layout.frag_eligible``): no column is masked."""
     c = gl.minimum(c, c_hi - 1)
     words = gl.load(w_ptrs + c.to(gl.int64) * stride_c)
     g = (c * 128) // GS

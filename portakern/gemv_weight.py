@@ -1,35 +1,42 @@
-"""The triton backend's GEMV weight layout: ``PreparedGemvWeight`` and ``prepare_weight``, which repacks every packing
-of ``portakern.ir.Packing`` once into it (the byte layout is documented in ``kernels/gemv_quant.py``):
+"""The prepared quantized weight of the GPU GEMV kernels: ``PreparedGemvWeight`` and ``prepare_gemv_weight``.
+
+A backend-neutral contract: every backend whose ``weight_layout`` is ``GEMV_LAYOUT`` (triton, cuda) reads a
+``PreparedGemvWeight``, and ``portakern.torch_ops`` passes its tensors to whichever of them dispatch picks. They
+share one prepared copy per weight and device (``QuantizedWeight.prepared[(GEMV_LAYOUT, device)]``), so the copy
+depends on the weight and the device only, never on which backend built it. The byte layout is
+``portakern.ir.gemv_layout``'s:
 
 * codes as unsigned integers, ``32 // bits`` per int32 word along K, word rows padded to ``K_ALIGN_WORDS`` and
   columns to ``N_ALIGN_WORDS``; int4 word rows interleaved in blocks (``interleave_words``);
-* scales and integer zero points transposed to ``(groups, N)`` in the format's scale dtype;
+* scales and integer zero points transposed to ``(groups, NP)`` in the format's scale dtype;
 * act-order GPTQ (``g_idx``): K permuted so that groups are contiguous (``perm``); an irregular ``g_idx``
   keeps its per-column group table (``kgroup``);
-* on CUDA, for the formats ``frag_eligible`` accepts, a second copy in the tensor-core fragment layout.
+* on CUDA, for the formats ``frag_eligible`` accepts, a second copy in the tensor-core fragment layout, where
+  the kernel that reads it can run (``fragment_kernel_available``).
 
-Kept apart from the kernels' host code (``quant_gemv.py``) so that anything reading this layout -- tests, benchmarks,
-the CUDA C experiments -- needs only this module.
+torch is imported inside the functions: the core imports without it.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from portakern.devices import Device
+from portakern.ir.gemv_layout import (N_ALIGN_WORDS, frag_eligible, interleave_words, pack_fragments,
+                                      pack_internal, padded_columns)
 from portakern.ir.quant import Packing
 
-from .gemv_frag_layout import frag_eligible, pack_fragments
+#: the name of this layout, which backends reading a ``PreparedGemvWeight`` declare as ``Backend.weight_layout``
+GEMV_LAYOUT = "gemv-tiled"
 
-
-# -- the internal layout ---------------------------------------------------------------------------
 
 @dataclass(frozen=True, eq=False)
 class PreparedGemvWeight:
-    """A quantized weight in the triton backend's GEMV layout (see ``kernels/gemv_quant.py``).
+    """A quantized weight in the GEMV layout (``portakern.ir.gemv_layout``).
 
     Tensors: ``qweight`` int32 ``(KWP, NP)``, K-major; ``scales`` / ``zeros`` ``(G, NP)`` in the
     scale dtype (``zeros`` None for symmetric formats, which use ``zero_point``); ``perm`` int32
@@ -96,86 +103,45 @@ class PreparedGemvWeight:
         return key
 
     def tensors(self) -> dict[str, Any]:
+        """The tensors that are present, by field name."""
         return {n: t for n, t in (("qweight", self.qweight), ("scales", self.scales), ("zeros", self.zeros),
                                   ("perm", self.perm), ("kgroup", self.kgroup), ("frag", self.frag)) if t is not None}
 
 
-#: word rows are padded to a multiple of this (the largest K tile), so tiles need no K mask
-K_ALIGN_WORDS = 64
-#: the row stride is N rounded up to this (the largest unmasked column tile)
-N_ALIGN_WORDS = 128
-#: largest interleave of word rows (8 rows: the x values of one code position are 16 bytes of bf16)
-MAX_INTERLEAVE = 8
+@functools.lru_cache(maxsize=None)
+def fragment_kernel_available() -> bool:
+    """Whether the kernel that reads the fragment layout can run in this process: it is written in Triton's Gluon
+    and needs its Ampere MMA (``mma_v2``; Triton 3.5 and later). Probes the library (no portakern backend), once."""
+    try:
+        from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
-def interleave_words(bits: int, group_size: int, irregular_groups: bool) -> int:
-    """Word rows per interleaved block of the internal layout: for int4, the largest power of two,
-    at most ``MAX_INTERLEAVE``, dividing the words per group (so a block lies in one group); 1 (plain
-    order) for int8 and when groups are not whole words or irregular (per-element group lookup).
-    int8 keeps the plain order: its tables use the per-word-row tile, whose x indexing the interleave
-    slows (H200 session 4: int8 28672x8192 76% of the floor interleaved, 87% plain)."""
-    epw = 32 // bits
-    if bits != 4 or irregular_groups or group_size % epw:
-        return 1
-    wpg = group_size // epw
-    return min(MAX_INTERLEAVE, wpg & -wpg)
+def wants_fragments(device: Device) -> bool:
+    """Whether a weight prepared for ``device`` carries the fragment copy (for the formats that can hold one):
+    on CUDA devices, where the kernel that reads it can run (``fragment_kernel_available``)."""
+    return device.type == "cuda" and fragment_kernel_available()
 
 
-def pack_internal(codes: np.ndarray, bits: int, interleave: int = 1) -> np.ndarray:
-    """Unsigned codes ``(N, K)`` -> int32 words ``(KWP, NP)``, zero-padded to whole tiles and aligned
-    rows: code ``e`` (bits ``bits * e``) of word ``(j, n)`` is column
-    ``k = (j // iw) * iw * epw + e * iw + j % iw`` of row n (``iw = interleave``; 1: ``k = epw j + e``)."""
-    N, K = codes.shape
-    epw = 32 // bits
-    kw = -(-K // epw)
-    kwp = -(-kw // K_ALIGN_WORDS) * K_ALIGN_WORDS
-    np_ = -(-N // N_ALIGN_WORDS) * N_ALIGN_WORDS
-    padded = np.zeros((np_, kwp * epw), dtype=np.uint32)
-    padded[:N, :K] = codes
-    # (n, block, e, j) -> (n, block, j, e): word row block * iw + j, code position e
-    v = padded.reshape(np_, kwp // interleave, epw, interleave).transpose(0, 1, 3, 2).reshape(np_, kwp, epw)
-    words = np.zeros((np_, kwp), dtype=np.uint32)
-    for e in range(epw):
-        words |= v[:, :, e] << np.uint32(bits * e)
-    return np.ascontiguousarray(words.T).view(np.int32)
+def prepare_gemv_weight(weight, device: Device, *, fragments: bool | None = None) -> PreparedGemvWeight:
+    """Repack the ``QuantizedWeight`` ``weight`` (any packing) once into the GEMV layout, on ``device``.
 
-
-def unpack_internal(words: np.ndarray, bits: int, interleave: int, N: int, K: int) -> np.ndarray:
-    """Inverse of ``pack_internal``: the codes ``(N, K)`` of int32 words ``(KWP, NP)``."""
-    epw = 32 // bits
-    u = words.view(np.uint32)
-    codes = np.stack([(u >> np.uint32(bits * e)) & np.uint32((1 << bits) - 1) for e in range(epw)], axis=1)
-    kwp = u.shape[0]
-    # (block, j, e, n) -> (block, e, j, n): column k of the block in order
-    codes = codes.reshape(kwp // interleave, interleave, epw, -1).transpose(0, 2, 1, 3).reshape(kwp * epw, -1)
-    return codes[:K, :N].T
-
-
-_GLUON: list[bool] = []
-
-
-def frag_kernel_available() -> bool:
-    """Whether this Triton has Gluon's Ampere MMA (``kernels/gemv_frag.py``; Triton 3.5 and later)."""
-    if not _GLUON:
-        try:
-            from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: F401
-            _GLUON.append(True)
-        except ImportError:
-            _GLUON.append(False)
-    return _GLUON[0]
-
-
-def prepare_weight(backend, weight, device: Device) -> PreparedGemvWeight:
-    """Repack ``weight`` (any packing) once into the internal layout, on ``device``.
-
-    Runs on the host with the numpy reference unpacker (``portakern.ir.packing.unpack``), so the
-    repacking reads each byte layout exactly as the CPU reference does.
+    ``fragments``: whether to build the tensor-core fragment copy (for the formats ``frag_eligible`` accepts);
+    None (the default, what every backend of ``GEMV_LAYOUT`` passes, since they share one cached copy):
+    ``wants_fragments(device)``. Runs on the host with the numpy reference unpacker
+    (``portakern.ir.packing.unpack``), so the repacking reads each byte layout exactly as the CPU reference
+    does. On CUDA it synchronises the device once after the uploads: a kernel launched with programmatic
+    dependent launch reads its first weight tiles before waiting for the previous work in the stream.
     """
     import torch
 
     from portakern.arrays import to_numpy
     from portakern.ir.packing import unpack
 
+    if fragments is None:
+        fragments = wants_fragments(device)
     fmt, N, K = weight.fmt, weight.N, weight.K
     host = {k: np.asarray(to_numpy(v)) for k, v in weight.tensors.items()}
     codes, scales, zeros, group = unpack(fmt, host, N, K)
@@ -200,15 +166,13 @@ def prepare_weight(backend, weight, device: Device) -> PreparedGemvWeight:
         return t.to(device=tdev, dtype=dtype or t.dtype)
 
     def by_group(a):  # (N, G) -> (G, NP), columns past N repeat column 0 (finite, never stored)
-        np_ = -(-N // N_ALIGN_WORDS) * N_ALIGN_WORDS
-        t = np.empty((a.shape[1], np_), dtype=np.float32)
+        t = np.empty((a.shape[1], padded_columns(N)), dtype=np.float32)
         t[:, :N] = a.T
         t[:, N:] = a.T[:, :1]
         return t
 
     frag = None
-    if (device.type == "cuda" and frag_kernel_available()
-            and frag_eligible(fmt.bits, GS, perm is not None, kgroup is not None) is None):
+    if fragments and frag_eligible(fmt.bits, GS, perm is not None, kgroup is not None) is None:
         frag = dev(pack_fragments(codes, N_ALIGN_WORDS))
     prepared = PreparedGemvWeight(
         qweight=dev(pack_internal(codes, fmt.bits, interleave_words(fmt.bits, GS, kgroup is not None))),
@@ -222,3 +186,7 @@ def prepare_weight(backend, weight, device: Device) -> PreparedGemvWeight:
         # for the previous work in the stream, so the uploads must be complete before any launch
         torch.cuda.synchronize(tdev)
     return prepared
+
+
+__all__ = ["GEMV_LAYOUT", "PreparedGemvWeight", "fragment_kernel_available", "prepare_gemv_weight",
+           "wants_fragments"]
