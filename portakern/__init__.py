@@ -10,8 +10,7 @@ Quickstart::
 """
 
 from . import ir  # noqa: F401  (portakern.ir)
-from . import backends  # noqa: F401  (portakern.backends: callable package, see backends/__init__.py)
-from .api import attention, devices, explain, plugin_errors, quant_gemv
+from .api import attention, devices, explain, list_backends, plugin_errors, quant_gemv
 from .backend import Backend, Support
 from .devices import Device
 from .dispatch import FallbackWarning, use_backend, use_policy
@@ -25,5 +24,5 @@ __version__ = "0.1.0"
 
 __all__ = ["Backend", "BackendError", "Device", "FallbackWarning", "InvalidInputError", "InvalidTypeError",
            "PluginError", "PortakernError", "QuantizedWeight", "StrictModeError", "Support", "UnsupportedError",
-           "attention", "backends", "devices", "explain", "hookimpl", "plugin_errors", "quant_gemv", "quantize",
-           "use_backend", "use_policy"]
+           "attention", "devices", "explain", "hookimpl", "list_backends", "plugin_errors", "quant_gemv",
+           "quantize", "use_backend", "use_policy"]

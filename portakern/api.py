@@ -65,7 +65,7 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, sc
       cu_seqlens_q, cu_seqlens_k: ``(B + 1,)`` cumulative lengths for varlen (packed) batches.
       return_lse: also return the natural-log sum-exp of the scores, float32 ``(B, Hq, Sq)``
         (``(Hq, total_q)`` for varlen); ``-inf`` for rows with every key masked.
-      backend: run on this backend by name (no fallback); see ``portakern.backends()``.
+      backend: run on this backend by name (no fallback); see ``portakern.list_backends()``.
 
     Returns:
       ``out`` ``(B, Sq, Hq, Dv)``, or ``(out, lse)`` when ``return_lse``. Rows with every key
@@ -138,10 +138,7 @@ def _empty_attention(key, q, k, v, kwargs, backend, has_aux):
     """The empty result of a q without query rows, after the checks any other call gets. Like a plan, the checks run
     on a signature's first call only (no host read of CUDA index arrays after it, so the call can be captured in a
     CUDA graph); on the CPU index values are checked every call, as for a call with rows."""
-    try:
-        make = dispatch.empty_results.get(key)
-    except TypeError:                              # an option that cannot be hashed: validation names it
-        make, key = None, None
+    make = dispatch.empty_result(key)              # None too for a key that cannot be hashed: validation names it
     if make is not None:
         return make(q)
     _check_backend_name(backend)
@@ -161,8 +158,8 @@ def _empty_attention(key, q, k, v, kwargs, backend, has_aux):
             return out
         return out, to_caller(empty(kind, lse_shape, _F32, device, like=like), kind, q, _F32)
 
-    if key is not None and not (has_aux and device.type == "cpu"):
-        dispatch.empty_results[key] = make
+    if not (has_aux and device.type == "cpu"):
+        dispatch.remember_empty_result(key, make)
     return make(q)
 
 
@@ -259,7 +256,7 @@ def quant_gemv(x, w, *, prologue=None, backend=None):
 def _empty_gemv(key, x, w, prologue, backend):
     """The ``(0, N)`` result of an empty batch, after the checks a batch of rows gets (on a signature's first call
     only, as for a plan)."""
-    make = dispatch.empty_results.get(key)
+    make = dispatch.empty_result(key)
     if make is None:
         _check_backend_name(backend)
         op, xi = quant_gemv_op(x, w, prologue, empty_ok=True)
@@ -269,7 +266,7 @@ def _empty_gemv(key, x, w, prologue, backend):
         def make(x):
             return to_caller(empty(kind, shape, dtype, device, like=x if kind == "torch" else None), kind, x, dtype)
 
-        dispatch.empty_results[key] = make
+        dispatch.remember_empty_result(key, make)
     return make(x)
 
 
@@ -342,8 +339,8 @@ def explain(fn, *args, **kwargs) -> Decision:
     return plan.decision
 
 
-def backends() -> list[Backend]:
-    """Every registered backend, by name (plugins that failed to load: ``plugin_errors()``)."""
+def list_backends() -> list[Backend]:
+    """Every registered backend, sorted by name (plugins that failed to load: ``plugin_errors()``)."""
     reg = registry()
     return [reg.backends[n] for n in sorted(reg.backends)]
 

@@ -270,7 +270,7 @@ def cmd_info(args) -> int:
     reg = registry()
     devices = portakern.devices()
     backends = []
-    for b in portakern.backends():
+    for b in portakern.list_backends():
         try:
             status = b.status()
         except Exception as e:  # a broken status() is reported, not fatal

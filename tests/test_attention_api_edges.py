@@ -217,7 +217,7 @@ def test_a_numpy_view_torch_cannot_wrap_converts_for_a_torch_backend(make):
 
 
 def test_a_negative_stride_view_runs_on_a_torch_backend(fresh_registry):
-    if "torch-eager" not in {b.name for b in portakern.backends()}:
+    if "torch-eager" not in {b.name for b in portakern.list_backends()}:
         pytest.skip("the example torch-eager plugin is not installed")
     q, k, v = rand(1, 6, 4, 8, seed=4)[:, ::-1], rand(1, 7, 2, 8, seed=5), rand(1, 7, 2, 8, seed=6)[:, ::-1]
     got = portakern.attention(q, k, v, backend="torch-eager")

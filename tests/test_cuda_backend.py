@@ -50,11 +50,11 @@ def C():
 @pytest.fixture
 def backend():
     _require_nvrtc()
-    return next(b for b in portakern.backends() if b.name == "cuda")
+    return next(b for b in portakern.list_backends() if b.name == "cuda")
 
 
 def test_registered_and_ranked_below_triton(backend):
-    triton = next(b for b in portakern.backends() if b.name == "triton")
+    triton = next(b for b in portakern.list_backends() if b.name == "triton")
     assert backend.status() == "ok"
     assert backend.priority < triton.priority          # not yet measured on a GPU: serves when named or measured
     assert backend.weight_layout == triton.weight_layout == "gemv-tiled" and "sm_90a" in backend.compile_targets

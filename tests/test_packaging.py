@@ -33,9 +33,9 @@ def test_wheel_layout_and_import(tmp_path):
                    check=True)
     code = ("import portakern, numpy as np; assert portakern.__file__.startswith(%r), portakern.__file__;"
             "q = np.ones((1, 2, 1, 4), np.float32); out = portakern.attention(q, q, q, backend='cpu');"
-            "assert np.allclose(out, 1.0); print(sorted(b.name for b in portakern.backends()));"
+            "assert np.allclose(out, 1.0); print(sorted(b.name for b in portakern.list_backends()));"
             # the opencl kernels load from the installed package data (when an OpenCL device is present)
-            "ok = portakern.backends()[[b.name for b in portakern.backends()].index('opencl')].status() == 'ok';"
+            "ok = portakern.list_backends()[[b.name for b in portakern.list_backends()].index('opencl')].status() == 'ok';"
             "out = portakern.attention(q, q, q, backend='opencl') if ok else out; assert np.allclose(out, 1.0)"
             % str(target))
     env = dict(os.environ, PYTHONPATH=str(target))

@@ -96,7 +96,7 @@ def test_builtin_cpu_backend_loads_through_the_entry_point(fresh_registry):
     reg = fresh_registry.registry()
     assert reg.plugins["cpu"] == "portakern"
     assert reg.origins["cpu"] == "cpu"
-    assert "cpu" in [b.name for b in portakern.backends()]
+    assert "cpu" in [b.name for b in portakern.list_backends()]
 
 
 def test_plugin_that_raises_at_import_is_reported_and_skipped(fake_dists):

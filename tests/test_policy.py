@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import portakern
-from portakern import Backend, FallbackWarning, dispatch, hookimpl
+from portakern import Backend, FallbackWarning, dispatch, hookimpl, measure
 from portakern.backend import YES, no
 from portakern.backends.cpu.backend import CpuBackend
 from portakern.errors import InvalidInputError, StrictModeError
@@ -113,7 +113,7 @@ def the_plan(kind="attention"):
 
 
 def cache_files(tmp_path):
-    return sorted(tmp_path.glob(f"{dispatch.FASTEST_NAMESPACE}-*.json"))
+    return sorted(tmp_path.glob(f"{measure.FASTEST_NAMESPACE}-*.json"))
 
 
 # -- ordering ---------------------------------------------------------------------------------------
@@ -125,7 +125,7 @@ def test_fastest_wins_even_with_lower_priority(isolated, q1, ref_attention, tmp_
         out = portakern.attention(*q1)
         np.testing.assert_array_equal(out, cpu_reference(*q1))
         np.testing.assert_allclose(out, ref_attention(*q1), atol=1e-6)
-        runs = 1 + dispatch.MEASURE_WARMUP + dispatch.MEASURE_REPEATS
+        runs = 1 + measure.MEASURE_WARMUP + measure.MEASURE_REPEATS
         assert (fast.compile_calls, fast.runs) == (1, runs)  # measured, then served without recompiling
         assert (slow.compile_calls, slow.runs) == (1, runs - 1)
         portakern.attention(*q1)

@@ -45,7 +45,7 @@ def recorded(fresh_registry, monkeypatch):
 
 def _record(monkeypatch):
     """Replace the registered triton and cuda backends' ``compile`` (again after the registry is rebuilt)."""
-    regs = {b.name: b for b in portakern.backends()}
+    regs = {b.name: b for b in portakern.list_backends()}
     for name in ("triton", "cuda"):
         monkeypatch.setattr(regs[name], "compile", lambda op, device, n=name: ("compiled", n, op))
     return regs
