@@ -7,9 +7,14 @@
 #   4. the opencl backend over the whole cpu-tier conformance suite on the OpenCL device (PoCL on the CPU),
 #      then again from host arrays (backend="opencl" on numpy / CPU torch: the bfloat16 cases too);
 #      (1 to 4 shard their cases over one worker process per core: --jobs 0)
-#   5. the pytest suite (unit, reference, dispatch, plugin, conformance and mutation tests); the opencl tests
-#      fail, never skip, when no OpenCL device is present (PORTAKERN_REQUIRE_OPENCL=1).
-# Exit status is non-zero if any step fails; pytest's "no tests ran" (5) is a failure too.
+#   5. the pytest suite (unit, reference, dispatch, plugin, conformance, contract and mutation tests), without
+#      the interpreter tier (-m "not interpreter"); the opencl tests fail, never skip, when no OpenCL device is
+#      present (PORTAKERN_REQUIRE_OPENCL=1);
+#   6. the interpreter tier: pytest under TRITON_INTERPRET=1 (set before triton's import, as Triton requires) over
+#      the tests marked `interpreter` and the backend contract suite (-m "interpreter or contract"), where the
+#      triton backend runs its kernels on the CPU.
+#   Steps 5 and 6 each print their time; arguments to this script go to both.
+# Exit status is non-zero if any step fails; pytest's "no tests ran" (5) is a failure in either pytest step.
 # Reports of steps 1-4 land in reports/; their progress is a line per 10 % on stderr.
 # Set PORTAKERN_SKIP_SLOW_CONFORMANCE=1 to run pytest only.
 set -uo pipefail
@@ -35,11 +40,21 @@ if [ -z "${PORTAKERN_SKIP_SLOW_CONFORMANCE:-}" ]; then
   $PK conformance --backend opencl --device cpu --jobs 0 \
     --report reports/opencl-host.json --markdown reports/opencl-host.md || status=1
 fi
-PORTAKERN_REQUIRE_OPENCL=1 .venv/bin/python -m pytest -q "$@"
-rc=$?
-if [ $rc -eq 5 ]; then
-  echo "pytest collected no tests: failing (exit 5)" >&2
-  rc=1
-fi
-[ $rc -ne 0 ] && status=$rc
+run_pytest() {   # run_pytest LABEL ARGS...: one pytest step, timed; exit 5 (no tests ran) fails it
+  local label=$1 start=$SECONDS rc
+  shift
+  PORTAKERN_REQUIRE_OPENCL=1 .venv/bin/python -m pytest -q "$@"
+  rc=$?
+  if [ $rc -eq 5 ]; then
+    echo "pytest ($label) collected no tests: failing (exit 5)" >&2
+    rc=1
+  fi
+  echo "== $label: $((SECONDS - start)) s, exit $rc =="
+  [ $rc -ne 0 ] && status=$rc
+  return 0
+}
+echo "== pytest suite (the interpreter tier runs next) =="
+run_pytest "pytest suite" -m "not interpreter" "$@"
+echo "== interpreter tier: pytest -m 'interpreter or contract' under TRITON_INTERPRET=1 =="
+TRITON_INTERPRET=1 run_pytest "interpreter tier" -m "interpreter or contract" "$@"
 exit $status

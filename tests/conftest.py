@@ -2,10 +2,30 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 import numpy as np
 import pytest
+
+def interpreting() -> bool:
+    """Whether this process runs Triton kernels under Triton's CPU interpreter: ``TRITON_INTERPRET`` set (to other
+    than 0) when the process started, before triton's first import (Triton reads it when it decorates a kernel)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``interpreter`` run Triton kernels on the CPU under its interpreter: without TRITON_INTERPRET=1
+    they are skipped, saying so. CI runs them in their own step (scripts/test.sh: ``TRITON_INTERPRET=1 pytest -m
+    "interpreter or contract"``); the main step deselects them (``-m "not interpreter"``)."""
+    if interpreting():
+        return
+    skip = pytest.mark.skip(reason="runs Triton kernels under Triton's CPU interpreter: needs TRITON_INTERPRET=1 set "
+                                   "before the process starts (the interpreter step of scripts/test.sh)")
+    for item in items:
+        if item.get_closest_marker("interpreter") is not None:
+            item.add_marker(skip)
+
 
 #: Environment variables that steer plugin loading and dispatch.
 PORTAKERN_ENV = ("PORTAKERN_BACKEND", "PORTAKERN_STRICT", "PORTAKERN_PLUGINS",
