@@ -108,4 +108,6 @@ def test_float_constants_round_to_float32_and_ints_stay_64_bit():
     assert expr_opencl.lower(E.const(2 ** 40)) == f"((long){2 ** 40}L)"
     assert expr_opencl.lower(E.const(-(2 ** 63))) == "((long)(-9223372036854775807L - 1))"
     with pytest.raises(UnsupportedError, match="64-bit"):
-        expr_opencl._Emitter._literal(2 ** 70)
+        expr_opencl.OpenCLEmitter().literal(2 ** 70)
+    with pytest.raises(UnsupportedError, match="64-bit"):
+        expr_opencl.lower(E.const(2 ** 70))

@@ -15,6 +15,8 @@ Types follow the IR's evaluator (``portakern.ir.evaluate``): booleans read as 0/
 arithmetic, ``div`` is true division, ``and``/``or``/``not`` act on truth values. Integers are
 int32 here (int64 in the reference): positions and lengths fit. Subtrees without variables are
 folded to constants with the reference evaluator, so the two agree on them exactly.
+``TritonEmitter`` is the shared C-like emitter (``portakern.cstyle.CStyleEmitter``) with Triton's entries:
+Python operators and ``tl.*`` functions, Python literals, and no explicit int -> float conversions.
 
 This module also recognises the library masks (``causal_mask``, ``window_mask``) inside an AND
 of terms, so the kernel can skip key tiles that no query row of a tile can see (``MaskBounds``).
@@ -23,134 +25,72 @@ of terms, so the kernel can skip key tiles that no query row of a tile can see (
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
-import math
 import os
-import sys
 import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from portakern.errors import UnsupportedError
+from portakern.cstyle import CStyleEmitter
 from portakern.ir import expr as E
-from portakern.ir.expr import Expr, Op
+from portakern.ir.expr import Expr, Op, value_kind
 
 #: Bump when the generated text changes meaning (it is part of every file name).
 GENERATOR_VERSION = 1
 
-_BINARY_SYMBOL = {Op.ADD: "+", Op.SUB: "-", Op.MUL: "*", Op.DIV: "/", Op.LT: "<", Op.LE: "<=",
-                  Op.GT: ">", Op.GE: ">=", Op.EQ: "==", Op.NE: "!="}
-_INT_VARS = frozenset({"b", "h", "q_idx", "kv_idx", "seqlen_q", "seqlen_k"})
-
-
-# -- typing --------------------------------------------------------------------------------------
-
-kind_of = E.value_kind  # the IR's typing of an expression (numpy promotion)
-
 
 # -- code generation ------------------------------------------------------------------------------
 
-class _Emitter:
-    """Turns a tree into one Python/Triton expression string."""
+def _min_max(fn: str):
+    def code(em: CStyleEmitter, node: Expr, a: tuple) -> str:
+        x, y = em.pair(a[0], a[1], value_kind(node))
+        return f"{fn}({x}, {y})"
 
-    def __init__(self) -> None:
-        self.needs_tanh = False
+    return code
 
-    def emit(self, node: Expr) -> str:
-        if not node.variables() and node.op is not Op.CONST:
-            return self._fold(node)
-        op = node.op
-        if op is Op.VAR:
-            return str(node.value)
-        if op is Op.CONST:
-            return self._literal(node.value)
-        a = node.args
-        if op is Op.NEG:
-            return f"(-{self.num(a[0])})"
-        if op is Op.ABS:
-            return f"tl.abs({self.num(a[0])})"
-        if op is Op.EXP:
-            return f"tl.exp({self.flt(a[0])})"
-        if op is Op.TANH:
-            self.needs_tanh = True
-            return f"_tanh({self.flt(a[0])})"
-        if op is Op.NOT:
-            return f"({self.truth(a[0])} == 0)"
-        if op in (Op.AND, Op.OR):
-            sym = "&" if op is Op.AND else "|"
-            return f"({self.truth(a[0])} {sym} {self.truth(a[1])})"
-        if op in (Op.MIN, Op.MAX):
-            fn = "tl.minimum" if op is Op.MIN else "tl.maximum"
-            x, y = self._pair(a[0], a[1], kind_of(node))
-            return f"{fn}({x}, {y})"
-        if op is Op.DIV:
-            return f"({self.flt(a[0])} / {self.num(a[1])})"
-        if op in _BINARY_SYMBOL:
-            return f"({self.num(a[0])} {_BINARY_SYMBOL[op]} {self.num(a[1])})"
-        if op is Op.WHERE:
-            kind = kind_of(node)
-            if kind == "bool":
-                x, y = self.truth(a[1]), self.truth(a[2])
-            else:
-                x, y = self._pair(a[1], a[2], kind)
-            return f"tl.where({self.truth(a[0])}, {x}, {y})"
-        raise UnsupportedError(f"expression node {node.op.value!r} has no Triton lowering")
 
-    # numeric views of a child ------------------------------------------------------------------
+class TritonEmitter(CStyleEmitter):
+    """Triton: Python operators and ``tl.*`` functions, int32 integers, Python literals; arithmetic
+    operands are left to Triton's own promotion."""
+
+    language = "Triton"
+    int_bits = 32
+    int_type = "int32"
+    true_literal, false_literal = "True", "False"
+    nan_literal, inf_literal = "_NAN", "_INF"      # constexprs of the generated module
+    explicit_promotion = False
+    code_for_op = {
+        **CStyleEmitter.code_for_op,
+        Op.ABS: lambda em, n, a: f"tl.abs({em.num(a[0])})",
+        Op.EXP: lambda em, n, a: f"tl.exp({em.flt(a[0])})",
+        Op.TANH: lambda em, n, a: f"_tanh({em.flt(a[0])})",    # the generated module's overflow-safe tanh
+        Op.NOT: lambda em, n, a: f"({em.truth(a[0])} == 0)",
+        Op.AND: lambda em, n, a: f"({em.truth(a[0])} & {em.truth(a[1])})",
+        Op.OR: lambda em, n, a: f"({em.truth(a[0])} | {em.truth(a[1])})",
+        Op.MIN: _min_max("tl.minimum"),
+        Op.MAX: _min_max("tl.maximum"),
+        Op.WHERE: lambda em, n, a: "tl.where({}, {}, {})".format(em.truth(a[0]), *em.select(n)),
+    }
+
+    def to_int(self, s: str) -> str:
+        return f"{s}.to(tl.int32)"
+
+    def to_float(self, s: str) -> str:
+        return f"{s}.to(tl.float32)"
+
+    # a Python literal has no .to(): constant children are written in the view's type directly
     def num(self, node: Expr) -> str:
-        """The child as a number (booleans become int32 0/1)."""
         if not node.variables():
-            v = self._value(node)
-            return self._literal(int(v) if isinstance(v, bool) else v)
-        s = self.emit(node)
-        return f"{s}.to(tl.int32)" if kind_of(node) == "bool" else s
+            v = self.value(node)
+            return self.literal(int(v) if isinstance(v, bool) else v)
+        return super().num(node)
 
     def flt(self, node: Expr) -> str:
-        """The child as float32."""
         if not node.variables():
-            return self._literal(float(self._value(node)))
-        s = self.num(node)
-        return s if kind_of(node) == "float" else f"{s}.to(tl.float32)"
-
-    def truth(self, node: Expr) -> str:
-        """The child's truth value as a boolean."""
-        s = self.emit(node)
-        return s if kind_of(node) == "bool" else f"({s} != 0)"
-
-    def _pair(self, x: Expr, y: Expr, kind: str) -> tuple[str, str]:
-        if kind == "float":
-            return self.flt(x), self.flt(y)
-        return self.num(x), self.num(y)
-
-    # constants ----------------------------------------------------------------------------------
-    @staticmethod
-    def _value(node: Expr):
-        """The Python value of a variable-free subtree, by the numpy reference."""
-        from portakern.ir.evaluate import evaluate
-
-        value = evaluate(node, {}).item()
-        kind = kind_of(node)
-        return bool(value) if kind == "bool" else int(value) if kind == "int" else float(value)
-
-    def _fold(self, node: Expr) -> str:
-        return self._literal(self._value(node))
-
-    @staticmethod
-    def _literal(v) -> str:
-        if isinstance(v, bool):
-            return "True" if v else "False"
-        if isinstance(v, int):
-            if not -(2 ** 31) <= v < 2 ** 31:
-                raise UnsupportedError(f"integer constant {v} does not fit int32 in the Triton lowering")
-            return f"({v})"
-        if math.isnan(v):
-            return "_NAN"
-        if math.isinf(v):
-            return "_INF" if v > 0 else "(-_INF)"
-        return f"({v!r})"
+            return self.literal(float(self.value(node)))
+        return super().flt(node)
 
 
 _HEADER = '''"""Generated by portakern.backends.triton.expr_triton (version {version}); do not edit.
@@ -186,7 +126,7 @@ def mask_mod(b, h, q_idx, kv_idx, seqlen_q, seqlen_k):
 
 def generate_source(score_mod: Expr | None, mask_mod: Expr | None) -> str:
     """The text of the generated module for this pair of expressions (None = identity / all-true)."""
-    em = _Emitter()
+    em = TritonEmitter()
     if score_mod is None:
         score_body = "score"
     else:
@@ -196,7 +136,7 @@ def generate_source(score_mod: Expr | None, mask_mod: Expr | None) -> str:
     if mask_mod is None:
         mask_body = "kv_idx >= 0"
     elif not mask_mod.variables():
-        mask_body = "kv_idx >= 0" if em._fold(mask_mod) == "True" else "kv_idx < 0"
+        mask_body = "kv_idx >= 0" if em.literal(em.value(mask_mod)) == em.true_literal else "kv_idx < 0"
     else:
         mask_body = em.truth(mask_mod)
     return _HEADER.format(version=GENERATOR_VERSION, score=score_mod, mask=mask_mod,
@@ -227,6 +167,8 @@ def load_mods(score_mod: Expr | None, mask_mod: Expr | None, interpret: bool) ->
     mod = _modules.get(key)
     if mod is not None:
         return mod
+    from .kernels import exec_module_file
+
     with _lock:
         mod = _modules.get(key)
         if mod is None:
@@ -255,26 +197,6 @@ def _write(digest: str, text: str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
-
-
-def exec_module_file(path: Path, name: str, interpret: bool) -> ModuleType:
-    """Import the file at ``path`` as module ``name`` with ``TRITON_INTERPRET`` forced to ``interpret``.
-
-    ``@triton.jit`` reads the variable when it decorates, so this yields interpreter functions or
-    compiler ``JITFunction``s regardless of the process environment.
-    """
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    from .backend import interpret_env
-
-    with interpret_env(interpret):
-        try:
-            sys.modules[name] = mod
-            spec.loader.exec_module(mod)
-        except BaseException:
-            sys.modules.pop(name, None)
-            raise
-    return mod
 
 
 # -- library-mask recognition ----------------------------------------------------------------------

@@ -4,11 +4,14 @@ Triton decides at decoration time whether ``@triton.jit`` builds interpreter fun
 (``TRITON_INTERPRET=1``) or compiler ``JITFunction``s, and its own library functions (``tl.max``,
 ``tl.cdiv``, ...) were decorated when ``triton`` was first imported. ``interpreted()`` says which
 flavour that was; ``load(name)`` imports ``kernels/<name>.py`` in the same flavour, whatever the
-environment says now, so the two never mix.
+environment says now, so the two never mix. ``exec_module_file`` is that loader, also used for the
+generated expression modules (``expr_triton.load_mods``).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import threading
 from pathlib import Path
 from types import ModuleType
@@ -31,12 +34,30 @@ def load(name: str) -> ModuleType:
     key = (name, interpret)
     mod = _loaded.get(key)
     if mod is None:
-        from ..expr_triton import exec_module_file
-
         with _lock:
             mod = _loaded.get(key)
             if mod is None:
                 flavour = "interp" if interpret else "jit"
                 mod = exec_module_file(_HERE / f"{name}.py", f"{__name__}._{flavour}_{name}", interpret)
                 _loaded[key] = mod
+    return mod
+
+
+def exec_module_file(path: Path, name: str, interpret: bool) -> ModuleType:
+    """Import the file at ``path`` as module ``name`` with ``TRITON_INTERPRET`` forced to ``interpret``.
+
+    ``@triton.jit`` reads the variable when it decorates, so this yields interpreter functions or
+    compiler ``JITFunction``s regardless of the process environment.
+    """
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    from ..backend import interpret_env
+
+    with interpret_env(interpret):
+        try:
+            sys.modules[name] = mod
+            spec.loader.exec_module(mod)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
     return mod
