@@ -21,7 +21,7 @@ from portakern.ir.ops import QuantGemv
 
 
 def _require_nvrtc():
-    from portakern.backends.cuda.nvrtc import unavailable
+    from portakern.backends.cuda.common.nvrtc import unavailable
 
     why = unavailable()
     if why is not None:
@@ -135,8 +135,8 @@ def test_the_cubin_records_what_ptxas_reports(C):
     import re
     import uuid
 
-    from portakern.backends.cuda import nvrtc
-    from portakern.backends.cuda.cubin_info import cubin_resources
+    from portakern.backends.cuda.common import nvrtc
+    from portakern.backends.cuda.common.cubin_info import cubin_resources
 
     cases = [(gemv(), C.SmallMConfig(32, 4, 8, 2, 0)), (gemv(M=4), C.SmallMConfig(32, 4, 8, 2, 0)),
              (gemv(N=8192, K=8192), C.SmallMConfig(16, 8, 16, 1, 0))]          # the last spills (40 registers)
@@ -159,7 +159,7 @@ def test_a_compute_cache_hit_is_judged_by_its_cubin(C, monkeypatch):
     # traffic is unknown (None), and compile_for_target judges the spill by the cubin's stack frame
     import dataclasses
 
-    from portakern.backends.cuda import nvrtc
+    from portakern.backends.cuda.common import nvrtc
     from portakern.errors import BackendError
 
     fresh = {}
@@ -180,7 +180,7 @@ def test_a_compute_cache_hit_is_judged_by_its_cubin(C, monkeypatch):
 
 
 def test_cubin_resources_refuses_what_is_not_a_cubin():
-    from portakern.backends.cuda.cubin_info import cubin_resources
+    from portakern.backends.cuda.common.cubin_info import cubin_resources
 
     with pytest.raises(ValueError, match="not a little-endian ELF64 cubin"):
         cubin_resources(b"\x7fELF\x01\x01" + bytes(64))
@@ -188,8 +188,8 @@ def test_cubin_resources_refuses_what_is_not_a_cubin():
 
 def test_cubin_resources_refuses_an_attribute_it_cannot_read(C):
     # a real cubin whose .nv.info begins with an attribute format no cubin uses
-    from portakern.backends.cuda import nvrtc
-    from portakern.backends.cuda.cubin_info import _sections, cubin_resources
+    from portakern.backends.cuda.common import nvrtc
+    from portakern.backends.cuda.common.cubin_info import _sections, cubin_resources
 
     cubin = nvrtc.compile_source(C.SOURCE, tuple(C.defines(gemv(), C.SmallMConfig(), True, None).items()),
                                  "sm_90a").cubin
@@ -200,7 +200,7 @@ def test_cubin_resources_refuses_an_attribute_it_cannot_read(C):
 
 
 def test_a_rejected_source_raises_with_the_log(C):
-    from portakern.backends.cuda import nvrtc
+    from portakern.backends.cuda.common import nvrtc
     from portakern.errors import BackendError
 
     bad = dict(C.defines(gemv(), C.SmallMConfig(lanes=3), True, None))    # 3 row lanes do not divide a group
@@ -232,7 +232,7 @@ def test_the_prepared_weight_is_shared_by_layout(register_plugin, rng):
 # -- the kernel's own CUDA C, run on the CPU (host_run: threads of a block as std::threads) -------------------
 
 def _require_cxx():
-    from portakern.backends.cuda.host_run import compiler
+    from portakern.backends.cuda.common.host_run import compiler
 
     if compiler() is None:
         if os.environ.get("CI"):
@@ -272,7 +272,7 @@ def test_kernel_rounds_its_output_to_the_dtype(odt, tol):
 def test_host_run_sees_a_broken_lane_map(monkeypatch):
     # the same kernel with each thread's rows taken one lane off: the host run must not pass it
     _require_cxx()
-    from portakern.backends.cuda import host_run
+    from portakern.backends.cuda.common import host_run
 
     src = (host_run._KERNELS / "gemv_small_m.cu").read_text()
     bad = src.replace("const u32 j = g * GROUP_ROWS + lane + LANES * m;",
@@ -297,7 +297,7 @@ def test_host_run_sees_a_broken_lane_map(monkeypatch):
 def _host_gemv(N, K, bits, sym, xdt, sdt, odt, cfg, M=1):
     torch = pytest.importorskip("torch")
     from portakern.backends.cuda import quant_gemv as C
-    from portakern.backends.cuda.host_run import quant_gemv_on_host
+    from portakern.backends.cuda.common.host_run import quant_gemv_on_host
     from portakern.gemv_weight import prepare_gemv_weight
 
     g = torch.Generator().manual_seed(N * 7 + K + bits)
@@ -380,35 +380,71 @@ def test_gpu_graph_replays_with_new_inputs():
 
 def test_choose_takes_a_measured_entry_and_the_hook_ranks_only_wins(C, backend, monkeypatch):
     from portakern.backends import cuda as plugin
-    from portakern.backends.cuda import gemv_table
+    from portakern.backends.cuda import tuning
 
     op = gemv(N=4096, K=14336)
     rule = C.choose(op, 132)                                                      # no family: the rule
-    monkeypatch.setattr(gemv_table, "TABLE", {})        # a table of its own: no committed family or card entries
+    monkeypatch.setattr(tuning, "TABLE", {})        # a table of its own: no committed family or card entries
     assert plugin.portakern_backend_priority(backend, op, H200) is None          # unmeasured: the class priority
-    monkeypatch.setitem(gemv_table.TABLE, ("sm_90", 1, 4, 4096, 14336), (16, 8, 7, 1, 1, False))
+    monkeypatch.setitem(tuning.TABLE, ("sm_90", 1, 4, 4096, 14336), tuning.GemvEntry(16, 8, 7, 1, 1, False, "t"))
     assert C.choose(op, 132, (9, 0)) == C.SmallMConfig(16, 8, 7, 1, 1) != rule
     assert C.choose(op, 132, (10, 0)) == rule                                     # another family: the rule
     assert plugin.portakern_backend_priority(backend, op, H200) is None          # measured, but not ahead
-    monkeypatch.setitem(gemv_table.TABLE, ("sm_90", 1, 4, 4096, 14336), (16, 8, 7, 1, 1, True))
+    monkeypatch.setitem(tuning.TABLE, ("sm_90", 1, 4, 4096, 14336), tuning.GemvEntry(16, 8, 7, 1, 1, True, "t"))
     assert plugin.portakern_backend_priority(backend, op, H200) == plugin.MEASURED_WIN_PRIORITY > 100
     assert plugin.portakern_backend_priority(backend, gemv(N=4096, K=4096), H200) is None
 
 
 def test_the_committed_table_ranks_cuda_first_only_where_it_measured_ahead(backend):
-    # gemv_table.py as written from the sweeps (H100 family and card entries, H200 card entries): cuda above triton
+    # tuning.py as written from the sweeps (H100 family and card entries, H200 card entries): cuda above triton
     # exactly where an entry says it won, never at M = 4 (the triton tensor-core kernel stays ahead there)
     from portakern.backends import cuda as plugin
-    from portakern.backends.cuda.gemv_table import TABLE
+    from portakern.backends.cuda.tuning import TABLE
 
     for (key, M, bits, N, K), entry in TABLE.items():
         op = gemv(M=M, N=N, K=K, bits=bits)
         fam, _, card = key.partition("/")
         dev = Device("cuda", 0, arch=fam, name=f"NVIDIA {card.upper()}" if card else fam,
                      capability=(int(fam[3:-1]), int(fam[-1])), warp_size=32)
-        want = plugin.MEASURED_WIN_PRIORITY if entry[5] else None
+        want = plugin.MEASURED_WIN_PRIORITY if entry.beats_triton else None
         assert plugin.portakern_backend_priority(backend, op, dev) == want
-        assert not (M > 1 and entry[5])
+        assert not (M > 1 and entry.beats_triton)
+
+
+def test_every_table_entry_names_the_result_file_that_measured_it():
+    # each entry's source is a sweep under benchmarks/results/ of that GPU family (and card, for a card's own entry)
+    # whose fastest variant for the problem is the entry's configuration, with the same verdict against triton
+    import json
+    from pathlib import Path
+
+    from portakern.backends.cuda import quant_gemv
+    from portakern.backends.cuda.tuning import TABLE
+
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    sweeps: dict = {}
+    for (key, M, bits, N, K), entry in TABLE.items():
+        path = results / entry.source
+        assert path.is_file(), f"{key} {M} {bits} {N} {K}: source {entry.source} is not under benchmarks/results/"
+        res = sweeps.setdefault(entry.source, json.loads(path.read_text()))
+        fam, _, card = key.partition("/")
+        assert "sm_{}{}".format(*res["capability"]) == fam and (not card or quant_gemv.card(res["gpu"]) == card)
+        (row,) = [r for r in res["bench"] if (r.get("M", 1), r["bits"], r["N"], r["K"]) == (M, bits, N, K)]
+        assert tuple(int(t) for t in row["best"].split(",")) == entry[:5]
+        assert (row["best_us"] <= 0.98 * row["table_us"]) == entry.beats_triton
+
+
+def test_attention_is_refused_with_the_way_out_and_never_compiled(backend):
+    from portakern.backends.cuda import attention
+    from portakern.ir.ops import Attention
+
+    attn = Attention(batch=1, seqlen_q=1, seqlen_k=8, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8,
+                     dtype=DType.float16, scale=1.0)
+    why = backend.supports(attn, H200).reason
+    assert why == attention.REASON and "backend='triton'" in why
+    with pytest.raises(NotImplementedError, match="no CUDA attention kernel"):
+        backend.compile(attn, H200)
+    with pytest.raises(NotImplementedError, match="no CUDA attention kernel"):
+        backend.compile_for_target(attn, "sm_90a")
 
 
 def test_write_table_from_a_sweep(tmp_path, monkeypatch):
@@ -416,9 +452,9 @@ def test_write_table_from_a_sweep(tmp_path, monkeypatch):
     import sys
     from pathlib import Path
 
-    from portakern.backends.cuda import gemv_table
+    from portakern.backends.cuda import tuning
 
-    monkeypatch.setattr(gemv_table, "TABLE", {})       # the writer merges into the committed entries
+    monkeypatch.setattr(tuning, "TABLE", {})       # the writer merges into the committed entries
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from experiments import gemv_wide
 
@@ -450,13 +486,14 @@ def test_write_table_from_a_sweep(tmp_path, monkeypatch):
 def test_a_cards_own_entry_comes_before_its_familys(C, backend, monkeypatch):
     # measured on the H200 itself: the H200 takes that entry; an H100 (and an unnamed sm_90 card) keep the family's
     from portakern.backends import cuda as plugin
-    from portakern.backends.cuda import gemv_table
+    from portakern.backends.cuda import tuning
 
     op = gemv(N=4096, K=14336)
     h100 = Device("cuda", 0, arch="sm_90a", name="NVIDIA H100 80GB HBM3", capability=(9, 0), warp_size=32)
     other = Device("cuda", 0, arch="sm_90a", name="Graphics Device", capability=(9, 0), warp_size=32)
-    monkeypatch.setattr(gemv_table, "TABLE", {("sm_90", 1, 4, 4096, 14336): (32, 4, 14, 2, 1, False),   # not the
-                                              ("sm_90/h200", 1, 4, 4096, 14336): (16, 8, 7, 1, 1, True)})  # committed
+    entry = tuning.GemvEntry
+    monkeypatch.setattr(tuning, "TABLE", {("sm_90", 1, 4, 4096, 14336): entry(32, 4, 14, 2, 1, False, "t"),  # not the
+                                          ("sm_90/h200", 1, 4, 4096, 14336): entry(16, 8, 7, 1, 1, True, "t")})  # committed
     assert C.choose(op, 132, (9, 0), H200.name) == C.SmallMConfig(16, 8, 7, 1, 1)
     assert C.choose(op, 132, (9, 0), h100.name) == C.choose(op, 132, (9, 0)) == C.SmallMConfig(32, 4, 14, 2, 1)
     assert plugin.portakern_backend_priority(backend, op, H200) == plugin.MEASURED_WIN_PRIORITY
@@ -472,7 +509,7 @@ def test_wrapper_checks_and_launch_geometry_without_a_gpu(C, monkeypatch):
     torch = pytest.importorskip("torch")
     from types import SimpleNamespace
 
-    from portakern.backends.cuda import nvrtc
+    from portakern.backends.cuda.common import nvrtc
     from portakern.gemv_weight import prepare_gemv_weight
     from portakern.errors import InvalidInputError
 
@@ -525,7 +562,7 @@ def test_wrapper_checks_and_launch_geometry_without_a_gpu(C, monkeypatch):
 
 
 def test_choose_and_host_run_say_what_they_cannot_do(C, monkeypatch):
-    from portakern.backends.cuda import host_run
+    from portakern.backends.cuda.common import host_run
     from portakern.errors import BackendError, InvalidInputError
 
     with pytest.raises(InvalidInputError, match=r"quant_gemv\(K=131968\) on cuda: no K split .* use the triton backend"):

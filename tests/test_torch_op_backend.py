@@ -36,7 +36,7 @@ def _gemv(M=1, N=28672, K=4096, prologue=None):
 @pytest.fixture
 def recorded(fresh_registry, monkeypatch):
     """The triton and cuda backends with ``compile`` returning ``("compiled", backend name, op)``."""
-    from portakern.backends.cuda.nvrtc import unavailable
+    from portakern.backends.cuda.common.nvrtc import unavailable
 
     if unavailable() is not None:
         pytest.skip(f"the cuda backend cannot rank here: {unavailable()}")
@@ -151,7 +151,7 @@ def test_the_op_on_the_cpu_still_matches_float64_for_every_storage():
 def test_the_op_runs_the_cuda_kernel_where_its_table_wins_in_a_graph_and_compiled(monkeypatch):
     # a small shape marked as a measured win for this GPU's family: the op must then run the cuda kernel, with
     # values against float64, replayed in a CUDA graph with new inputs and under torch.compile
-    from portakern.backends.cuda import gemv_table
+    from portakern.backends.cuda import tuning as gemv_table
     from portakern.backends.cuda.quant_gemv import family
     from portakern.devices import torch_device
     from portakern.ir.packing import dequantize

@@ -18,10 +18,10 @@ MEASURED_WIN_PRIORITY = 110
 
 @hookimpl
 def portakern_backend_priority(backend, op, device):
-    # above triton only where a GPU sweep of this family measured the problem faster (gemv_table)
+    # above triton only where a GPU sweep of this family measured the problem faster (tuning.TABLE)
     if backend.name != CudaBackend.name or getattr(op, "kind", None) != "quant_gemv" or device.type != "cuda":
         return None
     from .quant_gemv import table_entry
 
     entry = table_entry(op, device.capability, device.name)
-    return MEASURED_WIN_PRIORITY if entry is not None and entry[5] else None
+    return MEASURED_WIN_PRIORITY if entry is not None and entry[5] else None   # entry[5]: beats_triton

@@ -1,11 +1,11 @@
-"""CudaBackend: capabilities and the op -> lowering table."""
+"""CudaBackend: capabilities as data on the core's backend base, plus what is the cuda backend's own (NVRTC's
+presence, the prepared weight of the shared GEMV layout)."""
 
 from __future__ import annotations
 
-from portakern.backend import Backend, Support, no
+from portakern.backend import Backend
 from portakern.devices import Device
-from portakern.gemv_weight import GEMV_LAYOUT
-from portakern.placement import on_device
+from portakern.gemv_weight import GEMV_LAYOUT, prepare_gemv_weight
 
 
 def _version() -> str:
@@ -21,10 +21,11 @@ def _version() -> str:
 class CudaBackend(Backend):
     """CUDA C kernels compiled at run time by NVRTC, for NVIDIA GPUs (sm_80 and newer).
 
-    So far one op: ``quant_gemv`` at M = 1 to 4 (``quant_gemv.py``), on the triton backend's weight layout. It ranks
-    below triton (90) except for the problems its measured table (``gemv_table``) says it runs faster, where its
-    priority hook ranks it at 110; elsewhere it serves when asked by name (``backend="cuda"``) or when
-    ``use_policy("fastest")`` measures it ahead.
+    One op so far: ``quant_gemv`` at M = 1 to 4 (``quant_gemv.py``), on the GEMV weight layout it shares with the
+    triton backend (``portakern.gemv_weight``). It ranks below triton (90) except for the problems its measured table
+    (``tuning.TABLE``) says it runs faster, where its priority hook ranks it at 110; elsewhere it serves when asked
+    by name (``backend="cuda"``) or when ``use_policy("fastest")`` measures it ahead. Attention has no cuda kernel
+    (``attention.py`` says so and names the triton backend).
     """
 
     name = "cuda"
@@ -35,48 +36,24 @@ class CudaBackend(Backend):
     compile_targets = ("sm_80", "sm_90a", "sm_100a", "sm_120")
     #: prepared weights are shared with the triton backend (the same layout, one copy on the device)
     weight_layout = GEMV_LAYOUT
+    requires = ("torch",)
+    install_hint = "pip install 'portakern[cuda]'"
+    lowerings = {"attention": "attention", "quant_gemv": "quant_gemv"}
+    min_capability = (8, 0)
+    device_refusal = "the cuda backend runs on NVIDIA GPUs (torch CUDA tensors), not on {type} devices"
+    launches_on_current_device = True       # the driver API launches on the current context's device
 
-    def status(self) -> str:
-        try:
-            import torch  # noqa: F401
-        except Exception as e:
-            return f"unavailable: {type(e).__name__}: {e} (pip install 'portakern[cuda]')"
-        from .nvrtc import unavailable
+    def runtime_status(self) -> str:
+        """"ok" when NVRTC loads (cuda-bindings and the NVRTC library), else why not."""
+        from .common.nvrtc import unavailable
 
         why = unavailable()
         return f"unavailable: {why}" if why else "ok"
 
-    def _lowering(self, op):
-        if op.kind == "quant_gemv":
-            from . import quant_gemv as mod
-
-            return mod
-        return None
-
-    def supports(self, op, device: Device) -> Support:
-        st = self.status()
-        if st != "ok":
-            return no(st)
-        if device.type != "cuda":
-            return no(f"the cuda backend runs on NVIDIA GPUs (torch CUDA tensors), not on {device.type} devices")
-        if device.capability and device.capability < (8, 0):
-            return no(f"the cuda backend's kernels need sm_80 or newer; {device} is {device.arch}")
-        mod = self._lowering(op)
-        if mod is None:
-            return no(f"op {op.kind!r} has no cuda lowering yet (use the triton backend)")
-        return mod.supports(op, device)
-
-    def compile(self, op, device: Device):
-        return on_device(self._lowering(op).compile(op, device), device)
-
     def prepare_weight(self, weight, device: Device):
-        from portakern.gemv_weight import prepare_gemv_weight, wants_fragments
-
-        # one copy per weight and device serves every backend of the layout: the same one triton builds
-        return prepare_gemv_weight(weight, device, fragments=wants_fragments(device))
-
-    def compile_for_target(self, op, target: str):
-        return self._lowering(op).compile_for_target(op, target)
+        """The weight in the shared GEMV layout: one copy per weight and device serves every backend of the layout
+        (the same one triton builds)."""
+        return prepare_gemv_weight(weight, device)
 
 
 __all__ = ["CudaBackend"]

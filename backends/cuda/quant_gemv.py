@@ -6,13 +6,13 @@ fp16 / bf16 scales. It
 reads the GEMV weight layout (``portakern.ir.gemv_layout``, ``portakern.gemv_weight``), so a weight prepared by either
 backend serves both (``CudaBackend.weight_layout``). Per code one LOP3 and one FFMA; x staged once per CTA in
 shared memory; small CTAs, many per SM; split K merged by the last CTA of a column tile in slice order
-(deterministic). Compiled by NVRTC per shape and format (``nvrtc.py``).
+(deterministic). Compiled by NVRTC per shape and format (``common/nvrtc.py``).
 
-The launch configuration (``choose``) comes from ``gemv_table`` where a GPU sweep measured the problem
+The launch configuration (``choose``) comes from ``tuning.TABLE`` where a GPU sweep measured the problem
 (``benchmarks/experiments/gemv_wide.py --phase write-table``), else from a rule. The backend ranks below triton
 (``CudaBackend.priority``) except where its table entry timed ahead of the triton table in the same run (the priority
 hook; session 26 on an H100: the large M = 1 int4 shapes and int8, never M = 4). Its CUDA C also runs on the CPU
-in CI (``host_run.py``) against float64; ``benchmarks/gemv_notes.md`` v26.
+in CI (``common/host_run.py``) against float64; ``benchmarks/gemv_notes.md`` v26.
 
 CUDA-graph contract: the first call of a signature compiles and loads the kernel and, when K is split, makes the
 fp32 workspace and arrival counters of its stream (``portakern.stream_workspace``; the kernel resets the counters
@@ -32,7 +32,7 @@ from portakern.errors import InvalidInputError
 from portakern.ir.dtypes import DType
 from portakern.ir.ops import QuantGemv
 
-from . import nvrtc
+from .common import nvrtc
 
 SOURCE = "gemv_small_m.cu"
 ENTRY = "gemv_small_m"
@@ -123,10 +123,10 @@ def card(name: str) -> str | None:
 
 
 def table_entry(op: QuantGemv, capability: tuple[int, int] | None, name: str = ""):
-    """``gemv_table.TABLE``'s entry for ``op`` on a GPU of ``capability`` named ``name``: the one measured on that
+    """``tuning.TABLE``'s entry for ``op`` on a GPU of ``capability`` named ``name``: the one measured on that
     card (key ``"sm_90/h200"``) if any, else the family's (``"sm_90"``: measured on another card of the family);
     None when unmeasured."""
-    from .gemv_table import TABLE
+    from .tuning import TABLE
 
     if capability is None:
         return None
@@ -138,7 +138,7 @@ def table_entry(op: QuantGemv, capability: tuple[int, int] | None, name: str = "
 
 def choose(op: QuantGemv, num_sms: int, capability: tuple[int, int] | None = None, name: str = "") -> SmallMConfig:
     """The launch configuration for ``op`` on a GPU of ``num_sms`` multiprocessors, ``capability`` and ``name``: the
-    measured one from ``gemv_table`` when the problem has an entry (``table_entry``); else the rule -- 128-column
+    measured one from ``tuning.TABLE`` when the problem has an entry (``table_entry``); else the rule -- 128-column
     CTAs (64 below N = 4096), 4 row lanes for int4 and 8 for int8, two groups in flight, and the fewest K slices that
     give every multiprocessor two CTAs (slices hold whole groups, and each CTA's slice of x fits ``SMEM_PER_CTA``)."""
     entry = table_entry(op, capability, name)

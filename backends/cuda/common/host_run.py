@@ -84,7 +84,7 @@ def quant_gemv_on_host(op, w, x, config=None, num_sms: int = 132) -> np.ndarray:
     (``portakern.gemv_weight.prepare_gemv_weight``), ``x`` an (M, K) float16 / bfloat16 torch tensor; float32 ``(M, N)``."""
     from portakern.ir.dtypes import DType
 
-    from . import quant_gemv as C
+    from .. import quant_gemv as C
 
     cfg = config or C.choose(op, num_sms)
     consts = C.defines(op, cfg, False, C._zero_point(op))
