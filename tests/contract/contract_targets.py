@@ -1,5 +1,5 @@
-"""The backend contract suite's placements and helpers: every registered backend, on every device present that it declares, with
-every array library that lives on that device.
+"""The backend contract suite's placements and helpers: every registered backend, on every device present that it
+declares, with every array library that lives on that device.
 
 A ``Target`` is one (backend, device, array library) placement. Tests are written once against the public API
 (``portakern.attention`` / ``quant_gemv`` with ``backend=<name>``); whether a backend runs a given problem is its
