@@ -272,19 +272,22 @@ def golden_for(case, store: Store | None) -> Golden:
 @functools.lru_cache(maxsize=1)
 def _reference_fingerprint() -> str:
     """sha256 of the sources that make a computed golden (case inputs, the CPU reference, the naive error model), so
-    a cached gpu-tier golden is never served after any of them changed."""
+    a cached gpu-tier golden is never served after any of them changed. The CPU reference is reached through the
+    registry like every backend: its code is the registered ``cpu`` backend's ``source_fingerprint()``."""
     import importlib
+
+    from portakern.plugins import registry
 
     h = hashlib.sha256()
     for name in _REFERENCE_MODULES:
         h.update(Path(importlib.import_module(name).__file__).read_bytes())
+    h.update(registry().get("cpu").source_fingerprint().encode())
     return h.hexdigest()
 
 
-#: the modules whose code decides a computed golden's bytes
+#: the core and IR modules whose code decides a computed golden's bytes, besides the cpu backend's own
 _REFERENCE_MODULES = ("portakern.conformance.case", "portakern.conformance.generate", "portakern.conformance.naive",
-                      "portakern.backends.cpu.attention", "portakern.backends.cpu.quant_gemv",
-                      "portakern.ir.evaluate", "portakern.quantized", "portakern.quantize")
+                      "portakern.ir.evaluate", "portakern.ir.packing", "portakern.quantized", "portakern.quantize")
 
 
 def is_stored_case(case) -> bool:

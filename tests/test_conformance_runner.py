@@ -330,8 +330,22 @@ def test_a_cached_computed_golden_is_not_served_after_the_reference_changed(plug
     assert len(list(G._CACHE_DIR.rglob("plugin-attn-*.npz"))) == 2
 
 
-def test_the_reference_fingerprint_covers_the_modules_that_make_a_golden():
+def test_the_reference_fingerprint_covers_the_modules_that_make_a_golden(monkeypatch):
+    # the naive model and the IR's evaluator by module; the cpu reference through the registry (its backend's
+    # source_fingerprint), never by the backend's module names
+    from portakern.plugins import registry
+
     G._reference_fingerprint.cache_clear()
-    assert len(G._reference_fingerprint()) == 64
-    assert {"portakern.conformance.naive", "portakern.backends.cpu.attention",
-            "portakern.backends.cpu.quant_gemv"} <= set(G._REFERENCE_MODULES)
+    before = G._reference_fingerprint()
+    assert len(before) == 64
+    assert {"portakern.conformance.naive", "portakern.ir.evaluate"} <= set(G._REFERENCE_MODULES)
+    assert not any(m.startswith("portakern.backends") for m in G._REFERENCE_MODULES)
+    cpu = registry().get("cpu")
+    monkeypatch.setattr(type(cpu), "source_fingerprint", lambda self: "another cpu reference")
+    G._reference_fingerprint.cache_clear()
+    try:
+        assert G._reference_fingerprint() != before                     # a changed reference is another key
+    finally:
+        monkeypatch.undo()
+        G._reference_fingerprint.cache_clear()
+    assert G._reference_fingerprint() == before
