@@ -1,6 +1,9 @@
-"""Bad input: every public entry point rejects it before launching anything, with an error that
-is a portakern error *and* the builtin a caller expects, and a message naming the argument,
-the value and the rule."""
+"""Bad input: every public entry point rejects it before launching anything, with an error that is a portakern
+error *and* the builtin a caller expects (ValueError / TypeError), of the specific portakern type, and a message
+naming the argument, the value, the rule and the way out. Covers array types, dtypes, devices, shapes and head
+layouts, options (their types and ranges: float32 must hold scale and softcap, window sides at most 2**30),
+paged and varlen index arrays (0-d, negative, out of range), degenerate and empty dimensions, sparse and masked
+arrays, the quantized GEMV and quantization formats, explain's arguments, and the forced backend."""
 
 from __future__ import annotations
 
@@ -60,7 +63,33 @@ def gemv(x, w=None) -> Callable[[], Any]:
     return lambda: portakern.quant_gemv(x, weight() if w is None else w)
 
 
+def rand(*shape, dtype=F32, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def att_of(q, k, v, **kw) -> Callable[[], Any]:
+    return lambda: portakern.attention(q, k, v, **kw)
+
+
+def rejects(call, exc, *fragments):
+    with pytest.raises(PortakernError) as info:
+        call()
+    assert type(info.value) is exc, f"{type(info.value).__name__}: {info.value}"
+    for fragment in fragments:
+        assert fragment in str(info.value), f"{fragment!r} not in {str(info.value)!r}"
+    return str(info.value)
+
+
+
+Q = rand(1, 4, 2, 16)
+TQ = torch.from_numpy(Q)
+VARLEN = (Q[0], Q[0], Q[0])
+Q8 = rand(1, 4, 2, 8)
 T = torch.zeros
+
+
+# -- the tables: each case's error type and message -----------------------------------------------------------------
+
 CASES = [
     # -- array types, dtypes, devices ---------------------------------------------------------------
     ("q_is_a_list", att_with(q=[[1.0]]), InvalidTypeError, "q is a builtins.list: expected a numpy array"),
@@ -180,6 +209,7 @@ CASES = [
 ]
 
 
+
 @pytest.mark.parametrize("call, exc, fragment", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_input_is_rejected_with_a_teaching_message(fresh_registry, call, exc, fragment):
     with pytest.raises(exc) as info:
@@ -195,6 +225,224 @@ def test_bad_input_is_rejected_with_a_teaching_message(fresh_registry, call, exc
 def test_there_are_at_least_thirty_cases():
     assert len(CASES) >= 30 and len({c[0] for c in CASES}) == len(CASES)
 
+
+
+# (id, call, exception type, fragments the message must contain: argument, value/shape, rule, way out)
+CASES_SPECIFIC = [
+    # 1. heads / head_dim of 0 are checked before they divide anything
+    ("hkv_zero", att_of(rand(1, 4, 2, 16), rand(1, 4, 0, 16), rand(1, 4, 0, 16)), InvalidInputError,
+     ["k has shape (1, 4, 0, 16)", "Hkv", "must be >= 1"]),
+    ("hq_zero", att_of(rand(1, 4, 0, 16), rand(1, 4, 2, 16), rand(1, 4, 2, 16)), InvalidInputError,
+     ["q has shape (1, 4, 0, 16)", "Hq", "must be >= 1"]),
+    ("d_zero", att_of(rand(1, 4, 2, 0), rand(1, 4, 2, 0), rand(1, 4, 2, 0)), InvalidInputError,
+     ["q has shape (1, 4, 2, 0)", "head_dim", "must be >= 1"]),
+    ("paged_page_size_zero", att_of(Q, rand(2, 0, 2, 16), rand(2, 0, 2, 16), block_table=np.zeros((1, 1), np.int32),
+                                 seqlens_k=np.array([0], np.int32)), InvalidInputError,
+     ["k has shape (2, 0, 2, 16)", "page_size >= 1"]),
+    # 2. rank before indexing
+    ("cu_seqlens_q_0d", att_of(*VARLEN, cu_seqlens_q=np.int32(0), cu_seqlens_k=np.array([0, 4], np.int32)),
+     InvalidInputError, ["cu_seqlens_q has shape ()", "1-D", "batch >= 1"]),
+    ("cu_seqlens_q_2d", att_of(*VARLEN, cu_seqlens_q=np.array([[0, 4]], np.int32),
+                            cu_seqlens_k=np.array([0, 4], np.int32)),
+     InvalidInputError, ["cu_seqlens_q has shape (1, 2)", "1-D", "batch >= 1"]),
+    ("cu_seqlens_k_0d", att_of(*VARLEN, cu_seqlens_q=np.array([0, 4], np.int32), cu_seqlens_k=np.int32(0)),
+     InvalidInputError, ["cu_seqlens_k has shape ()", "batch + 1"]),
+    ("paged_block_table_0d", att_of(Q, rand(3, 4, 2, 16), rand(3, 4, 2, 16), block_table=np.int32(0),
+                                 seqlens_k=np.array([4], np.int32)),
+     InvalidInputError, ["block_table has shape ()", "(batch, max_pages)"]),
+    # 3. numpy bools are not numbers
+    ("scale_np_bool", att_of(Q, Q, Q, scale=np.bool_(True)), InvalidInputError, ["scale=", "finite non-zero number"]),
+    ("softcap_np_bool", att_of(Q, Q, Q, softcap=np.bool_(True)), InvalidInputError, ["softcap=", "finite number >= 0"]),
+    ("window_np_bool", att_of(Q, Q, Q, window=(np.bool_(True), 1)), InvalidInputError,
+     ["window=", "pair of ints"]),
+    # 4. sparse tensors and the x stride wording
+    ("sparse_q", att_of(TQ.to_sparse(), TQ, TQ), InvalidTypeError,
+     ["q is a torch tensor with layout=torch.sparse_coo", "sparse tensors are not supported", "q.to_dense()"]),
+    ("sparse_v", att_of(TQ, TQ, TQ.to_sparse()), InvalidTypeError,
+     ["v is a torch tensor", "sparse tensors are not supported", "v.to_dense()"]),
+    ("sparse_seqlens_k", att_of(TQ, TQ, TQ, seqlens_k=torch.tensor([2], dtype=torch.int32).to_sparse()),
+     InvalidTypeError, ["seqlens_k is a torch tensor", "sparse tensors are not supported", "seqlens_k.to_dense()"]),
+    ("sparse_x", lambda: portakern.quant_gemv(torch.from_numpy(rand(1, 64)).to_sparse(), weight()), InvalidTypeError,
+     ["x is a torch tensor", "sparse tensors are not supported", "x.to_dense()"]),
+    ("x_stride_names_k", lambda: portakern.quant_gemv(rand(2, 128)[:, ::2], weight()), InvalidInputError,
+     ["x has stride 2 in its last (K) dimension", "contiguous"]),
+    # 5. dtypes outside the IR are type errors naming the argument and the accepted dtypes
+    ("torch_complex_q", att_of(*(TQ.to(torch.complex64),) * 3), InvalidTypeError,
+     ["q has dtype complex64", "float16, bfloat16 or float32"]),
+    ("numpy_bool_k", att_of(Q, Q > 0, Q), InvalidTypeError, ["k has dtype bool", "float16, bfloat16 or float32"]),
+    ("numpy_str_q", att_of(Q.astype(str), Q, Q), InvalidTypeError, ["q has dtype <U", "float16, bfloat16 or float32"]),
+    ("numpy_bool_seqlens_k", att_of(Q, Q, Q, seqlens_k=np.array([True])), InvalidTypeError,
+     ["seqlens_k has dtype bool", "int32 or int64"]),
+    ("numpy_bool_x", lambda: portakern.quant_gemv(rand(1, 64) > 0, weight()), InvalidTypeError,
+     ["x has dtype bool", "float16, bfloat16 or float32"]),
+    ("torch_complex_x", lambda: portakern.quant_gemv(torch.ones(1, 64, dtype=torch.complex64), weight()),
+     InvalidTypeError, ["x has dtype complex64", "float16, bfloat16 or float32"]),
+    # 6. masked arrays
+    ("masked_q", att_of(np.ma.masked_array(Q, mask=Q > 0), Q, Q), InvalidTypeError,
+     ["q is a numpy masked array", "masked arrays are not supported", "np.ma.filled(q, fill)", "q.data"]),
+    ("masked_x", lambda: portakern.quant_gemv(np.ma.masked_array(rand(1, 64)), weight()), InvalidTypeError,
+     ["x is a numpy masked array", "masked arrays are not supported", "np.ma.filled(x, fill)"]),
+    # 7. quantize: sparse, masked, empty weights
+    ("quantize_sparse", lambda: portakern.quantize(torch.from_numpy(rand(16, 64)).to_sparse()), InvalidTypeError,
+     ["w is a torch tensor with layout=torch.sparse_coo", "sparse tensors are not supported", "w.to_dense()"]),
+    ("quantize_masked", lambda: portakern.quantize(np.ma.masked_array(rand(16, 64))), InvalidTypeError,
+     ["w is a numpy masked array", "masked arrays are not supported"]),
+    ("quantize_k0", lambda: portakern.quantize(rand(16, 64)[:, :0]), InvalidInputError,
+     ["w has shape (16, 0)", "N >= 1", "K >= 1"]),
+    ("quantize_n0", lambda: portakern.quantize(rand(16, 64)[:0]), InvalidInputError,
+     ["w has shape (0, 64)", "N >= 1", "K >= 1"]),
+    ("quantize_float_bits", lambda: portakern.quantize(rand(16, 64), bits=4.0, group_size=32), InvalidInputError,
+     ["bits=4.0", "choose 4 or 8"]),
+]
+
+
+
+@pytest.mark.parametrize("call, exc, fragments", [c[1:] for c in CASES_SPECIFIC],
+                         ids=[c[0] for c in CASES_SPECIFIC])
+def test_rejected_with_specific_error_and_message(fresh_registry, call, exc, fragments):
+    with pytest.raises(PortakernError) as info:
+        call()
+    err = info.value
+    assert type(err) is exc, f"{type(err).__name__}: {err}"
+    assert isinstance(err, ValueError if exc is InvalidInputError else TypeError)
+    for fragment in fragments:
+        assert fragment in str(err), f"{fragment!r} not in {str(err)!r}"
+
+
+
+# -- option values out of range -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("make", [lambda: np.zeros((), F32), lambda: np.float32(1.0), lambda: torch.zeros(())],
+                         ids=["numpy_0d", "numpy_scalar", "torch_0d"])
+def test_a_0d_q_is_named_by_the_rank_check(fresh_registry, make):
+    q = make()
+    kv = torch.from_numpy(Q8) if isinstance(q, torch.Tensor) else Q8
+    rejects(lambda: portakern.attention(q, kv, kv), InvalidInputError, "q has shape ()", "expected 4 dimensions")
+
+
+@pytest.mark.parametrize("option", ["scale", "softcap"])
+def test_an_int_too_large_for_a_float_is_an_invalid_input(fresh_registry, option):
+    rejects(lambda: portakern.attention(Q8, Q8, Q8, **{option: 10 ** 400}), InvalidInputError,
+            f"{option}=1000", "must be a finite")
+
+
+@pytest.mark.parametrize("window", [(0, 2 ** 63 - 1), (2 ** 63, 0), (0, 2 ** 31 - 1), (2 ** 30 + 1, 0)])
+def test_a_window_side_past_2_30_is_rejected_not_wrapped(fresh_registry, window):
+    # (0, 2**63 - 1) wrapped in the reference's int64 position math, (0, 2**31 - 1) in Triton's int32 one:
+    # both hid every key right of the diagonal
+    rejects(lambda: portakern.attention(Q8, Q8, Q8, window=window), InvalidInputError,
+            f"window={window!r}", "at most 1073741824", "-1")
+
+
+@pytest.mark.parametrize("kw, fragment", [(dict(scale=1e39), r"scale=1e\+39 is outside float32"),
+                                          (dict(scale=-1e-39), "scale=-1e-39 is outside float32"),
+                                          (dict(softcap=1e-40), "softcap=1e-40 is outside float32"),
+                                          (dict(softcap=1e39), r"softcap=1e\+39 is outside float32")])
+def test_a_scale_or_softcap_float32_cannot_hold_is_refused(kw, fragment):
+    """The kernels compute in float32: a scale of 1e39 is inf there (NaN scores) while the float64 reference used
+    it; before, such values were accepted."""
+    q = np.ones((1, 2, 2, 8), np.float32)
+    with pytest.raises(InvalidInputError, match=fragment):
+        portakern.attention(q, q, q, **kw)
+    portakern.attention(q, q, q, scale=1e-30, softcap=0)          # in range: runs
+
+
+
+# -- index arrays and empty dimensions ------------------------------------------------------------------------------
+
+def test_a_negative_paged_length_is_named_with_its_index(fresh_registry):
+    k = v = rand(4, 4, 2, 8)
+    msg = rejects(lambda: portakern.attention(rand(2, 1, 2, 8), k, v, block_table=np.zeros((2, 2), np.int32),
+                                              seqlens_k=np.array([4, -1], np.int32)),
+                  InvalidInputError, "seqlens_k[1]=-1", ">= 0")
+    assert "longer" not in msg  # it used to call the longest valid length (4) too long
+
+
+@pytest.mark.parametrize("q, k, fragments", [
+    (rand(1, 4, 2, 8), rand(1, 0, 2, 8), ["k has shape (1, 0, 2, 8)", "seqlen_k=0 must be a positive int",
+                                          "seqlens_k"]),
+    (rand(1, 4, 0, 8), rand(1, 4, 1, 8), ["q has shape (1, 4, 0, 8)", "heads (Hq) = 0"]),
+    (rand(0, 4, 2, 0), rand(0, 4, 2, 0), ["head_dim (D) = 0"]),
+], ids=["seqlen_k", "heads", "head_dim-of-empty-q"])
+def test_an_empty_dense_dimension_names_the_argument(fresh_registry, q, k, fragments):
+    rejects(lambda: portakern.attention(q, k, k), InvalidInputError, *fragments)
+
+
+def test_empty_varlen_keys_name_the_argument(fresh_registry):
+    rejects(lambda: portakern.attention(rand(4, 2, 8), rand(0, 2, 8), rand(0, 2, 8),
+                                        cu_seqlens_q=np.array([0, 4], np.int32),
+                                        cu_seqlens_k=np.array([0, 0], np.int32)),
+            InvalidInputError, "k has shape (0, 2, 8)", "total_k=0", "use zeros")
+
+
+def test_a_block_table_of_no_pages_names_the_argument(fresh_registry):
+    k = v = rand(4, 4, 2, 8)
+    rejects(lambda: portakern.attention(rand(1, 3, 2, 8), k, v, block_table=np.zeros((1, 0), np.int32),
+                                        seqlens_k=np.array([0], np.int32)),
+            InvalidInputError, "block_table has shape (1, 0)", "max_pages=0", "at least one page")
+
+
+
+# -- array types, dtypes and strides --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("call, fragments", [
+    (lambda: portakern.attention(Q8.astype(np.float64), Q8.astype(np.float64), Q8.astype(np.float64)),
+     ["q has dtype float64", "float16, bfloat16 or float32", "cast q to one of them"]),
+    (lambda: portakern.attention(torch.from_numpy(Q8), torch.from_numpy(Q8).to(torch.int32), torch.from_numpy(Q8)),
+     ["k has dtype int32", "cast k to one of them"]),
+    (lambda: portakern.attention(Q8, Q8, Q8, seqlens_k=np.array([4], np.int16)),
+     ["seqlens_k has dtype int16", "int32 or int64", "convert seqlens_k to one of them"]),
+    (lambda: portakern.attention(Q8, rand(2, 4, 2, 8), rand(2, 4, 2, 8), block_table=np.zeros((1, 1), np.float32),
+                                 seqlens_k=np.array([4], np.int32)),
+     ["block_table has dtype float32", "int32 or int64", "convert block_table to one of them"]),
+], ids=["q_float64", "k_int32_torch", "seqlens_k_int16", "block_table_float32"])
+def test_a_dtype_error_says_what_to_convert(fresh_registry, call, fragments):
+    rejects(call, InvalidTypeError, *fragments)
+
+
+def test_a_last_dimension_strided_by_an_odd_byte_count_is_not_contiguous(fresh_registry):
+    rec = np.zeros((1, 4, 2, 8), dtype=[("a", F32), ("b", np.int16)])
+    rec["a"] = Q8  # a field view: float32 values 6 bytes apart, which used to pass as stride 6 // 4 = 1
+    rejects(lambda: portakern.attention(rec["a"], Q8, Q8), InvalidInputError,
+            "q has a stride of 6 bytes in its last (head_dim) dimension", "must be contiguous",
+            "numpy.ascontiguousarray(q)")
+
+
+def test_a_sparse_csr_tensor_is_named_before_any_stride_is_read():
+    torch = pytest.importorskip("torch")
+    import portakern
+    q = torch.zeros((1, 4, 2, 8))
+    with pytest.raises(portakern.InvalidTypeError, match="sparse"):
+        portakern.attention(q.reshape(4, 16).to_sparse_csr(), q, q)
+    w = portakern.quantize(np.ones((16, 64), np.float32), bits=4, group_size=32)
+    with pytest.raises(portakern.InvalidTypeError, match="sparse"):
+        portakern.quant_gemv(torch.ones((2, 64)).to_sparse_csr(), w)
+
+
+
+# -- explain takes exactly the arguments of the op it explains ------------------------------------------------------
+
+def test_explain_rejects_what_attention_rejects(fresh_registry):
+    with pytest.raises(TypeError) as direct:
+        portakern.attention(Q8, Q8, Q8, window_size=(1, 0))
+    rejects(lambda: portakern.explain(portakern.attention, Q8, Q8, Q8, window_size=(1, 0)), InvalidTypeError,
+            "window_size", "portakern.attention")
+    assert "window_size" in str(direct.value)
+    # a keyword of the internal validator is not an attention argument: it used to skip the index checks
+    cu = np.array([0, 9], np.int32)
+    rejects(lambda: portakern.explain("attention", Q8[0], Q8[0], Q8[0], cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                      check_values=False), InvalidTypeError, "check_values")
+    with pytest.raises(InvalidInputError, match="must start at 0, never decrease and end at 4"):
+        portakern.explain("attention", Q8[0], Q8[0], Q8[0], cu_seqlens_q=cu, cu_seqlens_k=cu)
+
+
+def test_explain_checks_the_backend_argument_as_attention_does(fresh_registry):
+    want = rejects(lambda: portakern.attention(Q8, Q8, Q8, backend=3), InvalidTypeError, "backend=3", "a str")
+    assert rejects(lambda: portakern.explain(portakern.attention, Q8, Q8, Q8, backend=3), InvalidTypeError) == want
+
+
+
+# -- backends: forced, and never handed bad input -------------------------------------------------------------------
 
 def test_forced_backend_that_cannot_run_here(fresh_registry, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
