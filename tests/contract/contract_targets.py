@@ -102,9 +102,7 @@ def host(a) -> np.ndarray:
 
 
 def _backends() -> dict:
-    from portakern.plugins import registry
-
-    return registry().backends
+    return {be.name: be for be in portakern.list_backends()}
 
 
 def _placements(every_library: bool) -> list[Target]:

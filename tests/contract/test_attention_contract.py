@@ -72,6 +72,10 @@ SHAPES = {
     "gqa-causal": ((1, 6, 9, 4, 2, 32, 32), dict(causal=True)),
     "mqa-decode": ((2, 1, 40, 4, 1, 64, 64), {}),
     "dv-differs-causal": ((1, 5, 8, 2, 1, 32, 16), dict(causal=True)),
+    "gqa2-d59": ((2, 5, 37, 4, 2, 59, 59), {}),
+    "mqa-decode-d111-dv64": ((1, 1, 70, 4, 1, 111, 64), {}),
+    "more-q-than-k-dv96-causal": ((1, 21, 9, 4, 4, 32, 96), dict(causal=True)),
+    "d192-dv128-causal": ((2, 19, 67, 4, 2, 192, 128), dict(causal=True)),
 }
 
 

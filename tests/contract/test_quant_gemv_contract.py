@@ -80,15 +80,16 @@ def test_every_packing_matches_float64(target, name):
     close(y, gemv64(x, w64), "float16", name)
 
 
-@pytest.mark.parametrize("M", [1, 5, 16, 17])
+@pytest.mark.parametrize("M", [1, 5, 16, 17, 40])
 def test_every_dtype_and_batch_matches_float64(target, dtype, M):
     w, w64 = make_weight("native4a", 24, 256, 64, seed=3)
     x, y = run(target, dtype, np.random.default_rng(M).standard_normal((M, 256)), w)
     close(y, gemv64(x, w64), dtype)
 
 
-@pytest.mark.parametrize("name, G, K", [("native4a", 256, 256), ("native8s", 32, 4096), ("gptq-gidx", 128, 256)],
-                         ids=["one-group-spans-K", "long-K", "act-order"])
+@pytest.mark.parametrize("name, G, K", [("native4a", 200, 200), ("native8s", 6, 96), ("awq", 32, 4096),
+                                      ("gptq-gidx", 128, 256)],
+                         ids=["one-group-spans-K", "group-of-6", "long-K", "act-order"])
 def test_group_layouts_match_float64(target, name, G, K):
     w, w64 = make_weight(name, 16, K, G, seed=4)
     x, y = run(target, "float32", np.random.default_rng(5).standard_normal((1, K)), w)
