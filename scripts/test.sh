@@ -23,6 +23,7 @@ bash scripts/setup.sh || exit 1
 PK=.venv/bin/portakern
 status=0
 mkdir -p reports
+echo "== import boundaries =="; .venv/bin/python scripts/check_boundaries.py || status=1
 if [ -z "${PORTAKERN_SKIP_SLOW_CONFORMANCE:-}" ]; then
   echo "== triton backend, cpu-tier conformance under TRITON_INTERPRET=1 =="
   TRITON_INTERPRET=1 $PK conformance --backend triton --device cpu --jobs 0 \
