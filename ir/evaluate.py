@@ -145,7 +145,8 @@ def _check_arity(node: Expr, n: int) -> None:
     elif node.op in _BINARY:
         want = 2
     else:
-        raise InvalidInputError(f"expression node {node.op!r} has no meaning in the IR evaluator: expected one of the ops in portakern.ir.expr.Op")
+        raise InvalidInputError(f"expression node {node.op!r} has no meaning in the IR evaluator: expected one of "
+                                "the ops of portakern.ir.expr.Op")
     if n != want:
         raise InvalidInputError(f"expression node {node}: op {node.op.value} takes {want} "
                                 f"argument(s), got {n}")
