@@ -142,6 +142,13 @@ def test_a_backend_importing_another_fails_except_the_allowed_edge(tmp_path):
     (tmp_path / "rev").mkdir()
     assert violations(tmp_path / "rev",
                       {"backends/triton/kernels/__init__.py": "import portakern.backends.triton_rocm\n"})
+    # the edge reaches triton's kernel bodies only, not its host code
+    (tmp_path / "host").mkdir()
+    got = violations(tmp_path / "host", {"backends/triton_rocm/quant_gemv.py":
+                                         "from portakern.backends.triton.quant_gemv import compile\n"})
+    assert [line.split(": breaks")[0] for line in got] == [
+        "backends/triton_rocm/quant_gemv.py:1: portakern.backends.triton_rocm.quant_gemv imports "
+        "portakern.backends.triton.quant_gemv"]
 
 
 def test_environment_writes_are_refused_and_reads_are_not(tmp_path):
