@@ -10,20 +10,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
-import traceback
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterable, Sequence, TextIO
+from typing import Any, Sequence, TextIO
 
 from . import report as R
-from .cases import SUITE, all_cases, select
-from .execute import run_case, static_op, supports
-from .goldens import Store, golden_for
-from .generate import hash_arrays
+from .cases import SUITE
+from .goldens import Store
+from .parallel import check_workers_can_see, run_parallel as _run_parallel
+from .records import compile_case, run_case_all, target_device
 from .report import Record
+from .selection import collect_cases, resolve_backends, selected_cases
 
 
 _STD = object()   # "the current sys.stdout / sys.stderr", resolved at call time
@@ -66,94 +64,6 @@ class Progress:
             self.stream.write(f"{chr(10) if self.tty else ''}conformance: interrupted after {self.done} of "
                               f"{self.total} records; writing what was made\n")
             self.stream.flush()
-
-
-def resolve_backends(names: Sequence[str] | None):
-    """Backend objects for ``names`` (comma lists allowed); every registered backend when empty."""
-    from portakern.plugins import registry
-
-    reg = registry()
-    flat = [n.strip() for x in (names or []) for n in x.split(",") if n.strip()]
-    if not flat:
-        return [reg.backends[n] for n in sorted(reg.backends)]
-    return [reg.get(n) for n in dict.fromkeys(flat)]
-
-
-def collect_cases(tier: str = "cpu", patterns: Sequence[str] | str | None = None) -> list:
-    """The cases of ``tier`` plus those plugins add (``portakern_conformance_cases``), filtered."""
-    from portakern.plugins import registry
-
-    cases = all_cases(tier)
-    seen = {c.id for c in cases}
-    for extra in registry().pm.hook.portakern_conformance_cases():
-        for c in extra or []:
-            if getattr(c, "id", None) and c.id not in seen:
-                cases.append(c)
-                seen.add(c.id)
-    return select(cases, patterns)
-
-
-def selected_cases(tier: str, patterns: Sequence[str] | str | None) -> list:
-    """``collect_cases(tier, patterns)``, refusing a selection of no case (a run of nothing).
-
-    Raises:
-      InvalidInputError naming the globs, the tier and how to list the ids.
-    """
-    from portakern.errors import InvalidInputError
-
-    cases = collect_cases(tier, patterns)
-    if not cases:
-        raise InvalidInputError(f"cases={patterns!r} matches no case of {SUITE} tier {tier}; "
-                                f"list the ids with: portakern conformance --list --tier {tier}")
-    return cases
-
-
-# -- target devices for compile-only ----------------------------------------------------------------
-
-def target_device(target: str):
-    """A synthetic Device describing ``target`` (e.g. sm_100a, gfx942) for ``supports()``."""
-    from portakern.devices import Device
-
-    m = re.fullmatch(r"sm_(\d+)(\d)([af]?)", target)
-    if m:
-        cap = (int(m.group(1)), int(m.group(2)))
-        return Device("cuda", 0, arch=target, name=f"{target} (compile-only)", capability=cap, warp_size=32)
-    if target.startswith("gfx"):
-        return Device("rocm", 0, arch=target, name=f"{target} (compile-only)", warp_size=64)
-    return Device(target.split(":")[0], 0, arch=target, name=f"{target} (compile-only)")
-
-
-def _compile_case(case, backends: list, targets: list[str], progress) -> list[Record]:
-    """One case lowered by every backend for every target (``progress.step`` after each record)."""
-    records = []
-    try:
-        op = static_op(case)
-    except Exception as e:
-        op, why = None, f"building the op failed: {type(e).__name__}: {e}"
-    for b in backends:
-        for t in targets:
-            rec = Record(case.id, case.kind, case.dtype, b.name, t, "error")
-            if op is None:
-                rec.reason = why
-            elif t not in b.compile_targets:
-                rec.status = "unsupported"
-                rec.reason = (f"{b.name} cannot compile for {t} without the device (compile_targets: "
-                              f"{', '.join(b.compile_targets) or 'none'})")
-            else:
-                s = supports(b, op, target_device(t))
-                if not s.ok:
-                    rec.status, rec.reason = "unsupported", s.reason
-                else:
-                    t0 = time.perf_counter()
-                    try:
-                        b.compile_for_target(op, t)
-                        rec.status = "pass"
-                    except Exception as e:
-                        rec.status, rec.reason = "fail", f"compile_for_target raised {type(e).__name__}: {e}"
-                    rec.time_ms = (time.perf_counter() - t0) * 1e3
-            records.append(rec)
-            progress.step(f"{b.name} {t} {case.id}", rec.status in R.FAILING, rec)
-    return records
 
 
 # -- the run ---------------------------------------------------------------------------------------
@@ -207,7 +117,7 @@ def run(backends: Sequence[str] | None = None, device: str | Any = "cpu", cases_
     cases = selected_cases(tier, cases_glob)
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(cases)))
     if jobs > 1:
-        _check_workers_can_see(bes, cases)
+        check_workers_can_see(bes, cases)
     tlist = [t.strip() for x in (targets or []) for t in x.split(",") if t.strip()]
     if compile_only:
         if not tlist:
@@ -279,9 +189,9 @@ def _run_serial(cases: list, bes: list, dev, store: Store | None, repeat: int, t
     try:
         for case in cases:
             if store is None:
-                _compile_case(case, bes, targets, keep)
+                compile_case(case, bes, targets, keep)
             else:
-                _run_case_all(case, bes, dev, store, repeat, keep)
+                run_case_all(case, bes, dev, store, repeat, keep)
     except KeyboardInterrupt:
         return keep.records, True
     finally:
@@ -346,48 +256,6 @@ def write_outputs(rep: dict, **paths: str | Path | None) -> None:
             writer(rep, paths[arg])
 
 
-def _run_case_all(case, backends: Iterable, device, store: Store, repeat: int, prog: Progress) -> list[Record]:
-    """One case on every backend; the golden is fetched (or computed) once, on first need."""
-    records = []
-    try:
-        inputs = case.inputs()
-    except Exception as e:
-        inputs, why = None, f"generating the inputs failed: {type(e).__name__}: {e}"
-    memo: list = []
-
-    def golden():
-        if not memo:
-            g = golden_for(case, store)
-            if g.input_sha256 != hash_arrays(inputs):
-                raise RuntimeError("the generated inputs differ from the golden's input_sha256: the case or "
-                                   "the generator changed; regenerate the goldens (portakern goldens --force)")
-            memo.append(g)
-        return memo[0]
-
-    for b in backends:
-        if inputs is None:
-            rec = Record(case.id, case.kind, case.dtype, b.name, str(device), "error", reason=why)
-        else:
-            rec = run_case(case, inputs, golden, b, device, repeat)
-        records.append(rec)
-        prog.step(f"{b.name} {case.id}", rec.status in R.FAILING, rec)
-    return records
-
-
-# -- parallel runs (--jobs N) ------------------------------------------------------------------------
-#
-# The parent deals the case list round-robin to N "spawn" workers (CUDA cannot fork). Each worker
-# rebuilds the registry (plugins come from entry points and PORTAKERN_PLUGINS: os.environ is
-# inherited), looks the backends and cases up by name, runs its shard in order through
-# _compile_case / _run_case_all and reports over its own pipe, synchronously (no feeder thread, so
-# every message sent before a crash arrives):
-#   ("rec", i, label, failed, record)  after each record of case i (record: dataclasses.asdict)
-#   ("done", i)                        case i is complete
-#   ("crash", text)                    the worker raised: the exception's last line
-# When a pipe closes, the records missing from its shard become error records: the first
-# unfinished case is the one the worker died on.
-
-
 def _with_jobs(rep: dict, jobs: int) -> dict:
     """``rep`` with ``"jobs"`` placed after ``"repeat"``."""
     out = {}
@@ -399,147 +267,5 @@ def _with_jobs(rep: dict, jobs: int) -> dict:
     return out
 
 
-def _check_workers_can_see(bes: list, cases: list) -> None:
-    """Refuse (usage error) backends or cases that exist only in this process (``plugins.register``)."""
-    from portakern import plugins
-    from portakern.errors import InvalidInputError
-
-    reg = plugins.registry()
-    manual = {name for name, src in reg.plugins.items() if src == "manual"}
-    local = [b.name for b in bes if reg.origins.get(b.name) in manual]
-    ids = {c.id for c in cases}
-    for name, obj in plugins._manual:
-        hook = getattr(obj, "portakern_conformance_cases", None)
-        if hook is not None and name in manual:
-            try:
-                local += [c.id for c in hook() or [] if getattr(c, "id", None) in ids]
-            except Exception:
-                pass
-    if local:
-        raise InvalidInputError(f"jobs > 1: {', '.join(local)} were registered by hand in this process, which "
-                                "the worker processes cannot see; load the plugin through PORTAKERN_PLUGINS or "
-                                "an entry point, or use one job")
-
-
-class _PipeProgress:
-    """The worker's progress: every record goes to the parent as it is made."""
-
-    def __init__(self, conn):
-        self.conn, self.case = conn, -1
-
-    def step(self, label: str, failed: bool = False, record: Record | None = None) -> None:
-        self.conn.send(("rec", self.case, label, bool(failed), asdict(record)))
-
-
-def _worker(conn, spec: dict, shard: list[int]) -> None:
-    """Entry point of a worker process: run the cases ``shard`` (indices into ``spec["ids"]``).
-
-    Ctrl-C is the parent's to handle (it keeps the records received and stops the workers), so a
-    worker ignores SIGINT: the terminal sends it to the whole process group.
-    """
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        bes = resolve_backends(spec["backends"])
-        known = {c.id: c for c in collect_cases(spec["tier"], None)}
-        prog = _PipeProgress(conn)
-        store = None
-        if not spec["compile_only"]:
-            store = Store(spec["golden_dir"]) if spec["golden_dir"] else Store()
-        for i in shard:
-            case = known.get(spec["ids"][i])
-            if case is None:
-                raise RuntimeError(f"case {spec['ids'][i]} is unknown in the worker process (a plugin registered "
-                                   "by hand?); load plugins through PORTAKERN_PLUGINS or an entry point")
-            prog.case = i
-            if spec["compile_only"]:
-                _compile_case(case, bes, spec["targets"], prog)
-            else:
-                _run_case_all(case, bes, spec["device"], store, spec["repeat"], prog)
-            conn.send(("done", i))
-    except BaseException as e:
-        try:
-            conn.send(("crash", traceback.format_exception_only(type(e), e)[-1].strip()))
-        except Exception:
-            pass
-        raise
-    finally:
-        conn.close()
-
-
-def _run_parallel(spec: dict, cases: list, bes: list, jobs: int, prog: Progress) -> tuple[list[Record], bool]:
-    """Run ``cases`` in ``jobs`` spawned workers: ``(records in the serial order, interrupted)``.
-
-    On Ctrl-C the workers are stopped and the records received so far are kept (no error records
-    stand in for the cases that were not run).
-    """
-    import multiprocessing as mp
-    from multiprocessing.connection import wait
-
-    ctx = mp.get_context("spawn")
-    shards = [list(range(k, len(cases), jobs)) for k in range(jobs)]
-    got: dict[int, list[Record]] = {}
-    done: set[int] = set()
-    crash: dict[int, str] = {}
-    procs, readers = [], {}
-    interrupted = False
-    try:
-        for k, shard in enumerate(shards):
-            r, w = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_worker, args=(w, spec, shard), name=f"portakern-conformance-{k}", daemon=True)
-            p.start()
-            w.close()     # the parent's copy: the pipe reads EOF once the worker has gone
-            procs.append(p)
-            readers[r] = k
-        while readers:
-            for r in wait(list(readers)):
-                try:
-                    msg = r.recv()
-                except (EOFError, OSError):
-                    r.close()
-                    del readers[r]
-                    continue
-                if msg[0] == "rec":
-                    got.setdefault(msg[1], []).append(Record(**msg[4]))
-                    prog.step(msg[2], msg[3])
-                elif msg[0] == "done":
-                    done.add(msg[1])
-                elif msg[0] == "crash":
-                    crash[readers[r]] = msg[1]
-        for p in procs:
-            p.join()
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
-    records = []
-    for i, case in enumerate(cases):
-        recs = got.get(i, [])
-        if i not in done and not interrupted:
-            k = i % jobs
-            why = crash.get(k) or f"exit status {procs[k].exitcode}"
-            first = next(j for j in shards[k] if j not in done)
-            reason = (f"worker process {k} of {jobs} died ({why}) while running this case" if i == first else
-                      f"not run: worker process {k} of {jobs} died ({why}) while running {cases[first].id}")
-            recs = _fill(case, bes, spec, recs, reason, prog)
-        records += recs
-    return records, interrupted
-
-
-def _fill(case, bes: list, spec: dict, recs: list[Record], reason: str, prog: Progress) -> list[Record]:
-    """The records of an unfinished case in the serial order: those received, errors for the rest."""
-    where = spec["targets"] if spec["compile_only"] else [str(spec["device"])]
-    have = {(r.backend, r.device): r for r in recs}
-    out = []
-    for b in bes:
-        for t in where:
-            rec = have.get((b.name, t))
-            if rec is None:
-                rec = Record(case.id, case.kind, case.dtype, b.name, t, "error", reason=reason)
-                prog.step(f"{b.name} {t} {case.id}" if spec["compile_only"] else f"{b.name} {case.id}", True)
-            out.append(rec)
-    return out
+__all__ = ["Progress", "check_golden_dir", "check_output_paths", "collect_cases", "journal_path", "resolve_backends",
+           "run", "selected_cases", "target_device", "write_outputs"]
