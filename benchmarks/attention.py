@@ -11,13 +11,13 @@ of the floor (K+V bytes over the copy bandwidth measured in the same run).
 ``--check`` runs every feature once on the GPU against the cpu reference; ``--sweep`` times the
 candidate configurations of ``backends/triton/tuning.py`` on representative shapes (the winners
 serve ``--bench`` in the same run and are printed for the sm_90 table); results go to
-``DIR/attention-<date>.json``. Kernels are compiled up front in a pool of processes.
+``DIR/attention<TAG>-<card>.json`` with its plot beside it. Kernels are compiled up front in a pool of processes
+(``attention_compile.py``); the report and plot are ``attention_report.py``'s.
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import datetime
 import itertools
 import json
@@ -31,13 +31,14 @@ import torch
 import triton
 from triton.testing import do_bench
 
-from portakern.devices import torch_device
 from attention_check import run_check  # benchmarks/ is the script's folder
-from cuda_graphs import warm_on_side_stream
-from gemv import copy_bandwidth_TBps
+from attention_compile import precompile, warm_conformance
+from attention_report import plot, row_line, summary
+from harness import default_out, result_path, write
+from timing import copy_bandwidth_TBps, warm_on_side_stream
+from portakern.devices import torch_device
 from portakern.backends.triton import attention as A
 from portakern.backends.triton import tuning
-from portakern.backends.triton.tuning import AttnConfig
 from portakern.ir import Attention, DType, KVLayout
 from portakern.ir import expr as E
 
@@ -100,8 +101,8 @@ def _merges(c, base, splits):
         return ((True, False),)
     if DECODE_SWEEP["merges"] == "table":
         return ((base.fused_combine, base.pdl),)
-    # the fused merge lost on dense keys at every split count on the H200 (sessions 2, 7, 12) and won on
-    # pages of 16 (session 12): swept up to 16 splits, with and without pdl
+    # the fused merge lost on dense keys at every split count on the H200 and won on pages of 16
+    # (attention-decode-sweep-h200.json): swept up to 16 splits, with and without pdl
     fused = ((True, False), (True, True)) if base.fused_combine or splits <= 16 else ()
     return ((False, False), (False, True)) + fused
 
@@ -150,80 +151,13 @@ def sweep_candidates(op, dev):
     return out
 
 
-def _warm(job):
-    """Worker: compile one (op, config) by launching it once on random inputs (fills Triton's cache)."""
-    op_json, cfg_json = job
-    from portakern.ir.ops import op_from_json
-
-    op, cfg = op_from_json(op_json), AttnConfig(**cfg_json)
-    dev = torch_device("cuda", 0)
-    t = time.time()
-    try:
-        q, k, v, out, lse, aux = A.random_inputs(op, torch.device("cuda"))
-        A.build(op, dev, cfg)(q, k, v, out, lse, aux)
-        torch.cuda.synchronize()
-        return None, time.time() - t
-    except Exception as e:  # reported, the config is dropped
-        return f"{type(e).__name__}: {str(e)[:300]}", time.time() - t
-
-
-def _warm_case(args):
-    """Worker: run one conformance case on triton once, so its kernel lands in Triton's disk cache."""
-    case_id, tier = args
-    from portakern.conformance.cases import by_id
-    from portakern.conformance.execute import _call, build_op, place
-    from portakern.plugins import registry
-
-    be, dev = registry().get("triton"), torch_device("cuda", 0)
-    try:
-        case = by_id(case_id, tier)
-        arrays = place(case, case.inputs(), be, dev)
-        if be.supports(build_op(case, arrays), dev):
-            _call(case, arrays, None, "triton")
-            torch.cuda.synchronize()
-        return None
-    except Exception as e:
-        return f"{case_id}: {type(e).__name__}: {str(e)[:200]}"
-
-
-def warm_conformance(tier, workers):
-    from portakern.conformance.runner import collect_cases
-
-    ids = [c.id for c in collect_cases(tier) if c.kind == "attention"]
-    t = time.time()
-    ctx = __import__("multiprocessing").get_context("spawn")
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
-        errs = [e for e in ex.map(_warm_case, [(i, tier) for i in ids], chunksize=4) if e]
-    print(f"warmed {len(ids)} conformance cases ({tier} tier) in {time.time() - t:.1f}s; {len(errs)} errors", flush=True)
-    for e in errs[:10]:
-        print("  ", e, flush=True)
-
-
-def precompile(jobs, workers):
-    uniq = list({json.dumps(j, sort_keys=True): j for j in jobs}.values())
-    if not uniq:
-        return {}
-    t = time.time()
-    errors = {}
-    ctx = __import__("multiprocessing").get_context("spawn")
-    with cf.ProcessPoolExecutor(max_workers=min(workers, len(uniq)), mp_context=ctx) as ex:
-        for j, (err, _) in zip(uniq, ex.map(_warm, uniq)):
-            if err:
-                errors[json.dumps(j, sort_keys=True)] = err
-    print(f"precompiled {len(uniq)} kernels in {time.time() - t:.1f}s with {workers} workers; "
-          f"{len(errors)} failed", flush=True)
-    for k, e in list(errors.items())[:5]:
-        print("  compile error:", k[:200], e, flush=True)
-    return errors
-
-
 # -- timing -------------------------------------------------------------------------------------------
 
 def copy_bandwidth():
     """Device-to-device copy rate in bytes/s, counting bytes read plus bytes written: back-to-back eager
     copies, as ``benchmarks/gemv.py`` measures it (no flush between them, like the calls in a graph it is
-    the floor of). Not in a graph: there the copy is a memcpy node run at 2.7 TB/s (session 13,
-    ``results/timing-method-h200.json``)."""
+    the floor of). Not in a graph: there the copy is a memcpy node run at 2.7 TB/s
+    (``results/timing-method-h200.json``)."""
     return copy_bandwidth_TBps() * 1e12
 
 
@@ -237,10 +171,9 @@ def bench_ms(fn):
 
 #: A timed graph cycles over the input sets until one replay lasts about this long (at most
 #: GRAPH_MAX_CALLS calls), so what a replay costs once -- 10-16 us: the graph's launch and what do_bench's
-#: flush leaves behind (dirty L2 lines, presumably) -- is under 1% of a call. Before session 13 the graph
-#: held one call per set (at most 8): B=1 decode at 32k keys (2 sets) carried ~6.5 us of it per call, an
-#: empty kernel "took" 2.9 us in a graph of 2 calls and 1.3 us in one of 8
-#: (``experiments/timing_method.py``, ``results/timing-method-*.json``).
+#: flush leaves behind (dirty L2 lines, presumably) -- is under 1% of a call. A graph of one call per set (at most
+#: 8) charged B=1 decode at 32k keys (2 sets) ~6.5 us of it per call; an empty kernel "took" 2.9 us in a graph of
+#: 2 calls and 1.3 us in one of 8 (``results/timing-method-h200.json``).
 GRAPH_REPLAY_MS = 4.0
 GRAPH_MAX_CALLS = 512
 
@@ -353,7 +286,7 @@ def run_bench(dev, best, quick, l2, bw, decode_only=False):
             r[f"{name}_us"] = us
             r[f"{name}_tflops"] = flops / (us * 1e-6) / 1e12 if isinstance(us, float) else None
         rows.append(r)
-        print(_fmt(r), flush=True)
+        print(row_line(r), flush=True)
         del sets
     for B, L, *page in DECODE + PAGED if not PREFILL_ONLY else ():
         page = page[0] if page else 0
@@ -372,20 +305,9 @@ def run_bench(dev, best, quick, l2, bw, decode_only=False):
             r[f"{name}_us"] = time_impl(fns, graph=False)
             r[f"{name}_graph_us"] = time_impl(fns, graph=True)
         rows.append(r)
-        print(_fmt(r), flush=True)
+        print(row_line(r), flush=True)
         del sets
     return rows
-
-
-def _fmt(r):
-    def f(x):
-        return f"{x:8.1f}" if isinstance(x, float) else f"{str(x)[:8]:>8s}"
-    if r["kind"] == "prefill":
-        return (f"prefill D={r['D']:3d} S={r['S']:5d} B={r['B']:2d} c={int(r['causal'])}  TFLOP/s pk {f(r['portakern_tflops'])}"
-                f" cudnn {f(r['cudnn_tflops'])} flash {f(r['flash_tflops'])} fa4 {f(r['fa4_tflops'])}")
-    return (f"{r['kind']:7s} B={r['B']:2d} L={r['L']:6d} p={r['page']:3d} us pk {f(r['portakern_us'])} "
-            f"graph {f(r['portakern_graph_us'])} cudnn {f(r.get('cudnn_us'))} flash {f(r.get('flash_us'))} "
-            f"floor {f(r['floor_us'])}")
 
 
 def sweep_ops(quick, decode_only=False):
@@ -402,17 +324,21 @@ def sweep_ops(quick, decode_only=False):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true")
-    ap.add_argument("--sweep", action="store_true")
-    ap.add_argument("--bench", action="store_true")
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)))
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="every feature once on the GPU against the cpu reference")
+    ap.add_argument("--sweep", action="store_true", help="time the tuning candidates on representative shapes")
+    ap.add_argument("--bench", action="store_true", help="the tables against cuDNN / flash / FA4 (and the floor)")
+    ap.add_argument("--quick", action="store_true", help="fewer prefill rows")
+    ap.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)),
+                    help="processes compiling the kernels up front")
+    ap.add_argument("--out", default=default_out(),
+                    help="folder of the result attention<TAG>-<card>.json and its plot (default $OUT or "
+                         "benchmarks/results)")
     ap.add_argument("--check-on-cpu", action="store_true", help="only --check, under TRITON_INTERPRET=1")
     ap.add_argument("--warm-conformance", metavar="TIER", help="only compile every conformance case of TIER")
     ap.add_argument("--decode-only", action="store_true", help="--sweep and --bench: decode and paged shapes only")
-    ap.add_argument("--tag", default="", help="suffix of the result file name")
+    ap.add_argument("--tag", default="", help="what the run varies, in the result name (e.g. -decode)")
     ap.add_argument("--head-dims", type=int, nargs="+", choices=(64, 128, 256), default=HEAD_DIMS,
                     help="--sweep and --bench: the prefill head dims to cover")
     ap.add_argument("--prefill-only", action="store_true", help="--sweep and --bench: no decode or paged shapes")
@@ -463,6 +389,7 @@ def main():
         rows = run_check("cpu", 1)
         sys.exit(0 if all(r["ok"] for r in rows) else 1)
     dev = torch_device("cuda", 0)
+    path = result_path(a.out, "attention", a.tag)
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 << 20)
     res = {"date": datetime.date.today().isoformat(), "tag": a.tag, "device": dev.to_json(), "l2": l2,
@@ -489,12 +416,12 @@ def main():
         t = time.time()
         res["check"] = run_check("cuda", a.workers)
         print(f"checks took {time.time() - t:.1f}s", flush=True)
-        dump(res, a.out)
+        write(res, path)
     best = {}
     if a.sweep:
         best, res["sweep"] = run_sweep(sw_ops, dev, l2)
         res["sweep_best"] = {k: c.to_json() for k, c in best.items()}
-        dump(res, a.out)
+        write(res, path)
     if a.bench:
         if best:  # the sweep winners of 4k shapes also serve 1k / 16k rows: compile them first
             extra = []
@@ -504,85 +431,13 @@ def main():
                     extra.append((prefill(B, S, H, D, causal).to_json(), c.to_json()))
             precompile(extra, a.workers)
         res["bench"] = run_bench(dev, best, a.quick, l2, bw, a.decode_only)
-    print(f"wrote {dump(res, a.out)}")
+    write(res, path)
     if res.get("bench"):
         try:
-            print(f"wrote {plot(res, os.path.join(a.out, 'attention-' + res['date'] + a.tag + '.png'))}")
+            print(f"wrote {plot(res, os.path.splitext(path)[0] + '.png')}")
         except Exception as e:  # matplotlib missing: the plot can be redrawn from the JSON
             print(f"no plot: {type(e).__name__}: {e}")
     summary(res)
-
-
-def plot(res, path):
-    """Prefill TFLOP/s against SDPA and decode fraction of the bandwidth floor: a panel for each the run has."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    pre = [r for r in res["bench"] if r["kind"] == "prefill"]
-    dec = [r for r in res["bench"] if r["kind"] != "prefill"]
-    if pre and dec:
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(15, 5), gridspec_kw={"width_ratios": [2, 1]})
-    else:   # one panel: a --prefill-only or --decode-only run
-        fig, a = plt.subplots(1, 1, figsize=(10 if pre else 7, 5))
-        a1, a2 = (a, None) if pre else (None, a)
-    if pre:
-        x = range(len(pre))
-        for i, (name, col) in enumerate((("portakern", "C0"), ("cudnn", "C1"), ("flash", "C2"))):
-            a1.bar([j + (i - 1) * 0.27 for j in x], [r[f"{name}_tflops"] or 0 for r in pre], 0.27, label=name,
-                   color=col)
-        a1.set_xticks(list(x), [f"D{r['D']} S{r['S'] // 1024}k{' c' if r['causal'] else ''}" for r in pre],
-                      rotation=60, fontsize=8)
-        a1.set_ylabel("TFLOP/s (bf16)")
-        a1.set_title("prefill: portakern triton vs torch SDPA")
-        a1.legend()
-    if dec:
-        labels = [f"{r['kind'][0]} B{r['B']} {r['L'] // 1024}k{' p' + str(r['page']) if r['page'] else ''}"
-                  for r in dec]
-        frac = lambda r, k: r["floor_us"] / r[k] if isinstance(r.get(k), float) else 0  # noqa: E731
-        xs = range(len(dec))
-        a2.bar([j - 0.2 for j in xs], [frac(r, "portakern_graph_us") for r in dec], 0.4, label="portakern (graph)")
-        a2.bar([j + 0.2 for j in xs], [frac(r, "cudnn_graph_us") for r in dec], 0.4, label="cuDNN SDPA (graph)")
-        a2.axhline(1.0, color="k", lw=0.8)
-        a2.set_xticks(list(xs), labels, rotation=60, fontsize=8)
-        a2.set_ylabel("fraction of copy-bandwidth floor")
-        a2.set_title("decode (32q/8kv heads, D=128)")
-        a2.legend(fontsize=8)
-    fig.suptitle(f"{res['device'].get('name', '')}, triton {res['versions']['triton']}, {res['date']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
-
-
-def dump(res, out_dir):
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, f"attention-{res['date']}{res.get('tag', '')}.json")
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1, default=str)
-    return path
-
-
-def summary(res):
-    print("\n== summary ==")
-    for r in res.get("check", []):
-        if not r["ok"]:
-            print("CHECK FAIL", r)
-    print(f"checks passed: {sum(r['ok'] for r in res.get('check', []))}/{len(res.get('check', []))}")
-    for r in res.get("bench", []):
-        if r["kind"] == "prefill":
-            pk, cd = r["portakern_tflops"], r["cudnn_tflops"]
-            ratio = pk / cd if isinstance(pk, float) and isinstance(cd, float) else None
-            print(f"P D{r['D']:<3d} S{r['S']:<5d} c{int(r['causal'])} pk {pk or 0:6.1f} cudnn {cd or 0:6.1f} "
-                  f"x{ratio or 0:.2f} flash {r['flash_tflops'] or 0:6.1f}")
-        else:
-            pk, g = r["portakern_us"], r["portakern_graph_us"]
-            cd, cg = r.get("cudnn_us"), r.get("cudnn_graph_us")
-            fl = r["floor_us"]
-            frac = fl / g if isinstance(g, float) else 0          # the graph figure: eager is launch-bound
-            rnd = lambda v: round(v, 1) if isinstance(v, float) else v  # noqa: E731
-            print(f"{r['kind'][0].upper()} B{r['B']:<2d} L{r['L']:<6d} p{r['page']:<3d} eager {pk:7.1f} graph {g:7.1f} "
-                  f"floor {fl:6.1f} ({frac:.0%} in the graph) cudnn eager {rnd(cd)} graph {rnd(cg)}")
 
 
 if __name__ == "__main__":

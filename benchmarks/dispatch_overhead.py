@@ -23,7 +23,8 @@ Usage::
 
     python benchmarks/dispatch_overhead.py [--calls 50] [--rounds 200] [--out benchmarks/results]
 
-Writes ``benchmarks/results/dispatch-overhead-<date>.json`` and prints a table. Target: <= 15 us.
+Writes ``benchmarks/results/dispatch-overhead-<card>.json`` (``-cpu`` without a GPU) and prints a table.
+Target: <= 15 us.
 """
 
 from __future__ import annotations
@@ -39,12 +40,15 @@ from pathlib import Path
 
 import numpy as np
 
-import portakern
-from portakern import Backend, dispatch, hookimpl, plugins
-from portakern.arrays import convert_for_backend, empty
-from portakern.backend import YES
-from portakern.conformance.report import run_identity
-from portakern.devices import CPU
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import card_of, result_path  # noqa: E402  (benchmarks/ is the script's folder)
+
+import portakern  # noqa: E402
+from portakern import Backend, dispatch, hookimpl, plugins  # noqa: E402
+from portakern.arrays import convert_for_backend, empty  # noqa: E402
+from portakern.backend import YES  # noqa: E402
+from portakern.conformance.report import run_identity  # noqa: E402
+from portakern.devices import CPU  # noqa: E402
 
 TARGET_US = 15.0
 
@@ -202,7 +206,7 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=50, help="calls per timed round (default 50)")
     ap.add_argument("--rounds", type=int, default=200, help="timed rounds per path (default 200)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"), help="result folder")
-    ap.add_argument("--tag", default="", help="suffix of the result file name, e.g. h200")
+    ap.add_argument("--tag", default="", help="what the run varies, in the result name (e.g. -quiet)")
     args = ap.parse_args(argv)
 
     setups = [("numpy", "cpu"), ("torch", "cpu")]
@@ -247,12 +251,20 @@ def main(argv=None) -> int:
               "processor": platform.processor(), "calls_per_round": args.calls, "rounds": args.rounds,
               "target_us": TARGET_US, "worst_overhead_us": worst, "meets_target": worst <= TARGET_US,
               "results": rows, "identity": run_identity(CPU)}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"dispatch-overhead-{result['date']}{'-' + args.tag if args.tag else ''}.json"
+    path = Path(result_path(args.out, "dispatch-overhead", args.tag, card=_card(setups)))
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"worst overhead {worst:.2f} us (target <= {TARGET_US} us) -> {path}")
     return 0
+
+
+def _card(setups) -> str:
+    """The GPU the run measured (``h200``, ...), or ``cpu`` where it measured none."""
+    if ("torch", "cuda") not in setups:
+        return "cpu"
+    import torch
+
+    return card_of(torch.cuda.get_device_name(0))
 
 
 def _torch_version() -> str | None:

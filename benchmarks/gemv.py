@@ -19,297 +19,45 @@ beside it as ``triton_*``), or a sweep's winner where ``--sweep`` ran.
 Kernels are compiled up front in a pool of processes (Triton's disk cache serves the main process).
 """
 
+
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import datetime
 import json
 import math
 import os
-import statistics
 import sys
-import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 
 import torch
 
-from cuda_graphs import warm_on_side_stream  # benchmarks/ is the script's folder
-from portakern.backends.triton import gemv_tuning as tuning
-from portakern.backends.triton import quant_gemv as Q
+from gemv_peers import bf16_linear, gemlite_fns, int8_torch, tinygemm  # benchmarks/ is the script's folder
+from gemv_problems import config_json, dispatched, floor_bytes, gemv_op, ours, precompile
+from gemv_sweep import frag_candidates, split_for_shape, sweep_candidates, with_split
+from harness import default_out, result_path, write
+from timing import copies_for, copy_bandwidth_TBps, eager_us, graph_us
 from portakern.backends.triton.gemv_tuning import GemvConfig
 from portakern.conformance.report import run_identity
 from portakern.devices import torch_device
-from portakern.gemv_weight import PreparedGemvWeight
-from portakern.ir import DType, QuantFormat, gemv_layout
 from portakern.ir.ops import QuantGemv
 
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (28672, 8192), (16384, 16384)]
 MS = (1, 4, 16)
-L2_ROTATE = 4 * 64 * 2**20   # rotate over more than 4x the (60 MB) L2
-
-
-# -- problems ---------------------------------------------------------------------------------------
-
-def gemv_op(M, N, K, bits=4, gs=128, sym=False, dtype=DType.bfloat16) -> QuantGemv:
-    return QuantGemv(M=M, N=N, K=K, dtype=dtype, fmt=QuantFormat(bits=bits, group_size=gs, symmetric=sym))
-
-
-def floor_bytes(op: QuantGemv) -> int:
-    """Codes + fp16 scale (+ fp16 zero) per group + x + out (the peers' convention)."""
-    G = op.K // op.fmt.group_size
-    per_group = 2 + (0 if op.fmt.symmetric else 2)
-    return (op.N * op.K * op.fmt.bits // 8 + op.N * G * per_group
-            + op.M * op.K * op.dtype.itemsize + op.M * op.N * op.result_dtype.itemsize)
-
-
-def random_prepared(N, K, bits, gs, sym, device="cuda", scale_dtype=torch.float16) -> PreparedGemvWeight:
-    """A random weight directly in the internal layout (timing only: random codes, no zeros)."""
-    epw = 32 // bits
-    kw = -(-K // epw)
-    kwp = -(-kw // gemv_layout.K_ALIGN_WORDS) * gemv_layout.K_ALIGN_WORDS
-    npad = -(-N // gemv_layout.N_ALIGN_WORDS) * gemv_layout.N_ALIGN_WORDS
-    qw = torch.randint(-2**31, 2**31 - 1, (kwp, npad), dtype=torch.int32, device=device)
-    qw[kw:] = 0
-    G = K // gs
-    s = (torch.rand(G, npad, device=device) * 0.01 + 0.001).to(scale_dtype)
-    z = None if sym else torch.randint(0, 1 << bits, (G, npad), device=device).to(scale_dtype)
-    frag = None   # the tensor-core fragment layout, where prepare_weight would build one (random words too)
-    if gemv_layout.frag_eligible(bits, gs, False, False) is None:
-        frag = torch.randint(-2**31, 2**31 - 1, (-(-K // gemv_layout.FRAG_CHUNK), npad // 16, 256), dtype=torch.int32,
-                             device=device)
-    return PreparedGemvWeight(qw, s, z, None, None, bits, gs, 1 << (bits - 1), N, K, frag=frag)
-
-
-def copies_for(nbytes: int) -> int:
-    return max(2, math.ceil(L2_ROTATE / max(1, nbytes)))
-
-
-# -- timing -----------------------------------------------------------------------------------------
-
-def eager_us(fns, reps=None):
-    reps = reps or max(1, 200 // len(fns))
-    for f in fns:
-        f()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(5):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for _ in range(reps):
-            for f in fns:
-                f()
-        e1.record()
-        torch.cuda.synchronize()
-        ts.append(e0.elapsed_time(e1) * 1e3 / (reps * len(fns)))
-    return statistics.median(ts)
-
-
-def graph_us(fns, calls=240):
-    """Per-call time inside one CUDA graph of ``calls`` launches cycling over ``fns``."""
-    warm_on_side_stream(fns)
-    torch.cuda.synchronize()
-    reps = max(1, calls // len(fns))
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            for f in fns:
-                f()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(7):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        ts.append(e0.elapsed_time(e1) * 1e3 / (reps * len(fns)))
-    del g
-    return statistics.median(ts)
-
-
-def copy_bandwidth_TBps() -> float:
-    n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    a.random_()
-    t = eager_us([lambda: b.copy_(a)], reps=10)
-    return 2 * n / (t * 1e-6) / 1e12
-
-
-# -- portakern and peers ----------------------------------------------------------------------------
-
-def ours(op: QuantGemv, cfg: GemvConfig | None, copies: int, kern=None):
-    """Input sets for the triton kernel of ``op`` under ``cfg`` (None: its table) -- or for ``kern``, any kernel of
-    the triton layout -- and that kernel."""
-    dev = torch_device("cuda", 0)
-    kern = Q.compile(op, dev, cfg) if kern is None else kern
-    dt = getattr(torch, op.dtype.value)
-    sets = []
-    for _ in range(copies):
-        w = random_prepared(op.N, op.K, op.fmt.bits, op.fmt.group_size, op.fmt.symmetric)
-        x = torch.randn(op.M, op.K, device="cuda").to(dt)
-        out = torch.empty(op.M, op.N, device="cuda", dtype=dt)
-        sets.append((x, w, out))
-    fns = [(lambda s=s: kern(*s)) for s in sets]
-    return fns, kern
-
-
-def dispatched(op: QuantGemv) -> tuple[str, object]:
-    """``(backend, kernel)``: what ``portakern.quant_gemv`` / the torch op run for ``op`` on this GPU (the triton
-    table, or the cuda backend where its measured table ranks it first; ``torch_ops.gemv_kernel``)."""
-    from portakern import torch_ops
-
-    return torch_ops.gemv_kernel(op, torch_device("cuda", 0))
-
-
-def config_json(kern) -> dict:
-    """The launch configuration of a triton table kernel or a cuda backend kernel, as JSON."""
-    cfg = getattr(kern, "config", None)     # the cuda backend's SmallMConfig
-    return asdict(cfg) if cfg is not None else next(iter(kern.launchers.values())).cfg.to_json()
-
-
-def tinygemm(M, N, K, gs, copies):
-    sets = []
-    for _ in range(copies):
-        w = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, device="cuda")
-        packed = torch.ops.aten._convert_weight_to_int4pack(w, 8)
-        sz = (torch.rand(K // gs, N, 2, device="cuda") * 0.01).to(torch.bfloat16)
-        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-        sets.append((x, packed, sz))
-    return [(lambda s=s: torch.ops.aten._weight_int4pack_mm(s[0], s[1], gs, s[2])) for s in sets]
-
-
-def bf16_linear(M, N, K, copies):
-    sets = [(torch.randn(M, K, device="cuda", dtype=torch.bfloat16),
-             torch.randn(N, K, device="cuda", dtype=torch.bfloat16)) for _ in range(copies)]
-    return [(lambda s=s: torch.nn.functional.linear(s[0], s[1])) for s in sets]
-
-
-def int8_torch(M, N, K, copies):
-    sets = [(torch.randn(M, K, device="cuda", dtype=torch.bfloat16),
-             torch.randint(-128, 127, (N, K), dtype=torch.int8, device="cuda"),
-             torch.rand(N, device="cuda", dtype=torch.bfloat16)) for _ in range(copies)]
-    return [(lambda s=s: torch.ops.aten._weight_int8pack_mm(s[0], s[1], s[2])) for s in sets]
-
-
-def gemlite_fns(M, N, K, gs, copies):
-    import gemlite  # noqa: F401  (optional peer)
-    from gemlite.helper import A16W4
-
-    sets = []
-    for _ in range(copies):
-        lin = torch.nn.Linear(K, N, bias=False, dtype=torch.float16, device="cuda")
-        layer = A16W4(device="cuda").from_linear(lin)
-        sets.append((torch.randn(M, K, device="cuda", dtype=torch.float16), layer))
-    return [(lambda s=s: s[1](s[0])) for s in sets]
-
-
-# -- compile up front ---------------------------------------------------------------------------------
-
-def _warm(job):
-    try:
-        op = QuantGemv.from_json(job["op"])
-        fns, _ = ours(op, GemvConfig(**job["cfg"]) if job["cfg"] else None, 1)
-        fns[0]()
-        torch.cuda.synchronize()
-        return None
-    except Exception as e:  # reported, and the config is skipped in the sweep
-        return f"{type(e).__name__}: {str(e)[:300]}"
-
-
-def precompile(jobs, workers):
-    uniq = list({json.dumps(j, sort_keys=True): j for j in jobs}.values())
-    t = time.time()
-    ctx = __import__("multiprocessing").get_context("spawn")
-    errors = {}
-    with cf.ProcessPoolExecutor(max_workers=max(1, min(workers, len(uniq))), mp_context=ctx) as ex:
-        for j, err in zip(uniq, ex.map(_warm, uniq)):
-            if err:
-                errors[json.dumps(j, sort_keys=True)] = err
-    print(f"precompiled {len(uniq)} kernels in {time.time() - t:.1f}s ({len(errors)} failed)", flush=True)
-    for k, e in list(errors.items())[:6]:
-        print("   ", k[:160], "->", e, flush=True)
-    return errors
-
-
-# -- sweep -------------------------------------------------------------------------------------------
-
-def sweep_candidates(M: int, dqs=(2,), swaps=(False,), stages=(1,), prefetch=(1,), pdls=(False,),
-                     group_rows=(False,), mma=False, mma_grid=((64, 128), (4, 8), (1, 2, 3, 4)),
-                     bits: int = 4) -> list[GemvConfig]:
-    """What the sweep times per M (``split_k=0``: the automatic split and no split; for group-resident
-    tiles half, once and twice the automatic split), for each dequant variant in ``dqs``, pipeline
-    depth in ``stages`` and register prefetch depth in ``prefetch`` (CUDA-core kernel), operand order
-    in ``swaps`` (tensor-core kernel), each programmatic-dependent-launch setting in ``pdls``, and
-    (M=1) with ``True`` in ``group_rows`` the group-resident tiles: 4 or 8 columns per thread, 8 or 16
-    word rows (int8: also 32, a whole group), 1, 2 or 4 warps. ``mma``: the group-scaled tensor-core kernel (also at M=1, where its
-    MMA multiplies 15 rows of padding for free), 64 or 128 columns, 4 or 8 warps, 2 to 4 pipeline
-    stages (its K tile is the group's)."""
-    out = []
-    if mma:
-        out += [GemvConfig("mma", bn, 16, w, st, 0, x_runs=xr) for bn in mma_grid[0] for w in mma_grid[1]
-                for st in mma_grid[2] for xr in (False, True)]
-    for dq in dqs:
-        if M == 1:
-            out += [GemvConfig("fma", bn, bkw, w, st, 0, dq, prefetch=pf) for bn in (32, 64) for bkw in (32, 64)
-                    for w in (4, 8) for st in stages for pf in prefetch if st == 1 or pf == 1]
-            if True in group_rows:
-                out += [GemvConfig("fma", 32 * cols * w, bkw, w, 1, 0, dq, group_rows=True)
-                        for w in (1, 2, 4) for cols in (4, 8) for bkw in (8, 16) + ((32,) if bits == 8 else ())]
-        elif M <= 4:
-            out += [GemvConfig("fma", bn, bkw, 4, 1, 0, dq) for bn in (32, 64) for bkw in (32, 64)]
-    for sw in swaps:
-        if 1 < M <= 4:
-            out += [GemvConfig("dot", bn, bkw, 4, 2, 0, 2, sw) for bn in (64, 128) for bkw in (16, 32)]
-        if M > 4:
-            out += [GemvConfig("dot", bn, bkw, 4, 2, 0, 2, sw) for bn in (32, 64, 128) for bkw in (16, 32)]
-            out += [GemvConfig("dot", bn, 32, 8, 2, 0, 2, sw) for bn in (64, 128)]
-    return [replace(c, pdl=bool(p)) for p in pdls for c in out]
-
-
-def with_split(cfg: GemvConfig, op: QuantGemv, splits=None) -> list[GemvConfig]:
-    """``split_k=0`` in a candidate means: the automatic choice, and 1."""
-    if cfg.split_k:
-        return [cfg]
-    kwp = -(-(-(-op.K // (32 // op.fmt.bits))) // gemv_layout.K_ALIGN_WORDS) * gemv_layout.K_ALIGN_WORDS
-    auto = tuning.split_k_for(op.N, kwp, cfg, 132)
-    more = {max(1, auto // 2), 2 * auto} if (cfg.group_rows or cfg.kind == "mma") else {1}
-    return [replace(cfg, split_k=s) for s in sorted({auto} | more | set(splits or ()))]
-
-
-def frag_candidates(op: QuantGemv, pdls=(False,), num_sms: int = 132) -> list[GemvConfig]:
-    """Kind "frag" (M = 2..16, int4 groups of a multiple of 128): the table's row counts (64 rows of 2 warps,
-    128 and 256 of 4; 256 is the LM head's) at the automatic split of K, half and twice it, with each setting in
-    ``pdls``."""
-    if not tuning.FRAG_MIN_M <= op.M <= 16 or op.fmt.bits != 4 or op.fmt.group_size % 128:
-        return []
-    out = []
-    for bn, w in ((64, 2), (128, 4), (256, 4)):
-        base = GemvConfig("frag", bn, 32, w)
-        auto = tuning.frag_split(op.N, op.K, base, op.M, num_sms)
-        for sk in sorted({max(1, auto // 2), auto, min(2 * auto, tuning.FRAG_MAX_SPLIT)}):
-            out += [replace(base, split_k=sk, pdl=bool(p)) for p in pdls]
-    return out
-
-
-def split_for_shape(cfg: GemvConfig, M: int, N: int, K: int, bits: int) -> GemvConfig:
-    """``cfg`` (a sweep winner of another shape) with the split of K its kind's rule gives ``(N, K)``."""
-    if cfg.kind == "frag":
-        return replace(cfg, split_k=tuning.frag_split(N, K, cfg, M, 132))
-    kwp = -(-(-(-K // (32 // bits))) // gemv_layout.K_ALIGN_WORDS) * gemv_layout.K_ALIGN_WORDS
-    return replace(cfg, split_k=tuning.split_k_for(N, kwp, cfg, 132))
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--sweep", action="store_true")
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
-    ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
-    ap.add_argument("--tag", default="")
-    ap.add_argument("--ms", type=int, nargs="+", default=list(MS))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sweep", action="store_true",
+                    help="time the candidate configurations on --sweep-shapes first; the fastest serve the table")
+    ap.add_argument("--quick", action="store_true", help="the main table's first two shapes only")
+    ap.add_argument("--out", default=default_out(),
+                    help="folder of the result gemv<TAG>-<card>.json (default $OUT or benchmarks/results)")
+    ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2),
+                    help="processes compiling the kernels up front")
+    ap.add_argument("--tag", default="", help="what the run varies, in the result name (e.g. -int8-sweep)")
+    ap.add_argument("--ms", type=int, nargs="+", default=list(MS), help="rows of x (default 1 4 16)")
     ap.add_argument("--dq", type=int, nargs="+", default=[2],
                     help="dequant variants the sweep times for the CUDA-core kernel (M <= 4)")
     ap.add_argument("--stages", type=int, nargs="+", default=[1],
@@ -486,10 +234,7 @@ def main():
     res["rows"] = rows
     res["best_sweep"] = {f"int{b}-M{m}-N{n}-K{k}": asdict(c) for (b, m, n, k), c in best.items()}
 
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"gemv-{res['date']}{args.tag}.json")
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1)
+    path = write(res, result_path(args.out, "gemv", args.tag))
     # -- short table last
     print(f"\ncopy {bw:.3f} TB/s; {path}")
     print(f"{'b':>2} {'M':>2} {'N':>6} {'K':>6} {'floor':>6} {'backend':>7} {'pk_g':>6} {'frac':>5} {'tiny_g':>6} "

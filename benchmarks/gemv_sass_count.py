@@ -14,13 +14,13 @@ counted instead (marked ``"unit": "ptx"``).
 
 ``--tiles``: the per-word-row tile of the table (``word-rows``, the default) and/or the group-resident
 tile (``group-rows``: ``--cols`` columns per thread, so ``block_n = 32 * cols * warps``, and ``--rows``
-word rows per tile); ``tensor-core``: the M=16 kernels instead, session 4's "dot" (swapped operands)
+word rows per tile); ``tensor-core``: the M=16 kernels instead, the "dot" kernel (swapped operands)
 and the "mma" kernel with either x path, 64 / 128 columns, 1 / 3 stages (``--dq`` ignored); ``stream``:
 the M=1 stream-K kernel (kind "stream"), whose loop body holds its rare segment end inline, so the
 path an ordinary unit takes is counted (``sass_hot_path``).
 
 Prints one line per (variant, configuration) and writes the JSON (default
-``benchmarks/results/gemv-sass-count-<date>.json``).
+``benchmarks/results/gemv-sass-count-<target>.json``, e.g. ``gemv-sass-count-sm90a.json``).
 """
 
 from __future__ import annotations
@@ -238,8 +238,10 @@ def stream_rows(N: int, K: int, dtype: str) -> list[dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=f"benchmarks/results/gemv-sass-count-{datetime.date.today().isoformat()}.json")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=f"benchmarks/results/gemv-sass-count-{TARGET.replace('_', '')}.json",
+                    help="the result file (default benchmarks/results/gemv-sass-count-<target>.json)")
     ap.add_argument("--dq", type=int, nargs="+", default=[0, 1, 2, 3])
     ap.add_argument("--shape", type=int, nargs=2, default=[28672, 8192], metavar=("N", "K"))
     ap.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16", "float32"])

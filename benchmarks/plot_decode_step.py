@@ -1,7 +1,7 @@
 """Plot a decode step benchmark (``decode_step.py`` JSON): per context, each step's time in its CUDA graph
 with the fraction of the bandwidth floor it reaches, the floors marked.
 
-    python benchmarks/plot_decode_step.py benchmarks/results/decode-step-DATE.json --out docs/X.png
+    python benchmarks/plot_decode_step.py benchmarks/results/decode-step-h200.json --out docs/decode-step-h200.png
 """
 
 from __future__ import annotations

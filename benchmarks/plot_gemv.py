@@ -2,7 +2,8 @@
 (``benchmarks/decode_step.py`` JSON): fraction of the bandwidth floor per shape, portakern against
 tinygemm (int4) and bf16 ``F.linear``, one panel per M, plus the decode step's panel.
 
-    python benchmarks/plot_gemv.py GEMV.json [--decode STEP.json] --out docs/gemv-h200-DATE.png
+    python benchmarks/plot_gemv.py benchmarks/results/gemv-h200.json \
+        [--decode benchmarks/results/decode-step-h200.json] --out docs/gemv-h200.png
 """
 
 from __future__ import annotations

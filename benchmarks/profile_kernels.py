@@ -7,8 +7,7 @@
 Kernels (after a warm-up launch each, outside the profiled range):
 
 * quantized GEMV, int4 g128 asymmetric, M=1, (28672, 8192) and (4096, 14336), the sm_90 table's
-  configuration, and a plain 16-byte read of the (4096, 14336) weight's bytes (``read_floor``'s kernel)
-  for comparison;
+  configuration;
 * decode attention, B=1, 32 query / 8 KV heads, D=128, bf16, KV 8k and 32k dense, 32k paged with
   pages of 16 and 64 keys (shuffled block table), the table's config;
 * prefill attention, B=4, S=4096, 32 heads, D=128, bf16, causal and not, the table's config.
@@ -16,7 +15,7 @@ Kernels (after a warm-up launch each, outside the profiled range):
 ``--only mma``: instead, the tensor-core kernels at (28672, 8192): M=16 with the table's "mma" and
 with the "dot" kernel (swapped operands), and "mma" at M=1.
 
-What the stall reasons say decides the next kernel change (see benchmarks/*_notes.md): issue-bound
+What the stall reasons say decides the next kernel change (see docs/design/): issue-bound
 kernels show "selected" and "math pipe throttle" near the top, latency-bound ones "long scoreboard".
 """
 
@@ -32,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 import attention as AB  # noqa: E402  (benchmarks/attention.py)
-import gemv as GB  # noqa: E402  (benchmarks/gemv.py)
+import gemv_problems as GB  # noqa: E402  (benchmarks/gemv_problems.py)
 
 from portakern.backends.triton import attention as A  # noqa: E402
 from portakern.backends.triton import gemv_tuning as T  # noqa: E402
@@ -56,21 +55,6 @@ def tensor_core_launches() -> list:
     return out
 
 
-def plain_read(N: int, K: int):
-    """A launch of ``read_floor.stream_read`` over the bytes of an int4 g128 (N, K) weight: 2 programs
-    per SM of 8 warps, 32 bytes per lane and iteration (one of the read floor's fastest shapes)."""
-    sys.path.insert(0, str(Path(__file__).parent / "experiments"))
-    import read_floor as RF
-
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    v = next(v for v in RF.read_variants(RF.weight_bytes(N, K), sms)
-             if v["per_sm"] == 2 and v["warps"] == 8 and v["block"] == 8 * 32 * 4 * 2)
-    src = torch.randint(0, 1 << 30, (RF.weight_bytes(N, K) // 4,), dtype=torch.int32, device="cuda")
-    sink = torch.zeros(v["programs"], dtype=torch.int32, device="cuda")
-    return lambda: RF.stream_read[(v["programs"],)](src, sink, src.numel(), v["chunk"], BLOCK=v["block"],
-                                                     PDL=False, num_warps=v["warps"])
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", choices=("all", "mma"), default="all")
@@ -82,7 +66,6 @@ def main() -> None:
         op = GB.gemv_op(1, N, K)
         fns, _ = GB.ours(op, None, 1)
         launches.append((f"gemv {N}x{K} table", fns[0]))
-    launches.append(("read of the 4096x14336 weight's bytes", plain_read(4096, 14336)))
     dev = torch_device("cuda", 0)
     ops = [(f"decode L={L}", AB.decode(1, L)) for L in (8192, 32768)]
     ops += [(f"paged decode L=32768 page {p}", AB.decode(1, 32768, page=p)) for p in (16, 64)]

@@ -8,32 +8,19 @@
 #   conformance     triton on cuda:0, gpu tier (which includes every cpu-tier case), all cores;
 #                   $CASES (comma-separated globs) restricts it to some cases
 #   gemv-tests      the GPU tests of the quantized GEMV (every packing, forced configs, graphs, stream-K)
-#   stream-probe    benchmarks/experiments/gemv_stream_probe.py: the M=1 stream-K kernel against float64, then
-#                   its configurations against the CUDA-core table, tinygemm and the floor
 #   attention-tests the GPU tests of the attention kernels (split decode replayed in a CUDA graph, TMA,
 #                   the Gluon prefill and decode kernels)
-#   wgmma-probe     benchmarks/experiments/attention_wgmma_probe.py: the Gluon prefill kernel against
-#                   float64, then its tiles against attn_fwd, cuDNN and flash
-#   gemv-stream-ws  benchmarks/experiments/gemv_stream_ws.py: the M=1 stream kernel with its words through a
-#                   TMA ring (warp-specialised; session 15: slower, gemv_notes v14): against float64, then timed
-#   gemv-cluster    benchmarks/experiments/gemv_cluster.py (CUDA C, NVRTC): the M=1 int4 GEMV of the N = 4096
-#                   shapes with its K split merged through cluster shared memory, against float64, then timed
-#                   beside the table's kernel and tinygemm (session 16: built, not yet run)
 #   cuda-tests      tests/test_cuda_backend.py: the cuda backend's GPU value and graph tests with the rest of the file
 #   cuda-conformance  the cuda backend on cuda:0, gpu tier (its M = 1 GEMV cases; the rest unsupported)
-#   gemv-wide       benchmarks/experiments/gemv_wide.py: the cuda backend's GEMV kernel (CUDA C, NVRTC) at M=1 over
-#                   767 launch variants (PF 4 / 8 on N <= 6144 since session 27), each against float64, then timed beside the triton table and tinygemm
-#                   (afterwards: gemv_wide.py --phase write-table --from <its JSON> writes backends/cuda/gemv_table.py)
-#   gemv-wide-deep  the same sweep on the shapes of more than 6144 columns with the deep rings (PF 4 / 8) too
-#                   (--deep-max-n 1000000; 1228 - 767 more variants): for a card whose bandwidth wants more bytes in
-#                   flight per SM than the H100 that chose PF <= 2 for them
-#   gemv-wide-m4    the same at M = 4 on the int4 table's six shapes (382 variants)
-#   decode-step-wide  the step at ctx 2048 with o + down, and with every linear, on the gemv-wide kernel (the variant
-#                   fastest per shape in $RES/gemv-wide-bench-*.json: run gemv-wide first), logits compared; no peers
+#   gemv-table-sweep  benchmarks/gemv_table_sweep.py: the cuda backend's GEMV kernel (CUDA C, NVRTC) at M = 1 over
+#                   its launch variants (deep rings on N <= 6144), each against float64, then timed beside the triton
+#                   table and tinygemm (afterwards: gemv_table_sweep.py --phase write-table --from <its JSON> writes
+#                   backends/cuda/gemv_table.py)
+#   gemv-table-sweep-deep  the same sweep on the shapes of more than 6144 columns with the deep rings (PF 4 / 8) too
+#                   (--deep-max-n 1000000): for a card whose bandwidth wants more bytes in flight per SM
+#   gemv-table-sweep-m4  the same at M = 4 on the int4 table's six shapes
 #   decode-step-backends  the step at ctx 2048 and 8192 (three captures, peers in the same run) with each GEMV on the
 #                   backend torch.ops.portakern.quant_gemv picks, and again with every GEMV forced onto triton
-#   decode-ws-probe benchmarks/experiments/decode_ws_probe.py: the Gluon decode kernel against float64 (NaN past
-#                   every sequence), then its tiles and split counts against the table's attn_fwd
 #   gemv-sweep      benchmarks/gemv.py --sweep over dq 2/3 and both operand orders, M 1 4 16
 #   gemv-bench      benchmarks/gemv.py with the tables (no sweep)
 #   gemv-rows-sweep benchmarks/gemv.py --sweep at M=1 over both tile families (group_rows 0/1), the
@@ -42,19 +29,10 @@
 #                   three int8 table shapes, then the int8 table rows with the winners (torch int8 peer)
 #   gemv-frag-sweep benchmarks/gemv.py --sweep at M 4 and 16 over the fragment-layout kernel ("frag": 64/128
 #                   rows, half/auto/twice the split) with and without pdl on the six bench shapes, then those
-#                   table rows with the winners beside tinygemm (session 20: built, not yet run)
-#   frag-anatomy    benchmarks/experiments/frag_anatomy.py: the M = 4 / 16 "frag" kernel with its arithmetic, split-K
-#                   merge or x loads removed (measurement-only MODE), beside a plain read (session 20: not yet run)
-#   merge-ab        benchmarks/experiments/merge_ab.py: the CUDA-core (M=1) and "frag" (M=4/16) kernels' two split-K
-#                   merges (last slice to arrive / the grid's last slice), bit-compared, then timed alternately
+#                   table rows with the winners beside tinygemm
 #   gemv-mma-sweep  benchmarks/gemv.py --sweep at M 4 and 16 over the group-scaled tensor-core kernel
 #                   (kind "mma"), then the main table with the winners
 #   gemv-mma-m1-sweep  the same kernel at M=1 (pdl) against both CUDA-core tile families, three shapes
-#   decode-anatomy  benchmarks/experiments/decode_anatomy.py (B=1 split decode against the same walk with
-#                   the softmax, then the MMAs, removed, and an empty kernel on its grid)
-#   timing-method   benchmarks/experiments/timing_method.py (B=1 decode and the copy: the benchmarks' graph
-#                   figure before session 13 against the slope between graph lengths and graph_ms)
-#   paged-order     benchmarks/experiments/paged_order.py (paged decode, block table shuffled vs in order)
 #   decode-sweep    benchmarks/attention.py --sweep --bench --decode-only
 #   decode-bench    benchmarks/attention.py --bench --decode-only (the tables)
 #   attention-bench benchmarks/attention.py --bench (prefill and decode, tables)
@@ -66,38 +44,20 @@
 #   decode-step-attention  the step at ctx 2048 and 8192 with its paged attention's launches changed (the merge not
 #                   releasing the o-projection GEMV early; and the decode kernel as a dependent): --compare-attention
 #                   $ATTENTION_VARIANTS (default hold release-pdl table), no peers
-#   decode-step-cluster  the step at ctx 2048 with o and down (and qkv) on the cluster-merge experiment kernel
-#                   (gemv-cluster), same process and weights, logits compared; no peers
 #   decode-step-gemv-sweep  the step at ctx 2048 with the o and the down GEMV (one process each) under every
 #                   configuration the autotuner would time for its shape (--sweep-gemv, graph only, no peers)
 #   decode-step-fused-silu  the step at ctx 2048 and 8192 with the down GEMV reading gate/up through the silu_mul
 #                   prologue (no SiLU-mul glue kernel), alternating with the table's step (--fused-silu), no peers
-#   step-capture-spread  benchmarks/experiments/step_capture_spread.py: the step captured 6 times (all kept), replayed
-#                   round-robin: is its two-level spread a property of each capture or of the time?
 #   decode-step-tiles  the step at ctx 2048 with the table and with the per-word-row GEMV tile
 #                   everywhere (--compare-tiles, no peers)
-#   gemv-anatomy    benchmarks/experiments/gemv_anatomy.py (M=1 GEMV against reads of its bytes in its
-#                   own grid and tiles, with and without the split-K epilogue, and contiguous)
-#   gemv-rows3      benchmarks/experiments/gemv_rows3.py (M=1 int4 GEMV with K split among the warps of
-#                   one program, checked against float64, swept against the table)
 #   dispatch        benchmarks/dispatch_overhead.py
-#   launch-cost     benchmarks/experiments/launch_cost.py: host time per eager call (GEMV and paged attention through
-#                   the API and the backend kernel, fast launch on and off) against tinygemm, F.linear, SDPA
 #   launch-tests    the GPU tests of KernelLaunch's fast path (GEMV kernels and the paged decode kernel called again
 #                   on new tensors, graph replays)
-#   gemv-chain      benchmarks/experiments/gemv_chain.py: every layer's four GEMVs in one persistent launch, checked
-#                   bit for bit against the stream kernel launched per GEMV (and float64), then timed against the
-#                   table's kernels launched one by one, whatever the check said (its JSON says it; the step fails
-#                   if either does) ($CHAIN_VARIANTS: AHEAD,PER_SM,L2_AHEAD ...)
-#   decode-step-chain  the step at ctx 2048 and 8192 with each layer after its attention as one persistent launch
-#                   (benchmarks/experiments/layer_chain.py; $CHAIN_CONFIGS, default 1,2,0 1,2,2 1,2,0,attn 1,2,2,attn 1,2,0,step:
-#                   attn with the attention inside, the whole layer one launch; step every layer in one launch,
-#                   step_chain.py, checked bit for bit against attn), layer 0 checked
-#                   against the step's glue, alternating with the table's step (3 rounds), logits compared; no peers
 #   ncu             Nsight Compute stall/throughput sections of benchmarks/profile_kernels.py
 #                   ($PROFILE_ONLY=mma: the tensor-core GEMV kernels instead)
-# $PK_COMMIT names the commit in the reports (the device copy has no git history); $TAG suffixes
-# result names; $STEP_TIMEOUT bounds each step (seconds, default 540); $GEMV_K narrows gemv-tests (pytest -k, default gpu).
+# $PK_COMMIT names the commit in the results (the device copy has no git history); $TAG is what a run varies, added to
+# the result names (e.g. -deep; names are <benchmark><TAG>-<card>.json, the date and commit live inside);
+# $STEP_TIMEOUT bounds each step (seconds, default 540); $GEMV_K narrows gemv-tests (pytest -k, default gpu).
 set -u
 RES=${RES:-/tmp/pk}
 TAG=${TAG:-}
@@ -123,42 +83,26 @@ for s in "$@"; do
     case $s in
         install) step install python3 -m pip install -q --no-deps --no-build-isolation -e . ;;
         conformance) step conformance python3 -m portakern conformance --backend triton --device cuda:0 \
-            --tier gpu --jobs 0 --no-progress ${CASES:+--cases "$CASES"} --report "$RES/conformance-triton-$CARD-gpu$TAG.json" \
-            --markdown "$RES/conformance-triton-$CARD-gpu$TAG.md" ;;
+            --tier gpu --jobs 0 --no-progress ${CASES:+--cases "$CASES"} --report "$RES/triton-$CARD-gpu$TAG.json" \
+            --markdown "$RES/triton-$CARD-gpu$TAG.md" ;;
         gemv-tests) step gemv-tests python3 -m pytest -q -p no:cacheprovider tests/test_triton_gemv.py \
             tests/test_triton_gemv_stream.py -k "${GEMV_K:-gpu}" ;;
-        stream-probe) step stream-probe python3 benchmarks/experiments/gemv_stream_probe.py --phase both \
-            --tag="$TAG" --out "$RES" ;;
         attention-tests) step attention-tests python3 -m pytest -q -p no:cacheprovider tests/test_triton_attention.py \
             tests/test_triton_attention_tma.py tests/test_triton_attention_wgmma.py \
             tests/test_triton_attention_decode_ws.py -k gpu ;;
-        wgmma-probe) step wgmma-probe bash -c "python3 benchmarks/experiments/attention_wgmma_probe.py --phase check \
-            --tag='$TAG' --out '$RES' && python3 benchmarks/experiments/attention_wgmma_probe.py --phase bench \
-            --tag='$TAG' --out '$RES'" ;;
-        gemv-stream-ws) step gemv-stream-ws bash -c "python3 benchmarks/experiments/gemv_stream_ws.py --phase check \
-            --tag='$TAG' --out '$RES' && python3 benchmarks/experiments/gemv_stream_ws.py --phase bench \
-            --tag='$TAG' --out '$RES'" ;;
-        gemv-cluster) step gemv-cluster python3 benchmarks/experiments/gemv_cluster.py --phase bench --tag="$TAG" \
-            --out "$RES" ;;
         cuda-tests) step cuda-tests python3 -m pytest -q -p no:cacheprovider tests/test_cuda_backend.py ;;
         cuda-conformance) step cuda-conformance python3 -m portakern conformance --backend cuda --device cuda:0 \
-            --tier gpu --jobs 0 --no-progress --report "$RES/conformance-cuda-$CARD-gpu$TAG.json" \
-            --markdown "$RES/conformance-cuda-$CARD-gpu$TAG.md" ;;
-        gemv-wide) step gemv-wide python3 benchmarks/experiments/gemv_wide.py --phase bench --tag="$TAG" \
+            --tier gpu --jobs 0 --no-progress --report "$RES/cuda-$CARD-gpu$TAG.json" \
+            --markdown "$RES/cuda-$CARD-gpu$TAG.md" ;;
+        gemv-table-sweep) step gemv-table-sweep python3 benchmarks/gemv_table_sweep.py --phase bench --tag="$TAG" \
             --out "$RES" ;;
-        gemv-wide-deep) step gemv-wide-deep python3 benchmarks/experiments/gemv_wide.py --phase bench \
+        gemv-table-sweep-deep) step gemv-table-sweep-deep python3 benchmarks/gemv_table_sweep.py --phase bench \
             --deep-max-n 1000000 --shapes 4x14336x4096 4x8192x8192 4x28672x8192 4x16384x16384 4x28672x4096 \
             4x128256x4096 8x8192x8192 8x28672x8192 8x16384x16384 --tag="-deep$TAG" --out "$RES" ;;
-        gemv-wide-m4) step gemv-wide-m4 python3 benchmarks/experiments/gemv_wide.py --phase bench --m 4 \
+        gemv-table-sweep-m4) step gemv-table-sweep-m4 python3 benchmarks/gemv_table_sweep.py --phase bench --m 4 \
             --tag="$TAG" --out "$RES" ;;
-        decode-step-wide) step decode-step-wide python3 benchmarks/decode_step.py --ctx 2048 --no-peers \
-            --wide-from "$(ls "$RES"/gemv-wide-bench-*.json | head -n 1)" --wide-gemv o,down qkv,o,gu,down,lm \
-            --tag="-wide$TAG" --out "$RES" ;;
         decode-step-backends) step decode-step-backends python3 benchmarks/decode_step.py --ctx 2048 8192 --captures 3 \
             --compare-gemv-backend triton --tag="-backends$TAG" --out "$RES" ;;
-        decode-ws-probe) step decode-ws-probe bash -c "python3 benchmarks/experiments/decode_ws_probe.py --phase check \
-            --tag='$TAG' --out '$RES' && python3 benchmarks/experiments/decode_ws_probe.py --phase bench \
-            --tag='$TAG' --out '$RES'" ;;
         gemv-sweep) step gemv-sweep python3 benchmarks/gemv.py --sweep --ms 1 4 16 --dq 2 3 --swap both \
             --tag="$TAG" --out "$RES" ;;
         gemv-bench) step gemv-bench python3 benchmarks/gemv.py --tag="$TAG" --out "$RES" ;;
@@ -171,17 +115,12 @@ for s in "$@"; do
         gemv-frag-sweep) step gemv-frag-sweep python3 benchmarks/gemv.py --sweep --ms 4 16 --swap none --frag 1 \
             --pdl 0 1 --table-bits 4 --sweep-shapes 4096x4096 14336x4096 4096x14336 8192x8192 28672x8192 16384x16384 \
             --tag="-frag-sweep$TAG" --out "$RES" ;;
-        merge-ab) step merge-ab python3 benchmarks/experiments/merge_ab.py --tag="$TAG" --out "$RES" ;;
-        frag-anatomy) step frag-anatomy python3 benchmarks/experiments/frag_anatomy.py --tag="$TAG" --out "$RES" ;;
         gemv-mma-sweep) step gemv-mma-sweep python3 benchmarks/gemv.py --sweep --ms 4 16 --swap none --mma 1 \
             --mma-bn 64 128 --mma-warps 4 --mma-stages 1 3 \
             --sweep-shapes 4096x4096 4096x14336 28672x8192 16384x16384 --tag="-mma-sweep$TAG" --out "$RES" ;;
         gemv-mma-m1-sweep) step gemv-mma-m1-sweep python3 benchmarks/gemv.py --sweep --ms 1 --dq 3 --pdl 1 \
             --group-rows 1 --mma 1 --no-table --sweep-shapes 4096x4096 6144x4096 28672x8192 \
             --tag="-mma-m1-sweep$TAG" --out "$RES" ;;
-        decode-anatomy) step decode-anatomy python3 benchmarks/experiments/decode_anatomy.py --tag="$TAG" --out "$RES" ;;
-        timing-method) step timing-method python3 benchmarks/experiments/timing_method.py --tag="$TAG" --out "$RES" ;;
-        paged-order) step paged-order python3 benchmarks/experiments/paged_order.py --tag="$TAG" --out "$RES" ;;
         decode-sweep) step decode-sweep python3 benchmarks/attention.py --sweep --bench --decode-only \
             --tag="-decode-sweep$TAG" --out "$RES" ;;
         decode-bench) step decode-bench python3 benchmarks/attention.py --bench --decode-only \
@@ -193,27 +132,15 @@ for s in "$@"; do
             --tag="$TAG" --out "$RES" ;;
         decode-step-attention) step decode-step-attention python3 benchmarks/decode_step.py --ctx 2048 8192 --no-peers \
             --compare-attention ${ATTENTION_VARIANTS:-hold release-pdl table} --tag="-attention$TAG" --out "$RES" ;;
-        decode-step-cluster) step decode-step-cluster python3 benchmarks/decode_step.py --ctx 2048 --no-peers \
-            --cluster-gemv o,down o,down,qkv --tag="-cluster$TAG" --out "$RES" ;;
         decode-step-gemv-sweep) for l in o down; do step "decode-step-sweep-$l" python3 benchmarks/decode_step.py \
             --ctx 2048 --no-peers --no-eager --sweep-gemv "$l" --sweep-limit 64 --tag="-sweep-$l$TAG" --out "$RES"; done ;;
         decode-step-fused-silu) step decode-step-fused-silu python3 benchmarks/decode_step.py --ctx 2048 8192 \
             --no-peers --no-eager --fused-silu --ab-rounds 4 --tag="-fused-silu$TAG" --out "$RES" ;;
-        step-capture-spread) step step-capture-spread python3 benchmarks/experiments/step_capture_spread.py \
-            --tag="$TAG" --out "$RES" ;;
         decode-step-tiles) step decode-step-tiles python3 benchmarks/decode_step.py --ctx 2048 --no-peers \
             --compare-tiles --tag="-tiles$TAG" --out "$RES" ;;
-        gemv-anatomy) step gemv-anatomy python3 benchmarks/experiments/gemv_anatomy.py --tag="$TAG" --out "$RES" ;;
-        gemv-rows3) step gemv-rows3 python3 benchmarks/experiments/gemv_rows3.py --tag="$TAG" --out "$RES" ;;
-        dispatch) step dispatch python3 benchmarks/dispatch_overhead.py --tag="$CARD$TAG" --out "$RES" ;;
-        launch-cost) step launch-cost python3 benchmarks/experiments/launch_cost.py --tag="$TAG" --out "$RES" ;;
+        dispatch) step dispatch python3 benchmarks/dispatch_overhead.py --tag="$TAG" --out "$RES" ;;
         launch-tests) step launch-tests python3 -m pytest -q -p no:cacheprovider tests/test_triton_launch.py \
             tests/test_triton_attention_decode_ws.py tests/test_triton_gemv.py -k "launch or called_again or replays" ;;
-        gemv-chain) step gemv-chain bash -c "python3 benchmarks/experiments/gemv_chain.py --phase check --tag='$TAG' \
-            --out '$RES'; c=\$?; python3 benchmarks/experiments/gemv_chain.py --phase bench --tag='$TAG' --out '$RES' \
-            ${CHAIN_VARIANTS:+--variants $CHAIN_VARIANTS}; b=\$?; exit \$((c | b))" ;;
-        decode-step-chain) step decode-step-chain python3 benchmarks/decode_step.py --ctx 2048 8192 --no-peers \
-            --no-eager --chain ${CHAIN_CONFIGS:-1,2,0 1,2,2 1,2,0,attn 1,2,2,attn 1,2,0,step} --ab-rounds 3 --tag="-chain$TAG" --out "$RES" ;;
         ncu) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
             step ncu "${NCU:-ncu}" --profile-from-start off --clock-control none --section SpeedOfLight \
                 --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \

@@ -11,8 +11,8 @@ PAGE = 64
 BF16 = torch.bfloat16
 #: how the glue runs (``--glue``); the last is plain torch
 GLUES = ("compile-combo", "compile-pdl", "compile", "compile-max", "eager")
-#: the default: programmatic dependent glue kernels where this torch's Inductor can make them (H200 session 15:
-#: 2.333 vs 2.436 ms at ctx 2048, 2.518 vs 2.783 at 8192, separate processes)
+#: the default: programmatic dependent glue kernels where this torch's Inductor can make them (on an H200 the step
+#: took 2.333 vs 2.436 ms at ctx 2048 and 2.518 vs 2.783 at 8192 with them, in separate processes)
 DEFAULT_GLUE = "compile-pdl" if hasattr(torch._inductor.config.triton, "enable_pdl") else "compile-combo"
 
 

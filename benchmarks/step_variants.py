@@ -2,10 +2,10 @@
 construction.
 
 A variant is portakern's step with one thing changed -- the glue's launch mode, the attention's launch options or
-configuration, one linear's GEMV configuration, an experiment kernel -- sharing the base step's weights and caches,
+configuration, one linear's GEMV configuration or backend -- sharing the base step's weights and caches,
 timed in the same process, its logits compared with the base step's. Sweeps re-time the table's step every 8
 variants, and the A/B options alternate the table's step with the candidates for several rounds, because one process
-has shown two levels ~0.04 ms apart for the same step (session 17, ``docs/performance.md``).
+has shown two levels ~0.04 ms apart for the same step (``benchmarks/results/step-capture-spread-h200.json``).
 """
 
 from __future__ import annotations
@@ -74,21 +74,6 @@ def attention_spec(spec: str) -> str:
     return spec
 
 
-def chain_spec(spec: str) -> tuple[int, int, int, str]:
-    """``--chain``'s argument: ``AHEAD,PER_SM,L2_AHEAD[,MODE]`` (units in registers 1 or 2, programs per SM 1 or 2,
-    units asked of the L2 0 to 8; MODE ``attn``: the layer's attention inside the launch too, ``step``: every layer
-    in one launch; default: the layer after its attention)."""
-    parts = spec.split(",")
-    mode = parts[3] if len(parts) == 4 else "gemv"
-    nums = parts[:3]
-    ok = len(parts) in (3, 4) and mode in ("gemv", "attn", "step") and all(p.isdigit() for p in nums)
-    vals = tuple(int(p) for p in nums) if ok else ()
-    if not ok or vals[0] not in (1, 2) or vals[1] not in (1, 2) or not 0 <= vals[2] <= 8:
-        raise argparse.ArgumentTypeError(f"{spec!r}: expected AHEAD,PER_SM,L2_AHEAD[,attn|,step] with AHEAD 1 or 2, "
-                                         f"PER_SM 1 or 2 and L2_AHEAD 0 to 8, e.g. 1,2,0 or 1,2,0,attn")
-    return (*vals, mode)
-
-
 def add_variant_arguments(ap: argparse.ArgumentParser) -> None:
     """The options that add same-process variants of portakern's step (``variants_for`` builds them)."""
     ap.add_argument("--l2-prefetch", type=int, nargs="+", default=[], metavar="UNITS",
@@ -98,27 +83,14 @@ def add_variant_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--compare-attention", nargs="+", default=[], type=attention_spec, metavar="VARIANT[+LINEAR2]",
                     help="also time portakern's step (the same weights, in the same process) with its paged attention "
                          "built under the table's configuration changed: release (the merge lets the o-projection "
-                         "GEMV launch at its start, AttnConfig.release_next; the sm_90 table's choice since session "
-                         "16), hold (it does not), release-pdl (and the decode kernel launched as a dependent of the "
+                         "GEMV launch at its start, AttnConfig.release_next; the sm_90 table's choice), hold (it does not), release-pdl (and the decode kernel launched as a dependent of the "
                          "RoPE/append glue, the merge of it: AttnConfig.pdl), early (the decode kernel lets the merge "
                          "launch at its start and the merge lets the o-projection GEMV launch before its wait: "
-                         "AttnConfig.early_merge; the sm_90 table's choice since session 17), late (release without "
-                         "early_merge: session 16's table), early-pdl, table (unchanged, the same build path: a "
+                         "AttnConfig.early_merge; the sm_90 table's choice), late (release without early_merge), "
+                         "early-pdl, table (unchanged, the same build path: a "
                          "control); '+o2': also the o-projection GEMV with two tiles of words in flight "
                          "(GemvConfig.prefetch=2, loaded before it waits); as int4_portakern_attention_VARIANT, "
                          "logits compared")
-    ap.add_argument("--cluster-gemv", nargs="+", default=[], metavar="NAMES",
-                    help="also time portakern's step (same weights, same process) with the comma-separated linears "
-                         "NAMES (of qkv, o, gu, down) on the experiment kernel that merges its K split in cluster "
-                         "shared memory (benchmarks/experiments/gemv_cluster.py), as int4_portakern_cluster_NAMES, "
-                         "logits compared (a different summation order: close, not equal)")
-    ap.add_argument("--wide-gemv", nargs="+", default=[], metavar="NAMES",
-                    help="also time portakern's step with the comma-separated linears NAMES (of qkv, o, gu, down, lm) "
-                         "on the session-26 CUDA C experiment kernel (benchmarks/experiments/gemv_wide.py), each "
-                         "under the variant fastest for its shape in --wide-from, as int4_portakern_wide_NAMES, "
-                         "logits compared (a different summation order: close, not equal)")
-    ap.add_argument("--wide-from", default=None, metavar="JSON",
-                    help="the gemv-wide-bench-*.json whose fastest variant per shape --wide-gemv uses")
     ap.add_argument("--compare-gemv-backend", nargs="+", default=[], metavar="BACKEND",
                     help="also time portakern's step with every GEMV forced onto BACKEND's kernel for its shape "
                          "(triton: the step before the cuda backend's measured table; cuda: where it supports the "
@@ -129,17 +101,6 @@ def add_variant_arguments(ap: argparse.ArgumentParser) -> None:
                          "forming silu(gate) * up from the gate/up output itself (the silu_mul prologue), as "
                          "int4_portakern_abR_fused_silu, alternating with the table's step for --ab-rounds rounds, "
                          "logits compared (the activation is not rounded to bf16: close, not equal)")
-    ap.add_argument("--chain", nargs="+", default=[], type=chain_spec, metavar="AHEAD,PER_SM,L2_AHEAD[,attn|,step]",
-                    help="also time portakern's step with each layer after its attention run as ONE persistent launch "
-                         "(o + residual add, RMSNorm + gate/up, SiLU-mul + down + residual add, RMSNorm + the next "
-                         "layer's qkv + RoPE + KV append, or the lm head: benchmarks/experiments/layer_chain.py), "
-                         "units ahead / programs per SM / L2 units ahead as given (e.g. 1,2,0); ',attn': the layer's "
-                         "paged attention as the launch's first phase too (the whole layer one launch); ',step': every "
-                         "layer in ONE launch (stacked copies of the weights and caches; checked bit for bit against "
-                         "the ',attn' launches), as "
-                         "int4_portakern_abR_chain_<config>, alternating with the table's step for --ab-rounds rounds, "
-                         "logits compared (its own roundings: close, not equal) and layer 0 checked against the "
-                         "step's torch glue and GEMVs (layer_check)")
     ap.add_argument("--sweep-gemv", nargs="+", default=[], choices=LINEARS, metavar="LINEAR",
                     help="also time portakern's step (same weights, same process) with LINEAR's GEMV under each of the "
                          "autotuner's configurations for its shape (gemv_tuning.candidates; at most --sweep-limit), "
@@ -164,8 +125,8 @@ def add_variant_arguments(ap: argparse.ArgumentParser) -> None:
 
 class FailedVariant:
     """A variant whose construction raised: timing it raises the same error again, so the step's run records it as
-    that variant's error and goes on with the others (an experiment kernel that does not compile on the device
-    must not cost the whole run)."""
+    that variant's error and goes on with the others (a kernel that does not compile on the device must not cost
+    the whole run)."""
 
     def __init__(self, error: Exception):
         self.error = error
@@ -204,19 +165,6 @@ def _labelled(candidates: list, label: str, label_of, what: str):
     return found[0]
 
 
-def with_kernels(step, names: str, make):
-    """``step`` with the comma-separated linears ``names`` (of qkv, o, gu, down, lm) on an experiment kernel:
-    ``make(N, K, NP)`` returns ``kern(x, prepared, out)`` for the linear's shape and its words' row stride --
-    ``experiments/gemv_cluster.py``'s cluster-merge kernel (``--cluster-gemv``) or ``gemv_wide.py``'s small-CTA
-    kernel under its shape's fastest variant (``--wide-gemv``)."""
-    kernels = {}
-    for name in names.split(","):
-        N, K = step.linears[name]
-        w = step.layers[0][name] if name in step.layers[0] else step.lm
-        kernels[name] = make(N, K, w.stride_qk)
-    return step.with_gemv(kernels, "experiment")
-
-
 def variants_for(step, args) -> dict:
     """The variants of ``step`` (a ``decode_step.PortakernStep``) that ``args`` asks for, by result name, in the
     order they are timed."""
@@ -225,18 +173,8 @@ def variants_for(step, args) -> dict:
         variants[f"int4_portakern_glue_{args.compare_glue}"] = step.with_glue(args.compare_glue)
     for spec in args.compare_attention:
         variants[f"int4_portakern_attention_{spec}"] = step.with_attention(spec)
-    if args.cluster_gemv or args.wide_gemv:
-        from experiments.gemv_cluster import ClusterGemv
-        from experiments.gemv_wide import wide_for_shape
     for backend in args.compare_gemv_backend:
         variants[f"int4_portakern_gemv_backend_{backend}"] = _built(lambda b=backend: step.with_gemv_backend(b))
-    for names in args.cluster_gemv:
-        variants[f"int4_portakern_cluster_{names.replace(',', '_')}"] = with_kernels(step, names, ClusterGemv)
-    for names in args.wide_gemv:
-        if not args.wide_from:
-            raise SystemExit("--wide-gemv needs --wide-from: the gemv-wide-bench JSON that names each shape's variant")
-        variants[f"int4_portakern_wide_{names.replace(',', '_')}"] = with_kernels(
-            step, names, lambda N, K, NP: wide_for_shape(args.wide_from, 4, N, K, NP))
     for name in args.sweep_gemv:
         cands = gemv_candidates(*step.linears[name])[:args.sweep_limit]
         variants.update(_sweep(step, f"int4_portakern_{name}",
@@ -254,9 +192,6 @@ def variants_for(step, args) -> dict:
         chosen.append((f"{name}_{label}", step.with_gemv_config(name, cfg)))
     if args.fused_silu:
         chosen.append(("fused_silu", step.with_fused_silu()))
-    for ahead, per_sm, l2, mode in args.chain:
-        chosen.append((f"chain_{ahead}_{per_sm}_{l2}_{mode}",
-                       _built(lambda a=ahead, p=per_sm, l=l2, m=mode: step.with_chain(a, p, l, m))))
     for r in range(args.ab_rounds if chosen else 0):
         variants[f"int4_portakern_ab{r}_table"] = copy.copy(step)
         variants.update({f"int4_portakern_ab{r}_{key}": copy.copy(st) for key, st in chosen})

@@ -456,7 +456,7 @@ def test_write_table_from_a_sweep(tmp_path, monkeypatch):
 
     monkeypatch.setattr(tuning, "TABLE", {})       # the writer merges into the committed entries
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from experiments import gemv_wide
+    import gemv_table_sweep as gemv_wide
 
     res = {"capability": [9, 0], "gpu": "NVIDIA H200", "bench": [
         {"M": 1, "bits": 4, "N": 4096, "K": 4096, "best": "32,4,8,2,0", "best_us": 4.0, "table_us": 6.3},

@@ -1,4 +1,5 @@
-"""benchmarks/gemv.py's sweep candidates for the fragment-layout kernel (pure configuration logic, CPU)."""
+"""The GEMV sweep's candidates for the fragment-layout kernel (``benchmarks/gemv_sweep.py``) and the main table's record
+of a launch configuration (``benchmarks/gemv_problems.py``): pure configuration logic, CPU."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ pytest.importorskip("torch")
 pytest.importorskip("triton")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from gemv import frag_candidates, gemv_op, split_for_shape  # noqa: E402
+from gemv_problems import gemv_op  # noqa: E402
+from gemv_sweep import frag_candidates, split_for_shape  # noqa: E402
 
 from portakern.backends.triton import gemv_tuning as T  # noqa: E402
 from portakern.backends.triton import quant_gemv as Q  # noqa: E402
@@ -55,7 +57,7 @@ def test_the_main_table_records_either_backends_launch_configuration():
     # pk_config of a row: the cuda kernel's SmallMConfig, or the triton kernel's chosen GemvConfig
     from types import SimpleNamespace
 
-    from gemv import config_json
+    from gemv_problems import config_json
 
     from portakern.backends.cuda.quant_gemv import SmallMConfig
 

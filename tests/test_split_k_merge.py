@@ -1,6 +1,6 @@
 """The two split-K merges (``MERGE``) of the CUDA-core and "frag" GEMV kernels: what each lowers to for sm_90a (no
-GPU), and that the interpreter never polls. Their values are compared bit for bit on a GPU by
-``benchmarks/experiments/merge_ab.py`` (and the "frag" one by ``frag_anatomy.py``)."""
+GPU), and that the interpreter never polls. Both merges sum the partials in slice order, so their values are equal
+bit for bit (``tests/test_gemv_frag_modes.py`` lowers the "frag" kernel's two merges too)."""
 
 from __future__ import annotations
 

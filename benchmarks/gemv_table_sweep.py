@@ -1,32 +1,37 @@
-"""The cuda backend's M = 1 GEMV kernel (``backends/cuda/kernels/gemv_small_m.cu``) swept over its launch variants.
+"""The sweep that writes ``backends/cuda/gemv_table.py``: the cuda backend's small-M GEMV kernel
+(``backends/cuda/kernels/gemv_small_m.cu``) over its launch variants, each checked against float64 and timed beside
+the triton table and tinygemm; ``--phase write-table`` turns the sweeps' JSON into the table.
 
-Written in session 26 to test the claim of gemv_notes.md v10-v14 that the Triton kernels' instruction stream (3.4
-per code at the occupancy their registers allow) is what holds the large shapes at ~80% of the floor and the
-N = 4096 ones far below: the kernel keeps one LOP3 and one FFMA per code (the "dq=3" trick) and drops the
-rest -- x staged once per CTA in shared memory, scaled and in word-row order; scales and zeros once per group;
-64-256-thread CTAs of ~64 registers, many per SM; split K merged by the tile's last CTA to arrive, in slice
-order. Compiled by NVRTC and launched through the driver API as a programmatic dependent, by the backend's own
-``nvrtc.py`` and ``quant_gemv.defines``; the variants replace ``quant_gemv.choose``'s rule once measured.
+The kernel keeps one LOP3 and one FFMA per code and drops the rest: x staged once per CTA in shared memory, scaled
+and in word-row order; scales and zeros once per group; 64-256-thread CTAs of ~64 registers, many per SM; split K
+merged by the tile's last CTA to arrive, in slice order. Each variant is compiled by NVRTC and launched through the
+driver API as a programmatic dependent, by the backend's own ``nvrtc.py`` and ``quant_gemv.defines``.
 
-    python benchmarks/experiments/gemv_wide.py --phase lower   # no GPU: every variant to sm_90a, registers, spills
-    python benchmarks/experiments/gemv_wide.py --phase check   # GPU: every variant against float64 (NaN-poisoned)
-    python benchmarks/experiments/gemv_wide.py --phase bench   # GPU: check, then time beside the table and tinygemm
-    python benchmarks/experiments/gemv_wide.py --phase write-table --from RESULTS.json ...   # the backend's table
+    python benchmarks/gemv_table_sweep.py --phase lower    # no GPU: every variant to sm_90a, registers, spills
+    python benchmarks/gemv_table_sweep.py --phase check    # GPU: every variant against float64 (NaN-poisoned)
+    python benchmarks/gemv_table_sweep.py --phase bench    # GPU: check, then time beside the table and tinygemm
+    python benchmarks/gemv_table_sweep.py --phase bench --m 4                               # the same at M = 4
+    python benchmarks/gemv_table_sweep.py --phase bench --deep-max-n 1000000 --tag -deep    # deep rings everywhere
+    python benchmarks/gemv_table_sweep.py --phase write-table --from benchmarks/results/gemv-wide-sweep-h200.json
 
 The bench times each variant in CUDA graphs over weights rotated past 4x the L2, in the same process as the
-table's Triton kernel and tinygemm, and prints the best variant per shape against both and the floor.
+table's Triton kernel and tinygemm, and prints the best variant per shape against both and the floor. A problem's
+entry ranks the cuda backend first where its best variant timed ``WIN_MARGIN`` x the triton table's time or less.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import os
+import re
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from experiments.cuda_build import registers  # noqa: E402
+from harness import default_out  # noqa: E402  (benchmarks/ is the script's folder)
+
 #: (bits, N, K): the int4 table's six shapes, the decode step's other three (qkv, gate/up, lm_head) and the int8
 #: target's three
 SHAPES = ((4, 4096, 4096), (4, 14336, 4096), (4, 4096, 14336), (4, 8192, 8192), (4, 28672, 8192),
@@ -37,7 +42,7 @@ LANES = {4: (2, 4, 8), 8: (4, 8, 16)}
 PFS = (1, 2)
 #: deeper rings for the shapes whose time is their ramp (N <= 6144: the qkv / o / down projections' shapes), PF up to
 #: a slice's every group -- all of a CTA's words requested before its griddepcontrol.wait, so under programmatic
-#: dependent launch they load while the kernel before it finishes (session 27); at most MAX_RING_ROWS word rows
+#: dependent launch they load while the kernel before it finishes; at most MAX_RING_ROWS word rows
 #: (16-byte loads) in flight per thread, 4 registers each
 DEEP_PFS = (4, 8)
 DEEP_MAX_N = 6144
@@ -78,7 +83,7 @@ def variants(bits: int, N: int, K: int, M: int = 1,
 
 
 def _op_cfg(M: int, bits: int, N: int, K: int, v: tuple):
-    from gemv import gemv_op
+    from gemv_problems import gemv_op
 
     from portakern.backends.cuda.quant_gemv import SmallMConfig
 
@@ -94,7 +99,7 @@ def smem_bytes(bits: int, K: int, quads: int, lanes: int, s: int, M: int = 1) ->
 def _compile(job, target: str = "sm_90a"):
     """(job, Compiled or None, log) for one (M, bits, N, K, variant): the backend's NVRTC path and ``-D``
     constants."""
-    from portakern.backends.cuda import nvrtc
+    from portakern.backends.cuda.common import nvrtc
     from portakern.backends.cuda import quant_gemv as C
     from portakern.errors import BackendError
 
@@ -119,7 +124,7 @@ class WideGemv:
     and the tiles' arrival counters (zeroed once; the last CTA of a tile resets its counter)."""
 
     def __init__(self, compiled, M, bits, N, K, v: tuple, ws, counters, pdl=True):
-        from portakern.backends.cuda import nvrtc
+        from portakern.backends.cuda.common import nvrtc
         from portakern.backends.cuda import quant_gemv as C
 
         op, cfg = _op_cfg(M, bits, N, K, v)
@@ -132,39 +137,22 @@ class WideGemv:
                 x.data_ptr(), out.data_ptr(), self.ws.data_ptr(), self.counters.data_ptr())
 
 
-def wide_for_shape(bench_json: str, bits: int, N: int, K: int, NP: int) -> WideGemv:
-    """A ``WideGemv`` for (bits, N, K) under the variant that timed fastest in ``bench_json`` (a
-    ``gemv-wide-bench-*.json``), with its own workspace and counters; the decode step's ``--wide-gemv``."""
-    import json
-
-    import torch
-
-    rows = [r for r in json.load(open(bench_json))["bench"] if (r["bits"], r["N"], r["K"]) == (bits, N, K)]
-    if not rows:
-        raise ValueError(f"{bench_json} has no bench row for int{bits} {N}x{K}; run --phase bench with that shape")
-    v = tuple(int(t) for t in rows[0]["best"].split(","))
-    _, compiled, log = _compile((1, bits, N, K, v))
-    if compiled is None:
-        raise RuntimeError(log)
-    ws = torch.zeros(v[2] * NP, device="cuda", dtype=torch.float32)
-    counters = torch.zeros(-(-N // (4 * v[0])), device="cuda", dtype=torch.int32)
-    return WideGemv(compiled, 1, bits, N, K, v, ws, counters)
-
-
 #: how much faster than the triton table (same process) a variant must time for the table to rank cuda first
 WIN_MARGIN = 0.98
 
 
 def write_table(paths: list[str], out: str | None = None, scope: str = "card") -> str:
-    """``backends/cuda/gemv_table.py`` rewritten from the ``gemv-wide-bench*.json`` files ``paths``: per problem the
-    fastest variant and whether it timed under ``WIN_MARGIN`` x the triton table's time in the same run (a later
-    file's row replaces an earlier one's), keyed by the card that ran the sweep (``scope`` "card": ``"sm_90/h200"``,
-    which serves that card only) or by its family (``"family"``: ``"sm_90"``, which serves every card of the family
-    that has no entry of its own). Returns the path written."""
+    """``backends/cuda/tuning.py``'s ``TABLE`` rewritten from the ``gemv-wide-sweep*.json`` files ``paths``: per
+    problem the fastest variant, whether it timed under ``WIN_MARGIN`` x the triton table's time in the same run, and
+    the sweep file's name as its ``source`` (a later file's row replaces an earlier one's); keyed by the card that ran
+    the sweep (``scope`` "card": ``"sm_90/h200"``, which serves that card only) or by its family (``"family"``:
+    ``"sm_90"``, which serves every card of the family that has no entry of its own). The rest of the module (its
+    docstring, ``GemvEntry``) is kept as it is. Returns the path written."""
     import json
 
-    from portakern.backends.cuda import gemv_table
+    from portakern.backends.cuda import tuning as gemv_table
     from portakern.backends.cuda.quant_gemv import card
+    from portakern.backends.cuda.tuning import GemvEntry
 
     if scope not in ("card", "family"):
         raise ValueError(f"scope={scope!r}: the table's entries are keyed by 'card' or 'family'")
@@ -182,23 +170,32 @@ def write_table(paths: list[str], out: str | None = None, scope: str = "card") -
             key = f"{key}/{c}"
         for r in res["bench"]:
             v = tuple(int(t) for t in r["best"].split(","))
-            table[(key, r.get("M", 1), r["bits"], r["N"], r["K"])] = (*v, r["best_us"] <= WIN_MARGIN * r["table_us"])
+            table[(key, r.get("M", 1), r["bits"], r["N"], r["K"])] = GemvEntry(
+                *v, r["best_us"] <= WIN_MARGIN * r["table_us"], os.path.basename(path))
     src = open(gemv_table.__file__).read()
-    head = src[:src.index("#: (family or family/card, M, bits, N, K)")]
-    lines = [f"    {k!r}: {v!r}," for k, v in sorted(table.items())]
-    body = ("#: (family or family/card, M, bits, N, K) -> (quads, lanes, splits, pf, ldna, beats_triton);\n"
-            "#: family as ``quant_gemv.family``, card as ``quant_gemv.card``\n"
-            "TABLE: dict[tuple[str, int, int, int, int], tuple[int, int, int, int, int, bool]] = {"
-            + ("\n" + "\n".join(lines) + "\n" if lines else "") + "}\n")
+    start = src.index(TABLE_MARKER)
+    decl = src[start:src.index("= {", start) + 3]          # the table's comment and annotated name, as they are
+    lines = [f"    {k!r}: GemvEntry({', '.join(map(repr, v))})," for k, v in sorted(table.items())]
     path = out or gemv_table.__file__
     with open(path, "w") as f:
-        f.write(head + body)
-    print(f"{path}: {len(table)} entries, {sum(v[5] for v in table.values())} ahead of triton")
+        f.write(src[:start] + decl + ("\n" + "\n".join(lines) + "\n" if lines else "") + "}\n")
+    print(f"{path}: {len(table)} entries, {sum(v.beats_triton for v in table.values())} ahead of triton")
     return path
 
 
+#: the comment line that opens ``TABLE`` in ``backends/cuda/tuning.py``: what ``write_table`` keeps before it
+TABLE_MARKER = "#: (family or family/card, M, bits, N, K)"
+
+
+def registers(log: str) -> dict:
+    """ptxas' report in a compiler log: registers, spill stores / loads, static shared memory (None where absent)."""
+    find = lambda pat: int(m.group(1)) if (m := re.search(pat, log)) else None   # noqa: E731
+    return {"registers": find(r"Used (\d+) registers"), "spill_stores": find(r"(\d+) bytes spill stores"),
+            "spill_loads": find(r"(\d+) bytes spill loads"), "smem": find(r"(\d+) bytes smem")}
+
+
 def report(compiled, log: str) -> dict:
-    """ptxas' report of a variant (``cuda_build.registers``); on a GPU machine whose driver's compute cache answered
+    """ptxas' report of a variant (``registers``); on a GPU machine whose driver's compute cache answered
     NVRTC (no report in the log), the registers and the stack frame (``frame_bytes``) the cubin records instead."""
     r = registers(log)
     if r["registers"] is None:
@@ -245,8 +242,10 @@ def run(phase: str, res, M: int = 1, shapes=None, save=lambda: None) -> int:
     calling ``save()`` after each shape so that a run stopped part-way keeps the shapes it finished."""
     import torch
 
-    from experiments.harness import poisoned_errors
-    from gemv import copies_for, floor_bytes, gemv_op, graph_us, int8_torch, ours, random_prepared, tinygemm
+    from gemv_peers import int8_torch, tinygemm
+    from gemv_problems import floor_bytes, gemv_op, ours, random_prepared
+    from harness import poisoned_errors
+    from timing import copies_for, graph_us
 
     cubins = res.pop("_cubins")
     jobs = list(cubins)
@@ -311,25 +310,32 @@ def run(phase: str, res, M: int = 1, shapes=None, save=lambda: None) -> int:
 
 
 def main() -> int:
-    from experiments.harness import parse_args
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__[__doc__.index("\n\n") + 2:])
+    ap.add_argument("--phase", choices=("lower", "check", "bench", "write-table"), required=True,
+                    help="lower: every variant to sm_90a, no GPU; check: every variant against float64; bench: "
+                         "check, then time beside the triton table and tinygemm; write-table: rewrite "
+                         "backends/cuda/gemv_table.py from --from")
+    ap.add_argument("--out", default=default_out(),
+                    help="folder of the result gemv-wide-<sweep|check>[-m<M>]<TAG>-<card>.json (default $OUT or "
+                         "benchmarks/results)")
+    ap.add_argument("--tag", default="", help="what the run varies, in the result name (e.g. -deep)")
+    ap.add_argument("--from", dest="sources", nargs="+", default=[], metavar="JSON",
+                    help="--phase write-table: the gemv-wide-sweep JSON files to take the table from")
+    ap.add_argument("--table-scope", choices=("card", "family"), default="card",
+                    help="--phase write-table: key the entries by the card that ran the sweep (default; they "
+                         "serve that card only) or by its family (they serve every card of the family without "
+                         "entries of its own)")
+    ap.add_argument("--shapes", nargs="+", default=None, metavar="BITSxNxK",
+                    help="only these of the sweep's shapes, e.g. 4x4096x4096 4x6144x4096 (default: all)")
+    ap.add_argument("--deep-max-n", type=int, default=DEEP_MAX_N, metavar="N",
+                    help=f"sweep the deep rings (PF {'/'.join(map(str, DEEP_PFS))}) on shapes of at most N "
+                         f"columns (default {DEEP_MAX_N}: the N = 4096 / 6144 shapes; 1000000: every shape)")
+    ap.add_argument("--m", type=int, default=1, choices=(1, 2, 3, 4),
+                    help="rows of x (M > 1: the int4 table's six shapes; the results file is named -m<M>)")
 
-    def extra(ap):
-        ap.add_argument("--phase", choices=("lower", "check", "bench", "write-table"), required=True)
-        ap.add_argument("--from", dest="sources", nargs="+", default=[], metavar="JSON",
-                        help="--phase write-table: the gemv-wide-bench JSON files to take the table from")
-        ap.add_argument("--table-scope", choices=("card", "family"), default="card",
-                        help="--phase write-table: key the entries by the card that ran the sweep (default; they "
-                             "serve that card only) or by its family (they serve every card of the family without "
-                             "entries of its own)")
-        ap.add_argument("--shapes", nargs="+", default=None, metavar="BITSxNxK",
-                        help="only these of the sweep's shapes, e.g. 4x4096x4096 4x6144x4096 (default: all)")
-        ap.add_argument("--deep-max-n", type=int, default=DEEP_MAX_N, metavar="N",
-                        help=f"sweep the deep rings (PF {'/'.join(map(str, DEEP_PFS))}) on shapes of at most N "
-                             f"columns (default {DEEP_MAX_N}: the N = 4096 / 6144 shapes; 1000000: every shape)")
-        ap.add_argument("--m", type=int, default=1, choices=(1, 2, 3, 4),
-                        help="rows of x (M > 1: the int4 table's six shapes; the results file is named -m<M>)")
-
-    args = parse_args(__doc__, extra)
+    args = ap.parse_args()
     if args.deep_max_n < 1:
         raise SystemExit(f"--deep-max-n {args.deep_max_n}: must be a positive column count (e.g. 6144, or 1000000 "
                          "for every shape)")
@@ -337,7 +343,7 @@ def main() -> int:
         return lower(args.deep_max_n)
     if args.phase == "write-table":
         if not args.sources:
-            raise SystemExit("--phase write-table needs --from JSON [JSON ...] (gemv-wide-bench files)")
+            raise SystemExit("--phase write-table needs --from JSON [JSON ...] (gemv-wide-sweep files)")
         write_table(args.sources, scope=args.table_scope)
         return 0
     M = args.m
@@ -355,17 +361,18 @@ def main() -> int:
     cubins = compile_all(jobs)           # before CUDA is initialised in this process (forked workers)
     import torch
 
-    from experiments.harness import header, write
-    from gemv import copy_bandwidth_TBps
+    from harness import header, result_path, write
+    from timing import copy_bandwidth_TBps
 
     torch.cuda.init()
     torch.empty(1, device="cuda")        # the primary context current on this thread (the driver API uses it)
     res = header(__doc__, copy_bandwidth_TBps(), check=[], bench=[])
     res["capability"] = list(torch.cuda.get_device_capability(0))
     res["_cubins"] = cubins
-    name = f"gemv-wide-{args.phase}" + (f"-m{M}" if M > 1 else "")
-    bad = run(args.phase, res, M, shapes, save=lambda: write(res, args.out, name, args.tag))
-    write(res, args.out, name, args.tag)
+    name = {"check": "gemv-wide-check", "bench": "gemv-wide-sweep"}[args.phase] + (f"-m{M}" if M > 1 else "")
+    path = result_path(args.out, name, args.tag)
+    bad = run(args.phase, res, M, shapes, save=lambda: write(res, path))
+    write(res, path)
     print(f"{len(res['check']) - bad}/{len(res['check'])} correct")
     for r in res["bench"]:
         peer = r.get("tinygemm_us", r.get("torch_int8_us"))

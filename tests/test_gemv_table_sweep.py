@@ -1,7 +1,8 @@
-"""The sweep of the cuda backend's M = 1 kernel (``benchmarks/experiments/gemv_wide.py``) off the GPU: every variant
-it would time holds whole groups per slice and fits shared memory. The kernel's values are checked on the CPU by
-``tests/test_cuda_backend.py`` (its CUDA C run through ``host_run``) and on the hardware by ``gemv_wide.py --phase
-check`` (every variant, NaN-poisoned outputs) before anything is timed."""
+"""The sweep that writes the cuda backend's GEMV table (``benchmarks/gemv_table_sweep.py``) off the GPU: every variant
+it would time holds whole groups per slice and fits shared memory, its options are checked, and ptxas' report is
+read from the log or the cubin. The kernel's values are checked on the CPU by ``tests/test_cuda_backend.py`` (its
+CUDA C run through ``host_run``) and on the hardware by ``gemv_table_sweep.py --phase check`` (every variant,
+NaN-poisoned outputs) before anything is timed; ``write-table`` is tested there too."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from experiments import gemv_wide  # noqa: E402
+import gemv_table_sweep as gemv_wide  # noqa: E402
 
 
 @pytest.mark.parametrize("M", [1, 4])
@@ -56,9 +57,25 @@ def test_deep_max_n_widens_the_deep_rings_to_the_large_shapes():
 
 
 def test_deep_max_n_rejects_a_non_positive_count(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["gemv_wide.py", "--phase", "lower", "--deep-max-n", "0"])
+    monkeypatch.setattr(sys, "argv", ["gemv_table_sweep.py", "--phase", "lower", "--deep-max-n", "0"])
     with pytest.raises(SystemExit, match=r"--deep-max-n 0: must be a positive column count"):
         gemv_wide.main()
+
+
+def test_registers_reads_ptxas_report():
+    log = ("ptxas info    : Used 64 registers, used 1 barriers, 16 bytes smem\n"
+           "ptxas info    : 8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads")
+    assert gemv_wide.registers(log) == {"registers": 64, "spill_stores": 4, "spill_loads": 12, "smem": 16}
+    assert gemv_wide.registers("") == {"registers": None, "spill_stores": None, "spill_loads": None, "smem": None}
+
+
+def test_help_names_every_phase():
+    import subprocess
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "gemv_table_sweep.py"
+    out = subprocess.run([sys.executable, str(bench), "--help"], capture_output=True, text=True, check=True).stdout
+    for phase in ("lower", "check", "bench", "write-table"):
+        assert phase in out
 
 
 def test_a_variant_answered_from_the_compute_cache_reports_its_cubins_registers():
@@ -80,7 +97,7 @@ def _uncached_compile(job):
     on a GPU machine NVRTC cannot answer from the driver's compute cache and its log holds ptxas' report."""
     import uuid
 
-    from portakern.backends.cuda import nvrtc
+    from portakern.backends.cuda.common import nvrtc
     from portakern.backends.cuda import quant_gemv as C
 
     M, bits, N, K, v = job

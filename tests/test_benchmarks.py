@@ -1,0 +1,93 @@
+"""The official benchmark commands (``benchmarks/``): each answers ``--help`` without a GPU, ``run_gpu.sh`` names only
+what exists, result files are named by benchmark and device, and ``benchmarks/README.md`` indexes every kept result,
+report and plot (and names no file that is gone)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import harness  # noqa: E402  (benchmarks/harness.py)
+
+#: the commands README.md lists, each with ``--help``
+COMMANDS = ("gemv.py", "gemv_table_sweep.py", "attention.py", "decode_step.py", "dispatch_overhead.py",
+            "gemv_sass_count.py", "profile_kernels.py", "plot_gemv.py", "plot_decode_step.py")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_each_command_answers_help_without_a_gpu(command):
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, str(BENCH / command), "--help"], capture_output=True, text=True, env=env,
+                       cwd=ROOT, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.startswith("usage: "), p.stdout[:200]
+
+
+def test_every_command_is_in_the_readme_and_run_gpu_names_only_what_exists():
+    readme = (BENCH / "README.md").read_text()
+    for command in COMMANDS:
+        assert command in readme, command
+    script = (BENCH / "run_gpu.sh").read_text()
+    named = set(re.findall(r"\b((?:benchmarks|tests)/[\w/]+\.py)\b", script))
+    assert named, "run_gpu.sh names no script"
+    missing = sorted(p for p in named if not (ROOT / p).exists())
+    assert not missing, f"run_gpu.sh names scripts that are not in the tree: {missing}"
+    # every step the header documents has a case, and every case is documented
+    documented = set(re.findall(r"^#   ([a-z0-9-]+) ", script, re.M))
+    cases = set(re.findall(r"^        ([a-z0-9-]+)\)", script, re.M))
+    assert documented == cases, (sorted(documented - cases), sorted(cases - documented))
+
+
+def test_no_benchmark_file_over_500_lines_or_with_session_history():
+    for path in BENCH.glob("*.py"):
+        text = path.read_text()
+        assert text.count("\n") <= 500, f"{path.name}: {text.count(chr(10))} lines (split it by concern)"
+        assert not re.search(r"\bsessions? \d+|\bsession-\d+", text), f"{path.name} tells session history"
+
+
+def test_result_names_say_benchmark_tag_and_card():
+    assert harness.card_of("NVIDIA H200") == "h200"
+    assert harness.card_of("NVIDIA H100 80GB HBM3") == "h100"
+    assert harness.card_of("Graphics Device") == "gpu"
+    assert harness.result_path("out", "gemv", card="h200") == os.path.join("out", "gemv-h200.json")
+    assert harness.result_path("out", "gemv-wide-sweep", "-m4", card="h100") == \
+        os.path.join("out", "gemv-wide-sweep-m4-h100.json")
+    for bad in ("m4", "-S27", "-a b", "-"):
+        with pytest.raises(ValueError, match=r"tag=.*'-' followed by lower-case letters, digits and '-'"):
+            harness.result_path("out", "gemv", bad, card="h200")
+
+
+def _indexed(readme: str) -> set[str]:
+    return set(re.findall(r"^\| `([^`]+)` \|", readme, re.M))
+
+
+def test_the_readme_indexes_every_kept_result_report_and_plot():
+    readme = (BENCH / "README.md").read_text()
+    names = _indexed(readme)
+    results = {p.name for p in (BENCH / "results").iterdir()}
+    reports = {p.stem for p in (ROOT / "conformance" / "reports").iterdir()}
+    plots = {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.png")}
+    assert results - names == set(), "result files missing from benchmarks/README.md"
+    assert reports - names == set(), "conformance reports missing from benchmarks/README.md"
+    assert plots - names == set(), "plots missing from benchmarks/README.md"
+    commands = {n for n in names if n.startswith("python ")}
+    gone = sorted(n for n in names - results - reports - plots - commands)
+    assert not gone, f"benchmarks/README.md indexes files that are not in the tree: {gone}"
+
+
+def test_kept_names_carry_no_date_or_session_tag():
+    kept = [p.name for p in (BENCH / "results").iterdir()] + [p.name for p in (ROOT / "conformance" / "reports").iterdir()]
+    kept += [p.name for p in (ROOT / "docs").glob("*.png")]
+    dated = [n for n in kept if re.search(r"\d{4}-\d{2}-\d{2}|-s\d+[a-z]?\b|-v\d+\b", n)]
+    assert not dated, dated
