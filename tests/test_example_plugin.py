@@ -165,3 +165,27 @@ def test_it_passes_conformance(torch_eager, tmp_path):
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "torch-eager" in r.stdout
+
+
+def test_the_example_declares_its_refusals_on_the_backend_base(monkeypatch):
+    # the example is written on portakern.Backend: status from `requires`, the device refusal from `device_refusal`,
+    # the dtype rule in its `check` hook, the score-block limit in attention.supports
+    from portakern.devices import Device
+    from portakern.ir import DType
+    from portakern.ir.ops import Attention
+
+    (be,) = [b for b in portakern.list_backends() if b.name == "torch-eager"]
+    cpu = Device("cpu", 0, arch="x86_64", name="cpu")
+
+    def attn(Sq=4, Sk=4, H=2, dtype=DType.float32):
+        return Attention(batch=1, seqlen_q=Sq, seqlen_k=Sk, heads_q=H, heads_kv=H, head_dim=8, head_dim_v=8,
+                         dtype=dtype, scale=1.0)
+
+    assert be.supports(attn(), cpu).ok
+    assert be.supports(attn(), Device("opencl", 0, name="pocl")).reason == (
+        "torch-eager runs on cpu and cuda torch devices, not on opencl; pass backend=None to let portakern pick a "
+        "backend for opencl:0")
+    big = be.supports(attn(Sq=65536, Sk=65536, H=32), cpu).reason
+    assert "score block per batch entry, 512.0 GiB > 4 GiB" in big and "backend=None" in big
+    monkeypatch.setattr(type(be), "requires", ("torch", "no_such_module_pk"))
+    assert be.status().startswith("unavailable: ModuleNotFoundError") and be.status().endswith("(pip install torch)")

@@ -20,9 +20,28 @@ from typing import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
+from portakern.backend import YES, Support, no
 from portakern.ir.ops import Attention, KVLayout
 
 from .expr_torch import additive_bias, evaluate
+
+#: The eager path materialises one (Hq, Sq, Sk) float32 score block per batch entry.
+MAX_SCORE_BYTES = 4 << 30
+
+
+def supports(op: Attention, device) -> Support:
+    """Every attention op whose score block fits ``MAX_SCORE_BYTES``."""
+    score_bytes = 4 * op.heads_q * op.seqlen_q * op.seqlen_k
+    if score_bytes > MAX_SCORE_BYTES:
+        return no(f"torch-eager materialises the (Hq, Sq, Sk) = ({op.heads_q}, {op.seqlen_q}, {op.seqlen_k}) "
+                  f"float32 score block per batch entry, {score_bytes / 2**30:.1f} GiB > {MAX_SCORE_BYTES >> 30} "
+                  "GiB; use a flash-style backend (backend=None) or split the batch")
+    return YES
+
+
+def compile(op: Attention, device) -> Callable[..., None]:
+    """The kernel for ``op`` (the same on every device: the tensors carry it)."""
+    return attention_kernel(op)
 
 
 def attention_kernel(op: Attention) -> Callable[..., None]:

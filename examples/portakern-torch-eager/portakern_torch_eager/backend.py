@@ -1,8 +1,11 @@
-"""TorchEagerBackend: capabilities (as data) and the op -> lowering table.
+"""TorchEagerBackend: capabilities as data, on portakern's backend base.
 
-Everything portakern needs from a backend is here: a ``name``, the ``array_kind`` its kernels
-receive, the device types it runs on, a default ``priority``, ``supports()`` (with a reason when
-the answer is no) and ``compile()`` (returns the kernel, called once per call signature).
+Everything portakern needs from a backend is declared here: a ``name``, the ``array_kind`` its kernels receive,
+the device types it runs on, a default ``priority``, the module that must import (``requires``) and the op kind ->
+lowering module table (``lowerings``). The base (``portakern.Backend``) turns them into ``status()``,
+``supports()`` (with a reason when the answer is no), ``compile()`` and ``prepare_weight()``: it checks the status,
+the device type and the ``check`` hook below, then asks the lowering module (``attention.supports`` /
+``compile``, ``quant_gemv.compile`` / ``prepare_weight``).
 """
 
 from __future__ import annotations
@@ -10,9 +13,6 @@ from __future__ import annotations
 from portakern import Backend, Device, Support
 from portakern.backend import YES, no
 from portakern.ir.dtypes import STORAGE_FLOATS
-
-#: The eager path materialises one (Hq, Sq, Sk) float32 score block per batch entry.
-MAX_SCORE_BYTES = 4 << 30
 
 
 def _torch_version() -> str:
@@ -30,49 +30,17 @@ class TorchEagerBackend(Backend):
     array_kind = "torch"             # kernels receive torch tensors on the target device
     device_types = ("cpu", "cuda")
     priority = -20                   # below the built-ins: serves only when asked for by name
+    requires = ("torch",)            # status() is "unavailable: ..." without it
+    install_hint = "pip install torch"
+    lowerings = {"attention": "attention", "quant_gemv": "quant_gemv"}   # modules of this package
+    device_refusal = ("torch-eager runs on {types} torch devices, not on {type}; pass backend=None to let "
+                      "portakern pick a backend for {device}")
 
-    def status(self) -> str:
-        try:
-            import torch  # noqa: F401
-        except Exception as e:
-            return f"unavailable: {type(e).__name__}: {e} (pip install torch)"
-        return "ok"
-
-    def supports(self, op, device: Device) -> Support:
-        st = self.status()
-        if st != "ok":
-            return no(st)
-        if device.type not in self.device_types:
-            return no(f"torch-eager runs on {' and '.join(self.device_types)} torch devices, not on "
-                      f"{device.type}; pass backend=None to let portakern pick a backend for {device}")
+    def check(self, op, device: Device) -> Support:
+        """Both ops: storage floats only (the lowering modules decide the rest)."""
         if op.dtype not in STORAGE_FLOATS:
             return no(f"dtype {op.dtype.value} is not a storage float (float16, bfloat16, float32)")
-        if op.kind == "attention":
-            score_bytes = 4 * op.heads_q * op.seqlen_q * op.seqlen_k
-            if score_bytes > MAX_SCORE_BYTES:
-                return no(f"torch-eager materialises the (Hq, Sq, Sk) = ({op.heads_q}, {op.seqlen_q}, "
-                          f"{op.seqlen_k}) float32 score block per batch entry, "
-                          f"{score_bytes / 2**30:.1f} GiB > {MAX_SCORE_BYTES >> 30} GiB; use a "
-                          "flash-style backend (backend=None) or split the batch")
-            return YES
-        if op.kind == "quant_gemv":
-            return YES  # every packing: it dequantizes through QuantizedWeight.dequantize()
-        return no(f"op {op.kind!r} has no torch-eager lowering")
-
-    def compile(self, op, device: Device):
-        if op.kind == "attention":
-            from .attention import attention_kernel
-
-            return attention_kernel(op)
-        from .quant_gemv import quant_gemv_kernel
-
-        return quant_gemv_kernel(op)
-
-    def prepare_weight(self, weight, device: Device):
-        """Dequantize once to a dense float32 ``(N, K)`` tensor on ``device`` (cached by portakern)."""
-        from .quant_gemv import dense_weight
-
-        return dense_weight(weight, device)
+        return YES
 
 
 __all__ = ["TorchEagerBackend"]

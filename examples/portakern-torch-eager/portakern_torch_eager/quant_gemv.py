@@ -16,6 +16,17 @@ from portakern.arrays import kind_of, to_numpy
 from portakern.ir.ops import QuantGemv
 
 
+def prepare_weight(weight, device: Device) -> torch.Tensor:
+    """What portakern hands the kernel for ``weight`` (once per weight and device): ``dense_weight``. Every packing
+    works: it dequantizes through ``QuantizedWeight.dequantize()``, so this module needs no ``supports``."""
+    return dense_weight(weight, device)
+
+
+def compile(op: QuantGemv, device: Device) -> Callable[..., None]:
+    """The kernel for ``op``: ``quant_gemv_kernel(op)``."""
+    return quant_gemv_kernel(op)
+
+
 def dense_weight(weight, device: Device) -> torch.Tensor:
     """``weight.dequantize()`` as a contiguous float32 ``(N, K)`` tensor on ``device``."""
     w = weight.dequantize()
