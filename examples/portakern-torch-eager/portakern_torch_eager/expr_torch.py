@@ -1,7 +1,7 @@
 """Lower a ``portakern.ir.Expr`` tree (``score_mod`` / ``mask_mod``) to torch operations.
 
-The meaning of every node is the one in ``docs/ir.md`` (the numpy reference in
-``portakern.backends.cpu.expr_numpy``): integer variables are int64, ``score`` is floating point,
+The meaning of every node is the one in ``docs/ir.md`` (the numpy reference is the IR's own evaluator,
+``portakern.ir.evaluate``): integer variables are int64, ``score`` is floating point,
 booleans read as 0 / 1 in arithmetic, ``div`` is true division, ``and`` / ``or`` / ``not`` are
 logical. Variables are tensors that broadcast against each other.
 """
