@@ -157,7 +157,7 @@ def gemv_kernel(op: QuantGemv, device: Device) -> tuple[str, object]:
     """``(backend name, kernel(x, prepared, out))`` for ``op`` on the CUDA ``device``, where ``prepared`` is a
     ``PreparedGemvWeight`` (the GEMV layout): the backend ``portakern.quant_gemv`` would rank first for the op,
     among those that read that layout (``Backend.weight_layout``) -- triton, or cuda where its measured table ranks it
-    above triton (``backends/cuda/gemv_table.py``) -- honouring ``use_backend`` / ``PORTAKERN_BACKEND`` and falling
+    above triton (``backends/cuda/tuning.py``) -- honouring ``use_backend`` / ``PORTAKERN_BACKEND`` and falling
     back (with a ``FallbackWarning``) past a backend that fails to compile. The kernel launches on ``device``.
 
     Raises:

@@ -300,7 +300,7 @@ def test_quant_gemv_output_matches_input(fresh_registry, rng, lib, dtype):
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
 
 
-# -- review of session 21: fallback leaves whole plans; plugin and option mistakes -----------------------------
+# -- fallback leaves whole plans; plugin and option mistakes -------------------------------------------------
 
 def _only(monkeypatch, *names):
     """Keep only the backends ``names`` registered (for the rest of the test)."""

@@ -1,7 +1,7 @@
 // Weight-only quantized GEMV for M = 1 to 4 rows (int4 / int8, groups of 128) in the memory-bound regime: the cuda
 // backend's kernel (backends/cuda/quant_gemv.py), compiled by NVRTC per shape and format.
 //
-// Design (benchmarks/gemv_notes.md v26): per code one LOP3 and one FFMA -- the code masked in place and read as an
+// Design (docs/design/quant-gemv-cuda.md): per code one LOP3 and one FFMA -- the code masked in place and read as an
 // fp32 subnormal, x pre-scaled per code position (the Triton "dq=3" kernels' trick) -- and little else: x is staged
 // once per CTA in shared memory, scaled and in word-row order (two 16-byte shared loads serve one word row of
 // 4 columns, 32 codes), the scale and zero apply once per group, and the CTAs are small (64-512 threads) so that
@@ -22,8 +22,8 @@
 // ZP, LDNA (1: weight loads as ld.global.nc.L1::no_allocate.L2::256B), X_F16 (x is fp16, else bf16), S_BF16
 // (scales and zeros are bf16, else fp16), OUT_KIND (0 bf16, 1 fp16, 2 fp32).
 
-// PK_HOST: compiled as C++ for the CPU by backends/cuda/host_run.py, which supplies host_shim.h (threads of a block
-// as std::threads, __syncthreads as a barrier); each inline-PTX spot has a plain C++ branch under PK_HOST.
+// PK_HOST: compiled as C++ for the CPU by backends/cuda/common/host_run.py, which supplies host_shim.h (threads of a
+// block as std::threads, __syncthreads as a barrier); each inline-PTX spot has a plain C++ branch under PK_HOST.
 
 typedef unsigned int u32;
 typedef unsigned short u16;

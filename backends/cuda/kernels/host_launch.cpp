@@ -1,4 +1,4 @@
-// Runs one kernel of the cuda backend on the CPU (backends/cuda/host_run.py compiles this file with -DPK_HOST,
+// Runs one kernel of the cuda backend on the CPU (backends/cuda/common/host_run.py compiles this file with -DPK_HOST,
 // -DPK_SOURCE="<kernel>.cu", -DPK_ENTRY=<function> and the kernel's own -D constants). Blocks run one after
 // another; each block's threads are std::threads meeting at one barrier, over a shared-memory buffer filled with
 // 0xFF bytes first (a float read before it is written is a NaN, which the callers' checks catch).

@@ -1,4 +1,4 @@
-// The CUDA C of the cuda backend's kernels compiled as C++20 for the CPU (backends/cuda/host_run.py): what NVRTC
+// The CUDA C of the cuda backend's kernels compiled as C++20 for the CPU (backends/cuda/common/host_run.py): what NVRTC
 // provides, in plain C++. A block's threads are std::threads sharing one std::barrier (__syncthreads) and one
 // dynamic shared-memory buffer; blocks run one after another, so a block-static variable stands in for a static
 // __shared__ one. For checking a kernel's index maps, loops, merges and conversions with no GPU -- not for speed,
