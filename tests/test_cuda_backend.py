@@ -469,10 +469,12 @@ def test_write_table_from_a_sweep(tmp_path, monkeypatch):
         exec(Path(out).read_text(), ns)
         return ns["TABLE"]
 
-    assert written() == {("sm_90/h200", 1, 4, 4096, 4096): (32, 4, 8, 2, 0, True),      # keyed by the sweep's card
-                         ("sm_90/h200", 4, 4, 8192, 8192): (16, 8, 4, 1, 1, False)}     # 20.0 is not 2% under 20.1
-    assert written(scope="family") == {("sm_90", 1, 4, 4096, 4096): (32, 4, 8, 2, 0, True),
-                                       ("sm_90", 4, 4, 8192, 8192): (16, 8, 4, 1, 1, False)}
+    E = tuning.GemvEntry                               # each entry names the sweep file that measured it
+    assert written() == {("sm_90/h200", 1, 4, 4096, 4096): E(32, 4, 8, 2, 0, True, "bench.json"),  # the sweep's card
+                         ("sm_90/h200", 4, 4, 8192, 8192): E(16, 8, 4, 1, 1, False, "bench.json")}  # 20.0: not 2% under
+    assert written(scope="family") == {("sm_90", 1, 4, 4096, 4096): E(32, 4, 8, 2, 0, True, "bench.json"),
+                                       ("sm_90", 4, 4, 8192, 8192): E(16, 8, 4, 1, 1, False, "bench.json")}
+    assert all(type(e).__name__ == "GemvEntry" for e in written().values())
     with pytest.raises(ValueError, match="'card' or 'family'"):
         written(scope="gpu")
     (tmp_path / "bench.json").write_text(json.dumps({**res, "gpu": "Graphics Device"}))
