@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("triton")
 
-from portakern.backends.triton import launch as launch_mod  # noqa: E402
-from portakern.backends.triton.launch import KernelLaunch  # noqa: E402
+from portakern.backends.triton.common import switches  # noqa: E402
+from portakern.backends.triton.common.launch import KernelLaunch  # noqa: E402
 
 
 def _kernel_py(x_ptr, out_ptr, n, stride, BLOCK, FLAG=True):   # the stand-in kernel's signature
@@ -79,7 +79,7 @@ def fake_triton(monkeypatch):
     rt = types.SimpleNamespace(launch_enter_hook=types.SimpleNamespace(calls=[]), launch_exit_hook=None)
     monkeypatch.setattr(triton.runtime, "driver", types.SimpleNamespace(active=drv))
     monkeypatch.setattr(triton, "knobs", types.SimpleNamespace(runtime=rt))
-    monkeypatch.delenv(launch_mod.FAST_LAUNCH_ENV, raising=False)
+    monkeypatch.delenv(switches.FAST_LAUNCH_ENV, raising=False)
     return drv, rt
 
 
@@ -169,17 +169,16 @@ def test_misaligned_first_call_keeps_triton_path(fake_triton):
 @pytest.mark.parametrize("how", ["interpret", "env", "switch"])
 def test_fast_path_off(fake_triton, monkeypatch, how):
     if how == "env":
-        monkeypatch.setenv(launch_mod.FAST_LAUNCH_ENV, "off")
+        monkeypatch.setenv(switches.FAST_LAUNCH_ENV, "off")
     jit = _JIT()
     ln = KernelLaunch(jit, (1,), {"BLOCK": 64}, {}, interpret=how == "interpret")
     ln(_Tensor(16), _Tensor(0), 5, 7)
     if how == "switch":   # off after the fast kernel was recorded: it is not used, nor re-recorded
-        assert launch_mod.set_fast_launch(False) is True
-    try:
-        for _ in range(3):
-            ln(_Tensor(16), _Tensor(0), 5, 7)
-    finally:
-        launch_mod.set_fast_launch(True)
+        assert ln.set_fast(False) is True
+    for _ in range(3):
+        ln(_Tensor(16), _Tensor(0), 5, 7)
+    if how == "switch":   # the launcher's own state: back on, the next kernel Triton's path records is the fast one
+        ln.set_fast(True)
     assert _kinds(jit) == ["slow"] * 4
     ln(_Tensor(16), _Tensor(0), 5, 7)
     ln(_Tensor(16), _Tensor(0), 5, 7)

@@ -1,41 +1,18 @@
-"""TritonBackend: capabilities and the op -> lowering table."""
+"""TritonBackend: the triton backend's capabilities, as data on the core's backend base.
+
+The shared checks (status, device type, the sm_80 floor, a lowering for the op) and compile (each kernel made
+current-device safe with ``portakern.placement.on_device``) are ``portakern.backend.Backend``'s; what is this
+backend's own is the interpreter: on a CPU it runs only under ``TRITON_INTERPRET=1`` (``runtime_status``,
+``check``). The lowerings are the ``attention`` and ``quant_gemv`` packages beside this module.
+"""
 
 from __future__ import annotations
-
-import contextlib
-import os
 
 from portakern.backend import YES, Backend, Support, no
 from portakern.devices import Device
 from portakern.gemv_weight import GEMV_LAYOUT
-from portakern.placement import on_device
 
-
-#: Compile options every kernel of this backend is launched and lowered with. ``enable_fp_fusion``:
-#: the kernels are written for fused multiply-adds (the GEMV's one FFMA per code, the attention's
-#: ``acc += p @ v`` rescaling), which Triton 3.6-3.9 emit by default and Triton 3.10 will not
-#: (``TRITON_DEFAULT_FP_FUSION``); stating it keeps the compiled code the same across versions.
-KERNEL_OPTIONS = {"enable_fp_fusion": True}
-
-
-def interpreting() -> bool:
-    """Whether Triton's CPU interpreter is on (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-@contextlib.contextmanager
-def interpret_env(on: bool):
-    """Set ``TRITON_INTERPRET`` to ``on`` for the block (``@triton.jit`` and ``triton.compile``
-    read it), restoring the caller's value afterwards."""
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = old
+from .common.switches import interpreting
 
 
 def _triton_version() -> str:
@@ -48,6 +25,8 @@ def _triton_version() -> str:
 
 
 class TritonBackend(Backend):
+    """Triton kernels for NVIDIA GPUs (sm_80 and newer), and Triton's CPU interpreter under ``TRITON_INTERPRET=1``."""
+
     name = "triton"
     version = _triton_version()
     array_kind = "torch"
@@ -56,50 +35,20 @@ class TritonBackend(Backend):
     compile_targets = ("sm_80", "sm_90a", "sm_100a", "sm_120")
     x_prologues = ("silu_mul",)
     weight_layout = GEMV_LAYOUT
+    requires = ("torch", "triton")
+    install_hint = "pip install 'portakern[triton]'"
+    lowerings = {"attention": "attention", "quant_gemv": "quant_gemv"}
+    min_capability = (8, 0)
+    device_refusal = "triton (NVIDIA) does not run on {type} devices"
+    launches_on_current_device = True
 
-    def status(self) -> str:
-        try:
-            import torch  # noqa: F401
-            import triton  # noqa: F401
-        except Exception as e:
-            return f"unavailable: {type(e).__name__}: {e} (pip install 'portakern[triton]')"
+    def runtime_status(self) -> str:
         return "ok (interpreter)" if interpreting() else "ok"
 
-    def _lowering(self, op):
-        if op.kind == "attention":
-            from . import attention as mod
-        elif op.kind == "quant_gemv":
-            from . import quant_gemv as mod
-        else:
-            return None
-        return mod
-
-    def supports(self, op, device: Device) -> Support:
-        st = self.status()
-        if not st.startswith("ok"):
-            return no(st)
+    def check(self, op, device: Device) -> Support:
         if device.type == "cpu" and not interpreting():
             return no("triton runs on NVIDIA GPUs; on a CPU only under TRITON_INTERPRET=1")
-        if device.type not in ("cuda", "cpu"):
-            return no(f"triton (NVIDIA) does not run on {device.type} devices")
-        if device.type == "cuda" and device.capability and device.capability < (8, 0):
-            return no(f"triton kernels need sm_80 or newer; {device} is {device.arch}")
-        mod = self._lowering(op)
-        if mod is None:
-            return no(f"op {op.kind!r} has no triton lowering")
-        return mod.supports(op, device)
-
-    def compile(self, op, device: Device):
-        return on_device(self._lowering(op).compile(op, device), device)
-
-    def prepare_weight(self, weight, device: Device):
-        from portakern.gemv_weight import prepare_gemv_weight, wants_fragments
-
-        # the fragment copy is what this backend's tensor-core kernel reads (kernels/gemv_frag.py)
-        return prepare_gemv_weight(weight, device, fragments=wants_fragments(device))
-
-    def compile_for_target(self, op, target: str):
-        return self._lowering(op).compile_for_target(op, target)
+        return YES
 
 
-__all__ = ["TritonBackend", "YES", "interpret_env", "interpreting", "on_device"]
+__all__ = ["TritonBackend"]

@@ -51,7 +51,7 @@ def exec_module_file(path: Path, name: str, interpret: bool) -> ModuleType:
     """
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
-    from ..backend import interpret_env
+    from ..common.flavour import jit_flavour as interpret_env
 
     with interpret_env(interpret):
         try:

@@ -1,10 +1,10 @@
-"""Launching a compiled Triton kernel without Triton's per-call binding.
+"""Launching a compiled Triton kernel without Triton's per-call binding, and the compile options of every kernel.
 
 ``fn[grid](*args, **constexprs, **options)`` re-derives on every call what cannot have changed
 since the last one: it binds the arguments to the signature, specialises each one (dtype,
 16-byte alignment, integers equal to 1 or divisible by 16), hashes that into a cache key, looks the
 compiled kernel up, checks the globals it read and builds launch metadata. On the H200's host that
-is most of an eager call (session 2: 27 us of "kernel alone" for a GEMV whose GPU time is 6 us).
+is most of an eager call (27 us of "kernel alone" for a GEMV whose GPU time is 6 us).
 
 ``KernelLaunch`` makes the first call of a signature through ``fn[grid]`` (which compiles), keeps
 the compiled kernel that call returned, and launches later calls straight through its launcher
@@ -24,33 +24,22 @@ Anything else goes through ``fn[grid]``, which is always correct, and that call'
 the fast one. The caller's part of the contract: an argument that is none of a tensor, a number or
 ``None`` (a TMA descriptor) is not guarded, so it must keep its block shape and dtype at its position
 (true for the backend's launchers, whose ops fix them). Under the interpreter every call goes
-through ``fn[grid]``. ``$PORTAKERN_TRITON_FAST_LAUNCH`` is read when a kernel is launched through
-``fn[grid]`` (the first call of each signature); ``set_fast_launch`` switches every launch at once.
+through ``fn[grid]``. Whether a launcher takes the fast path is its own state (``fast_enabled``), set
+from ``switches.fast_launch_enabled()`` when it is made unless given, and changed with ``set_fast``.
 """
 
 from __future__ import annotations
 
 import numbers
-import os
 from typing import Any
 
-#: ``PORTAKERN_TRITON_FAST_LAUNCH=0`` sends every launch through ``fn[grid]`` (A/B measurement, debugging)
-FAST_LAUNCH_ENV = "PORTAKERN_TRITON_FAST_LAUNCH"
-_enabled = [True]
+from .switches import fast_launch_enabled
 
-
-def fast_launch_enabled() -> bool:
-    """Whether launches after the first may bypass Triton's binding: on unless ``$PORTAKERN_TRITON_FAST_LAUNCH``
-    is ``0`` / ``false`` / ``off`` (read at each launch through ``fn[grid]``, i.e. before a signature's first
-    call), or ``set_fast_launch(False)`` turned it off (at once, for every launch)."""
-    return _enabled[0] and os.environ.get(FAST_LAUNCH_ENV, "1").lower() not in ("0", "", "false", "off")
-
-
-def set_fast_launch(enabled: bool) -> bool:
-    """Turn the fast path on or off for every ``KernelLaunch`` of the process (benchmarks compare the two in one
-    process); returns the previous setting. Off, every launch goes through ``fn[grid]``."""
-    previous, _enabled[0] = _enabled[0], bool(enabled)
-    return previous
+#: Compile options every kernel of this backend is launched and lowered with. ``enable_fp_fusion``:
+#: the kernels are written for fused multiply-adds (the GEMV's one FFMA per code, the attention's
+#: ``acc += p @ v`` rescaling), which Triton 3.6-3.9 emit by default and Triton 3.10 will not
+#: (``TRITON_DEFAULT_FP_FUSION``); stating it keeps the compiled code the same across versions.
+KERNEL_OPTIONS = {"enable_fp_fusion": True}
 
 
 def _hooked(hook) -> bool:
@@ -85,12 +74,14 @@ class KernelLaunch:
 
     ``args`` are the kernel's runtime arguments, in signature order, all positional; ``constexprs``
     name the parameters after them (any the kernel declares with a default may be left out).
-    ``interpret`` (Triton's interpreter) disables the fast path.
+    ``interpret`` (Triton's interpreter) disables the fast path; ``fast`` False sends every launch through
+    ``fn[grid]`` (default: ``switches.fast_launch_enabled()``, read once, here).
     """
 
     def __init__(self, fn, grid: tuple[int, ...], constexprs: dict[str, Any], options: dict[str, Any],
-                 interpret: bool = False):
+                 interpret: bool = False, fast: bool | None = None):
         self.fn, self.constexprs, self.options = fn, constexprs, options
+        self.fast_enabled = fast_launch_enabled() if fast is None else bool(fast)
         self.grid = tuple(grid)
         self.grid3 = (tuple(grid) + (1, 1))[:3]
         self.fast_ok = not interpret   # False also for a Triton whose compiled kernels launch differently
@@ -101,13 +92,19 @@ class KernelLaunch:
 
     def __call__(self, *args) -> None:
         fast = self._fast
-        if fast is not None and _enabled[0] and self._guard(fast, args):
+        if fast is not None and self.fast_enabled and self._guard(fast, args):
             c = fast.compiled
             self.fast_calls += 1
             c.run(*self.grid3, self._driver.get_current_stream(fast.device), c.function, c.packed_metadata,
                   None, None, None, *args, *fast.tail)
             return
         self._slow(args)
+
+    def set_fast(self, enabled: bool) -> bool:
+        """Turn this launcher's fast path on or off (at once: a recorded fast kernel is not used while off);
+        returns the previous setting."""
+        previous, self.fast_enabled = self.fast_enabled, bool(enabled)
+        return previous
 
     def _guard(self, fast: _Fast, args: tuple) -> bool:
         """Whether ``fn[grid]`` would pick ``fast.compiled`` for ``args`` (see the module docstring)."""
@@ -138,7 +135,7 @@ class KernelLaunch:
         """Triton's own path (binds, compiles if needed, launches); its kernel becomes the fast one."""
         self.slow_calls += 1
         compiled = self.fn[self.grid](*args, **self.constexprs, **self.options)
-        if not self.fast_ok or not fast_launch_enabled():
+        if not self.fast_ok or not self.fast_enabled:
             self._fast = None
             return
         if hasattr(compiled, "result"):   # an asynchronous compile's future
