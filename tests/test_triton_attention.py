@@ -251,15 +251,15 @@ def test_decode_separate_combine_kernel(Sk):
     each; 10 tiles leave 14 of them empty, interleaved with the busy ones."""
     from dataclasses import replace
 
-    from portakern.backends.triton import attention as A
+    from portakern.backends.triton.attention import forward as F, plan
 
     op = make_op(B=1, Sq=2, Sk=Sk, Hq=4, Hkv=1, D=64, mask_mod=E.causal_mask())
     q, k, v = tensors(op)
-    cfg = replace(A._config(op, CPU), num_splits=24, fused_combine=False)
+    cfg = replace(plan.for_device(op, CPU), num_splits=24, fused_combine=False)
     s = op.shapes()
     out = torch.full(s["out"], float("nan"), dtype=torch.float16)
     lse = torch.full(s["lse"], float("nan"))
-    A.build(op, CPU, cfg)(q, k, v, out, lse, {})
+    F.build(op, CPU, cfg)(q, k, v, out, lse, {})
     ref_out, ref_lse = run_reference(op, q, k, v)
     assert np.abs(out.double().numpy() - ref_out).max() < ATOL[op.dtype]
     assert np.abs(lse.double().numpy() - ref_lse).max() < LSE_ATOL
@@ -289,7 +289,7 @@ def test_paged_pages_smaller_than_a_tile(page, block_n, splits):
     tails inside a page, an empty sequence, split and unsplit, against the float64 reference."""
     from dataclasses import replace
 
-    from portakern.backends.triton import attention as A
+    from portakern.backends.triton.attention import forward as F, plan
 
     B, max_pages, Hq, Hkv, D = 3, 12, 8, 2, 32
     P = B * max_pages + 3
@@ -299,11 +299,11 @@ def test_paged_pages_smaller_than_a_tile(page, block_n, splits):
     g = torch.Generator().manual_seed(11)
     aux = {"block_table": torch.randperm(P, generator=g)[: B * max_pages].reshape(B, max_pages).to(torch.int32),
            "seqlens_k": torch.tensor([max_pages * page, 0, 3 * page + 5], dtype=torch.int32)}
-    cfg = replace(A._config(op, CPU), block_n=block_n, num_splits=splits, fused_combine=False)
+    cfg = replace(plan.for_device(op, CPU), block_n=block_n, num_splits=splits, fused_combine=False)
     s = op.shapes()
     out = torch.full(s["out"], float("nan"), dtype=torch.float16)
     lse = torch.full(s["lse"], float("nan"))
-    A.build(op, CPU, cfg)(q, k, v, out, lse, dict(aux))
+    F.build(op, CPU, cfg)(q, k, v, out, lse, dict(aux))
     ref_out, ref_lse = run_reference(op, q, k, v, aux)
     assert not torch.isnan(out).any()
     assert np.abs(out.double().numpy() - ref_out).max() < ATOL[op.dtype]
@@ -416,10 +416,10 @@ def test_compile_for_target_with_programmatic_dependent_launch():
     from dataclasses import replace
 
     from portakern.backends.triton import attention as A
-    from portakern.backends.triton import tuning
+    from portakern.backends.triton.attention import plan
 
     op = make_op(B=1, Sq=1, Sk=8192, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16)
-    base = replace(tuning.choose(op, "sm_90", 132), fused_combine=False)
+    base = replace(plan.choose(op, "sm_90", 132), fused_combine=False)
     assert base.num_splits > 1
     for pdl in (True, False):
         art = A.compile_for_target(op, "sm_90a", replace(base, pdl=pdl))
@@ -443,12 +443,12 @@ def test_compile_for_target_lowers_what_a_contiguous_launch_runs():
     import re
 
     from portakern.backends.triton import attention as A
-    from portakern.backends.triton import attention_aot as AOT
-    from portakern.backends.triton import kernels, tuning
+    from portakern.backends.triton import kernels
+    from portakern.backends.triton.attention import forward as F, plan, specialise as S
     from portakern.backends.triton.expr_triton import load_mods
 
     op = make_op(B=4, Sq=4096, Sk=4096, Hq=32, Hkv=32, D=128, dtype=DType.bfloat16)
-    cfg = tuning.choose(op, "sm_90", 132, wgmma=False)   # attn_fwd's tile (the table runs the Gluon kernel)
+    cfg = plan.choose(op, "sm_90", 132, wgmma=False)   # attn_fwd's tile (the table runs the Gluon kernel)
     ptx = A.compile_for_target(op, "sm_90a", cfg)["kernels"]["attn_fwd"]["ptx"]
     assert len(re.findall(r"cp\.async\.c[ga]\.shared\.global\S* \[[^]]*\], \[[^]]*\], 0x10", ptx)) >= 16
     assert "ld.global.b16" not in ptx
@@ -457,12 +457,12 @@ def test_compile_for_target_lowers_what_a_contiguous_launch_runs():
     dec = make_op(B=1, Sq=1, Sk=8192, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16)
     tensors_ = {n: "*bf16" for n in ("Q", "K", "V", "O")}
     absent = {n: None for n in fwd.arg_names[4:fwd.arg_names.index("stride_qb")]}   # LSE ... V_DESC
-    cx = A._constexprs(dec, tuning.choose(dec, "sm_90", 132), False, load_mods(None, None, False))
-    sig, consts, attrs = AOT._as_launched(fwd, tensors_, {**absent, **cx}, AOT._launch_scalars(dec))
+    cx = F.constexprs(dec, plan.choose(dec, "sm_90", 132), False, load_mods(None, None, False))
+    sig, consts, attrs = S.as_launched(fwd, tensors_, {**absent, **cx}, S.launch_scalars(dec))
     assert consts["batch"] == consts["seqlen_q"] == 1 and sig["seqlen_k"] == "i32" and sig["scale"] == "fp32"
     assert attrs[(fwd.arg_names.index("seqlen_k"),)] == [["tt.divisibility", 16]]
     assert (fwd.arg_names.index("Q"),) in attrs and (fwd.arg_names.index("stride_qh"),) in attrs
-    wide = AOT._launch_scalars(make_op(B=2, Sq=3, Sk=8192, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16))
+    wide = S.launch_scalars(make_op(B=2, Sq=3, Sk=8192, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16))
     assert (wide["stride_qs"], wide["stride_kb"], wide["total_rows"]) == (32 * 128, 8192 * 8 * 128, 6)
 
 
@@ -470,14 +470,14 @@ def test_pdl_is_refused_where_it_cannot_run():
     from dataclasses import replace
 
     from portakern.backends.triton import attention as A
-    from portakern.backends.triton import tuning
+    from portakern.backends.triton.attention import forward as F, plan
 
     op = make_op(B=1, Sq=1, Sk=8192, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16)
-    cfg = replace(tuning.choose(op, "sm_80", 108), pdl=True)
+    cfg = replace(plan.choose(op, "sm_80", 108), pdl=True)
     with pytest.raises(ValueError, match=r"pdl=True\) on sm_80.*sm_90.*use pdl=False"):
         A.compile_for_target(op, "sm_80", cfg)
     with pytest.raises(ValueError, match=r"pdl=True\) on interp"):
-        A.build(op, CPU, replace(A._config(op, CPU), pdl=True))
+        F.build(op, CPU, replace(plan.for_device(op, CPU), pdl=True))
 
 
 @parent_only
@@ -490,7 +490,7 @@ def test_gpu_split_decode_replayed_in_a_cuda_graph(pdl, fused):
     that read before waiting would see stale inputs), replayed with new inputs, against float64."""
     from dataclasses import replace
 
-    from portakern.backends.triton import attention as A
+    from portakern.backends.triton.attention import forward as F, plan
     from portakern.devices import detect_devices
 
     devs = [d for d in detect_devices() if d.type == "cuda"]
@@ -501,8 +501,8 @@ def test_gpu_split_decode_replayed_in_a_cuda_graph(pdl, fused):
         pytest.skip(f"programmatic dependent launch needs sm_90+, this device is {dev.arch}")
     op = make_op(B=1, Sq=1, Sk=4096, Hq=8, Hkv=2, D=128, dtype=DType.bfloat16, mask_mod=E.causal_mask(),
                  return_lse=True)
-    cfg = replace(A._config(op, dev), num_splits=16, fused_combine=fused, pdl=pdl)
-    kern = A.build(op, dev, cfg)
+    cfg = replace(plan.for_device(op, dev), num_splits=16, fused_combine=fused, pdl=pdl)
+    kern = F.build(op, dev, cfg)
     cuda = torch.device(str(dev))
     q, k, v = (t.to(cuda) for t in tensors(op, seed=1))
     s = op.shapes()
@@ -545,7 +545,7 @@ def test_lazy_rescale_matches_the_reference(case):
     that both the skipped and the taken rescale happen, with fully masked rows and tiles."""
     from dataclasses import replace
 
-    from portakern.backends.triton import attention as A
+    from portakern.backends.triton.attention import forward as F, plan
 
     aux = {}
     if case == "prefill-causal-fp16":
@@ -569,7 +569,7 @@ def test_lazy_rescale_matches_the_reference(case):
     for lazy in (True, False):
         out = torch.full(s["out"], float("nan"), dtype=TORCH_DTYPE[op.dtype])
         lse = torch.full(s["lse"], float("nan"))
-        A.build(op, CPU, replace(A._config(op, CPU), lazy_rescale=lazy))(q, k, v, out, lse, dict(aux))
+        F.build(op, CPU, replace(plan.for_device(op, CPU), lazy_rescale=lazy))(q, k, v, out, lse, dict(aux))
         res[lazy] = out.double().numpy(), lse.double().numpy()
     ref_out, ref_lse = run_reference(op, q, k, v, aux)
     out, got = res[True]

@@ -35,43 +35,44 @@ def test_sm90_table_runs_split_paged_decode_on_the_gluon_kernel():
     the decode kernel launches at its start and that releases the next kernel before its wait
     (``RELEASE_NEXT_TABLE``, ``EARLY_MERGE_TABLE``); dense
     keys, unsplit batches, fp32, other families and ``wgmma=False`` keep attn_fwd."""
-    from portakern.backends.triton import tuning
+    from portakern.backends.triton.attention import plan, rules as R
 
     for kw in ({}, dict(page=64), dict(L=32768), dict(page=128, L=32768), dict(dtype=DType.float16)):
-        c = tuning.choose(paged(**kw), "sm_90", 132)
+        c = plan.choose(paged(**kw), "sm_90", 132)
         assert c.decode_ws and (c.block_n, c.num_stages, c.num_warps, c.num_splits) == (64, 4, 4, 16), (kw, c)
         assert not (c.fused_combine or c.pdl or c.wgmma or c.tma)
         assert c.release_next and c.early_merge                    # the merge lets the next kernel launch early
-        tuning.check_decode_ws(paged(**kw), c, "sm_90")
-    c = tuning.choose(paged(L=2048 + 64, page=64), "sm_90", 132)
+        R.check_decode_ws(paged(**kw), c, "sm_90")
+    c = plan.choose(paged(L=2048 + 64, page=64), "sm_90", 132)
     assert c.decode_ws and c.num_splits == 11                      # 33 tiles, at least 3 per split
-    c = tuning.choose(paged(D=256), "sm_90", 132)
+    c = plan.choose(paged(D=256), "sm_90", 132)
     assert c.decode_ws and c.num_stages == 3                       # 4 stages of 64 keys do not fit at D=256
     dense = make_op(B=1, Sq=1, Sk=8192, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16)
     for op, arch in ((dense, "sm_90"), (paged(B=64, L=4096), "sm_90"), (paged(dtype=DType.float32), "sm_90"),
                      (paged(), "sm_80"), (paged(), "sm_100"), (paged(), "interp")):
-        assert not tuning.choose(op, arch, 132).decode_ws, (op, arch)
-    c = tuning.choose(paged(), "sm_90", 132, wgmma=False)
+        assert not plan.choose(op, arch, 132).decode_ws, (op, arch)
+    c = plan.choose(paged(), "sm_90", 132, wgmma=False)
     assert not c.decode_ws and c.num_splits == 32                  # attn_fwd's split paged tile
     # the workspace: partials and log-sum-exps of 16 splits, no arrival counters
-    assert tuning.workspace_bytes(paged(), tuning.choose(paged(), "sm_90", 132)) == 4 * 16 * 1 * 32 * (128 + 1)
+    assert plan.workspace_bytes(paged(), plan.choose(paged(), "sm_90", 132)) == 4 * 16 * 1 * 32 * (128 + 1)
 
 
 def test_autotuning_times_the_gluon_kernel_and_attn_fwd():
     """For split paged decode on sm_90 the candidates start with the table's Gluon configuration and include
     attn_fwd's table configuration; every candidate passes the checks of its kernel."""
-    from portakern.backends.triton import tuning
+    from portakern.backends.triton.attention import autotune as AT, config as C, plan, rules as R
+    from portakern.backends.triton.common.arch import check_pdl
 
     op = paged()
-    cands = tuning.candidates(op, "sm_90", 132)
-    assert cands[0] == tuning.choose(op, "sm_90", 132) and cands[0].decode_ws
-    assert tuning.choose(op, "sm_90", 132, wgmma=False) in cands
+    cands = AT.candidates(op, "sm_90", 132)
+    assert cands[0] == plan.choose(op, "sm_90", 132) and cands[0].decode_ws
+    assert plan.choose(op, "sm_90", 132, wgmma=False) in cands
     assert any(c.decode_ws and c.block_n == 128 for c in cands) and sum(not c.decode_ws for c in cands) > 3
     for c in cands:
-        tuning.check_decode_ws(op, c, "sm_90")
-        tuning.check_pdl(c, "sm_90")
-        assert tuning.AttnConfig(**c.to_json()) == c
-    assert not any(c.decode_ws for c in tuning.candidates(op, "sm_80", 108))
+        R.check_decode_ws(op, c, "sm_90")
+        check_pdl(c, "sm_90")
+        assert C.AttnConfig(**c.to_json()) == c
+    assert not any(c.decode_ws for c in AT.candidates(op, "sm_80", 108))
 
 
 @pytest.mark.parametrize("arch,op,block_n,match", [
@@ -86,8 +87,7 @@ def test_autotuning_times_the_gluon_kernel_and_attn_fwd():
     ("sm_90", dict(), 256, r"block_n 32, 64 or 128, not 256"),
 ], ids=["sm80", "prefill", "fp32", "d96", "group-128", "score-mod", "window", "page-48", "bn256"])
 def test_blocker_names_what_the_kernel_does_not_serve(arch, op, block_n, match):
-    from portakern.backends.triton import attention_decode_ws as DW
-    from portakern.backends.triton import tuning
+    from portakern.backends.triton.attention import config as C, decode_ws as DW, rules as R
 
     op = dict(op)
     if op.pop("prefill", False):
@@ -98,26 +98,26 @@ def test_blocker_names_what_the_kernel_does_not_serve(arch, op, block_n, match):
     assert DW.blocker(op, "sm_90" if arch == "sm_90" else arch, block_n) is not None
     with pytest.raises(ValueError, match=r"AttnConfig\(decode_ws=True\): the Gluon decode kernel does not serve this "
                                          r"op \(" + match + r"\); use decode_ws=False or pass the config through "
-                                                            r"tuning.fit"):
-        tuning.check_decode_ws(op, tuning.AttnConfig(16, block_n, 4, 4, pack=4, num_splits=16, decode_ws=True), arch)
+                                                            r"attention\.plan\.fit"):
+        R.check_decode_ws(op, C.AttnConfig(16, block_n, 4, 4, pack=4, num_splits=16, decode_ws=True), arch)
     assert DW.blocker(paged(mask_mod=E.causal_mask()), "sm_90") is None        # hides no key from the last row
 
 
 def test_check_and_fit_keep_the_ring_in_shared_memory():
-    from portakern.backends.triton import tuning
+    from portakern.backends.triton.attention import config as C, plan, rules as R
 
     op = paged(D=256)
-    big = tuning.AttnConfig(16, 64, 4, 4, pack=4, num_splits=16, decode_ws=True)
+    big = C.AttnConfig(16, 64, 4, 4, pack=4, num_splits=16, decode_ws=True)
     with pytest.raises(ValueError, match=r"the Gluon decode kernel with block_n=64 and num_stages=4 needs 295936 "
                                          r"bytes of shared memory, over sm_90's 232448"):
-        tuning.check_decode_ws(op, big, "sm_90")
-    assert tuning.fit(op, big, "sm_90") == replace(big, num_stages=3)
+        R.check_decode_ws(op, big, "sm_90")
+    assert plan.fit(op, big, "sm_90") == replace(big, num_stages=3)
     with pytest.raises(ValueError, match=r"decode kernel needs num_stages >= 2, not 1"):
-        tuning.check_decode_ws(paged(), replace(big, num_stages=1), "sm_90")
+        R.check_decode_ws(paged(), replace(big, num_stages=1), "sm_90")
     with pytest.raises(ValueError, match=r"has its own TMA loads and schedule: wgmma, tma and lazy_rescale stay off"):
-        tuning.check_decode_ws(paged(), replace(big, tma=True), "sm_90")
+        R.check_decode_ws(paged(), replace(big, tma=True), "sm_90")
     dense_prefill = make_op(B=1, Sq=64, Sk=64, Hq=2, Hkv=2, D=64, dtype=DType.bfloat16)
-    assert tuning.fit(dense_prefill, big, "sm_90") == tuning.choose(dense_prefill, "sm_90", wgmma=False)
+    assert plan.fit(dense_prefill, big, "sm_90") == plan.choose(dense_prefill, "sm_90", wgmma=False)
 
 
 @parent_only
@@ -126,7 +126,7 @@ def test_lowering_for_sm90a_has_a_load_warp_per_page_copies_and_wgmma(page):
     """The table's choice lowers to the Gluon kernel and the merge: TMA copies (one K and one V box per
     page of 16, four per 64-key tile; one per tile for pages of 64), mbarrier waits, setmaxnreg, wgmma."""
     from portakern.backends.triton import attention as A
-    from portakern.backends.triton import tuning
+    from portakern.backends.triton.attention import config as C
 
     op = paged(page=page, return_lse=True)
     art = A.compile_for_target(op, "sm_90a")
@@ -140,7 +140,7 @@ def test_lowering_for_sm90a_has_a_load_warp_per_page_copies_and_wgmma(page):
     assert k["shared"] <= 227 * 1024 and k["cubin"]
     assert "attn_fwd" in A.compile_for_target(op, "sm_80")["kernels"]      # other targets: the Triton kernel
     # a configuration asking for the fused merge still merges in attn_combine (the kernel has no fused merge)
-    own = tuning.AttnConfig(16, 64, 4, 3, pack=4, num_splits=8, fused_combine=True, pdl=True, decode_ws=True)
+    own = C.AttnConfig(16, 64, 4, 3, pack=4, num_splits=8, fused_combine=True, pdl=True, decode_ws=True)
     dep = A.compile_for_target(op, "sm_90a", own)["kernels"]
     assert sorted(dep) == ["attn_combine", "attn_decode_ws"]
     # pdl: the kernel waits for the previous one (once per thread, before any global read) and lets the
@@ -159,10 +159,10 @@ def test_release_next_puts_one_launch_dependents_in_the_merge_and_nowhere_else(k
     merge is itself a dependent, before its first global read) and changes no other kernel; without it the
     merge has none."""
     from portakern.backends.triton import attention as A
-    from portakern.backends.triton import tuning
+    from portakern.backends.triton.attention import plan
 
     op = paged(L=2048, page=64, return_lse=True)
-    table = tuning.choose(op, "sm_90", 132, wgmma=kernel == "decode_ws")
+    table = plan.choose(op, "sm_90", 132, wgmma=kernel == "decode_ws")
     assert table.release_next is (kernel == "decode_ws")      # RELEASE_NEXT_TABLE: the Gluon kernel's merge
     base = replace(table, release_next=False, early_merge=False)
     assert base.decode_ws is (kernel == "decode_ws") and base.num_splits > 1 and not base.fused_combine
@@ -181,10 +181,10 @@ def test_release_next_puts_one_launch_dependents_in_the_merge_and_nowhere_else(k
 
 def test_release_next_needs_grid_dependency_control():
     from portakern.backends.triton import attention as A
-    from portakern.backends.triton import tuning
+    from portakern.backends.triton.attention import plan
 
     op = paged(L=2048, page=64)
-    cfg = replace(tuning.choose(op, "sm_80", 108), release_next=True)
+    cfg = replace(plan.choose(op, "sm_80", 108), release_next=True)
     with pytest.raises(ValueError, match=r"AttnConfig\(release_next=True\) on sm_80: .*sm_90.*use release_next=False"):
         A.compile_for_target(op, "sm_80", cfg)
 
@@ -193,9 +193,7 @@ def test_checks_run_once_per_layout(monkeypatch):
     """The Gluon path's per-call checks (shapes, strides, index arrays, TMA's rules) run when a call's layout key
     differs from the last that passed them, and are skipped otherwise: new tensors of the same layout launch
     straight away; a wrong shape still raises, a misaligned q still falls back to attn_fwd (kernels stand-ins)."""
-    from portakern.backends.triton import attention as A
-    from portakern.backends.triton import attention_decode_ws as W
-    from portakern.backends.triton import tuning
+    from portakern.backends.triton.attention import config as C, decode_ws as W, forward as F, plan
     from portakern.devices import CPU
     from portakern.errors import InvalidInputError
 
@@ -203,11 +201,11 @@ def test_checks_run_once_per_layout(monkeypatch):
     monkeypatch.setattr(W, "launcher", lambda op, cfg, cc: lambda *a: log.append("gluon"))
     real_blocker = W.call_blocker
     monkeypatch.setattr(W, "call_blocker", lambda *a: log.append("checked") or real_blocker(*a))
-    monkeypatch.setattr(A, "_device_arch", lambda device: ("sm_90", 132))
-    monkeypatch.setattr(A, "build", lambda op, device, cfg: lambda *a: log.append("attn_fwd"))
+    monkeypatch.setattr(plan, "family", lambda device: ("sm_90", 132))
+    monkeypatch.setattr(F, "build", lambda op, device, cfg: lambda *a: log.append("attn_fwd"))
     op = paged(L=1024, page=64, return_lse=False)
-    cfg = tuning.AttnConfig(16, 64, 4, 2, pack=op.group_size, num_splits=8, decode_ws=True)
-    kern = A._build_gluon(op, CPU, cfg, "sm_90")
+    cfg = C.AttnConfig(16, 64, 4, 2, pack=op.group_size, num_splits=8, decode_ws=True)
+    kern = F.build_gluon(op, CPU, cfg, "sm_90")
     s = op.shapes()
 
     def call(q=None):
@@ -262,7 +260,7 @@ def test_rebased_descriptors_equal_fresh_ones_and_hold_no_tensor():
     the copy has every field of the descriptor ``descriptors`` builds for those tensors, and the kept template
     holds no tensor (it would keep the first call's KV cache alive)."""
     pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
-    from portakern.backends.triton import attention_decode_ws as W
+    from portakern.backends.triton.attention import decode_ws as W
 
     op = paged(L=2048, page=64)
     s = op.shapes()
@@ -286,10 +284,10 @@ def test_early_merge_launches_the_merge_at_the_kernels_start_and_the_next_kernel
     TMA copy; the merge is then a dependent that releases the next kernel before its own wait and reads the
     partials only after it. Without it the decode kernel has no grid dependency control."""
     from portakern.backends.triton import attention as A
-    from portakern.backends.triton import tuning
+    from portakern.backends.triton.attention import plan
 
     op = paged(L=2048, page=64, return_lse=True)
-    table = tuning.choose(op, "sm_90", 132, wgmma=True)
+    table = plan.choose(op, "sm_90", 132, wgmma=True)
     assert table.decode_ws and table.release_next and not table.pdl and table.early_merge   # EARLY_MERGE_TABLE
     plain = A.compile_for_target(op, "sm_90a", replace(table, early_merge=False))["kernels"]
     early = A.compile_for_target(op, "sm_90a", table)["kernels"]
@@ -312,14 +310,15 @@ def test_early_merge_launches_the_merge_at_the_kernels_start_and_the_next_kernel
 def test_autotuning_candidates_keep_early_merge_only_with_a_separate_merge():
     """The autotuner derives split counts from the table's (halved, doubled): a candidate left with one split
     drops ``early_merge`` (which would be refused), the others keep the table's launch options."""
-    from portakern.backends.triton import tuning
+    from portakern.backends.triton.attention import autotune as AT
+    from portakern.backends.triton.common.arch import check_pdl
 
     unsplit = 0
     for op in (paged(L=2048 + 64, page=64), paged(L=256, page=64), paged()):
-        cands = tuning.candidates(op, "sm_90", 132)
+        cands = AT.candidates(op, "sm_90", 132)
         assert cands[0].decode_ws and cands[0].num_splits > 1 and cands[0].early_merge
         for c in cands:
-            tuning.check_pdl(c, "sm_90")
+            check_pdl(c, "sm_90")
             assert c.early_merge == (c.decode_ws and c.num_splits > 1), c
             unsplit += c.decode_ws and c.num_splits == 1
     assert unsplit        # 256 keys: the table's 2 splits halved
@@ -333,10 +332,10 @@ def test_autotuning_candidates_keep_early_merge_only_with_a_separate_merge():
 ])
 def test_early_merge_is_refused_where_it_cannot_run(arch, changes, match):
     from portakern.backends.triton import attention as A
-    from portakern.backends.triton import tuning
+    from portakern.backends.triton.attention import plan
 
     op = paged(L=2048, page=64)
-    cfg = replace(tuning.choose(op, "sm_90", 132, wgmma=True), early_merge=True, **changes)
+    cfg = replace(plan.choose(op, "sm_90", 132, wgmma=True), early_merge=True, **changes)
     with pytest.raises(ValueError, match=match):
         A.compile_for_target(op, arch, cfg)
 
@@ -383,8 +382,7 @@ def test_gpu_matches_the_float64_reference(case):
     """Lengths ending inside a page and a tile, one key, splits with no keys (32 splits of 4 tiles), GQA and
     MQA with 64 query heads, a block table whose pages are not adjacent in memory, int64 index arrays; NaN
     past every sequence must not reach the output; outputs poisoned first."""
-    from portakern.backends.triton import attention as A
-    from portakern.backends.triton import tuning
+    from portakern.backends.triton.attention import config as C, forward as F
 
     dev = _gpu()
     case = dict(case)
@@ -405,10 +403,10 @@ def test_gpu_matches_the_float64_reference(case):
     s = op.shapes()
     out = torch.full(s["out"], float("nan"), dtype=q.dtype, device=cuda)
     lse = torch.full(s["lse"], float("nan"), device=cuda)
-    cfg = tuning.AttnConfig(16, 64, 4, stages, pack=op.group_size, num_splits=splits, decode_ws=True)
+    cfg = C.AttnConfig(16, 64, 4, stages, pack=op.group_size, num_splits=splits, decode_ws=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")   # no fallback: this must run the Gluon kernel
-        A.build(op, dev, cfg)(q, k, v, out, lse, aux)
+        F.build(op, dev, cfg)(q, k, v, out, lse, aux)
     torch.cuda.synchronize()
     err = np.abs(out.double().cpu().numpy() - ref_out).max()
     assert err <= ATOL[op.dtype], f"max |out - ref| = {err:.3g}"
@@ -427,13 +425,12 @@ def _replay_matches_reference(graph, op, out, lse, inputs):
 def _table_kernel(op, **changes):
     """The sm_90 GPU, its torch device and the table's split Gluon decode kernel for ``op`` with ``changes`` to its
     configuration."""
-    from portakern.backends.triton import attention as A
-    from portakern.backends.triton import tuning
+    from portakern.backends.triton.attention import forward as F, plan
 
     dev = _gpu()
-    cfg = replace(tuning.choose(op, *A._device_arch(dev)), **changes)
+    cfg = replace(plan.choose(op, *plan.family(dev)), **changes)
     assert cfg.decode_ws and cfg.num_splits > 1
-    return dev, torch.device(str(dev)), A.build(op, dev, cfg)
+    return dev, torch.device(str(dev)), F.build(op, dev, cfg)
 
 
 def _to_device(op, inputs, cuda):
@@ -546,8 +543,7 @@ def test_gpu_released_merge_lets_a_dependent_gemv_read_the_merged_output(changes
 
 @parent_only
 def test_gpu_falls_back_to_attn_fwd_for_k_without_a_row_major_view():
-    from portakern.backends.triton import attention as A
-    from portakern.backends.triton import tuning
+    from portakern.backends.triton.attention import forward as F, plan
 
     dev = _gpu()
     op = paged(L=1024, page=16, return_lse=False)
@@ -558,7 +554,7 @@ def test_gpu_falls_back_to_attn_fwd_for_k_without_a_row_major_view():
     wide[..., :128] = k.to(cuda)
     kv = wide[..., :128]                       # heads 136 elements apart: no (rows, HKV * D) view
     out = torch.full(op.shapes()["out"], float("nan"), dtype=q.dtype, device=cuda)
-    kern = A.build(op, dev, tuning.choose(op, *A._device_arch(dev)))
+    kern = F.build(op, dev, plan.choose(op, *plan.family(dev)))
     assert kern.config.decode_ws
     with pytest.warns(RuntimeWarning, match=r"runs attn_fwd instead of the Gluon decode kernel for this call: "
                                             r"k with strides \(17408, 1088, 136, 1\) has no \(rows, HKV \* D\) view"):
@@ -572,7 +568,7 @@ def test_gpu_table_kernel_called_again_on_new_tensors(monkeypatch):
     """The table's decode kernel and merge called three times on new tensors (new values, lengths and block
     table; outputs poisoned): the second and third calls launch both kernels straight through their compiled
     launchers and match the float64 reference."""
-    from portakern.backends.triton.launch import KernelLaunch
+    from portakern.backends.triton.common.launch import KernelLaunch
 
     verdicts, guard = [], KernelLaunch._guard
 

@@ -35,15 +35,15 @@ def test_interpreter_suite():
 def run_config(op, q, k, v, aux=None, **cfg_kw):
     """Launch ``op`` on the interpreter under its table config with ``cfg_kw`` replaced, check it
     against float64; returns the pointer-fallback warnings."""
-    from portakern.backends.triton import attention as A
+    from portakern.backends.triton.attention import forward as F, plan
 
-    cfg = replace(A._config(op, CPU), **cfg_kw)
+    cfg = replace(plan.for_device(op, CPU), **cfg_kw)
     s = op.shapes()
     out = torch.full(s["out"], float("nan"), dtype=TORCH_DTYPE[op.dtype])
     lse = torch.full(s["lse"], float("nan")) if op.return_lse else None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        A.build(op, CPU, cfg)(q, k, v, out, lse, dict(aux or {}))
+        F.build(op, CPU, cfg)(q, k, v, out, lse, dict(aux or {}))
     ref_out, ref_lse = run_reference(op, q, k, v, aux)
     err = np.abs(out.double().numpy() - ref_out).max()
     assert err <= ATOL[op.dtype], f"max |out - ref| = {err:.3g}"
@@ -112,9 +112,9 @@ def test_tma_seqlens_k_ignores_values_past_each_length():
 
 def _lower(op, **cfg_kw):
     from portakern.backends.triton import attention as A
-    from portakern.backends.triton import tuning
+    from portakern.backends.triton.attention import plan
 
-    cfg = replace(tuning.choose(op, "sm_90", 132, wgmma=False), **cfg_kw)
+    cfg = replace(plan.choose(op, "sm_90", 132, wgmma=False), **cfg_kw)
     art = A.compile_for_target(op, "sm_90a", cfg)
     assert art["config"] == cfg.to_json()
     return art["kernels"]["attn_fwd"]
@@ -136,38 +136,38 @@ PREFILL = dict(B=2, Sq=1024, Sk=1024, Hq=8, Hkv=2, D=128, dtype=DType.bfloat16)
 
 
 def test_tma_is_refused_on_sm80():
-    from portakern.backends.triton import tuning
+    from portakern.backends.triton.attention import plan, rules as R
 
     op = make_op(**PREFILL)
-    cfg = replace(tuning.choose(op, "sm_80", 132), tma=True)
+    cfg = replace(plan.choose(op, "sm_80", 132), tma=True)
     with pytest.raises(ValueError, match=r"AttnConfig\(tma=True\) on sm_80: .*sm_90.*use tma=False"):
-        tuning.check_tma(op, cfg, "sm_80")
+        R.check_tma(op, cfg, "sm_80")
 
 
 def test_tma_is_refused_for_paged_and_packed_ops_and_fit_clears_it():
     from portakern.backends.triton import attention as A
-    from portakern.backends.triton import tuning
+    from portakern.backends.triton.attention import config as C, forward as F, plan, rules as R
 
     paged = make_op(B=1, Sq=1, Sk=256, Hq=8, Hkv=2, D=64, kv_layout=KVLayout.PAGED, page_size=16, num_pages=20,
                     has_seqlens_k=True)
-    cfg = replace(A._config(paged, CPU), tma=True)
+    cfg = replace(plan.for_device(paged, CPU), tma=True)
     with pytest.raises(ValueError, match=r"tma=True\) for paged attention with pack=4 and seqlen_k=256: .*dense keys"):
-        A.build(paged, CPU, cfg)
+        F.build(paged, CPU, cfg)
     with pytest.raises(ValueError, match=r"tma=True\) on sm_80"):
-        A.compile_for_target(make_op(**PREFILL), "sm_80", tuning.AttnConfig(128, 64, 8, 2, tma=True))
-    assert tuning.fit(paged, cfg, "sm_90") == replace(cfg, tma=False)
-    assert not tuning.fit(make_op(**PREFILL), tuning.AttnConfig(128, 64, 8, 2, tma=True), "sm_80").tma
+        A.compile_for_target(make_op(**PREFILL), "sm_80", C.AttnConfig(128, 64, 8, 2, tma=True))
+    assert plan.fit(paged, cfg, "sm_90") == replace(cfg, tma=False)
+    assert not plan.fit(make_op(**PREFILL), C.AttnConfig(128, 64, 8, 2, tma=True), "sm_80").tma
     # one key: Triton specialises seqlen_k == 1 to a constant, and that TMA kernel crashes ptxas 3.6
     one_key = make_op(B=1, Sq=239, Sk=1, Hq=4, Hkv=1, D=256, dtype=DType.bfloat16)
-    dense = tuning.AttnConfig(128, 64, 8, 2, tma=True)
+    dense = C.AttnConfig(128, 64, 8, 2, tma=True)
     with pytest.raises(ValueError, match=r"tma=True\) for dense attention with pack=1 and seqlen_k=1: .*more than "
                                          r"one key; use tma=False"):
-        tuning.check_tma(one_key, dense, "sm_90")
-    assert not tuning.fit(one_key, dense, "sm_90").tma
-    assert not tuning.choose(one_key, "sm_90", 132).tma
+        R.check_tma(one_key, dense, "sm_90")
+    assert not plan.fit(one_key, dense, "sm_90").tma
+    assert not plan.choose(one_key, "sm_90", 132).tma
     two_keys = make_op(B=1, Sq=239, Sk=2, Hq=4, Hkv=1, D=256, dtype=DType.bfloat16)
-    assert tuning.choose(two_keys, "sm_90", 132, wgmma=False).tma       # attn_fwd's tile (its fallback)
-    assert tuning.choose(two_keys, "sm_90", 132).wgmma                  # the table: the Gluon kernel (session 14)
+    assert plan.choose(two_keys, "sm_90", 132, wgmma=False).tma       # attn_fwd's tile (its fallback)
+    assert plan.choose(two_keys, "sm_90", 132).wgmma                  # the table: the Gluon kernel (session 14)
 
 
 def test_config_round_trips_and_the_table_and_autotuning_offer_tma(monkeypatch):
@@ -176,29 +176,30 @@ def test_config_round_trips_and_the_table_and_autotuning_offer_tma(monkeypatch):
     on the Gluon kernel, and attn_fwd's TMA tile is its fallback and serves D=200, masks and score_mods), no
     other table does; autotuning times TMA both ways where it applies."""
     from portakern.backends.triton import tuning
+    from portakern.backends.triton.attention import autotune as AT, config as C, plan, rules as R
 
-    cfg = tuning.AttnConfig(64, 128, 4, 2, tma=True)
-    assert tuning.AttnConfig(**cfg.to_json()) == cfg
+    cfg = C.AttnConfig(64, 128, 4, 2, tma=True)
+    assert C.AttnConfig(**cfg.to_json()) == cfg
     for D, want in ((64, False), (128, False), (256, True), (200, True), (130, False)):
         op = make_op(B=2, Sq=512, Sk=512, Hq=4, Hkv=2, D=D, dtype=DType.bfloat16, mask_mod=E.causal_mask())
-        assert tuning.TMA_TABLE == ("sm_90",)
-        assert tuning.choose(op, "sm_90", 132, wgmma=False).tma is want, D
-        assert tuning.choose(op, "sm_90", 132).wgmma is (D in (128, 256)), D
-        assert not tuning.choose(make_op(B=2, Sq=512, Sk=512, Hq=4, Hkv=2, D=D, dtype=DType.float32),
+        assert tuple(tuning.TMA_PREFILL) == ("sm_90",)
+        assert plan.choose(op, "sm_90", 132, wgmma=False).tma is want, D
+        assert plan.choose(op, "sm_90", 132).wgmma is (D in (128, 256)), D
+        assert not plan.choose(make_op(B=2, Sq=512, Sk=512, Hq=4, Hkv=2, D=D, dtype=DType.float32),
                                  "sm_90", 132).tma
         with monkeypatch.context() as mp:
-            mp.setattr(tuning, "TMA_TABLE", ())
-            assert not tuning.choose(op, "sm_90", 132, wgmma=False).tma
+            mp.setattr(tuning, "TMA_PREFILL", {})
+            assert not plan.choose(op, "sm_90", 132, wgmma=False).tma
         for arch, sms in (("sm_80", 108), ("sm_100", 148), ("interp", 4)):
-            assert not tuning.choose(op, arch, sms).tma
-        cands = tuning.candidates(op, "sm_90", 132)
+            assert not plan.choose(op, arch, sms).tma
+        cands = AT.candidates(op, "sm_90", 132)
         assert {c.tma for c in cands} == {False, True}
         for c in cands:
-            tuning.check_tma(op, c, "sm_90")
-        assert not any(c.tma for c in tuning.candidates(op, "sm_80", 108))
+            R.check_tma(op, c, "sm_90")
+        assert not any(c.tma for c in AT.candidates(op, "sm_80", 108))
     dec = make_op(B=1, Sq=1, Sk=32768, Hq=32, Hkv=8, D=256, dtype=DType.bfloat16)
-    assert not tuning.choose(dec, "sm_90", 132).tma
-    assert not any(c.tma for c in tuning.candidates(dec, "sm_90", 132))
+    assert not plan.choose(dec, "sm_90", 132).tma
+    assert not any(c.tma for c in AT.candidates(dec, "sm_90", 132))
 
 
 # -- on a CUDA device (sm_90+) --------------------------------------------------------------------------
@@ -208,8 +209,7 @@ def test_config_round_trips_and_the_table_and_autotuning_offer_tma(monkeypatch):
 def test_gpu_tma_matches_the_reference(D, causal):
     """On a CUDA device (sm_90+): tma=True on attn_fwd's table tile (real TMA zero fill, Sq not a
     multiple of the tile), output poisoned first, against float64."""
-    from portakern.backends.triton import attention as A
-    from portakern.backends.triton import tuning
+    from portakern.backends.triton.attention import forward as F, plan
     from portakern.devices import detect_devices
 
     devs = [d for d in detect_devices() if d.type == "cuda"]
@@ -220,8 +220,8 @@ def test_gpu_tma_matches_the_reference(D, causal):
         pytest.skip(f"TMA needs sm_90+, this device is {dev.arch}")
     op = make_op(B=2, Sq=384, Sk=512, Hq=4, Hkv=2, D=D, dtype=DType.bfloat16, return_lse=False,
                  mask_mod=E.causal_mask() if causal else None)
-    arch, sms = A._device_arch(dev)
-    cfg = replace(tuning.choose(op, arch, sms, wgmma=False), tma=True)
+    arch, sms = plan.family(dev)
+    cfg = replace(plan.choose(op, arch, sms, wgmma=False), tma=True)
     cuda = torch.device(str(dev))
     q, k, v = tensors(op, seed=3)
     ref_out, _ = run_reference(op, q, k, v)
@@ -229,7 +229,7 @@ def test_gpu_tma_matches_the_reference(D, causal):
     out = torch.full(op.shapes()["out"], float("nan"), dtype=torch.bfloat16, device=cuda)
     with warnings.catch_warnings():
         warnings.simplefilter("error")   # a pointer fallback here would not test TMA
-        A.build(op, dev, cfg)(q, k, v, out, None, {})
+        F.build(op, dev, cfg)(q, k, v, out, None, {})
     torch.cuda.synchronize()
     err = np.abs(out.double().cpu().numpy() - ref_out).max()
     assert err <= ATOL[op.dtype], f"max |out - ref| = {err:.3g}"

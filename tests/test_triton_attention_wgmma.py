@@ -43,7 +43,7 @@ PREFILL = dict(B=2, Sq=4096, Sk=4096, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16)
 ], ids=["sm80", "sm100", "paged", "seqlens-k", "fp32", "d96", "d192", "dv64", "score-mod", "negative-scale",
         "window", "causal-short-keys"])
 def test_blocker_names_what_the_kernel_does_not_serve(arch, op_kw, match):
-    from portakern.backends.triton import attention_wgmma as W
+    from portakern.backends.triton.attention import wgmma as W
 
     op = make_op(**{**PREFILL, **op_kw})
     why = W.blocker(op, arch)
@@ -55,10 +55,10 @@ def test_sm90_table_runs_d128_and_d256_prefill_and_d64_only_without_a_mask_from_
     shape from 128 query rows, causal or not; D=64 (128-key tiles, 2 stages) only unmasked with >= 4096
     keys; never with other masks, on other families, for decode or under ``wgmma=False``; autotuning times
     the kernel's tiles, each passing ``check_wgmma``."""
-    from portakern.backends.triton import tuning
+    from portakern.backends.triton.attention import autotune as AT, config as C, plan, rules as R
 
     def cfg(arch="sm_90", **kw):
-        return tuning.choose(make_op(**{**PREFILL, **kw}), arch, 132)
+        return plan.choose(make_op(**{**PREFILL, **kw}), arch, 132)
 
     for kw in ({}, dict(mask_mod=E.causal_mask()), dict(Sq=1000, Sk=1000), dict(Sq=128, Sk=128, B=1),
                dict(dtype=DType.float16, return_lse=True)):
@@ -77,16 +77,16 @@ def test_sm90_table_runs_d128_and_d256_prefill_and_d64_only_without_a_mask_from_
     for arch in ("sm_80", "sm_100", "sm_120", "interp"):
         assert not cfg(arch).wgmma, arch
     op = make_op(**PREFILL)
-    assert not tuning.choose(op, "sm_90", 132, wgmma=False).wgmma
-    cands = tuning.candidates(op, "sm_90", 132)
-    assert cands[0] == tuning.choose(op, "sm_90", 132)
+    assert not plan.choose(op, "sm_90", 132, wgmma=False).wgmma
+    cands = AT.candidates(op, "sm_90", 132)
+    assert cands[0] == plan.choose(op, "sm_90", 132)
     wg = [c for c in cands if c.wgmma]
     assert {(c.block_n, c.num_stages) for c in wg} == {(128, 3), (64, 3), (128, 2), (64, 4)}
     assert any(not c.wgmma for c in cands) and not any(c.wgmma and c.lazy_rescale for c in cands)
     for c in wg:
-        tuning.check_wgmma(op, c, "sm_90")
-    assert not any(c.wgmma for c in tuning.candidates(make_op(**PREFILL, mask_mod=E.window_mask(8, 0)), "sm_90", 132))
-    assert tuning.AttnConfig(**wg[0].to_json()) == wg[0]
+        R.check_wgmma(op, c, "sm_90")
+    assert not any(c.wgmma for c in AT.candidates(make_op(**PREFILL, mask_mod=E.window_mask(8, 0)), "sm_90", 132))
+    assert C.AttnConfig(**wg[0].to_json()) == wg[0]
 
 
 @pytest.mark.parametrize("arch,op_kw,cfg_kw,match", [
@@ -106,49 +106,48 @@ def test_sm90_table_runs_d128_and_d256_prefill_and_d64_only_without_a_mask_from_
 def test_check_wgmma_refuses_with_the_reason_and_the_way_out(arch, op_kw, cfg_kw, match):
     from dataclasses import replace
 
-    from portakern.backends.triton import tuning
+    from portakern.backends.triton.attention import config as C, rules as R
 
     op = make_op(**{**PREFILL, **op_kw})
-    cfg = replace(tuning.AttnConfig(128, 64, 4, 3, wgmma=True), **cfg_kw)
+    cfg = replace(C.AttnConfig(128, 64, 4, 3, wgmma=True), **cfg_kw)
     with pytest.raises(ValueError, match=r"AttnConfig\(wgmma=True\): the Gluon prefill kernel " + match):
-        tuning.check_wgmma(op, cfg, arch)
+        R.check_wgmma(op, cfg, arch)
 
 
 def test_fit_keeps_the_kernel_where_it_serves_and_falls_back_to_the_attn_fwd_table_elsewhere():
     from dataclasses import replace
 
-    from portakern.backends.triton import attention as A
-    from portakern.backends.triton import tuning
+    from portakern.backends.triton.attention import config as C, forward as F, plan, rules as R
 
     op = make_op(**PREFILL)
-    got = tuning.fit(op, tuning.AttnConfig(64, 128, 8, 1, wgmma=True, tma=True), "sm_90")
-    assert got == tuning.AttnConfig(128, 128, 4, 2, wgmma=True)
-    assert tuning.fit(op, tuning.AttnConfig(128, 128, 4, 4, wgmma=True), "sm_90") == \
-        tuning.AttnConfig(128, 128, 4, 3, wgmma=True)                       # the table's 224 KiB ring fits
+    got = plan.fit(op, C.AttnConfig(64, 128, 8, 1, wgmma=True, tma=True), "sm_90")
+    assert got == C.AttnConfig(128, 128, 4, 2, wgmma=True)
+    assert plan.fit(op, C.AttnConfig(128, 128, 4, 4, wgmma=True), "sm_90") == \
+        C.AttnConfig(128, 128, 4, 3, wgmma=True)                       # the table's 224 KiB ring fits
     d256 = make_op(**{**PREFILL, "D": 256})   # 4 stages of 128 keys: too large; stages down to 2, then tiles
-    assert tuning.fit(d256, tuning.AttnConfig(128, 128, 4, 4, wgmma=True), "sm_90") == \
-        tuning.AttnConfig(128, 64, 4, 2, wgmma=True)
+    assert plan.fit(d256, C.AttnConfig(128, 128, 4, 4, wgmma=True), "sm_90") == \
+        C.AttnConfig(128, 64, 4, 2, wgmma=True)
     # a deeper K ring: kept where it fits (3 K + 2 V tiles of 64 keys beside D=256's 64 KiB query tile),
     # shortened where it does not, dropped when no deeper than the V ring
-    k3 = tuning.AttnConfig(128, 64, 4, 2, wgmma=True, k_stages=3)
-    assert tuning.fit(d256, k3, "sm_90") == k3
-    assert tuning.fit(d256, replace(k3, k_stages=5), "sm_90") == k3
-    assert tuning.fit(d256, replace(k3, k_stages=2), "sm_90") == replace(k3, k_stages=0)
-    assert tuning.fit(d256, replace(k3, block_n=128, num_stages=3), "sm_90") == replace(k3, k_stages=0)
+    k3 = C.AttnConfig(128, 64, 4, 2, wgmma=True, k_stages=3)
+    assert plan.fit(d256, k3, "sm_90") == k3
+    assert plan.fit(d256, replace(k3, k_stages=5), "sm_90") == k3
+    assert plan.fit(d256, replace(k3, k_stages=2), "sm_90") == replace(k3, k_stages=0)
+    assert plan.fit(d256, replace(k3, block_n=128, num_stages=3), "sm_90") == replace(k3, k_stages=0)
     with pytest.raises(ValueError, match=r"AttnConfig\(k_stages=3\) without wgmma: a separate K ring depth is the "
                                          r"Gluon prefill kernel's; use k_stages=0 or wgmma=True"):
-        tuning.check_wgmma(op, tuning.AttnConfig(128, 64, 8, 2, k_stages=3), "sm_90")
+        R.check_wgmma(op, C.AttnConfig(128, 64, 8, 2, k_stages=3), "sm_90")
     for other, arch in ((make_op(**{**PREFILL, "D": 96}), "sm_90"), (op, "sm_80")):
-        assert tuning.fit(other, tuning.AttnConfig(128, 64, 4, 3, wgmma=True), arch) == \
-            tuning.choose(other, arch, wgmma=False)
+        assert plan.fit(other, C.AttnConfig(128, 64, 4, 3, wgmma=True), arch) == \
+            plan.choose(other, arch, wgmma=False)
     with pytest.raises(ValueError, match=r"wgmma=True\): the Gluon prefill kernel does not serve this op \(needs sm_90 "
                                          r"\(wgmma\), not interp\)"):
-        A.build(make_op(B=1, Sq=16, Sk=16, Hq=2, Hkv=2, D=64), CPU, tuning.AttnConfig(128, 64, 4, 3, wgmma=True))
+        F.build(make_op(B=1, Sq=16, Sk=16, Hq=2, Hkv=2, D=64), CPU, C.AttnConfig(128, 64, 4, 3, wgmma=True))
 
 
 def test_call_blocker_names_tensors_the_descriptors_cannot_take():
     """Per-call reasons for the attn_fwd fallback: heads not adjacent, and TMA's alignment rules."""
-    from portakern.backends.triton.attention_wgmma import call_blocker
+    from portakern.backends.triton.attention.wgmma import call_blocker
 
     a = torch.empty(2, 300, 4, 128, dtype=torch.bfloat16)
     assert call_blocker(a, a, a) is None
@@ -197,8 +196,7 @@ def _gpu():
 def test_gpu_matches_the_float64_reference(case):
     """Partial tiles at both ends, GQA / MQA, bottom-right causal with more keys than queries, the
     batch boundary inside a tile (the 3-D descriptors zero-fill it), LSE; outputs poisoned first."""
-    from portakern.backends.triton import attention as A
-    from portakern.backends.triton import tuning
+    from portakern.backends.triton.attention import config as C, forward as F
 
     dev = _gpu()
     case = dict(case)
@@ -214,7 +212,7 @@ def test_gpu_matches_the_float64_reference(case):
     lse = torch.full(s["lse"], float("nan"), device=cuda)
     with warnings.catch_warnings():
         warnings.simplefilter("error")   # no fallback: this must run the Gluon kernel
-        A.build(op, dev, tuning.AttnConfig(128, bn, 4, st, wgmma=True))(q, k, v, out, lse, {})
+        F.build(op, dev, C.AttnConfig(128, bn, 4, st, wgmma=True))(q, k, v, out, lse, {})
     torch.cuda.synchronize()
     err = np.abs(out.double().cpu().numpy() - ref_out).max()
     assert err <= ATOL[op.dtype], f"max |out - ref| = {err:.3g}"
@@ -223,8 +221,7 @@ def test_gpu_matches_the_float64_reference(case):
 
 @parent_only
 def test_gpu_falls_back_to_attn_fwd_for_a_q_without_a_flat_head_view():
-    from portakern.backends.triton import attention as A
-    from portakern.backends.triton import tuning
+    from portakern.backends.triton.attention import forward as F, plan
 
     dev = _gpu()
     op = make_op(B=1, Sq=256, Sk=256, Hq=4, Hkv=2, D=128, dtype=DType.bfloat16, return_lse=False)
@@ -235,7 +232,7 @@ def test_gpu_falls_back_to_attn_fwd_for_a_q_without_a_flat_head_view():
     wide[..., :128] = q.to(cuda)
     qv = wide[..., :128]                     # heads 136 elements apart: no (B, S, H * D) view
     out = torch.full(op.shapes()["out"], float("nan"), dtype=torch.bfloat16, device=cuda)
-    kern = A.build(op, dev, tuning.choose(op, *A._device_arch(dev)))
+    kern = F.build(op, dev, plan.choose(op, *plan.family(dev)))
     assert kern.config.wgmma
     with pytest.warns(RuntimeWarning, match=r"runs attn_fwd instead of the wgmma prefill kernel for this call: "
                                             r"q with strides \(139264, 544, 136, 1\) has no \(B, S, H \* D\) view"):

@@ -146,7 +146,7 @@ def test_attention_strided_cu_seqlens_read_the_views_values():
 
 def test_unit_stride_aux_copies_only_strided_index_arrays():
     """Contiguous arrays, None and the block table (read with its strides) pass as the same objects."""
-    from portakern.backends.triton.attention import unit_stride_aux
+    from portakern.backends.triton.attention.checks import unit_stride_aux
 
     lens, bt = torch.arange(3, dtype=torch.int32), torch.zeros((4, 3), dtype=torch.int32).t()
     aux = {"block_table": bt, "seqlens_k": lens, "cu_seqlens_q": None}

@@ -1,6 +1,6 @@
 """The on-disk tuning caches: ``portakern.cache.TuningCache`` and the triton autotuner on top of it
-(``backends/triton/autotune.cached_best``, the GEMV buckets of ``gemv_tuning.bucket``, the attention
-buckets of ``tuning.bucket`` and their ``tuning.restore``), on the CPU.
+(``backends/triton/common/autotune.cached_best``, the GEMV buckets of ``quant_gemv/autotune.bucket``, the
+attention buckets of ``attention/autotune.bucket`` and their ``restore``), on the CPU.
 
 A corrupt or unwritable cache costs a re-tune, never the call: entries of another type are a miss,
 a cached configuration the weight rules out is a miss, a cache directory that cannot be written warns
@@ -20,8 +20,9 @@ from portakern.devices import Device
 
 pytest.importorskip("triton")
 
-from portakern.backends.triton import autotune  # noqa: E402
-from portakern.backends.triton import gemv_tuning as T  # noqa: E402
+from portakern.backends.triton.common import autotune  # noqa: E402
+from portakern.backends.triton.quant_gemv import autotune as GT  # noqa: E402
+from portakern.backends.triton.quant_gemv import config as T  # noqa: E402
 
 DEV = Device("cuda", 0, "sm_90", "test GPU", (9, 0), 32)
 VERSIONS = {"portakern": "test", "triton": "test"}
@@ -68,7 +69,7 @@ def test_put_leaves_the_file_readable_by_others(cache_dir):
     assert not [p.name for p in cache_dir.iterdir() if p.name.startswith(".tmp-")]
 
 
-# -- backends/triton/autotune.cached_best ---------------------------------------------------------
+# -- backends/triton/common/autotune.cached_best --------------------------------------------------
 
 FAST, SLOW = T.GemvConfig("fma", block_n=64, block_kw=16), T.GemvConfig("fma", block_n=32, block_kw=16)
 
@@ -118,7 +119,7 @@ def test_cached_config_the_weight_rules_out_is_a_miss(cache_dir):
     assert TuningCache("triton-gemv", DEV, versions).get("bucket-2") == FAST.to_json()
 
 
-# -- backends/triton/gemv_tuning.bucket ------------------------------------------------------------
+# -- backends/triton/quant_gemv/autotune.bucket ------------------------------------------------------
 
 def _prepared(g_idx=None):
     """A GPTQ int4 weight (group 128, N=256, K=1024) prepared for the triton backend on the CPU."""
@@ -138,10 +139,10 @@ def test_bucket_separates_irregular_groups_and_fragment_layouts():
 
     regular, irregular = _prepared(), _prepared("random")
     assert regular.kgroup is None and irregular.kgroup is not None and not irregular.has_perm
-    assert T.bucket(regular, 4, 256, "bfloat16") == "b4-g128-z1-p0-bfloat16-m4-n256-k1024-kg0-fr0"
-    assert T.bucket(irregular, 4, 256, "bfloat16") == "b4-g128-z1-p0-bfloat16-m4-n256-k1024-kg1-fr0"
+    assert GT.bucket(regular, 4, 256, "bfloat16") == "b4-g128-z1-p0-bfloat16-m4-n256-k1024-kg0-fr0"
+    assert GT.bucket(irregular, 4, 256, "bfloat16") == "b4-g128-z1-p0-bfloat16-m4-n256-k1024-kg1-fr0"
     with_frag = replace(regular, frag=object())             # as prepare_weight builds it on a CUDA device
-    assert T.bucket(with_frag, 4, 256, "bfloat16") == "b4-g128-z1-p0-bfloat16-m4-n256-k1024-kg0-fr1"
+    assert GT.bucket(with_frag, 4, 256, "bfloat16") == "b4-g128-z1-p0-bfloat16-m4-n256-k1024-kg0-fr1"
 
 
 def test_tuned_keeps_regular_and_irregular_winners_apart(cache_dir):
@@ -152,21 +153,21 @@ def test_tuned_keeps_regular_and_irregular_winners_apart(cache_dir):
     def timer(cfg):
         return 0.5 if cfg.kind == "mma" else 1.0 + cfg.block_n / 1e3
 
-    first = T.tuned(regular, 4, 256, "bfloat16", DEV, "sm_90", 132, timer)
+    first = GT.tuned(regular, 4, 256, "bfloat16", DEV, "sm_90", 132, timer)
     assert first.kind == "mma"
     calls = []
-    second = T.tuned(irregular, 4, 256, "bfloat16", DEV, "sm_90", 132, lambda c: calls.append(c) or timer(c))
+    second = GT.tuned(irregular, 4, 256, "bfloat16", DEV, "sm_90", 132, lambda c: calls.append(c) or timer(c))
     assert second.kind == "fma" and calls                     # timed, not restored from the regular entry
     assert T.fit(second, irregular, 4) == second
     import triton
 
     from portakern import __version__
     cache = TuningCache("triton-gemv", DEV, {"portakern": __version__, "triton": triton.__version__})
-    assert cache.get(T.bucket(regular, 4, 256, "bfloat16")) == first.to_json()
-    assert cache.get(T.bucket(irregular, 4, 256, "bfloat16")) == second.to_json()
+    assert cache.get(GT.bucket(regular, 4, 256, "bfloat16")) == first.to_json()
+    assert cache.get(GT.bucket(irregular, 4, 256, "bfloat16")) == second.to_json()
 
 
-# -- backends/triton/tuning (attention): bucket and restore ---------------------------------------------
+# -- backends/triton/attention/autotune: bucket and restore ----------------------------------------
 
 def _attention(**kw):
     from portakern.ir.dtypes import DType
@@ -191,11 +192,12 @@ def _prefers(flag):
 
 
 def _passes_build_checks(op, cfg):
-    """Whether ``attention.build`` on sm_90 accepts ``cfg`` for ``op`` (its checks raise ValueError)."""
-    from portakern.backends.triton import tuning as AT
+    """Whether ``attention.forward.build`` on sm_90 accepts ``cfg`` for ``op`` (its checks raise ValueError)."""
+    from portakern.backends.triton.attention import rules
+    from portakern.backends.triton.common.arch import check_pdl
 
-    AT.check_pdl(cfg, "sm_90")
-    for check in (AT.check_tma, AT.check_wgmma, AT.check_decode_ws):
+    check_pdl(cfg, "sm_90")
+    for check in (rules.check_tma, rules.check_wgmma, rules.check_decode_ws):
         check(op, cfg, "sm_90")
     return True
 
@@ -204,7 +206,7 @@ def test_attention_bucket_separates_page_sizes_and_seqlens_k(cache_dir):
     """The Gluon decode kernel serves pages of 16 but not 24, the Gluon prefill kernel dense keys without
     seqlens_k only: such ops must not share a cached winner (before: one bucket, and the restored winner failed
     the compile)."""
-    from portakern.backends.triton import tuning as AT
+    from portakern.backends.triton.attention import autotune as AT
 
     assert AT.bucket(_paged(16)) != AT.bucket(_paged(24))
     assert AT.bucket(_attention()) != AT.bucket(_attention(has_seqlens_k=True))
@@ -219,7 +221,7 @@ def test_attention_cached_winner_the_op_rules_out_is_a_miss(cache_dir):
     """Causal and sliding-window prefill share a bucket; the causal op's winner (the Gluon prefill kernel, which
     serves no window) restored for the window op is a miss: the bucket is timed again for it (before: restored as
     it was, and ``attention.build`` raised ValueError on the first call)."""
-    from portakern.backends.triton import tuning as AT
+    from portakern.backends.triton.attention import autotune as AT
     from portakern.ir import expr as E
 
     causal, window = _attention(mask_mod=E.causal_mask()), _attention(mask_mod=E.window_mask(256, 0))

@@ -7,7 +7,7 @@ tile, ``num_stages`` ring stages, ``num_splits`` splits merged by ``attn_combine
 lowers the kernel without a GPU. It serves one query row per sequence (decode) over dense or paged
 bf16/fp16 K/V with ``head_dim == head_dim_v`` in {64, 128, 256}, at most 64 query heads per KV head, a
 positive scale, no score_mod, and no mask or the library's causal mask (which hides no key from the last
-query row): ``attention_wgmma.scores_blocker``; pages of a multiple of 8 rows that divide or are divided by
+query row): ``gluon.scores_blocker``; pages of a multiple of 8 rows that divide or are divided by
 the key tile.
 """
 
@@ -17,8 +17,11 @@ from typing import Any, Callable
 
 from portakern.ir.ops import Attention, KVLayout
 
-from .backend import KERNEL_OPTIONS
-from .launch import KernelLaunch
+from ..common.launch import KERNEL_OPTIONS, KernelLaunch
+from .combine import split_partials
+from .gluon import lower_gluon, scores_blocker, smem_layout
+from .specialise import launch_scalars
+from .tma import tma_rules
 
 QUERY_ROWS = 64          # the wgmma tile's rows: a program's query heads, then padding
 PRODUCER_REGS = 40       # setmaxnreg of the load warp (a page id and box coordinates)
@@ -31,8 +34,6 @@ def box_rows(op: Attention, block_n: int) -> int:
 
 def blocker(op: Attention, arch: str, block_n: int = 64) -> str | None:
     """Why ``op`` cannot run on this kernel for ``arch`` with ``block_n``-key tiles (None when it can)."""
-    from .attention_wgmma import scores_blocker
-
     if arch != "sm_90":
         return f"needs sm_90 (wgmma, TMA), not {arch}"
     if op.seqlen_q != 1 or op.kv_layout is KVLayout.VARLEN:
@@ -54,8 +55,6 @@ def blocker(op: Attention, arch: str, block_n: int = 64) -> str | None:
 def call_blocker(q, k, v, out) -> str | None:
     """Why these tensors cannot go through the kernel's 2-D descriptors (None when they can): q as
     ``(B * HQ, D)`` and K/V as ``(rows, HKV * D)`` row-major views, TMA's alignment rules."""
-    from .attention import _tma_rules
-
     B, _, H, D = q.shape
     if q.stride(3) != 1 or q.stride(2) != D or (B > 1 and q.stride(0) != H * D):
         return f"q with strides {tuple(q.stride())} has no (B * HQ, D) view"
@@ -64,7 +63,7 @@ def call_blocker(q, k, v, out) -> str | None:
         if a.stride(3) != 1 or a.stride(2) != D or a.stride(1) != H * D or (X > 1 and a.stride(0) != S * H * D):
             return f"{name} with strides {tuple(a.stride())} has no (rows, HKV * D) view"
     for name, a in (("q", q), ("k", k), ("v", v)):
-        why = _tma_rules(name, a, a.stride()[:2])
+        why = tma_rules(name, a, a.stride()[:2])
         if why:
             return why
     if out.stride(3) != 1:
@@ -76,8 +75,6 @@ def descriptors(op: Attention, q, k, v, block_n: int):
     """2-D host descriptors: q over ``(B * HQ, D)`` in ``(64, D)`` blocks, K and V over ``(rows, HKV * D)``
     in ``(box_rows, D)`` blocks."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    from .attention_wgmma import smem_layout
 
     D, pr, dt = op.head_dim, box_rows(op, block_n), op.dtype.value
     Bq, _, Hq, _ = q.shape
@@ -125,12 +122,12 @@ def smem_bytes(op: Attention, block_n: int, stages: int) -> int:
 
 def launcher(op: Attention, cfg, combine_consts: dict[str, Any]) -> Callable[..., None]:
     """``launch(q, k, v, out, lse, aux)`` of the kernel for ``op`` under ``cfg``, for tensors that passed the
-    backend's checks and ``call_blocker`` (``attention._build_gluon`` wraps it with both). With
+    backend's checks and ``call_blocker`` (``forward.build_gluon`` wraps it with both). With
     ``cfg.num_splits > 1`` the splits' partials go to a workspace (made on the first call per CUDA stream,
     ``stream_workspace``) that ``attn_combine`` (``combine_consts``) merges."""
-    from . import kernels
-    from .attention import split_partials
     from portakern.stream_workspace import StreamWorkspace, stream_index
+
+    from .. import kernels
 
     fn = kernels.load("attention_decode_ws").attn_decode_ws
     combine = kernels.load("attention_combine").attn_combine
@@ -169,12 +166,9 @@ def launcher(op: Attention, cfg, combine_consts: dict[str, Any]) -> Callable[...
 
 def compile_for_target(op: Attention, cfg, cc: int) -> dict:
     """``{"attn_decode_ws": artifact}`` lowered for compute capability ``cc`` as a launch on contiguous
-    tensors specialises it (``attention_wgmma.lower_gluon``)."""
-    from .attention_aot import _launch_scalars
-    from .attention_wgmma import lower_gluon
-
+    tensors specialises it (``gluon.lower_gluon``)."""
     consts = constexprs(op, cfg)
-    sc = _launch_scalars(op)
+    sc = launch_scalars(op)
     ints = dict(so_b=sc["stride_ob"], so_h=sc["stride_oh"], sl_b=sc["stride_lb"], sl_h=sc["stride_lh"],
                 stride_btb=sc["stride_btb"], stride_btp=sc["stride_btp"], HQ=op.heads_q, seqlen_kv=op.shapes()["k"][1])
     split = cfg.num_splits > 1
