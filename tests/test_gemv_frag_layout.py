@@ -1,10 +1,7 @@
-"""The fragment layout of the tensor-core GEMV kernel "frag" (``portakern.ir.gemv_layout.pack_fragments``) and its
-place in the tuning table, on the CPU.
-
-The layout is checked against an emulation of ``mma.m16n8k16`` written from the PTX ISA's fragment
-tables (A: register 0 = row g, k 2t..2t+1; register 1 = row g + 8; registers 2 and 3 the same rows at
-k + 8; B: k 2t..2t+1 and 2t+8..2t+9 of column g), not from the packing code, so a layout that only
-round-trips with its own unpacker fails here. The kernel itself runs in the GPU tests
+"""Where the tensor-core GEMV kernel "frag" (``kernels/gemv_frag.py``) serves in the triton backend's tuning table,
+on the CPU: the bf16 M = 2..16 entries, the split each shape takes, and the fallback to the other kernels when a
+weight has no fragment copy or this Triton lacks Gluon's MMA. The fragment layout itself (packing, unpacking, an
+``mma.m16n8k16`` emulation) is tested in ``tests/test_gemv_layout.py``; the kernel runs in the GPU tests
 (``test_triton_gemv.py -k gpu``) and is lowered for sm_80 / sm_90a / sm_100a in the compile cases.
 """
 
@@ -13,79 +10,13 @@ from __future__ import annotations
 import sys
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 pytest.importorskip("triton")
 
 from portakern.backends.triton import gemv_tuning as T  # noqa: E402
-from portakern.backends.triton import quant_gemv as Q  # noqa: E402
 from portakern import gemv_weight  # noqa: E402
-from portakern.gemv_weight import prepare_gemv_weight  # noqa: E402
-from portakern.ir import gemv_layout  # noqa: E402
-
-
-def _kcol(kk: int, p: int) -> int:
-    """The documented column map of kernels/gemv_frag.py: MMA k position kk of step p."""
-    t = (kk % 8) // 2
-    return 16 * t + 4 * p + 2 * (kk // 8) + kk % 2
-
-
-def _emulate(words: np.ndarray, x: np.ndarray, N: int) -> np.ndarray:
-    """``codes @ x.T`` computed the way the kernel's MMAs see the words: for every unit and k16 step,
-    the A fragment each lane holds (PTX register order) times the B fragment of x."""
-    kc, nu, _ = words.shape
-    M = x.shape[0]
-    u32 = words.view(np.uint32)
-    y = np.zeros((nu * 16, M))
-    for c in range(kc):
-        for u in range(nu):
-            for h in range(2):
-                blk = u32[c, u, 128 * h: 128 * (h + 1)].reshape(32, 4)   # (lane, reg)
-                for p in range(4):
-                    A = np.zeros((16, 16))
-                    for lane in range(32):
-                        g, t = lane // 4, lane % 4
-                        for reg, (row, k0) in enumerate(((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8))):
-                            w = int(blk[lane, reg])
-                            A[row, k0] = (w >> (4 * p)) & 15
-                            A[row, k0 + 1] = (w >> (16 + 4 * p)) & 15
-                    B = np.array([[x[m, 128 * c + 64 * h + _kcol(kk, p)] for m in range(M)] for kk in range(16)])
-                    y[16 * u: 16 * u + 16] += A @ B
-    return y[:N]
-
-
-@pytest.mark.parametrize("N,K", [(16, 128), (40, 256), (130, 384)])
-def test_fragment_layout_is_what_the_mma_reads(N, K):
-    rng = np.random.default_rng(N + K)
-    codes = rng.integers(0, 16, size=(N, K)).astype(np.uint32)
-    x = rng.standard_normal((3, K))
-    words = gemv_layout.pack_fragments(codes, gemv_layout.N_ALIGN_WORDS)
-    assert words.shape == (K // 128, -(-N // 128) * 8, 256) and words.dtype == np.int32
-    np.testing.assert_allclose(_emulate(words, x, N), codes @ x.T, rtol=1e-12, atol=1e-9)
-
-
-@pytest.mark.parametrize("N,K", [(1, 128), (200, 640), (129, 128)])
-def test_fragment_layout_round_trips_and_pads_with_zero_codes(N, K):
-    rng = np.random.default_rng(7)
-    codes = rng.integers(0, 16, size=(N, K)).astype(np.uint32)
-    words = gemv_layout.pack_fragments(codes, gemv_layout.N_ALIGN_WORDS)
-    np.testing.assert_array_equal(gemv_layout.unpack_fragments(words, N, K), codes)
-    full = gemv_layout.unpack_fragments(words, words.shape[1] * 16, words.shape[0] * 128)
-    assert not full[N:].any() and not full[:, K:].any(), "padding rows / columns must hold code 0"
-
-
-@pytest.mark.parametrize("bits,gs,perm,irregular,needle", [
-    (8, 128, False, False, "bits=8"),
-    (4, 64, False, False, "group_size=64"),
-    (4, 32, False, False, "group_size=32"),
-    (4, 128, True, False, "act-order"),
-    (4, 128, False, True, "act-order"),
-])
-def test_frag_eligibility_names_the_reason(bits, gs, perm, irregular, needle):
-    why = gemv_layout.frag_eligible(bits, gs, perm, irregular)
-    assert why is not None and needle in why
-    assert gemv_layout.frag_eligible(4, 128, False, False) is None and gemv_layout.frag_eligible(4, 256, False, False) is None
+from portakern.backends.triton import quant_gemv as Q  # noqa: E402
 
 
 def _layout(N=4096, K=4096, gs=128, frag=True, bits=4):
@@ -100,7 +31,7 @@ def _layout(N=4096, K=4096, gs=128, frag=True, bits=4):
 def test_table_takes_frag_for_bf16_small_m_on_gpus(M):
     cfg = T.choose(_layout(), M, 4096, "sm_90", 132, dtype="bfloat16")
     assert cfg.kind == "frag" and cfg.block_n == 64 and cfg.num_warps == 2
-    assert cfg.pdl      # H200 session 21 sweep: with PDL best or within noise on 10 of 12 shapes
+    assert cfg.pdl      # with PDL best or within noise on 10 of 12 shapes (results/gemv-pdl-sweep-h200.json)
     assert not T.choose(_layout(), M, 4096, "sm_80", 108, dtype="bfloat16").pdl    # no griddepcontrol there
     assert T.block_m("frag", M) == (8 if M <= 8 else 16)
 
@@ -118,7 +49,7 @@ def test_table_keeps_other_kernels_where_frag_cannot_serve(M, dtype, layout, kin
 
 
 @pytest.mark.parametrize("N,K,M,split", [
-    # H200 session 7 sweep winners (benchmarks/gemv_notes.md v9)
+    # the H200 sweep winners (benchmarks/results/gemv-frag-sweep-h200.json)
     (4096, 4096, 16, 8), (14336, 4096, 16, 4), (28672, 4096, 16, 2), (4096, 14336, 16, 8),
     (4096, 4096, 4, 16), (14336, 4096, 4, 8), (128256, 4096, 16, 1),
 ])
@@ -147,15 +78,6 @@ def test_forced_frag_config_is_fitted_or_refused_with_the_reason():
     assert "dtype=float16" in T.frag_usable(_layout(), 4, "float16")
     with pytest.raises(ValueError, match="frag_split"):
         T.split_k_for(4096, 512, T.GemvConfig("frag", 64, 32, 2), 132)
-
-
-def test_prepared_weight_on_cpu_has_no_fragment_layout():
-    import portakern
-    from portakern.devices import Device
-
-    w = portakern.quantize(np.random.default_rng(0).standard_normal((64, 256)), bits=4, group_size=128)
-    p = prepare_gemv_weight(w, Device("cpu", 0))
-    assert p.frag is None and "frag" not in p.tensors()
 
 
 def test_without_gluon_no_weight_gets_the_layout_and_the_table_keeps_mma(monkeypatch):

@@ -9,10 +9,10 @@ shared memory; small CTAs, many per SM; split K merged by the last CTA of a colu
 (deterministic). Compiled by NVRTC per shape and format (``common/nvrtc.py``).
 
 The launch configuration (``choose``) comes from ``tuning.TABLE`` where a GPU sweep measured the problem
-(``benchmarks/experiments/gemv_wide.py --phase write-table``), else from a rule. The backend ranks below triton
+(``benchmarks/gemv_table_sweep.py --phase write-table``), else from a rule. The backend ranks below triton
 (``CudaBackend.priority``) except where its table entry timed ahead of the triton table in the same run (the priority
-hook; session 26 on an H100: the large M = 1 int4 shapes and int8, never M = 4). Its CUDA C also runs on the CPU
-in CI (``common/host_run.py``) against float64; ``benchmarks/gemv_notes.md`` v26.
+hook; on an H100: the large M = 1 int4 shapes and int8, never M = 4). Its CUDA C also runs on the CPU
+in CI (``common/host_run.py``) against float64. Design and measurements: ``docs/design/quant-gemv-cuda.md``.
 
 CUDA-graph contract: the first call of a signature compiles and loads the kernel and, when K is split, makes the
 fp32 workspace and arrival counters of its stream (``portakern.stream_workspace``; the kernel resets the counters
