@@ -196,7 +196,7 @@ def _target(device: Device) -> str:
 
 
 def compile(op: QuantGemv, device: Device, config: SmallMConfig | None = None):
-    """``kernel(x, prepared, out)`` for ``op`` on CUDA ``device`` (``prepared``: the triton layout)."""
+    """``kernel(x, prepared, out)`` for ``op`` on CUDA ``device`` (``prepared``: a ``PreparedGemvWeight``, the GEMV layout)."""
     import torch
 
     from portakern.ir.gemv_layout import N_ALIGN_WORDS
