@@ -360,7 +360,7 @@ def forced_config(cfg, num_warps):
     [, {field: value}])`` (a trailing dict sets other fields by name)."""
     from dataclasses import replace
 
-    from portakern.backends.triton.gemv_tuning import GemvConfig
+    from portakern.backends.triton.quant_gemv.config import GemvConfig
 
     kw = cfg[-1] if isinstance(cfg[-1], dict) else {}
     kind, bn, bkw, split, dq, *more = cfg[:-1] if kw else cfg
@@ -377,7 +377,8 @@ def run_compile(case):
 
     from dataclasses import replace
 
-    from portakern.backends.triton import gemv_tuning
+    from portakern.backends.triton.common.arch import arch_family, default_sms
+    from portakern.backends.triton.quant_gemv import aot, config
 
     cid, M, bits, G, sym, packing = case[:6]
     fmt = QuantFormat(bits=bits, group_size=G, symmetric=sym, packing=Packing(packing.split("-")[0]),
@@ -387,8 +388,8 @@ def run_compile(case):
     for t in (case[7] if len(case) > 7 else TARGETS):
         cfg = None
         if len(case) > 6:   # the target's table choice with some fields forced
-            arch = gemv_tuning.arch_family(Q._TARGETS[t])
-            cfg = replace(gemv_tuning.choose(Q._LayoutStub(op), M, op.N, arch, gemv_tuning.DEFAULT_SMS[arch]), **case[6])
+            arch = arch_family(aot.TARGETS[t])
+            cfg = replace(config.choose(aot.LayoutStub(op), M, op.N, arch, default_sms(arch)), **case[6])
         r = Q.compile_for_target(op, t, cfg)
         if cfg is not None:
             assert all(r["config"][k] == v for k, v in case[6].items()), r["config"]

@@ -138,7 +138,7 @@ def test_triton_lowers_the_prologue_on_the_cuda_core_kernel(M, target):
 @parent_only
 def test_triton_refuses_a_forced_kernel_without_the_prologue():
     pytest.importorskip("triton")
-    from portakern.backends.triton import gemv_tuning as T
+    from portakern.backends.triton.quant_gemv import config as T
     from portakern.backends.triton import quant_gemv as Q
 
     op = QuantGemv(M=16, N=256, K=512, dtype=DType.bfloat16, fmt=QuantFormat(bits=4, group_size=128,
@@ -153,19 +153,19 @@ def test_triton_forms_the_input_once_per_program_at_batch_1(monkeypatch):
     """GLU mode 2 (``quant_gemv.glu_mode``: one scratch row per program, formed after the wait) at M = 1 without
     act-order; mode 1 (per thread) for act-order, several rows, or a scratch over the cap; 0 without a prologue."""
     pytest.importorskip("triton")
-    from portakern.backends.triton import gemv_tuning as T
-    from portakern.backends.triton import quant_gemv as Q
+    from portakern.backends.triton.quant_gemv import config as T
+    from portakern.backends.triton.quant_gemv import aot as QA, launcher as QL
 
     def mode(M=1, act=False, N=4096, K=14336, prologue="silu_mul"):
         fmt = QuantFormat(bits=4, group_size=128, symmetric=False, packing=Packing("gptq" if act else "native"),
                           has_g_idx=act)
         op = QuantGemv(M=M, N=N, K=K, dtype=DType.bfloat16, fmt=fmt, prologue=prologue)
-        lay = Q._LayoutStub(op)
+        lay = QA.LayoutStub(op)
         cfg = T.choose(lay, M, N, "sm_90", 132, cuda_core=True)
-        return Q.glu_mode(op, lay, cfg), Q.glu_scratch_values(op, lay, cfg)
+        return QL.glu_mode(op, lay, cfg), QL.glu_scratch_values(op, lay, cfg)
 
     m, values = mode()
     assert m == 2 and values == 512 * 1792               # 64 column tiles x 8 slices, 224 words of 8 codes each
     assert mode(act=True)[0] == 1 and mode(M=16)[0] == 1 and mode(prologue=None)[0] == 0
-    monkeypatch.setattr(Q, "GLU_SCRATCH_MAX_BYTES", values * 4 - 1)
+    monkeypatch.setattr(QL, "GLU_SCRATCH_MAX_BYTES", values * 4 - 1)
     assert mode()[0] == 1                                # a scratch over GLU_SCRATCH_MAX_BYTES

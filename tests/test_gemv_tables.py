@@ -1,5 +1,6 @@
-"""The GPU tables of the triton backend's quantized GEMV (``backends/triton/gemv_tuning.py``): which kernel and
-tile each shape gets on each architecture, and what ``fit`` guards. Pure Python, no kernel runs.
+"""The GPU tables of the triton backend's quantized GEMV (``backends/triton/tuning.py``, read by
+``quant_gemv/config.py``): which kernel and tile each shape gets on each architecture, and what ``fit`` guards.
+Pure Python, no kernel runs.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ def test_tables_use_group_resident_tiles_for_large_regular_int4_m1_and_fit_guard
     per-element groups and refuses it for the tensor-core kernel and two-deep prefetch."""
     from dataclasses import replace
 
-    from portakern.backends.triton import gemv_tuning as T
-    from portakern.backends.triton import quant_gemv as Q
+    from portakern.backends.triton.quant_gemv import config as T
+    from portakern.backends.triton.quant_gemv import aot as QA, autotune as GT
     from portakern.ir import DType, Packing, QuantFormat
     from portakern.ir.ops import QuantGemv
 
     def lay(N, K, M=1, bits=4, G=128, packing="native", act=False):
         fmt = QuantFormat(bits=bits, group_size=G, symmetric=False, packing=Packing(packing), has_g_idx=act)
-        return Q._LayoutStub(QuantGemv(M=M, N=N, K=K, dtype=DType.bfloat16, fmt=fmt))
+        return QA.LayoutStub(QuantGemv(M=M, N=N, K=K, dtype=DType.bfloat16, fmt=fmt))
 
     want = {(14336, 4096): (8, 16), (8192, 8192): (8, 32), (28672, 8192): (8, 16),
             (16384, 16384): (8, 16), (6144, 4096): (16, 16)}
@@ -65,28 +66,28 @@ def test_tables_use_group_resident_tiles_for_large_regular_int4_m1_and_fit_guard
     with pytest.raises(ValueError, match=r"prefetch=2, group_rows=True"):
         T.fit(replace(rows, prefetch=2), lay(4096, 4096), 1)
     # autotuning offers both tile families at M=1 (the table's choice first), only plain ones otherwise
-    cands = T.candidates(lay(8192, 8192), 1, 8192, "sm_80", 108)
+    cands = GT.candidates(lay(8192, 8192), 1, 8192, "sm_80", 108)
     assert cands[0].group_rows and {c.group_rows for c in cands} == {False, True}
-    assert not any(c.group_rows for c in T.candidates(lay(8192, 8192, M=16), 16, 8192, "sm_90", 132))
-    assert not any(c.group_rows for c in T.candidates(lay(8192, 8192, packing="gptq", act=True), 1, 8192, "sm_90", 132))
+    assert not any(c.group_rows for c in GT.candidates(lay(8192, 8192, M=16), 16, 8192, "sm_90", 132))
+    assert not any(c.group_rows for c in GT.candidates(lay(8192, 8192, packing="gptq", act=True), 1, 8192, "sm_90", 132))
 
 
 def test_tables_use_pdl_for_the_cuda_core_kernel_on_sm90_and_later_only():
     """The GPU tables launch the CUDA-core and fragment-layout ("frag") kernels with pdl from sm_90 on
     (measured faster on the H200), never the Triton tensor-core kernel (measured slower) nor sm_80 or the
     interpreter (it cannot run there); autotuning candidates keep the table's setting."""
-    from portakern.backends.triton import gemv_tuning as T
-    from portakern.backends.triton import quant_gemv as Q
+    from portakern.backends.triton.quant_gemv import config as T
+    from portakern.backends.triton.quant_gemv import aot as QA, autotune as GT
     from portakern.ir import DType, Packing, QuantFormat
     from portakern.ir.ops import QuantGemv
 
     fmt = QuantFormat(bits=4, group_size=128, symmetric=False, packing=Packing("native"))
     for M in (1, 16):
-        lay = Q._LayoutStub(QuantGemv(M=M, N=4096, K=4096, dtype=DType.bfloat16, fmt=fmt))
+        lay = QA.LayoutStub(QuantGemv(M=M, N=4096, K=4096, dtype=DType.bfloat16, fmt=fmt))
         for arch in ("sm_80", "sm_90", "sm_100", "sm_120", "interp"):
             cfg = T.choose(lay, M, 4096, arch, 132)
             assert cfg.pdl == (cfg.kind in ("fma", "frag") and arch in ("sm_90", "sm_100", "sm_120")), (arch, cfg)
-        cands = T.candidates(lay, M, 4096, "sm_90", 132)
+        cands = GT.candidates(lay, M, 4096, "sm_90", 132)
         assert cands[0] == T.choose(lay, M, 4096, "sm_90", 132)
         assert all(c.pdl == cands[0].pdl and c.prefetch == 1 for c in cands if c.kind != "stream")
         assert all(c.pdl for c in cands if c.kind == "stream") and (M == 1) == any(c.kind == "stream" for c in cands)
@@ -98,8 +99,8 @@ def test_tables_use_the_group_scaled_tensor_core_kernel_where_it_applies_and_fit
     group (8 to 32 word rows), its columns within 16..128, and refuses it for a weight it cannot serve."""
     from dataclasses import replace
 
-    from portakern.backends.triton import gemv_tuning as T
-    from portakern.backends.triton import quant_gemv as Q
+    from portakern.backends.triton.quant_gemv import config as T
+    from portakern.backends.triton.quant_gemv import aot as QA, autotune as GT
     from portakern.ir import DType, Packing, QuantFormat
     from portakern.ir.ops import QuantGemv
 
@@ -107,7 +108,7 @@ def test_tables_use_the_group_scaled_tensor_core_kernel_where_it_applies_and_fit
         """The layout facts of a prepared weight; ``frag=False``: one without the fragment layout (whose
         bf16 M > 1 calls take kind "frag" instead, tests/test_gemv_frag_layout.py)."""
         fmt = QuantFormat(bits=bits, group_size=G, symmetric=sym, packing=Packing(packing), has_g_idx=act)
-        stub = Q._LayoutStub(QuantGemv(M=M, N=N, K=K, dtype=DType.bfloat16, fmt=fmt))
+        stub = QA.LayoutStub(QuantGemv(M=M, N=N, K=K, dtype=DType.bfloat16, fmt=fmt))
         if not frag:
             stub.frag = None
         return stub
@@ -153,5 +154,5 @@ def test_tables_use_the_group_scaled_tensor_core_kernel_where_it_applies_and_fit
         T.fit(mma, lay(G=64, packing="gptq", act=True), 16)
     with pytest.raises(ValueError, match=r"GemvConfig\(kind='tc'\): the kinds are fma, dot, mma"):
         T.fit(replace(mma, kind="tc"), lay(), 16)
-    cands = T.candidates(lay(), 16, 8192, "sm_90", 132)
+    cands = GT.candidates(lay(), 16, 8192, "sm_90", 132)
     assert cands[0] == cfg and {c.kind for c in cands} == {"mma"} and len(cands) > 12

@@ -1,5 +1,5 @@
 """Configuration tables of the triton attention backend (``backends/triton/tuning.py``): what
-``plan.choose`` and ``AT.candidates`` pick per architecture, without compiling or running a kernel.
+``attention/plan.choose`` and ``attention/autotune.candidates`` pick per architecture, without compiling or running a kernel.
 The figures each rule rests on are in ``tuning.py`` beside it."""
 
 from __future__ import annotations

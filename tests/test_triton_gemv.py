@@ -138,7 +138,7 @@ def test_compile_for_target_rejects_unknown_target():
 
 
 def test_unknown_dq_variant_is_rejected():
-    from portakern.backends.triton import gemv_tuning as T
+    from portakern.backends.triton.quant_gemv import config as T
 
     lay = type("L", (), {})()
     assert T.fit(T.GemvConfig("fma", 32, 64, dq=3), lay, 1).dq == 3
@@ -147,7 +147,7 @@ def test_unknown_dq_variant_is_rejected():
 
 
 def test_swap_ab_only_on_the_tensor_core_kernel():
-    from portakern.backends.triton import gemv_tuning as T
+    from portakern.backends.triton.quant_gemv import config as T
 
     lay = type("L", (), {})()
     assert T.fit(T.GemvConfig("dot", 64, 32, swap_ab=True), lay, 16).swap_ab
@@ -156,7 +156,7 @@ def test_swap_ab_only_on_the_tensor_core_kernel():
 
 
 def test_prefetch_depth_is_checked():
-    from portakern.backends.triton import gemv_tuning as T
+    from portakern.backends.triton.quant_gemv import config as T
 
     lay = type("L", (), {})()
     assert T.fit(T.GemvConfig("fma", 32, 64, prefetch=2), lay, 1).prefetch == 2
@@ -169,7 +169,7 @@ def test_pdl_is_refused_where_it_cannot_run():
     """Programmatic dependent launch needs sm_90+ and a compiled kernel: sm_80 lowering and the
     interpreter (cpu device) are refused with the rule and the way out."""
     from portakern.backends.triton import quant_gemv as Q
-    from portakern.backends.triton.gemv_tuning import GemvConfig
+    from portakern.backends.triton.quant_gemv.config import GemvConfig
     from portakern.devices import Device
     from portakern.ir import DType, QuantFormat
     from portakern.ir.ops import QuantGemv
@@ -354,7 +354,7 @@ def test_gpu_frag_forced_config(dev, case):
 def test_gpu_frag_refuses_other_activation_dtypes(dev):
     _need(dev)
     from portakern.backends.triton import quant_gemv as Q
-    from portakern.backends.triton.gemv_tuning import GemvConfig
+    from portakern.backends.triton.quant_gemv.config import GemvConfig
     from portakern.errors import UnsupportedError
     from portakern.validate import quant_gemv_op
 
@@ -373,7 +373,7 @@ def test_gpu_cuda_graph_replay_with_new_inputs(dev, split):
     """Capture the compiled kernel (split-K included) in a graph; replays see new x and write every output."""
     _need(dev)
     from portakern.backends.triton import quant_gemv as Q
-    from portakern.backends.triton.gemv_tuning import GemvConfig
+    from portakern.backends.triton.quant_gemv.config import GemvConfig
     from portakern.validate import quant_gemv_op
 
     case = ("g", "native", 4, 128, False, 1, 4096, 4096, "bfloat16", {})
@@ -398,7 +398,7 @@ def test_gpu_pdl_chain_in_a_graph(dev, kind):
     if dev.capability < (9, 0):
         pytest.skip("programmatic dependent launch needs sm_90+ (the refusal is tested above)")
     from portakern.backends.triton import quant_gemv as Q
-    from portakern.backends.triton.gemv_tuning import GemvConfig
+    from portakern.backends.triton.quant_gemv.config import GemvConfig
     from portakern.ir.packing import dequantize
     from portakern.validate import quant_gemv_op
 
@@ -496,7 +496,7 @@ def test_gpu_graph_with_attention_and_gemv_through_the_api(dev):
 @pytest.fixture()
 def guard_log(monkeypatch):
     """Every KernelLaunch guard's verdict, in call order (True: the launch bypassed Triton's binding)."""
-    from portakern.backends.triton.launch import KernelLaunch
+    from portakern.backends.triton.common.launch import KernelLaunch
 
     log, guard = [], KernelLaunch._guard
 

@@ -1,4 +1,4 @@
-"""The stream-K int4 GEMV for M = 1 (kind "stream": ``backends/triton/gemv_stream.py``, ``kernels/gemv_stream.py``).
+"""The stream-K int4 GEMV for M = 1 (kind "stream": ``backends/triton/quant_gemv/stream.py``, ``kernels/gemv_stream.py``).
 
 Gluon kernels have no interpreter, so off the GPU these tests check which ops the kernel serves, the
 table's choice, ``fit``, the staging of x, the refusal on the CPU and the lowering for sm_90a and sm_80;
@@ -28,14 +28,14 @@ def _op(N=8192, K=8192, M=1, bits=4, G=128, packing="native", act=False, sym=Fal
 
 
 def _lay(**kw):
-    from portakern.backends.triton import quant_gemv as Q
+    from portakern.backends.triton.quant_gemv import aot as QA
 
-    return Q._LayoutStub(_op(**kw))
+    return QA.LayoutStub(_op(**kw))
 
 
 @parent_only
 def test_sm90_table_takes_the_stream_kernel_for_int4_m1_from_6144_rows():
-    from portakern.backends.triton import gemv_tuning as T
+    from portakern.backends.triton.quant_gemv import config as T
 
     for N, K in ((6144, 4096), (8192, 8192), (28672, 8192), (16384, 16384), (128256, 4096)):
         for dt in ("bfloat16", "float16", "float32"):
@@ -59,7 +59,7 @@ def test_sm90_table_takes_the_stream_kernel_for_int4_m1_from_6144_rows():
     (dict(K=65536), 1, r"K=65536 \(x of every group takes \d+ bytes of shared memory, over \d+\)"),
 ], ids=["m2", "int8", "act-order", "group100", "long-k"])
 def test_usable_names_what_the_kernel_does_not_serve(kw, M, match):
-    from portakern.backends.triton.gemv_stream import usable
+    from portakern.backends.triton.quant_gemv.stream import usable
 
     why = usable(_lay(**kw), M)
     assert why is not None and __import__("re").search(match, why), why
@@ -69,7 +69,7 @@ def test_usable_names_what_the_kernel_does_not_serve(kw, M, match):
 def test_fit_makes_a_stream_config_legal_and_refuses_other_weights():
     from dataclasses import replace
 
-    from portakern.backends.triton import gemv_tuning as T
+    from portakern.backends.triton.quant_gemv import config as T
 
     base = T.GemvConfig("stream", block_n=100, block_kw=1, num_warps=1, split_k=4, prefetch=2, per_sm=9, dq=0)
     c = T.fit(base, _lay(G=64, K=4096), 1)
@@ -92,7 +92,7 @@ def test_fit_makes_a_stream_config_legal_and_refuses_other_weights():
 
 @parent_only
 def test_x_is_staged_per_unit_when_a_range_is_shorter_than_k():
-    from portakern.backends.triton.gemv_stream import x_slots
+    from portakern.backends.triton.quant_gemv.stream import x_slots
 
     assert x_slots(64, 112 * 64, 264) == (32, True)      # 28672x8192, 256 columns, 2 programs per SM: 28 units
     assert x_slots(112, 16 * 112, 264) == (8, True)      # 4096x14336: 7 units
@@ -104,8 +104,8 @@ def test_x_is_staged_per_unit_when_a_range_is_shorter_than_k():
 def test_grids_hold_per_sm_programs_and_never_more_than_the_units():
     """Every program must own a unit (a tile's arrival count counts the programs whose ranges meet it):
     a grid of ``per_sm`` per SM, or a forced size, is capped at the units."""
-    from portakern.backends.triton import gemv_tuning as T
-    from portakern.backends.triton.gemv_stream import grid_programs
+    from portakern.backends.triton.quant_gemv import config as T
+    from portakern.backends.triton.quant_gemv.stream import grid_programs
 
     cfg = T.fit(T.GemvConfig("stream", 256, 16, per_sm=2), _lay(), 1)
     assert grid_programs(_op(), _lay(), cfg, 132) == 264
@@ -119,7 +119,7 @@ def test_grids_hold_per_sm_programs_and_never_more_than_the_units():
 def test_a_forced_gluon_config_is_refused_on_the_cpu_with_the_way_out(kind):
     """Both Gluon kinds ("stream", and "frag" for M > 1) are refused before anything is built on the CPU."""
     from portakern.backends.triton import quant_gemv as Q
-    from portakern.backends.triton.gemv_tuning import GemvConfig
+    from portakern.backends.triton.quant_gemv.config import GemvConfig
     from portakern.devices import CPU
     from portakern.errors import UnsupportedError
 
@@ -134,7 +134,7 @@ def test_lowering_loads_16_bytes_per_row_and_waits_for_the_previous_kernel_on_sm
     """The table's choice (sm_90a) and a forced config (sm_80) lower to the stream kernel: 8 warps, 16-byte
     word loads, the scalar arrival counter, ``griddepcontrol`` where the config has pdl."""
     from portakern.backends.triton import quant_gemv as Q
-    from portakern.backends.triton.gemv_tuning import GemvConfig
+    from portakern.backends.triton.quant_gemv.config import GemvConfig
 
     op = _op(N=28672, K=8192)
     art = Q.compile_for_target(op, target, None if target == "sm_90a" else GemvConfig("stream", 256, 16))
@@ -157,7 +157,7 @@ def test_lowering_with_l2_prefetch_asks_for_each_line_once_before_the_wait(units
     from dataclasses import replace
 
     from portakern.backends.triton import quant_gemv as Q
-    from portakern.backends.triton.gemv_tuning import GemvConfig
+    from portakern.backends.triton.quant_gemv.config import GemvConfig
 
     op = _op(N=28672, K=8192)
     cfg = GemvConfig(**Q.compile_for_target(op, "sm_90a")["config"])
@@ -198,9 +198,8 @@ def test_gpu_matches_float64_for_every_way_programs_share_tiles(case):
     start and end inside them), the table's; each launched twice (the arrival counters reset
     themselves), outputs poisoned, against float64."""
     dev = _gpu()
-    from portakern.backends.triton import gemv_tuning as T
-    from portakern.backends.triton import quant_gemv as Q
-    from portakern.backends.triton.gemv_stream import Launcher
+    from portakern.backends.triton.quant_gemv import config as T
+    from portakern.backends.triton.quant_gemv.stream import Launcher
     from portakern.ir.packing import dequantize
     from portakern.validate import quant_gemv_op
 

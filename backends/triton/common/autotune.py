@@ -14,7 +14,7 @@ def cached_best(namespace: str, device: Any, key: str, candidates: Iterable[Any]
     ``timer(cfg)`` returns seconds (a candidate that raises, e.g. out of shared memory, is
     skipped); ``default()`` is used when none ran; ``restore(dict)`` rebuilds a cached entry and
     may raise for an entry it cannot serve (another shape: ``TypeError``; a configuration the weight
-    rules out: ``ValueError`` from ``gemv_tuning.fit``), which is a miss: the bucket is timed again.
+    rules out: ``ValueError`` from ``quant_gemv.config.fit``), which is a miss: the bucket is timed again.
     Winners are stored with ``cfg.to_json()`` in a ``portakern.cache.TuningCache`` keyed by device,
     portakern and Triton versions; a cache directory that cannot be written (read-only, full, a path
     under a regular file) warns and returns the measured winner without storing it.

@@ -3,7 +3,8 @@
 ``attn_fwd``'s split decode issues its own K/V loads from every thread, and with pages smaller than a key
 tile each key's row address waits for its page id: Triton's pipeliner keeps the ids one tile ahead,
 which leaves about one L2 round trip per tile on the critical path (pages of 16 cost ~4 us more than
-dense keys at 8k, ``benchmarks/attention_notes.md`` session 14). Here the schedule is ours:
+dense keys at 8k: ``decode-ws-h200.json``, ``docs/design/attention-decode.md``). Here the
+schedule is ours:
 
 * one program = one split of the keys of one (batch, KV head); its ``GROUP`` query heads are the first
   rows of a 64-row wgmma tile (the other rows are the next heads' queries or zeros: computed and dropped);

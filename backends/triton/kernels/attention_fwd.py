@@ -4,7 +4,7 @@ A program owns a tile of BLOCK_M query rows of one (batch entry, query head bloc
 key tiles of its KV range (one split of it under split-KV). Rows of a tile are
 ``(query row, head)`` pairs: PACK = 1 gives BLOCK_M query rows of one head (prefill); PACK = G
 packs the G query heads that share a KV head (decode), so each K/V tile is loaded once for all
-of them. Launched by ``backends/triton/attention.py``; the layouts and the meaning of every
+of them. Launched by ``backends/triton/attention/forward.py``; the layouts and the meaning of every
 argument are documented there.
 
 ``LAZY_RESCALE``: the online softmax keeps a stale row maximum until a tile raises it by more than

@@ -2,7 +2,7 @@
 
 The ``@triton.jit`` kernel (``attention_fwd.py``) runs each warpgroup's softmax and its wgmma in
 sequence, and Triton 3.6 keeps the two warpgroups of a program in step; its tensor pipe is ~47%
-busy at D=128 (benchmarks/attention_notes.md, session 9). This kernel is written in Gluon so the
+busy at D=128 (``ncu-h200.txt``, ``docs/design/attention-prefill.md``). This kernel is written in Gluon so the
 schedule is ours:
 
 * one program = ``2 * QR`` query rows of one (batch, query head); partition 0 (the default, 4
@@ -12,7 +12,7 @@ schedule is ours:
   once their scores of the tile are done, ``v_empty`` once their ``P V`` is), K one tile ahead of V;
 * the consumers share nothing but the ring, so they drift apart and one's softmax runs while the
   other's wgmma uses the tensor cores;
-* ``PINGPONG`` (off: measured mixed, -8% to +10% on the H200, session 10) makes the consumers take turns
+* ``PINGPONG`` (off: measured mixed, -8% to +10% on the H200, ``attention-wgmma-pingpong-h200.json``) makes the consumers take turns
   issuing their MMAs through two mbarriers, FA3's inter-warpgroup schedule;
 * within a consumer, tile t's scores ``q k_t^T`` and tile t-1's ``P v_{t-1}`` are both in flight,
   and the softmax of tile t waits only for its scores while ``P v_{t-1}`` runs (FA3's

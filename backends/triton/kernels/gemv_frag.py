@@ -20,7 +20,7 @@ A program owns ``16 W NT`` rows and one of ``SPLIT_K`` slices of chunks; each it
 loads of chunk ``c + 1`` (words, two x tiles, the group's scales and zeros) before the eight MMAs
 of chunk ``c``; the fp32 group result is scaled once per chunk (groups are multiples of 128).
 Split-K partials go to an fp32 workspace and the last slice to arrive adds them (as
-``gemv_quant._finish``). bf16 activations; rows past M read row M - 1 and are never stored.
+``gemv_common._finish``). bf16 activations; rows past M read row M - 1 and are never stored.
 """
 
 from triton.experimental import gluon

@@ -1,7 +1,7 @@
 """Triton body of the int4 tensor-core GEMV with group-scaled MMAs (``GemvConfig`` kind "mma").
 
 Same internal layout, split-K workspace and program tiling as the other GEMV kernels
-(``kernels/gemv_quant.py``, whose helpers this module uses in the same Triton flavour).
+(``kernels/gemv_quant.py``; the helpers of ``kernels/gemv_common.py`` in the same Triton flavour).
 """
 
 import triton
@@ -9,7 +9,7 @@ import triton.language as tl
 
 from . import load
 
-_q = load("gemv_quant")
+_q = load("gemv_common")
 _finish = _q._finish
 _k_index = _q._k_index
 _program_tile = _q._program_tile

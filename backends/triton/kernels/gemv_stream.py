@@ -2,7 +2,7 @@
 
 The CUDA-core kernel of the tables (``gemv_quant.gemv_fma_kernel``) launches many small split-K
 programs, re-reads and re-scales x for every tile and spends ~3.4 instructions per code
-(``benchmarks/gemv_notes.md`` v11). This kernel:
+(``gemv-sass-count-sm90a.json``, ``docs/design/quant-gemv-triton.md``). This kernel:
 
 * runs ``P`` programs (one or two per SM) over the ``T = tiles * G`` **units** (one group, ``TR = GS / 8``
   word rows, of ``BN`` columns), column tile major, each program an equal contiguous range
@@ -13,8 +13,8 @@ programs, re-reads and re-scales x for every tile and spends ~3.4 instructions p
   word row for the zero points;
 * keeps the next ``AHEAD`` units' words, scales and zeros in flight in registers; no shared memory is
   written in the loop, so the warps of a program never wait for each other (a ring of shared memory
-  filled by ``cp.async`` measured the same on the H200, session 11, and needs a CTA barrier per unit);
-* costs per code one LOP3 and one FFMA (DQ=3 of ``gemv_quant._codes``): the four bits of code ``e``,
+  filled by ``cp.async`` measured the same on the H200, and needs a CTA barrier per unit);
+* costs per code one LOP3 and one FFMA (DQ=3 of ``gemv_common._codes``): the four bits of code ``e``,
   masked in place (codes 5..7 after one 16-bit shift of the word), read as fp32 are the subnormal
   ``q * 2^(pos - 149)``; x carries ``2^(149 - pos - 64)``, so every product is ``x q 2^-64`` (normal for
   ``|x q| >= 2^-62``), scaled back once per segment. As for that variant, ``|x|`` must stay below 2^43
@@ -40,7 +40,7 @@ cta_barrier = load("gluon_compat").cta_barrier
 #: PDL: wait for the previous kernel (only the constant weight is read before), then let the next launch
 _wait_for_producer = load("gluon_compat").wait_for_producer
 
-#: products come out as ``x q 2^-DENORM_C`` (``gemv_quant.DENORM_C``)
+#: products come out as ``x q 2^-DENORM_C`` (``gemv_common.DENORM_C``)
 DENORM_C = gl.constexpr(64)
 #: code positions per word (int4)
 EPW = gl.constexpr(8)

@@ -3,7 +3,7 @@ compile-time arguments, its launch.
 
 ``usable(layout, M, dtype)`` names why a prepared weight and op cannot run on it (None: it can);
 ``Launcher`` holds the constexprs, the grid and the split-K workspace of one signature and launches
-the kernel (``quant_gemv`` builds one per signature; the benchmarks build their own variants).
+the kernel (``launcher.Launcher`` builds one per signature; the benchmarks build their own variants).
 """
 
 from __future__ import annotations
@@ -77,10 +77,10 @@ class Launcher:
     def __init__(self, op, layout, cfg, num_sms: int, tdev: str, mode: int = 0, programs: int | None = None):
         import torch
 
-        from . import kernels
-        from .backend import KERNEL_OPTIONS
-        from .launch import KernelLaunch
         from portakern.stream_workspace import StreamWorkspace, stream_index
+
+        from .. import kernels
+        from ..common.launch import KERNEL_OPTIONS, KernelLaunch
 
         self.fn = kernels.load("gemv_stream").gemv_stream_kernel
         self.programs = grid_programs(op, layout, cfg, num_sms, programs)
