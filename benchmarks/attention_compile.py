@@ -10,8 +10,8 @@ import time
 
 import torch
 
-from portakern.backends.triton import attention as A
-from portakern.backends.triton.tuning import AttnConfig
+from portakern.backends.triton.attention import forward as A
+from portakern.backends.triton.attention.config import AttnConfig
 from portakern.devices import torch_device
 
 

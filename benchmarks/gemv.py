@@ -37,7 +37,7 @@ from gemv_problems import config_json, dispatched, floor_bytes, gemv_op, ours, p
 from gemv_sweep import frag_candidates, split_for_shape, sweep_candidates, with_split
 from harness import default_out, result_path, write
 from timing import copies_for, copy_bandwidth_TBps, eager_us, graph_us
-from portakern.backends.triton.gemv_tuning import GemvConfig
+from portakern.backends.triton.quant_gemv.config import GemvConfig
 from portakern.conformance.report import run_identity
 from portakern.devices import torch_device
 from portakern.ir.ops import QuantGemv

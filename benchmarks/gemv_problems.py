@@ -11,7 +11,7 @@ from dataclasses import asdict
 import torch
 
 from portakern.backends.triton import quant_gemv as Q
-from portakern.backends.triton.gemv_tuning import GemvConfig
+from portakern.backends.triton.quant_gemv.config import GemvConfig
 from portakern.devices import torch_device
 from portakern.gemv_weight import PreparedGemvWeight
 from portakern.ir import DType, QuantFormat, gemv_layout

@@ -38,7 +38,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from portakern.backends.triton import gemv_tuning as tuning
+from portakern.backends.triton.quant_gemv import config as tuning
 from portakern.backends.triton import quant_gemv as Q
 from portakern.ir import DType, QuantFormat
 from portakern.ir.ops import QuantGemv

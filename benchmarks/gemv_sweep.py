@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from portakern.backends.triton import gemv_tuning as tuning
-from portakern.backends.triton.gemv_tuning import GemvConfig
+from portakern.backends.triton.quant_gemv import config as tuning
+from portakern.backends.triton.quant_gemv.config import GemvConfig
 from portakern.ir import gemv_layout
 from portakern.ir.ops import QuantGemv
 

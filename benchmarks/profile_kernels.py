@@ -34,7 +34,7 @@ import attention as AB  # noqa: E402  (benchmarks/attention.py)
 import gemv_problems as GB  # noqa: E402  (benchmarks/gemv_problems.py)
 
 from portakern.backends.triton import attention as A  # noqa: E402
-from portakern.backends.triton import gemv_tuning as T  # noqa: E402
+from portakern.backends.triton.quant_gemv import config as T  # noqa: E402
 from portakern.devices import torch_device  # noqa: E402
 
 

@@ -17,7 +17,7 @@ from gemv_problems import random_prepared  # benchmarks/ is the script's folder
 from step_glue import (BF16, D, HID, HKV, HQ, LAYERS, MLP, PAGE, VOCAB, add_rmsnorm, glue_functions, rope,
                        silu_mul)
 from step_variants import ATTENTION_VARIANTS, gemv_op
-from portakern.backends.triton import gemv_tuning as T
+from portakern.backends.triton.quant_gemv import config as T
 from portakern.backends.triton import quant_gemv as Q
 from portakern.devices import torch_device
 

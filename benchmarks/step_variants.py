@@ -15,7 +15,7 @@ import copy
 
 import torch
 
-from portakern.backends.triton import gemv_tuning as T
+from portakern.backends.triton.quant_gemv import config as T
 from portakern.backends.triton import quant_gemv as Q
 from portakern.devices import torch_device
 from portakern.ir import DType, QuantFormat

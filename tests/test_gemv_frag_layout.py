@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from portakern.backends.triton import gemv_tuning as T  # noqa: E402
+from portakern.backends.triton.quant_gemv import config as T  # noqa: E402
 from portakern import gemv_weight  # noqa: E402
 from portakern.backends.triton import quant_gemv as Q  # noqa: E402
 

@@ -41,7 +41,7 @@ def spilled_bytes(ptx: str) -> int | None:
 def lower_modes(M: int, N: int, K: int) -> dict:
     """Every MODE of the sm_90 table's "frag" entry for ``(M, N, K)`` lowered for sm_90a, and the table's kernel with
     its other split-K merge (key ``"merge_other"``): per mode its PTX, bytes spilled, MMAs, global atomics, MERGE."""
-    from portakern.backends.triton import gemv_tuning as T
+    from portakern.backends.triton.quant_gemv import config as T
     from portakern.backends.triton import quant_gemv as Q
     from portakern.ir import DType, QuantFormat
     from portakern.ir.ops import QuantGemv

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from gemv_problems import gemv_op  # noqa: E402
 from gemv_sweep import frag_candidates, split_for_shape  # noqa: E402
 
-from portakern.backends.triton import gemv_tuning as T  # noqa: E402
+from portakern.backends.triton.quant_gemv import config as T  # noqa: E402
 from portakern.backends.triton import quant_gemv as Q  # noqa: E402
 from portakern.ir import gemv_layout  # noqa: E402
 

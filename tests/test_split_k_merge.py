@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from portakern.backends.triton import gemv_tuning as T  # noqa: E402
+from portakern.backends.triton.quant_gemv import config as T  # noqa: E402
 from portakern.backends.triton import quant_gemv as Q  # noqa: E402
 from portakern.ir import DType, QuantFormat  # noqa: E402
 from portakern.ir.ops import QuantGemv  # noqa: E402
