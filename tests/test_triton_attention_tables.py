@@ -26,12 +26,12 @@ def test_split_count_is_not_rounded_to_equal_shares():
 
 
 def test_split_paged_decode_table():
-    """The sm_90 table for paged decode's attn_fwd kernel (H200 sessions 6 and 13; since session 14 the table
-    runs split paged decode on the Gluon kernel, ``test_triton_attention_decode_ws.py``, and these rules serve
+    """The sm_90 table for paged decode's attn_fwd kernel (``tuning.SPLIT_PAGED_TILE``; the table runs split
+    paged decode on the Gluon kernel, ``test_triton_attention_decode_ws.py``, and these rules serve
     ``wgmma=False`` and its fallback): split decode on 64-key tiles for every page size, at two programs per SM
     where two rings fit (3 stages) and with the fewest splits of the same longest split once the grid is full,
     launched with pdl and merged by ``attn_combine``; the step's 2049 keys keep 16 splits of two tiles; unsplit
-    batches (B=64) take dense decode's 64-key, 4-stage tile; sm_100 keeps session 6's rule (128-key tiles for
+    batches (B=64) take dense decode's 64-key, 4-stage tile; sm_100 keeps the earlier rule (128-key tiles for
     pages of 16 and for unsplit batches)."""
     from portakern.backends.triton.attention import plan
 
@@ -44,14 +44,14 @@ def test_split_paged_decode_table():
 
     step = fwd(paged(1, 33))                             # the decode step's cache at 2049 keys
     assert (step.block_n, step.num_splits, step.pdl, step.fused_combine) == (64, 16, True, False)  # 2 tiles each
-    long = fwd(paged(1, 512))                            # 32k keys: two programs per SM (session 13)
+    long = fwd(paged(1, 512))                            # 32k keys: two programs per SM
     assert (long.block_n, long.num_stages, long.num_splits) == (64, 3, 32)
     assert plan.choose(paged(1, 512), "sm_100", 148).num_splits == 18
     # two programs only where both rings fit one SM (227 KiB): at 120 KiB a program, one per SM
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(plan, "smem_bytes", lambda *a: 120 * 1024)
         assert fwd(paged(1, 512)).num_splits == 16
-    big = plan.choose(paged(64, 64), "sm_90", 132)        # unsplit: the dense tile (session 13, B=64 4k)
+    big = plan.choose(paged(64, 64), "sm_90", 132)        # unsplit: the dense tile (B=64 4k)
     assert not big.decode_ws and big == fwd(paged(64, 64))
     assert (big.block_n, big.num_stages, big.num_splits, big.pdl) == (64, 4, 1, False)
     assert plan.choose(paged(64, 64), "sm_100", 148).block_n == 128

@@ -4,8 +4,8 @@ Interpreter tests (Triton's interpreter runs tensor-descriptor loads, zero fill 
 the numbers against the float64 cpu kernel, in a child process with ``TRITON_INTERPRET=1`` as in
 ``test_triton_attention.py``; a compile-only test checks the sm_90a lowering (``cp.async.bulk.tensor``);
 the rest checks the refusals, ``fit`` and the table. (The warp-specialised prefill is the Gluon kernel,
-``test_triton_attention_wgmma.py``; Triton's own warp-specialised walk of ``attn_fwd``, which faulted
-on the H200, was removed in session 10.)
+``test_triton_attention_wgmma.py``; Triton's own warp-specialised walk of ``attn_fwd`` faulted on the
+H200 and is not used.)
 """
 
 from __future__ import annotations
@@ -167,13 +167,13 @@ def test_tma_is_refused_for_paged_and_packed_ops_and_fit_clears_it():
     assert not plan.choose(one_key, "sm_90", 132).tma
     two_keys = make_op(B=1, Sq=239, Sk=2, Hq=4, Hkv=1, D=256, dtype=DType.bfloat16)
     assert plan.choose(two_keys, "sm_90", 132, wgmma=False).tma       # attn_fwd's tile (its fallback)
-    assert plan.choose(two_keys, "sm_90", 132).wgmma                  # the table: the Gluon kernel (session 14)
+    assert plan.choose(two_keys, "sm_90", 132).wgmma                  # the table: the Gluon kernel
 
 
 def test_config_round_trips_and_the_table_and_autotuning_offer_tma(monkeypatch):
-    """tma round-trips through JSON; the sm_90 table (``TMA_TABLE``) gives attn_fwd TMA for dense fp16/bf16
-    prefill with D > 128 in whole 16-byte rows and more than one key (since session 14 the table runs D=256
-    on the Gluon kernel, and attn_fwd's TMA tile is its fallback and serves D=200, masks and score_mods), no
+    """tma round-trips through JSON; the sm_90 table (``tuning.TMA_PREFILL``) gives attn_fwd TMA for dense
+    fp16/bf16 prefill with D > 128 in whole 16-byte rows and more than one key (the table runs D=256 on the
+    Gluon kernel, and attn_fwd's TMA tile is its fallback and serves D=200, masks and score_mods), no
     other table does; autotuning times TMA both ways where it applies."""
     from portakern.backends.triton import tuning
     from portakern.backends.triton.attention import autotune as AT, config as C, plan, rules as R

@@ -1,5 +1,5 @@
-"""The Triton backend launches on the tensors' GPU, not on whichever is current (review of session 21: Triton
-launches on the current device and its stream). No second GPU here: torch.cuda's device calls are replaced."""
+"""The Triton backend launches on the tensors' GPU, not on whichever is current (Triton launches
+on the current device and its stream). No second GPU here: torch.cuda's device calls are replaced."""
 
 from __future__ import annotations
 

@@ -171,7 +171,8 @@ FMA_MAX_M = {
     "sm_80": 1, "sm_86": 1, "sm_89": 1, "sm_90": 1, "sm_100": 1, "sm_120": 1,
     "interp": 2,       # the interpreter keeps 2, so the tests cover the CUDA-core kernel's multi-row path
 }
-FMA_MAX_M_SOURCE = "gemv-fma-sweep-h200.json (M=4: the CUDA-core kernel's 3-D tiles ran 2x slower than the tensor-core one)"
+FMA_MAX_M_SOURCE = ("gemv-fma-sweep-h200.json (M=4: the CUDA-core kernel's 3-D tiles ran 2x slower than the "
+                    "tensor-core one)")
 
 #: M = 1 stays on the CUDA-core kernel: the "frag" kernel tied it within ~3% (28672x8192 37.8 against 38.7 us,
 #: 4096^2 7.0 against 6.3; ``gemv-frag-sweep-h200.json``) and the CUDA-core kernel serves every format and dtype.

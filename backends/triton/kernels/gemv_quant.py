@@ -6,11 +6,12 @@ by ``portakern.ir.gemv_layout`` (the byte layout in full there):
 * ``qw``  int32 ``(KWP, NP)``, K-major: word ``(j, n)`` holds ``EPW = 32 // BITS`` unsigned codes of
   column n, code ``e`` in bits ``BITS*e .. BITS*e + BITS-1``. Word rows are interleaved in blocks of
   ``IW`` rows (int4: ``IW`` a power of two, at most 8, dividing the words per group; 1 for int8 and
-  per-element groups, see ``gemv_layout.interleave_words``): code ``e`` of row ``j`` is ``W[n, k]`` with ``k = (j // IW) * IW * EPW + e * IW + j % IW``
-  (``_k_index``), so the x values that meet code position ``e`` of ``IW`` consecutive rows are
-  contiguous (one vector load). A block of ``IW * EPW`` columns of K lies in one group. Rows past
-  ``K / EPW`` are zero (KWP is a multiple of 64); ``NP`` (the row stride) is N rounded up to 128,
-  so tiles of up to 128 columns load without masks (wider tiles mask, ``NMASK``).
+  per-element groups, see ``gemv_layout.interleave_words``): code ``e`` of row ``j`` is ``W[n, k]``
+  with ``k = (j // IW) * IW * EPW + e * IW + j % IW`` (``gemv_common._k_index``), so the x values that
+  meet code position ``e`` of ``IW`` consecutive rows are contiguous (one vector load). A block of
+  ``IW * EPW`` columns of K lies in one group. Rows past ``K / EPW`` are zero (KWP is a multiple of
+  64); ``NP`` (the row stride) is N rounded up to 128, so tiles of up to 128 columns load without
+  masks (wider tiles mask, ``NMASK``).
 * ``s``, ``z``  ``(G, NP)``: scale and integer zero point of group ``g`` for column ``n`` (the
   format's scale dtype). Symmetric formats have no ``z`` and use the constant ``ZP``.
 * ``perm`` int32 ``(K,)`` (act-order GPTQ): internal column ``k`` multiplies ``x[:, perm[k]]``.
