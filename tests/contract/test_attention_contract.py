@@ -76,6 +76,7 @@ SHAPES = {
     "mqa-decode-d111-dv64": ((1, 1, 70, 4, 1, 111, 64), {}),
     "more-q-than-k-dv96-causal": ((1, 21, 9, 4, 4, 32, 96), dict(causal=True)),
     "d192-dv128-causal": ((2, 19, 67, 4, 2, 192, 128), dict(causal=True)),
+    "mqa-softcap-causal": ((1, 9, 31, 4, 1, 64, 64), dict(causal=True, softcap=4.0)),
 }
 
 
