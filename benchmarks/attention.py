@@ -9,7 +9,7 @@ of the floor (K+V bytes over the copy bandwidth measured in the same run).
     python benchmarks/attention.py [--check] [--sweep] [--bench] [--quick] [--out DIR]
 
 ``--check`` runs every feature once on the GPU against the cpu reference; ``--sweep`` times the
-candidate configurations of ``backends/triton/tuning.py`` on representative shapes (the winners
+candidate configurations of ``backends/triton/attention/autotune.py`` on representative shapes (the winners
 serve ``--bench`` in the same run and are printed for the sm_90 table); results go to
 ``DIR/attention<TAG>-<card>.json`` with its plot beside it. Kernels are compiled up front in a pool of processes
 (``attention_compile.py``); the report and plot are ``attention_report.py``'s.
@@ -37,8 +37,9 @@ from attention_report import plot, row_line, summary
 from harness import default_out, result_path, write
 from timing import copy_bandwidth_TBps, warm_on_side_stream
 from portakern.devices import torch_device
-from portakern.backends.triton import attention as A
 from portakern.backends.triton import tuning
+from portakern.backends.triton.attention import autotune, forward as A, plan
+from portakern.backends.triton.common.arch import PDL_ARCHS
 from portakern.ir import Attention, DType, KVLayout
 from portakern.ir import expr as E
 
@@ -89,8 +90,8 @@ SWEEP_ALL_DECODE = False
 # -- configurations -----------------------------------------------------------------------------------
 
 def table_config(op, dev):
-    arch, sms = A._device_arch(dev)
-    return tuning.choose(op, arch, sms)
+    arch, sms = plan.family(dev)
+    return plan.choose(op, arch, sms)
 
 
 def _merges(c, base, splits):
@@ -109,26 +110,26 @@ def _merges(c, base, splits):
 
 def sweep_candidates(op, dev):
     base = table_config(op, dev)
-    arch, sms = A._device_arch(dev)
+    arch, sms = plan.family(dev)
     out = [base, replace(base, fused_combine=False)] if base.num_splits > 1 and not base.decode_ws else [base]
     if base.pack > 1:
         # where the table runs the Gluon decode kernel (it always merges in attn_combine), attn_fwd's tiles too
-        bases = [base] + ([tuning.choose(op, arch, sms, wgmma=False)] if base.decode_ws else [])
+        bases = [base] + ([plan.choose(op, arch, sms, wgmma=False)] if base.decode_ws else [])
         for b0, (bn, st), w in itertools.product(bases, DECODE_SWEEP["tiles"], DECODE_SWEEP["warps"]):
-            c = tuning.fit(op, replace(b0, block_n=bn, num_stages=st, num_warps=w), arch)
+            c = plan.fit(op, replace(b0, block_n=bn, num_stages=st, num_warps=w), arch)
             tiles = -(-op.seqlen_k // c.block_n)
             for splits in DECODE_SWEEP["splits"] if b0.num_splits > 1 else (1, 2):
                 if splits > tiles:
                     continue
                 for fused, pdl in _merges(c, b0, splits):
-                    if pdl and arch not in tuning.PDL_ARCHS:
+                    if pdl and arch not in PDL_ARCHS:
                         continue
                     cand = replace(c, num_splits=splits, fused_combine=fused, pdl=pdl)
                     if cand not in out:
                         out.append(cand)
         return out
-    out += [c for c in tuning.wgmma_candidates(op, arch) if c not in out]   # the Gluon kernel's tiles
-    base = tuning.choose(op, arch, sms, wgmma=False)          # attn_fwd's tiles below
+    out += [c for c in autotune.wgmma_candidates(op, arch) if c not in out]   # the Gluon kernel's tiles
+    base = plan.choose(op, arch, sms, wgmma=False)          # attn_fwd's tiles below
     if base not in out:
         out.append(base)
     big = op.head_dim > 128
@@ -136,17 +137,17 @@ def sweep_candidates(op, dev):
         ((128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 8, 4), (128, 64, 8, 4), (64, 64, 4, 3),
          (64, 128, 4, 2))
     for bm, bn, w, st in grid:
-        c = tuning.fit(op, replace(base, block_m=bm, block_n=bn, num_warps=w, num_stages=st), arch)
+        c = plan.fit(op, replace(base, block_m=bm, block_n=bn, num_warps=w, num_stages=st), arch)
         if c not in out:
             out.append(c)
     # the conditional rescale (AttnConfig.lazy_rescale) on attn_fwd's table tile and the next one
     out += [replace(c, lazy_rescale=True) for c in [c for c in out if not c.wgmma][:2]]
     # v4: TMA K/V loads on attn_fwd's table tile, both ways (checked against the table's output in run_sweep)
-    flip = tuning.fit(op, replace(base, tma=not base.tma), arch)
+    flip = plan.fit(op, replace(base, tma=not base.tma), arch)
     out += [flip] if flip != base and flip not in out else []
     # 128-key tiles with a third stage: past fit's 8 KiB margin, inside the card's 227 KiB (D=128: 224 KiB)
     deep = replace(base, block_n=128, num_stages=3)
-    if not big and tuning.smem_bytes(op, 128, 128, 3) <= tuning.SMEM_LIMIT.get(arch, 0) and deep not in out:
+    if not big and plan.smem_bytes(op, 128, 128, 3) <= tuning.SMEM_LIMIT.get(arch, 0) and deep not in out:
         out.append(deep)
     return out
 

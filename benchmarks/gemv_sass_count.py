@@ -38,8 +38,10 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from portakern.backends.triton.quant_gemv import config as tuning
 from portakern.backends.triton import quant_gemv as Q
+from portakern.backends.triton import tuning as tables
+from portakern.backends.triton.common.arch import arch_family
+from portakern.backends.triton.quant_gemv import aot as QA, config as tuning
 from portakern.ir import DType, QuantFormat
 from portakern.ir.ops import QuantGemv
 
@@ -201,7 +203,7 @@ def count(op: QuantGemv, cfg: tuning.GemvConfig) -> dict:
 def tensor_core_rows(N: int, K: int, dtype: str) -> list[dict]:
     """Static counts of the M=16 tensor-core kernels (int4 g128 asymmetric)."""
     op = QuantGemv(M=16, N=N, K=K, dtype=DType(dtype), fmt=QuantFormat(bits=4, group_size=128, symmetric=False))
-    lay = Q._LayoutStub(op)
+    lay = QA.LayoutStub(op)
     cfgs = [tuning.GemvConfig("dot", 128, 32, 4, 2, 1, 2, swap_ab=True)]
     cfgs += [tuning.GemvConfig("mma", bn, 16, 4, st, 1, x_runs=xr) for bn in (64, 128) for st in (1, 3)
              for xr in (False, True)]
@@ -224,7 +226,7 @@ def stream_rows(N: int, K: int, dtype: str) -> list[dict]:
     out = []
     for sym in (False, True):
         op = QuantGemv(M=1, N=N, K=K, dtype=DType(dtype), fmt=QuantFormat(bits=4, group_size=128, symmetric=sym))
-        lay = Q._LayoutStub(op)
+        lay = QA.LayoutStub(op)
         for bn, ahead in ((256, 1), (256, 2), (128, 1)):
             cfg = tuning.fit(tuning.GemvConfig("stream", bn, 16, prefetch=ahead, pdl=True), lay, 1)
             r = count(op, cfg)
@@ -260,11 +262,11 @@ def main() -> None:
         rows += stream_rows(N, K, args.dtype)
     for bits, sym in [(b, s) for b in args.bits for s in (False, True)]:
         op = QuantGemv(M=1, N=N, K=K, dtype=DType(args.dtype), fmt=QuantFormat(bits=bits, group_size=128, symmetric=sym))
-        arch = tuning.arch_family(Q._TARGETS[TARGET])
-        lay = Q._LayoutStub(op)
-        table = tuning.choose(lay, 1, N, arch, tuning.DEFAULT_SMS[arch])
+        arch = arch_family(QA.TARGETS[TARGET])
+        lay = QA.LayoutStub(op)
+        table = tuning.choose(lay, 1, N, arch, tables.DEFAULT_SMS[arch])
         for tiles in [t for t in args.tiles if t not in ("tensor-core", "stream")]:
-            base = tuning.choose(lay, 1, N, arch, tuning.DEFAULT_SMS[arch], group_rows=tiles == "group-rows",
+            base = tuning.choose(lay, 1, N, arch, tables.DEFAULT_SMS[arch], group_rows=tiles == "group-rows",
                                  stream=False)
             shapes = ([(w, base.block_n, base.block_kw) for w in args.warps] if not base.group_rows else
                       [(w, 32 * c * w, r) for w in args.warps for c in args.cols for r in args.rows])

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from portakern.backends.triton.quant_gemv import config as tuning
+from portakern.backends.triton import tuning
+from portakern.backends.triton.quant_gemv import config
 from portakern.backends.triton.quant_gemv.config import GemvConfig
 from portakern.ir import gemv_layout
 from portakern.ir.ops import QuantGemv
@@ -48,7 +49,7 @@ def with_split(cfg: GemvConfig, op: QuantGemv, splits=None) -> list[GemvConfig]:
     if cfg.split_k:
         return [cfg]
     kwp = -(-(-(-op.K // (32 // op.fmt.bits))) // gemv_layout.K_ALIGN_WORDS) * gemv_layout.K_ALIGN_WORDS
-    auto = tuning.split_k_for(op.N, kwp, cfg, 132)
+    auto = config.split_k_for(op.N, kwp, cfg, 132)
     more = {max(1, auto // 2), 2 * auto} if (cfg.group_rows or cfg.kind == "mma") else {1}
     return [replace(cfg, split_k=s) for s in sorted({auto} | more | set(splits or ()))]
 
@@ -62,7 +63,7 @@ def frag_candidates(op: QuantGemv, pdls=(False,), num_sms: int = 132) -> list[Ge
     out = []
     for bn, w in ((64, 2), (128, 4), (256, 4)):
         base = GemvConfig("frag", bn, 32, w)
-        auto = tuning.frag_split(op.N, op.K, base, op.M, num_sms)
+        auto = config.frag_split(op.N, op.K, base, op.M, num_sms)
         for sk in sorted({max(1, auto // 2), auto, min(2 * auto, tuning.FRAG_MAX_SPLIT)}):
             out += [replace(base, split_k=sk, pdl=bool(p)) for p in pdls]
     return out
@@ -71,6 +72,6 @@ def frag_candidates(op: QuantGemv, pdls=(False,), num_sms: int = 132) -> list[Ge
 def split_for_shape(cfg: GemvConfig, M: int, N: int, K: int, bits: int) -> GemvConfig:
     """``cfg`` (a sweep winner of another shape) with the split of K its kind's rule gives ``(N, K)``."""
     if cfg.kind == "frag":
-        return replace(cfg, split_k=tuning.frag_split(N, K, cfg, M, 132))
+        return replace(cfg, split_k=config.frag_split(N, K, cfg, M, 132))
     kwp = -(-(-(-K // (32 // bits))) // gemv_layout.K_ALIGN_WORDS) * gemv_layout.K_ALIGN_WORDS
-    return replace(cfg, split_k=tuning.split_k_for(N, kwp, cfg, 132))
+    return replace(cfg, split_k=config.split_k_for(N, kwp, cfg, 132))

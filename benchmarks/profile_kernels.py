@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import attention as AB  # noqa: E402  (benchmarks/attention.py)
 import gemv_problems as GB  # noqa: E402  (benchmarks/gemv_problems.py)
 
-from portakern.backends.triton import attention as A  # noqa: E402
-from portakern.backends.triton.quant_gemv import config as T  # noqa: E402
+from portakern.backends.triton.attention import forward as A  # noqa: E402
+from portakern.backends.triton.quant_gemv import aot as QA, config as T  # noqa: E402
 from portakern.devices import torch_device  # noqa: E402
 
 
@@ -44,7 +44,7 @@ def tensor_core_launches() -> list:
     N, K = 28672, 8192
     for M, kind in ((16, "mma"), (16, "dot"), (1, "mma")):
         op = GB.gemv_op(M, N, K)
-        lay = GB.Q._LayoutStub(op)
+        lay = QA.LayoutStub(op)
         cfg = T.choose(lay, 16, N, "sm_90", 132)   # the M=16 table ("mma")
         if kind == "mma":
             cfg = replace(cfg, num_warps=8)

@@ -17,8 +17,9 @@ from gemv_problems import random_prepared  # benchmarks/ is the script's folder
 from step_glue import (BF16, D, HID, HKV, HQ, LAYERS, MLP, PAGE, VOCAB, add_rmsnorm, glue_functions, rope,
                        silu_mul)
 from step_variants import ATTENTION_VARIANTS, gemv_op
-from portakern.backends.triton.quant_gemv import config as T
 from portakern.backends.triton import quant_gemv as Q
+from portakern.backends.triton.common.arch import arch_family
+from portakern.backends.triton.quant_gemv import aot as QA, config as T
 from portakern.devices import torch_device
 
 
@@ -32,7 +33,7 @@ def gemv_kernel(N: int, K: int, group_rows: bool = True, l2_prefetch: int = 0, p
     if group_rows and not l2_prefetch and prefetch == 1:   # the table
         return Q.compile(op, dev)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    cfg = T.choose(Q._LayoutStub(op), 1, N, T.arch_family(dev.capability), sms, group_rows=group_rows,
+    cfg = T.choose(QA.LayoutStub(op), 1, N, arch_family(dev.capability), sms, group_rows=group_rows,
                    stream=group_rows)
     if l2_prefetch and cfg.kind == "stream":
         cfg = replace(cfg, l2_prefetch=l2_prefetch)
@@ -117,11 +118,11 @@ class PortakernStep:
         """The same step with its paged attention built by the triton backend under the table's configuration
         changed as ``ATTENTION_VARIANTS[variant]`` says (``--compare-attention``); ``spec`` is ``variant`` or
         ``variant+LINEAR2``: also the GEMV of ``LINEAR`` keeping two tiles of words in flight."""
-        from portakern.backends.triton import attention as A
+        from portakern.backends.triton.attention import plan
 
         variant, _, deeper = spec.partition("+")
         op, device = self.attention_op()
-        other = self.with_attention_config(replace(A._config(op, device), **ATTENTION_VARIANTS[variant]))
+        other = self.with_attention_config(replace(plan.for_device(op, device), **ATTENTION_VARIANTS[variant]))
         if deeper:
             name, depth = deeper[:-1], int(deeper[-1])
             other = other.with_gemv({name: gemv_kernel(*self.linears[name], prefetch=depth)}, "triton")
@@ -138,21 +139,20 @@ class PortakernStep:
 
     def with_attention_config(self, cfg) -> "PortakernStep":
         """The same step with its paged attention built by the triton backend under ``cfg`` (an ``AttnConfig``)."""
-        from portakern.backends.triton import attention as A
+        from portakern.backends.triton.attention import forward
 
         op, device = self.attention_op()
         other = copy.copy(self)
-        other.attn_kernel = A.build(op, device, cfg)
+        other.attn_kernel = forward.build(op, device, cfg)
         other.attn_out = torch.empty(1, 1, HQ, D, device="cuda", dtype=BF16)
         return other
 
     def attention_candidates(self) -> list:
         """The autotuner's configurations of the step's paged attention on this GPU (the table's first)."""
-        from portakern.backends.triton import attention as A
-        from portakern.backends.triton import tuning
+        from portakern.backends.triton.attention import autotune, plan
 
         op, device = self.attention_op()
-        return tuning.candidates(op, *A._device_arch(device))
+        return autotune.candidates(op, *plan.family(device))
 
     def with_gemv_config(self, name: str, cfg) -> "PortakernStep":
         """The same step with the linear ``name``'s GEMV compiled under ``cfg`` (``--sweep-gemv``)."""

@@ -15,8 +15,8 @@ import copy
 
 import torch
 
-from portakern.backends.triton.quant_gemv import config as T
-from portakern.backends.triton import quant_gemv as Q
+from portakern.backends.triton.common.arch import arch_family
+from portakern.backends.triton.quant_gemv import aot as QA, autotune as GT
 from portakern.devices import torch_device
 from portakern.ir import DType, QuantFormat
 from portakern.ir.ops import QuantGemv
@@ -43,7 +43,7 @@ def gemv_candidates(N: int, K: int) -> list:
     """The autotuner's configurations of the step's (N, K) GEMV on this GPU (the table's first)."""
     dev = torch_device("cuda", 0)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    return T.candidates(Q._LayoutStub(gemv_op(N, K)), 1, N, T.arch_family(dev.capability), sms)
+    return GT.candidates(QA.LayoutStub(gemv_op(N, K)), 1, N, arch_family(dev.capability), sms)
 
 
 def config_label(cfg) -> str:
@@ -103,7 +103,7 @@ def add_variant_arguments(ap: argparse.ArgumentParser) -> None:
                          "logits compared (the activation is not rounded to bf16: close, not equal)")
     ap.add_argument("--sweep-gemv", nargs="+", default=[], choices=LINEARS, metavar="LINEAR",
                     help="also time portakern's step (same weights, same process) with LINEAR's GEMV under each of the "
-                         "autotuner's configurations for its shape (gemv_tuning.candidates; at most --sweep-limit), "
+                         "autotuner's configurations for its shape (quant_gemv.autotune.candidates; at most --sweep-limit), "
                          "as int4_portakern_LINEAR_<config>, with the table's step re-timed every 8 configurations "
                          "(int4_portakern_LINEAR_table_<i>: the same process drifts), logits compared")
     ap.add_argument("--sweep-limit", type=int, default=32, metavar="N",
@@ -116,7 +116,7 @@ def add_variant_arguments(ap: argparse.ArgumentParser) -> None:
                     help="rounds of --ab-gemv / --ab-attention (default 4)")
     ap.add_argument("--sweep-attention", action="store_true",
                     help="also time portakern's step with its paged attention under each of the autotuner's "
-                         "configurations (tuning.candidates), as int4_portakern_attn_<config>, the table's step "
+                         "configurations (attention.autotune.candidates), as int4_portakern_attn_<config>, the table's step "
                          "re-timed every 8")
     ap.add_argument("--ab-attention", nargs="+", default=[], metavar="CONFIG",
                     help="also time portakern's step with its attention under the candidate labelled CONFIG (as "

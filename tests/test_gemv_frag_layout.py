@@ -16,7 +16,8 @@ pytest.importorskip("triton")
 
 from portakern.backends.triton.quant_gemv import config as T  # noqa: E402
 from portakern import gemv_weight  # noqa: E402
-from portakern.backends.triton import quant_gemv as Q  # noqa: E402
+from portakern.backends.triton import tuning  # noqa: E402
+from portakern.backends.triton.quant_gemv import aot as QA  # noqa: E402
 
 
 def _layout(N=4096, K=4096, gs=128, frag=True, bits=4):
@@ -56,7 +57,7 @@ def test_table_keeps_other_kernels_where_frag_cannot_serve(M, dtype, layout, kin
 def test_frag_split_follows_the_sweep(N, K, M, split):
     cfg = T.choose(_layout(N, K), M, N, "sm_90", 132, dtype="bfloat16")
     assert cfg.split_k == split
-    assert cfg.block_n == (256 if N >= T.FRAG_WIDE_MIN_N else 64)
+    assert cfg.block_n == (256 if N >= tuning.FRAG_WIDE_MIN_N else 64)
 
 
 def test_frag_takes_taller_programs_for_the_largest_weights_above_eight_rows():
@@ -88,14 +89,14 @@ def test_without_gluon_no_weight_gets_the_layout_and_the_table_keeps_mma(monkeyp
     from portakern.devices import Device
 
     gpu = Device("cuda", 0, "GPU 0")
-    assert Q.frag_kernel_available() and Q._LayoutStub(op).frag is not None   # Triton >= 3.5 here
+    assert QA.frag_kernel_available() and QA.LayoutStub(op).frag is not None   # Triton >= 3.5 here
     assert gemv_weight.wants_fragments(gpu)
     # a Triton without Gluon's Ampere MMA: its import fails, and the probe (cached per process) is asked again
     gemv_weight.fragment_kernel_available.cache_clear()
     monkeypatch.setitem(sys.modules, "triton.experimental.gluon.language.nvidia.ampere", None)
     try:
         assert not gemv_weight.wants_fragments(gpu)     # what every backend of the layout prepares
-        stub = Q._LayoutStub(op)
+        stub = QA.LayoutStub(op)
         assert stub.frag is None
         assert T.choose(stub, 16, 4096, "sm_90", 132, dtype="bfloat16").kind == "mma"
     finally:

@@ -41,19 +41,18 @@ def spilled_bytes(ptx: str) -> int | None:
 def lower_modes(M: int, N: int, K: int) -> dict:
     """Every MODE of the sm_90 table's "frag" entry for ``(M, N, K)`` lowered for sm_90a, and the table's kernel with
     its other split-K merge (key ``"merge_other"``): per mode its PTX, bytes spilled, MMAs, global atomics, MERGE."""
-    from portakern.backends.triton.quant_gemv import config as T
-    from portakern.backends.triton import quant_gemv as Q
+    from portakern.backends.triton.quant_gemv import aot as QA, config as T, launcher as QL
     from portakern.ir import DType, QuantFormat
     from portakern.ir.ops import QuantGemv
 
     op = QuantGemv(M=M, N=N, K=K, dtype=DType.bfloat16, fmt=QuantFormat(bits=4, group_size=128, symmetric=False))
-    lay = Q._LayoutStub(op)
+    lay = QA.LayoutStub(op)
     cfg = T.choose(lay, M, N, "sm_90", 132, dtype="bfloat16")
-    base = Q._consts_for(op, lay, cfg)
+    base = QL.constexprs(op, lay, cfg)
     out = {}
     for mode in (0, *MODES.values(), "merge_other"):
         consts = {**base, "MERGE": 1 - base["MERGE"]} if mode == "merge_other" else {**base, "MODE": mode}
-        ptx = Q._compile_frag_for_target(op, "sm_90a", 90, cfg, Q._kernel_fn(cfg), consts,
+        ptx = QA._compile_frag_for_target(op, "sm_90a", 90, cfg, QL.kernel_fn(cfg), consts,
                                          FRAG_POINTERS)["kernels"]["gemv_frag_kernel"]["ptx"]
         out[mode] = {"ptx": ptx, "spilled": spilled_bytes(ptx), "mma": ptx.count("mma.sync"),
                      "atomics": ptx.count("atom.global") + ptx.count("red.global"), "merge": consts["MERGE"]}
@@ -90,7 +89,7 @@ def test_the_other_split_k_merge_lowers_with_the_same_loop_and_its_own_atomics(M
     spills, the publishing slices count with a release atomic, the merging slice polls with acquire atomics in a
     loop and resets the count; MERGE = 0 reads its count back with one acquire-release atomic."""
     r = lower_modes(M, N, K)
-    # the table's merge (MODE 0) is 1 up to gemv_tuning.SPLIT_MERGE_MAX_NK and 0 above: 4096^2 and 28672x8192 one each
+    # the table's merge (MODE 0) is 1 up to tuning.SPLIT_MERGE_MAX_NK and 0 above: 4096^2 and 28672x8192 one each
     assert r[0]["merge"] == (1 if N * K <= (1 << 26) else 0) and r["merge_other"]["merge"] == 1 - r[0]["merge"]
     zero, one = (r[0]["ptx"], r["merge_other"]["ptx"])[::1 if r[0]["merge"] == 0 else -1]
     assert r["merge_other"]["mma"] == r[0]["mma"] and r["merge_other"]["spilled"] == 0 == r[0]["spilled"]

@@ -17,7 +17,8 @@ from gemv_problems import gemv_op  # noqa: E402
 from gemv_sweep import frag_candidates, split_for_shape  # noqa: E402
 
 from portakern.backends.triton.quant_gemv import config as T  # noqa: E402
-from portakern.backends.triton import quant_gemv as Q  # noqa: E402
+from portakern.backends.triton import tuning  # noqa: E402
+from portakern.backends.triton.quant_gemv import aot as QA  # noqa: E402
 from portakern.ir import gemv_layout  # noqa: E402
 
 
@@ -26,14 +27,14 @@ from portakern.ir import gemv_layout  # noqa: E402
 def test_frag_candidates_hold_the_table_choice_with_and_without_pdl(M, N, K):
     op = gemv_op(M, N, K)
     cands = frag_candidates(op, (False, True))
-    table = T.choose(Q._LayoutStub(op), M, N, "sm_90", 132, dtype="bfloat16")
+    table = T.choose(QA.LayoutStub(op), M, N, "sm_90", 132, dtype="bfloat16")
     assert table.kind == "frag"
     for pdl in (False, True):
         assert replace(table, pdl=pdl) in cands, (table, cands)
     # every candidate is already what fit makes of it (the sweep launches exactly what it records)
     for c in cands:
-        assert T.fit(c, Q._LayoutStub(op), M) == c
-        assert 1 <= c.split_k <= T.FRAG_MAX_SPLIT
+        assert T.fit(c, QA.LayoutStub(op), M) == c
+        assert 1 <= c.split_k <= tuning.FRAG_MAX_SPLIT
     assert len(cands) == len(set(cands)) and {c.pdl for c in cands} == {False, True}
 
 
@@ -63,6 +64,6 @@ def test_the_main_table_records_either_backends_launch_configuration():
 
     cuda_kernel = SimpleNamespace(config=SmallMConfig(32, 4, 8, 2, 1))
     assert config_json(cuda_kernel) == {"quads": 32, "lanes": 4, "splits": 8, "pf": 2, "ldna": 1}
-    cfg = T.choose(Q._LayoutStub(gemv_op(1, 4096, 4096)), 1, 4096, "sm_90", 132, dtype="bfloat16")
+    cfg = T.choose(QA.LayoutStub(gemv_op(1, 4096, 4096)), 1, 4096, "sm_90", 132, dtype="bfloat16")
     triton_kernel = SimpleNamespace(launchers={(1,): SimpleNamespace(cfg=cfg)})
     assert config_json(triton_kernel) == cfg.to_json()

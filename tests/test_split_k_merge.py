@@ -10,8 +10,9 @@ import pytest
 
 pytest.importorskip("triton")
 
-from portakern.backends.triton.quant_gemv import config as T  # noqa: E402
 from portakern.backends.triton import quant_gemv as Q  # noqa: E402
+from portakern.backends.triton import tuning  # noqa: E402
+from portakern.backends.triton.quant_gemv import aot as QA, config as T, launcher as QL  # noqa: E402
 from portakern.ir import DType, QuantFormat  # noqa: E402
 from portakern.ir.ops import QuantGemv  # noqa: E402
 
@@ -24,8 +25,8 @@ def _op(M=1, N=4096, K=14336, bits=4):
     return QuantGemv(M=M, N=N, K=K, dtype=DType.bfloat16, fmt=QuantFormat(bits=bits, group_size=128, symmetric=False))
 
 
-def _ptx(op, merge, monkeypatch, attr):
-    monkeypatch.setattr(T, attr, merge)
+def _ptx(op, merge, monkeypatch, kind):
+    monkeypatch.setitem(tuning.SPLIT_MERGE, kind, merge)
     out = Q.compile_for_target(op, "sm_90a")
     (k,) = out["kernels"].values()
     return out["config"], k["ptx"]
@@ -34,8 +35,8 @@ def _ptx(op, merge, monkeypatch, attr):
 @pytest.mark.parametrize("bits, N, K", [(4, 4096, 14336), (4, 4096, 4096), (8, 8192, 8192)])
 def test_cuda_core_kernel_merges(bits, N, K, monkeypatch):
     op = _op(1, N, K, bits)
-    cfg0, zero = _ptx(op, 0, monkeypatch, "GEMV_MERGE")
-    cfg1, one = _ptx(op, 1, monkeypatch, "GEMV_MERGE")
+    cfg0, zero = _ptx(op, 0, monkeypatch, "fma")
+    cfg1, one = _ptx(op, 1, monkeypatch, "fma")
     assert cfg0 == cfg1 and cfg0["kind"] == "fma" and cfg0["split_k"] > 1, cfg0
     # MERGE 0: one acquire-release count, read back by every slice; no polling
     assert len(re.findall(COUNT_READ_BACK, zero)) == 1 and not re.search(COUNT_POLLED, zero)
@@ -51,8 +52,8 @@ def test_cuda_core_kernel_merges(bits, N, K, monkeypatch):
 
 def test_frag_kernel_merge_follows_its_table_switch(monkeypatch):
     op = _op(4, 4096, 4096)
-    cfg, zero = _ptx(op, 0, monkeypatch, "FRAG_MERGE")
-    _, one = _ptx(op, 1, monkeypatch, "FRAG_MERGE")
+    cfg, zero = _ptx(op, 0, monkeypatch, "frag")
+    _, one = _ptx(op, 1, monkeypatch, "frag")
     assert cfg["kind"] == "frag" and cfg["split_k"] > 1
     assert re.search(COUNT_READ_BACK, zero) and not re.search(COUNT_POLLED, zero)
     assert not re.search(COUNT_READ_BACK, one) and len(re.findall(COUNT_POLLED, one)) >= 2
@@ -61,15 +62,15 @@ def test_frag_kernel_merge_follows_its_table_switch(monkeypatch):
 def test_frag_merge_is_the_switch_up_to_its_size_limit(monkeypatch):
     """Above ``SPLIT_MERGE_MAX_NK`` the "frag" kernel keeps the last-to-arrive merge whatever the switch says (the
     grid's-last-slice merge lost 18 us at M=16 28672x8192 on an H100)."""
-    monkeypatch.setattr(T, "FRAG_MERGE", 1)
+    monkeypatch.setitem(tuning.SPLIT_MERGE, "frag", 1)
     small, large = _op(16, 4096, 14336), _op(16, 28672, 8192)
     for op, want in ((small, 1), (large, 0)):
-        lay = Q._LayoutStub(op)
+        lay = QA.LayoutStub(op)
         cfg = T.choose(lay, op.M, op.N, "sm_90", 132)
         assert cfg.kind == "frag", cfg
-        assert Q._consts_for(op, lay, cfg)["MERGE"] == want, (op.N, op.K)
-    monkeypatch.setattr(T, "FRAG_MERGE", 0)
-    monkeypatch.setattr(T, "GEMV_MERGE", 1)
+        assert QL.constexprs(op, lay, cfg)["MERGE"] == want, (op.N, op.K)
+    monkeypatch.setitem(tuning.SPLIT_MERGE, "frag", 0)
+    monkeypatch.setitem(tuning.SPLIT_MERGE, "fma", 1)
     assert T.split_merge("frag", 4096, 4096) == 0 and T.split_merge("frag", 28672, 8192) == 0
     assert T.split_merge("fma", 8192, 8192) == 1 and T.split_merge("fma", 28672, 8192) == 0
 
@@ -77,9 +78,9 @@ def test_frag_merge_is_the_switch_up_to_its_size_limit(monkeypatch):
 def test_the_interpreter_never_polls(monkeypatch):
     """The interpreter runs one program at a time: a slice polling for later ones could not finish, so its
     launches take MERGE 0 whatever the table says."""
-    monkeypatch.setattr(T, "GEMV_MERGE", 1)
+    monkeypatch.setitem(tuning.SPLIT_MERGE, "fma", 1)
     op = _op(1, 4096, 4096)
-    lay = Q._LayoutStub(op)
+    lay = QA.LayoutStub(op)
     cfg = T.choose(lay, 1, 4096, "sm_90", 132)
-    assert Q._consts_for(op, lay, cfg, interpret=True)["MERGE"] == 0
-    assert Q._consts_for(op, lay, cfg, interpret=False)["MERGE"] == 1
+    assert QL.constexprs(op, lay, cfg, interpret=True)["MERGE"] == 0
+    assert QL.constexprs(op, lay, cfg, interpret=False)["MERGE"] == 1
