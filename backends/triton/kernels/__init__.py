@@ -44,16 +44,15 @@ def load(name: str) -> ModuleType:
 
 
 def exec_module_file(path: Path, name: str, interpret: bool) -> ModuleType:
-    """Import the file at ``path`` as module ``name`` with ``TRITON_INTERPRET`` forced to ``interpret``.
-
-    ``@triton.jit`` reads the variable when it decorates, so this yields interpreter functions or
-    compiler ``JITFunction``s regardless of the process environment.
+    """Import the file at ``path`` as module ``name`` with its ``@triton.jit`` functions in the flavour
+    ``interpret`` names: interpreter functions (True) or compiler ``JITFunction``s (False), whatever the process
+    environment says (``common.flavour.jit_flavour``; the environment is never written).
     """
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
-    from ..common.flavour import jit_flavour as interpret_env
+    from ..common.flavour import jit_flavour
 
-    with interpret_env(interpret):
+    with jit_flavour(interpret):
         try:
             sys.modules[name] = mod
             spec.loader.exec_module(mod)
