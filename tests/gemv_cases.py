@@ -1,18 +1,13 @@
-"""Cases for the triton quantized GEMV tests, and a runner for a fresh process.
+"""Cases for the triton quantized GEMV tests (``tests/test_triton_gemv.py``) and the functions that run one.
 
-Triton decides at import whether it interprets, so ``tests/test_triton_gemv.py`` runs the CPU
-cases here in a subprocess (``python tests/gemv_cases.py interp`` with ``TRITON_INTERPRET=1``) and
-the compile-only lowering in another (``... compile`` with it unset); each prints one JSON line per
-case. The case list is plain data so the test module can name its parameters without importing
-Triton. ``weight(case)`` builds a checkpoint in the case's packing with the numpy reference packer.
+``CASES`` run on the triton backend under Triton's CPU interpreter (``run_case``; the interpreter tier,
+TRITON_INTERPRET=1); ``COMPILE_CASES`` are lowered for each target with Triton's compiler (``run_compile``). The case
+lists are plain data so a test module can name its parameters without importing Triton. ``weight(case)`` builds a
+checkpoint in the case's packing with the numpy reference packer.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-import time
 
 #: (id, packing, bits, group, symmetric, M, N, K, x dtype, extra)
 CASES = [
@@ -156,7 +151,7 @@ CASES = [
      {"config": ("fma", 256, 8, 4, 3, {"group_rows": True, "num_warps": 1})}),
     ("native4-rows-w2c4-g128-m1-f16-nmask", "native", 4, 128, False, 1, 300, 1024, "float16",
      {"config": ("fma", 256, 16, 2, 3, {"group_rows": True, "num_warps": 2})}),
-    # the int8 table's tile for 2^24 < N*K <= 2^26 (session 16): 512 columns over two warps (8 per thread),
+    # the int8 table's tile for 2^24 < N*K <= 2^26: 512 columns over two warps (8 per thread),
     # 16 word rows, split K, a masked last tile
     ("native8-rows-w2c8-g128-m1-bf16-nmask", "native", 8, 128, False, 1, 700, 1024, "bfloat16",
      {"config": ("fma", 512, 16, 4, 3, {"group_rows": True, "num_warps": 2})}),
@@ -172,7 +167,7 @@ CASES = [
      {"prologue": "silu_mul", "config": ("fma", 8, 8, 4, 3)}),
     ("native4-silu-rows-g128-m1-f16", "native", 4, 128, False, 1, 300, 1024, "float16",
      {"prologue": "silu_mul", "config": ("fma", 128, 8, 2, 3, {"group_rows": True})}),
-    # the sm_90 int4 table's tile below STREAM_MIN_N (session 17, the step's down projection): 64 columns x 32
+    # the sm_90 int4 table's tile below STREAM_MIN_N (the step's down projection): 64 columns x 32
     # word rows over 4 warps, K split 8 ways, a masked last column tile
     ("native4-words-bn64-kw32-s8-g128-m1-bf16-nmask", "native", 4, 128, False, 1, 200, 4096, "bfloat16",
      {"config": ("fma", 64, 32, 8, 3, {"num_warps": 4})}),
@@ -414,24 +409,3 @@ def _before_wait(ptx: str) -> dict:
 
 def _has_mma(ptx: str) -> bool:
     return "mma.sync" in ptx or "wgmma" in ptx or "tcgen05" in ptx
-
-
-def main(mode: str) -> None:
-    todo = CASES if mode == "interp" else COMPILE_CASES
-    only = set(sys.argv[2:])
-    for case in todo:
-        if only and case[0] not in only:
-            continue
-        t = time.time()
-        try:
-            r = run_case(case) if mode == "interp" else run_compile(case)
-        except Exception as e:  # reported per case; the test shows the message
-            r = {"id": case[0], "error": f"{type(e).__name__}: {e}"}
-        r["seconds"] = round(time.time() - t, 2)
-        print(json.dumps(r), flush=True)
-
-
-if __name__ == "__main__":
-    if sys.argv[1] == "interp" and os.environ.get("TRITON_INTERPRET") != "1":
-        sys.exit("run with TRITON_INTERPRET=1")
-    main(sys.argv[1])

@@ -4,8 +4,6 @@ are the ``*-silu-*`` cases of ``tests/gemv_cases.py``)."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -18,9 +16,7 @@ from portakern.ir.packing import dequantize
 from portakern.quantize import quantize
 from gemv_cases import reference_input  # noqa: E402
 from plugin_helpers import provides  # noqa: E402
-
-parent_only = pytest.mark.skipif(os.environ.get("PORTAKERN_TRITON_TEST_CHILD") == "1",
-                                 reason="lowering runs in the parent test process")
+from triton_helpers import needs_compiler  # noqa: E402
 
 
 def _silu_mul(x: np.ndarray, K: int) -> np.ndarray:
@@ -116,7 +112,7 @@ def test_dispatch_never_offers_a_prologue_to_a_backend_that_does_not_list_it(reg
 
 # -- the triton backend's lowering --------------------------------------------------------------------
 
-@parent_only
+@needs_compiler
 @pytest.mark.parametrize("M, target", [(1, "sm_90a"), (16, "sm_90a"), (4, "sm_80")])
 def test_triton_lowers_the_prologue_on_the_cuda_core_kernel(M, target):
     """Every M takes the CUDA-core kernel (kind "fma") with the prologue, whose PTX reads x twice as wide and
@@ -135,7 +131,7 @@ def test_triton_lowers_the_prologue_on_the_cuda_core_kernel(M, target):
         assert "ex2.approx" not in next(iter(plain["kernels"].values()))["ptx"]
 
 
-@parent_only
+@needs_compiler
 def test_triton_refuses_a_forced_kernel_without_the_prologue():
     pytest.importorskip("triton")
     from portakern.backends.triton.quant_gemv import config as T
@@ -148,7 +144,7 @@ def test_triton_refuses_a_forced_kernel_without_the_prologue():
         Q.compile_for_target(op, "sm_90a", cfg)
 
 
-@parent_only
+@needs_compiler
 def test_triton_forms_the_input_once_per_program_at_batch_1(monkeypatch):
     """GLU mode 2 (``quant_gemv.glu_mode``: one scratch row per program, formed after the wait) at M = 1 without
     act-order; mode 1 (per thread) for act-order, several rows, or a scratch over the cap; 0 without a prologue."""

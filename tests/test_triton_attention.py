@@ -1,20 +1,14 @@
 """The triton attention backend under Triton's CPU interpreter, against the float64 references.
 
-Triton decides at import whether ``@triton.jit`` interprets, so these tests need
-``TRITON_INTERPRET=1`` before triton is first imported. When this process was not started that
-way, ``test_interpreter_suite`` runs this file again in a child process that is (nothing here
-changes the environment of the calling process). References: the cpu backend's kernel (float64)
-and torch SDPA in float64 with masks built from ``torch.arange``. Outputs are NaN-poisoned
-before each launch, so an element the kernel does not write fails.
+The tests that launch kernels are marked ``interpreter``: they need ``TRITON_INTERPRET=1`` before triton's first
+import, which the interpreter step of scripts/test.sh sets (see ``triton_helpers``); the lowering tests need
+Triton's compiler (``needs_compiler``). Reference: the cpu backend's kernel in float64. Outputs are NaN-poisoned
+before each launch, so an element the kernel does not write fails. What every backend owes the API (values against
+an independent float64 reference, fully masked rows, key lengths, strided inputs, array types) is the contract
+suite's (tests/contract), which the interpreter step runs on this backend too.
 """
 
 from __future__ import annotations
-
-import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,125 +16,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from portakern.backends.cpu.attention import attention_kernel  # noqa: E402
+from triton_helpers import _cache_dir  # noqa: E402,F401  (the module's expression cache)
+from triton_helpers import (ATOL, LSE_ATOL, TORCH_DTYPE, check, make_op, needs_compiler,  # noqa: E402
+                            run_reference, tensors)
+
 from portakern.devices import CPU  # noqa: E402
-from portakern.ir import Attention, DType, KVLayout  # noqa: E402
+from portakern.ir import DType, KVLayout  # noqa: E402
 from portakern.ir import expr as E  # noqa: E402
-
-
-def _interpreter_ready() -> bool:
-    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        return False
-    if "triton" in sys.modules:
-        import triton.language as tl
-
-        return type(tl.standard.cdiv).__name__ == "InterpretedFunction"
-    return True
-
-
-IN_PROCESS = _interpreter_ready()
-interp = pytest.mark.skipif(not IN_PROCESS, reason="needs TRITON_INTERPRET=1 before triton's import: "
-                                                   "test_interpreter_suite runs these in a child process")
-
-parent_only = pytest.mark.skipif(os.environ.get("PORTAKERN_TRITON_TEST_CHILD") == "1",
-                                 reason="needs no interpreter: runs in the parent process")
-
-TORCH_DTYPE = {DType.float16: torch.float16, DType.bfloat16: torch.bfloat16, DType.float32: torch.float32}
-#: max |triton - float64 reference| on outputs of O(1); LSE gets the fp32 figure
-ATOL = {DType.float32: 2e-5, DType.float16: 3e-3, DType.bfloat16: 2.5e-2}
-LSE_ATOL = 2e-4
-
-
-def run_interpreter_child(test_file: str) -> None:
-    """Run ``test_file``'s interpreter tests in a child with TRITON_INTERPRET=1 set before any import."""
-    env = dict(os.environ, TRITON_INTERPRET="1", PORTAKERN_TRITON_TEST_CHILD="1")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file],
-                          cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, (proc.stdout[-8000:] + proc.stderr[-3000:])
-
-
-@pytest.mark.skipif(IN_PROCESS, reason="already running under the interpreter")
-def test_interpreter_suite():
-    """Run this file's interpreter tests in a child process (``run_interpreter_child``)."""
-    run_interpreter_child(__file__)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cache_dir(tmp_path_factory):
-    """Generated expression modules go to a temporary cache for this module's tests."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PORTAKERN_CACHE_DIR", str(tmp_path_factory.mktemp("portakern-cache")))
-        yield
-
-
-# -- helpers --------------------------------------------------------------------------------------
-
-def make_op(B=1, Sq=8, Sk=8, Hq=2, Hkv=2, D=32, Dv=None, dtype=DType.float16, **kw) -> Attention:
-    kw.setdefault("scale", 1.0 / math.sqrt(D))
-    return Attention(batch=B, seqlen_q=Sq, seqlen_k=Sk, heads_q=Hq, heads_kv=Hkv, head_dim=D,
-                     head_dim_v=Dv or D, dtype=dtype, return_lse=kw.pop("return_lse", True), **kw).verify()
-
-
-def tensors(op: Attention, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    s, dt = op.shapes(), TORCH_DTYPE[op.dtype]
-    return tuple(torch.randn(s[n], generator=g).to(dt) for n in ("q", "k", "v"))
-
-
-def run_triton(op: Attention, q, k, v, aux=None):
-    """Compile for the CPU (interpreter) and launch on NaN-poisoned outputs."""
-    from portakern.backends.triton.backend import TritonBackend
-
-    be = TritonBackend()
-    assert be.supports(op, CPU), be.supports(op, CPU).reason
-    kern = be.compile(op, CPU)
-    s = op.shapes()
-    out = torch.full(s["out"], float("nan"), dtype=TORCH_DTYPE[op.dtype])
-    lse = torch.full(s["lse"], float("nan"), dtype=torch.float32) if op.return_lse else None
-    kern(q, k, v, out, lse, dict(aux or {}))
-    assert not torch.isnan(out).any(), "out has NaN: an element was left unwritten or the math broke"
-    if lse is not None:
-        assert not torch.isnan(lse).any(), "lse has NaN: an element was left unwritten"
-    return out, lse, kern
-
-
-def sm90_device(what: str):
-    """The first CUDA device, for tests of ``what`` (a Gluon kernel for sm_90): skipped without one, or when
-    it is not sm_90 (the lowering tests cover the kernel off the GPU)."""
-    from portakern.devices import detect_devices
-
-    devs = [d for d in detect_devices() if d.type == "cuda"]
-    if not devs:
-        pytest.skip(f"no CUDA device on this machine: the lowering tests cover {what} off the GPU")
-    if tuple(devs[0].capability) != (9, 0):
-        pytest.skip(f"{what} runs on sm_90, this device is {devs[0].arch}")
-    return devs[0]
-
-
-def run_reference(op: Attention, q, k, v, aux=None):
-    """The cpu backend's float64 kernel on the same values."""
-    s = op.shapes()
-    out = np.zeros(s["out"], dtype=np.float64)
-    lse = np.zeros(s["lse"], dtype=np.float64) if op.return_lse else None
-    np_aux = {n: (None if a is None else a.numpy()) for n, a in (aux or {}).items()}
-    attention_kernel(op)(*(t.double().numpy() for t in (q, k, v)), out, lse, np_aux)
-    return out, lse
-
-
-def check(op: Attention, q, k, v, aux=None):
-    out, lse, kern = run_triton(op, q, k, v, aux)
-    ref_out, ref_lse = run_reference(op, q, k, v, aux)
-    err = np.abs(out.double().numpy() - ref_out).max()
-    assert err <= ATOL[op.dtype], f"max |out - ref| = {err:.3g} > {ATOL[op.dtype]}"
-    if lse is not None:
-        got = lse.double().numpy()
-        assert np.array_equal(np.isneginf(got), np.isneginf(ref_lse)), "lse is -inf on different rows"
-        fin = np.isfinite(ref_lse)
-        if fin.any():
-            lerr = np.abs(got[fin] - ref_lse[fin]).max()
-            assert lerr <= LSE_ATOL, f"max |lse - ref| = {lerr:.3g}"
-    return out, lse, kern
 
 
 # -- dense prefill: dtypes x variants ----------------------------------------------------------------
@@ -161,7 +43,7 @@ VARIANTS = {
 }
 
 
-@interp
+@pytest.mark.interpreter
 @pytest.mark.parametrize("dtype", [DType.float16, DType.bfloat16, DType.float32], ids=lambda d: d.value)
 @pytest.mark.parametrize("variant", list(VARIANTS), ids=str)
 def test_dense_variants(dtype, variant):
@@ -169,7 +51,7 @@ def test_dense_variants(dtype, variant):
     check(op, *tensors(op))
 
 
-@interp
+@pytest.mark.interpreter
 @pytest.mark.parametrize("D,Dv", [(32, 32), (59, 59), (96, 96), (111, 111), (128, 128), (256, 256), (64, 48)],
                          ids=lambda x: str(x))
 def test_head_dims(D, Dv):
@@ -177,62 +59,9 @@ def test_head_dims(D, Dv):
     check(op, *tensors(op))
 
 
-@interp
-def test_more_queries_than_keys_gives_zero_rows_and_neg_inf_lse():
-    op = make_op(B=1, Sq=40, Sk=9, Hq=2, Hkv=2, D=32, mask_mod=E.causal_mask())
-    out, lse, _ = check(op, *tensors(op))
-    # query i sees keys j <= i + 9 - 40: rows 0..30 see nothing
-    assert torch.all(out[0, :31] == 0) and torch.all(torch.isneginf(lse[0, :, :31]))
-    assert torch.isfinite(lse[0, :, 31:]).all()
-
-
-@interp
-def test_mask_that_hides_everything():
-    op = make_op(B=1, Sq=5, Sk=30, Hq=2, Hkv=1, D=32, mask_mod=E.kv_idx < 0)
-    out, lse, _ = run_triton(op, *tensors(op))
-    assert torch.all(out == 0) and torch.all(torch.isneginf(lse))
-
-
-@interp
-@pytest.mark.parametrize("causal", [False, True])
-def test_against_torch_sdpa_float64(causal):
-    """Independent reference: torch SDPA in float64, bottom-right mask from torch.arange."""
-    op = make_op(B=2, Sq=33, Sk=50, Hq=6, Hkv=2, D=48, dtype=DType.float32, return_lse=False,
-                 mask_mod=E.causal_mask() if causal else None)
-    q, k, v = tensors(op, seed=3)
-    out, _, _ = run_triton(op, q, k, v)
-    G = op.group_size
-    qd, kd, vd = (t.double().transpose(1, 2) for t in (q, k, v))
-    kd, vd = kd.repeat_interleave(G, 1), vd.repeat_interleave(G, 1)
-    mask = None
-    if causal:
-        mask = torch.arange(op.seqlen_k)[None, :] <= torch.arange(op.seqlen_q)[:, None] + op.seqlen_k - op.seqlen_q
-    ref = torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask).transpose(1, 2)
-    assert (out.double() - ref).abs().max() < 2e-5
-
-
-@interp
-def test_non_contiguous_inputs():
-    op = make_op(B=2, Sq=17, Sk=29, Hq=4, Hkv=2, D=32, mask_mod=E.causal_mask())
-    g = torch.Generator().manual_seed(5)
-    q = torch.randn(2, 4, 17, 32, generator=g).half().transpose(1, 2)          # BHSD storage
-    kv = torch.randn(2, 29, 2, 2, 48, generator=g).half()                       # packed K|V, padded D
-    k, v = kv[:, :, :, 0, :32], kv[:, :, :, 1, 8:40]
-    assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
-    check(op, q, k, v)
-
-
-@interp
-def test_seqlens_k_dense():
-    op = make_op(B=3, Sq=6, Sk=50, Hq=4, Hkv=1, D=32, has_seqlens_k=True, mask_mod=E.causal_mask())
-    aux = {"seqlens_k": torch.tensor([50, 0, 23], dtype=torch.int32)}
-    out, lse, _ = check(op, *tensors(op), aux)
-    assert torch.all(out[1] == 0) and torch.all(torch.isneginf(lse[1]))
-
-
 # -- decode: split-KV, GQA packing ------------------------------------------------------------------
 
-@interp
+@pytest.mark.interpreter
 @pytest.mark.parametrize("dtype", [DType.float16, DType.bfloat16], ids=lambda d: d.value)
 @pytest.mark.parametrize("Sq,Hq,Hkv", [(1, 8, 2), (1, 6, 1), (4, 8, 2), (1, 2, 2)], ids=str)
 def test_decode_split_kv(dtype, Sq, Hq, Hkv):
@@ -243,7 +72,7 @@ def test_decode_split_kv(dtype, Sq, Hq, Hkv):
     assert kern.workspace_bytes == 4 * kern.config.num_splits * 2 * Sq * Hq * (64 + 1) + 4 * tiles
 
 
-@interp
+@pytest.mark.interpreter
 @pytest.mark.parametrize("Sk", [700, 150], ids=lambda s: f"sk{s}")
 def test_decode_separate_combine_kernel(Sk):
     """Many splits merge in ``attn_combine`` instead of in the last split's program. The key tiles
@@ -265,7 +94,7 @@ def test_decode_separate_combine_kernel(Sk):
     assert np.abs(lse.double().numpy() - ref_lse).max() < LSE_ATOL
 
 
-@interp
+@pytest.mark.interpreter
 @pytest.mark.parametrize("page", [16, 64])
 @pytest.mark.parametrize("Sq", [1, 5])
 def test_paged(page, Sq):
@@ -282,7 +111,7 @@ def test_paged(page, Sq):
     assert torch.all(out[1] == 0)
 
 
-@interp
+@pytest.mark.interpreter
 @pytest.mark.parametrize("page,block_n,splits", [(8, 32, 1), (16, 64, 1), (16, 64, 3), (16, 32, 4)])
 def test_paged_pages_smaller_than_a_tile(page, block_n, splits):
     """Key tiles spanning several pages (the H200 table's 64-key tiles over pages of 16): a page id per key,
@@ -315,7 +144,7 @@ def test_paged_pages_smaller_than_a_tile(page, block_n, splits):
 
 # -- varlen ---------------------------------------------------------------------------------------------
 
-@interp
+@pytest.mark.interpreter
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_with_padding_rows(causal):
     lens_q, lens_k = [7, 0, 19, 1], [30, 4, 19, 0]
@@ -328,7 +157,7 @@ def test_varlen_with_padding_rows(causal):
     assert torch.all(out[-3:] == 0) and torch.all(torch.isneginf(lse[:, -3:]))
 
 
-@interp
+@pytest.mark.interpreter
 def test_varlen_decode_packs_heads():
     B, Hq, Hkv = 5, 8, 2
     lens_k = [40, 3, 77, 1, 60]
@@ -342,22 +171,7 @@ def test_varlen_decode_packs_heads():
 
 # -- public API, supports, lowering --------------------------------------------------------------------
 
-@interp
-def test_public_api_bf16_matches_cpu_backend():
-    import portakern
-
-    g = torch.Generator().manual_seed(1)
-    q = torch.randn(1, 9, 4, 64, generator=g).bfloat16()
-    k = torch.randn(1, 31, 1, 64, generator=g).bfloat16()
-    v = torch.randn(1, 31, 1, 64, generator=g).bfloat16()
-    out, lse = portakern.attention(q, k, v, causal=True, softcap=4.0, return_lse=True, backend="triton")
-    ref, ref_lse = portakern.attention(q, k, v, causal=True, softcap=4.0, return_lse=True, backend="cpu")
-    assert out.dtype == torch.bfloat16
-    assert (out.float() - ref.float()).abs().max() < 2e-2
-    assert (lse - ref_lse).abs().max() < 1e-3
-
-
-@parent_only
+@needs_compiler
 def test_supports_gives_reasons():
     from portakern.backends.triton import attention as A
 
@@ -366,7 +180,7 @@ def test_supports_gives_reasons():
     assert not s and "head_dim=320" in s.reason and "backend=\"cpu\"" in s.reason
 
 
-@parent_only
+@needs_compiler
 def test_mask_analysis_recognises_library_masks():
     from portakern.backends.triton.expr_triton import analyse_mask
 
@@ -379,7 +193,7 @@ def test_mask_analysis_recognises_library_masks():
     assert analyse_mask(E.causal_mask() & (E.kv_idx > 2)) == type(w)(None, 0, True, False)
 
 
-@parent_only
+@needs_compiler
 def test_generated_source_types():
     from portakern.backends.triton.expr_triton import generate_source
 
@@ -388,7 +202,7 @@ def test_generated_source_types():
     assert "_INF" in generate_source(E.where(E.kv_idx > 0, E.score, float("-inf")), None)
 
 
-@parent_only
+@needs_compiler
 @pytest.mark.parametrize("target,op,needle", [
     ("sm_90a", dict(B=2, Sq=512, Sk=512, Hq=8, Hkv=2, D=128, dtype=DType.bfloat16, mask_mod=E.causal_mask()),
      "wgmma"),
@@ -409,7 +223,7 @@ def test_compile_for_target(target, op, needle):
         assert "atom" in fwd["ptx"]   # the last split's arrival counter
 
 
-@parent_only
+@needs_compiler
 def test_compile_for_target_with_programmatic_dependent_launch():
     """pdl=True lowers attn_fwd and attn_combine with griddepcontrol.wait before any global read
     (attn_fwd also with griddepcontrol.launch_dependents); without it neither appears."""
@@ -434,7 +248,7 @@ def test_compile_for_target_with_programmatic_dependent_launch():
                 assert body.index("griddepcontrol.wait") < body.index("ld.global")   # waits before any read
 
 
-@parent_only
+@needs_compiler
 def test_compile_for_target_lowers_what_a_contiguous_launch_runs():
     """compile_for_target specialises like a launch on contiguous tensors (aligned pointers, strides and
     lengths divisible by 16 marked, integers equal to 1 constant): the D=128 prefill tile then lowers its
@@ -480,7 +294,7 @@ def test_pdl_is_refused_where_it_cannot_run():
         F.build(op, CPU, replace(plan.for_device(op, CPU), pdl=True))
 
 
-@parent_only
+@needs_compiler
 @pytest.mark.parametrize("pdl,fused", [(False, False), (True, False), (True, True)],
                          ids=["plain-merge", "pdl-merge", "pdl-fused-merge"])
 def test_gpu_split_decode_replayed_in_a_cuda_graph(pdl, fused):
@@ -528,7 +342,7 @@ def test_gpu_split_decode_replayed_in_a_cuda_graph(pdl, fused):
         assert np.abs(lse.double().cpu().numpy() - ref_lse).max() <= LSE_ATOL
 
 
-@interp
+@pytest.mark.interpreter
 @pytest.mark.parametrize("scale", [0.8, -0.8], ids=["positive-scale", "negative-scale"])
 def test_both_softmax_paths_match_the_reference(scale):
     """A positive scale without score_mod takes the row maximum on the raw scores (``RAW_MAX``: one FFMA per
@@ -538,7 +352,7 @@ def test_both_softmax_paths_match_the_reference(scale):
     check(op, *tensors(op, seed=5))
 
 
-@interp
+@pytest.mark.interpreter
 @pytest.mark.parametrize("case", ["prefill-causal-fp16", "prefill-window-bf16", "decode-split-fp32", "paged-fp16"])
 def test_lazy_rescale_matches_the_reference(case):
     """``lazy_rescale`` (stale row maxima until a tile raises one by > 2^8) on scores wide enough

@@ -21,7 +21,7 @@ pytest.importorskip("triton")
 
 from portakern.ir import DType, KVLayout  # noqa: E402
 from portakern.ir import expr as E  # noqa: E402
-from test_triton_attention import ATOL, LSE_ATOL, make_op, parent_only, run_reference, sm90_device  # noqa: E402
+from triton_helpers import ATOL, LSE_ATOL, make_op, needs_compiler, run_reference, sm90_device  # noqa: E402
 
 
 def paged(B=1, L=8192, page=16, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16, **kw):
@@ -120,7 +120,7 @@ def test_check_and_fit_keep_the_ring_in_shared_memory():
     assert plan.fit(dense_prefill, big, "sm_90") == plan.choose(dense_prefill, "sm_90", wgmma=False)
 
 
-@parent_only
+@needs_compiler
 @pytest.mark.parametrize("page", [16, 64])
 def test_lowering_for_sm90a_has_a_load_warp_per_page_copies_and_wgmma(page):
     """The table's choice lowers to the Gluon kernel and the merge: TMA copies (one K and one V box per
@@ -152,7 +152,7 @@ def test_lowering_for_sm90a_has_a_load_warp_per_page_copies_and_wgmma(page):
     assert "griddepcontrol.wait" in dep["attn_combine"]["ptx"]
 
 
-@parent_only
+@needs_compiler
 @pytest.mark.parametrize("kernel", ["decode_ws", "attn_fwd"])
 def test_release_next_puts_one_launch_dependents_in_the_merge_and_nowhere_else(kernel):
     """``release_next`` lowers ``griddepcontrol.launch_dependents`` into ``attn_combine`` (after its wait when the
@@ -254,7 +254,7 @@ def test_checks_run_once_per_layout(monkeypatch):
         kern(q.to(torch.float16), k, v, torch.empty(s["out"], dtype=torch.bfloat16), None, aux)
 
 
-@parent_only
+@needs_compiler
 def test_rebased_descriptors_equal_fresh_ones_and_hold_no_tensor():
     """The launcher builds the three TMA descriptors once and later gives each call a copy over its own tensors:
     the copy has every field of the descriptor ``descriptors`` builds for those tensors, and the kept template
@@ -278,7 +278,7 @@ def test_rebased_descriptors_equal_fresh_ones_and_hold_no_tensor():
         assert vars(d) == vars(fresh)
 
 
-@parent_only
+@needs_compiler
 def test_early_merge_launches_the_merge_at_the_kernels_start_and_the_next_kernel_before_the_merges_wait():
     """``early_merge``: the decode kernel (launched normally) says ``launch_dependents`` before any global read or
     TMA copy; the merge is then a dependent that releases the next kernel before its own wait and reads the
@@ -367,7 +367,7 @@ def _reference(op, q, k, v, aux):
     return run_reference(op, q, k.nan_to_num(0.0), v.nan_to_num(0.0), aux)
 
 
-@parent_only
+@needs_compiler
 @pytest.mark.parametrize("case", [
     dict(B=3, L=1024, page=16, Hq=32, Hkv=8, D=128, lens=[1024, 937, 1], splits=8, stages=4),
     dict(B=2, L=2048, page=64, Hq=16, Hkv=2, D=128, lens=[2048, 129], splits=16, stages=3, dtype=DType.float16,
@@ -450,7 +450,7 @@ def _copy_inputs(new, q, k, v, aux):
         dst.copy_(src.to(dst.device))
 
 
-@parent_only
+@needs_compiler
 def test_gpu_table_kernel_replays_in_a_cuda_graph_with_new_inputs():
     """The table's configuration (Gluon decode + attn_combine) captured once, replayed after the inputs and
     the lengths change in place: the second replay matches the reference of the new values."""
@@ -468,7 +468,7 @@ def test_gpu_table_kernel_replays_in_a_cuda_graph_with_new_inputs():
     _replay_matches_reference(graph, op, out, lse, new)
 
 
-@parent_only
+@needs_compiler
 def test_gpu_pdl_launch_reads_what_the_kernel_before_it_wrote():
     """With ``pdl`` the kernel may start while the previous kernel runs: captured in a CUDA graph behind
     kernels that write its query, K and V (each an element-wise kernel over the whole tensor) into buffers
@@ -494,7 +494,7 @@ def test_gpu_pdl_launch_reads_what_the_kernel_before_it_wrote():
     _replay_matches_reference(graph, op, out, lse, new)
 
 
-@parent_only
+@needs_compiler
 @pytest.mark.parametrize("changes", [{"release_next": True}, {"release_next": True, "early_merge": True},
                                      {"release_next": True, "early_merge": True, "pdl": True}],
                          ids=["release", "early", "early-pdl"])
@@ -541,7 +541,7 @@ def test_gpu_released_merge_lets_a_dependent_gemv_read_the_merged_output(changes
     assert err < 1e-2, f"GEMV of the merged output: relative error {err:.3g}"
 
 
-@parent_only
+@needs_compiler
 def test_gpu_falls_back_to_attn_fwd_for_k_without_a_row_major_view():
     from portakern.backends.triton.attention import forward as F, plan
 
@@ -563,7 +563,7 @@ def test_gpu_falls_back_to_attn_fwd_for_k_without_a_row_major_view():
     assert np.abs(out.double().cpu().numpy() - ref_out).max() <= ATOL[op.dtype]
 
 
-@parent_only
+@needs_compiler
 def test_gpu_table_kernel_called_again_on_new_tensors(monkeypatch):
     """The table's decode kernel and merge called three times on new tensors (new values, lengths and block
     table; outputs poisoned): the second and third calls launch both kernels straight through their compiled

@@ -8,7 +8,7 @@ import pytest
 
 from portakern.ir import DType, KVLayout
 from portakern.ir import expr as E
-from test_triton_attention import make_op
+from triton_helpers import make_op
 
 
 def test_split_count_is_not_rounded_to_equal_shares():

@@ -22,14 +22,8 @@ pytest.importorskip("triton")
 from portakern.devices import CPU  # noqa: E402
 from portakern.ir import DType, KVLayout  # noqa: E402
 from portakern.ir import expr as E  # noqa: E402
-from test_triton_attention import (ATOL, IN_PROCESS, LSE_ATOL, TORCH_DTYPE, _cache_dir, interp,  # noqa: E402,F401
-                                   make_op, parent_only, run_interpreter_child, run_reference, tensors)
-
-
-@pytest.mark.skipif(IN_PROCESS, reason="already running under the interpreter")
-def test_interpreter_suite():
-    """Run this file's interpreter tests in a child process (``run_interpreter_child``)."""
-    run_interpreter_child(__file__)
+from triton_helpers import _cache_dir  # noqa: E402,F401  (the module's expression cache)
+from triton_helpers import ATOL, LSE_ATOL, TORCH_DTYPE, make_op, needs_compiler, run_reference, tensors  # noqa: E402
 
 
 def run_config(op, q, k, v, aux=None, **cfg_kw):
@@ -68,7 +62,7 @@ TMA_CASES = {
 }
 
 
-@interp
+@pytest.mark.interpreter
 @pytest.mark.parametrize("case", list(TMA_CASES), ids=str)
 def test_tma_matches_the_reference(case):
     """TMA K/V tiles: tail tiles past Sk and columns past D come back zero-filled; D=59 fp16 rows
@@ -81,7 +75,7 @@ def test_tma_matches_the_reference(case):
         assert "stride" in warned[0] and "16 bytes" in warned[0]
 
 
-@interp
+@pytest.mark.interpreter
 def test_tma_strided_inputs_and_unaligned_views():
     """Strided K/V views (packed K|V, offset columns) go through TMA when 16-byte aligned; a view that
     starts 2 bytes in falls back to the pointer kernel with the same results."""
@@ -96,7 +90,7 @@ def test_tma_strided_inputs_and_unaligned_views():
     assert len(warned) == 1 and "not 16-byte aligned" in warned[0]
 
 
-@interp
+@pytest.mark.interpreter
 def test_tma_seqlens_k_ignores_values_past_each_length():
     """Rows past a sequence's seqlens_k lie inside the tensor, so TMA reads them: NaN there must not
     reach the output (scores masked, V rows zeroed)."""
@@ -120,7 +114,7 @@ def _lower(op, **cfg_kw):
     return art["kernels"]["attn_fwd"]
 
 
-@parent_only
+@needs_compiler
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_lowering_tma_sm90a(causal):
     """tma=True lowers K/V loads to cp.async.bulk.tensor; the default kernel has none."""
@@ -204,7 +198,7 @@ def test_config_round_trips_and_the_table_and_autotuning_offer_tma(monkeypatch):
 
 # -- on a CUDA device (sm_90+) --------------------------------------------------------------------------
 
-@parent_only
+@needs_compiler
 @pytest.mark.parametrize("D,causal", [(128, False), (64, True), (256, False), (256, True)])
 def test_gpu_tma_matches_the_reference(D, causal):
     """On a CUDA device (sm_90+): tma=True on attn_fwd's table tile (real TMA zero fill, Sq not a

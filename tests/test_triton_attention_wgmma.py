@@ -20,8 +20,8 @@ pytest.importorskip("triton")
 from portakern.devices import CPU  # noqa: E402
 from portakern.ir import DType, KVLayout  # noqa: E402
 from portakern.ir import expr as E  # noqa: E402
-from test_triton_attention import (ATOL, LSE_ATOL, make_op, parent_only, run_reference, sm90_device,  # noqa: E402
-                                   tensors)
+from triton_helpers import (ATOL, LSE_ATOL, make_op, needs_compiler, run_reference, sm90_device,  # noqa: E402
+                            tensors)
 
 PREFILL = dict(B=2, Sq=4096, Sk=4096, Hq=32, Hkv=8, D=128, dtype=DType.bfloat16)
 
@@ -159,7 +159,7 @@ def test_call_blocker_names_tensors_the_descriptors_cannot_take():
         call_blocker(a, a, shifted)
 
 
-@parent_only
+@needs_compiler
 @pytest.mark.parametrize("D,causal,lse", [(128, True, True), (64, False, False)], ids=["d128-causal-lse", "d64"])
 def test_lowering_for_sm90a_has_tma_a_load_warp_and_scores_one_tile_ahead(D, causal, lse):
     """The table's choice lowers to the Gluon kernel: 12 warps (4 + 4 + a load warp padded to a
@@ -185,7 +185,7 @@ def _gpu():
     return sm90_device("the wgmma kernel")
 
 
-@parent_only
+@needs_compiler
 @pytest.mark.parametrize("case", [
     dict(B=2, Sq=300, Sk=300, Hq=4, Hkv=2, D=128, causal=True, dtype=DType.bfloat16, cfg=(128, 3)),
     dict(B=2, Sq=300, Sk=300, Hq=4, Hkv=2, D=128, causal=False, dtype=DType.float16, cfg=(128, 2)),
@@ -219,7 +219,7 @@ def test_gpu_matches_the_float64_reference(case):
     assert np.abs(lse.double().cpu().numpy() - ref_lse).max() <= LSE_ATOL
 
 
-@parent_only
+@needs_compiler
 def test_gpu_falls_back_to_attn_fwd_for_a_q_without_a_flat_head_view():
     from portakern.backends.triton.attention import forward as F, plan
 

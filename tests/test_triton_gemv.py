@@ -1,26 +1,20 @@
 """The triton backend's quantized GEMV: every packing, dtypes, M, split-K, dequant variants.
 
-On a CPU machine the kernels run under Triton's interpreter. Triton picks interpreter or compiler
-at import time, so the interpreter cases run in one subprocess (``tests/gemv_cases.py interp``,
-``TRITON_INTERPRET=1``) and the compile-only lowering for sm_80 / sm_90a / sm_100a in another;
-each test below checks one case's line of that output against an independent float64 numpy
-``x @ dequant(W).T`` and against the cpu reference backend. On a CUDA machine the ``gpu`` tests run
-the same packings on the device and capture quant_gemv (and attention, where the triton backend
-supports it) in a CUDA graph replayed with new inputs.
+On a CPU machine the kernels run under Triton's interpreter: ``test_interpreter_matches_float64_and_cpu`` is
+marked ``interpreter`` (scripts/test.sh's interpreter step, TRITON_INTERPRET=1) and checks each case of
+``gemv_cases`` against an independent float64 numpy ``x @ dequant(W).T`` and against the cpu reference backend;
+``test_compile_for_targets`` lowers for sm_80 / sm_90a / sm_100a with Triton's compiler (``needs_compiler``). On a
+CUDA machine the ``gpu`` tests run the same packings on the device and capture quant_gemv (and attention, where
+the triton backend supports it) in a CUDA graph replayed with new inputs.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from gemv_cases import CASES, COMPILE_CASES, FRAG_CASES, TARGETS, check_graph_replays, weight  # noqa: E402
+from gemv_cases import (CASES, COMPILE_CASES, FRAG_CASES, TARGETS, check_graph_replays, run_case,  # noqa: E402
+                        run_compile, weight)
 
 from portakern.gemv_weight import prepare_gemv_weight  # noqa: E402
 from portakern.ir import gemv_layout  # noqa: E402
@@ -28,51 +22,22 @@ from portakern.ir import gemv_layout  # noqa: E402
 pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
 
-HERE = Path(__file__).resolve().parent
+from triton_helpers import needs_compiler  # noqa: E402
 
 
-def _run_helper(mode: str, interpret: bool, timeout: float) -> dict[str, dict]:
-    env = dict(os.environ)
-    env.pop("TRITON_INTERPRET", None)
-    if interpret:
-        env["TRITON_INTERPRET"] = "1"
-    env["PYTHONWARNINGS"] = "ignore"
-    proc = subprocess.run([sys.executable, str(HERE / "gemv_cases.py"), mode], env=env, capture_output=True,
-                          text=True, timeout=timeout, cwd=str(HERE.parent))
-    results = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("{"):
-            r = json.loads(line)
-            results[r["id"]] = r
-    if not results:
-        pytest.fail(f"gemv_cases.py {mode} produced no results (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return results
-
-
-@pytest.fixture(scope="module")
-def interp_results():
-    return _run_helper("interp", True, timeout=600)
-
-
-@pytest.fixture(scope="module")
-def compile_results():
-    return _run_helper("compile", False, timeout=600)
-
-
+@pytest.mark.interpreter
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_interpreter_matches_float64_and_cpu(case, interp_results):
-    r = interp_results.get(case[0])
-    assert r is not None, f"no result for {case[0]}"
-    assert "error" not in r, r["error"]
+def test_interpreter_matches_float64_and_cpu(case):
+    r = run_case(case)
     assert r["nan"] == 0, f"{r['nan']} outputs unwritten or NaN"
     assert r["err"] <= r["tol"], f"max|out - float64| / max|ref| = {r['err']:.3g} > {r['tol']}"
     assert r["err_cpu"] <= 2 * r["tol"], f"max|out - cpu backend| / max|ref| = {r['err_cpu']:.3g}"
 
 
+@needs_compiler
 @pytest.mark.parametrize("case", COMPILE_CASES, ids=[c[0] for c in COMPILE_CASES])
-def test_compile_for_targets(case, compile_results):
-    r = compile_results.get(case[0])
-    assert r is not None and "error" not in r, (r or {}).get("error")
+def test_compile_for_targets(case):
+    r = run_compile(case)
     targets = case[7] if len(case) > 7 else TARGETS
     assert sorted(r["targets"]) == sorted(targets)
     for t in targets:
@@ -100,28 +65,24 @@ def test_compile_for_targets(case, compile_results):
             assert art["loads_before_wait"] == 0, art
 
 
-_FMA_COUNT = """
-import re
-from portakern.backends.triton import quant_gemv as Q
-from portakern.ir import DType, QuantFormat
-from portakern.ir.ops import QuantGemv
-op = QuantGemv(M=1, N=4096, K=4096, dtype=DType.bfloat16, fmt=QuantFormat(bits=4, group_size=128, symmetric=False))
-ptx = Q.compile_for_target(op, "sm_90a")["kernels"]["gemv_fma_kernel"]["ptx"]
-print(len(re.findall(r"\\bfma\\.rn\\.f32", ptx)), len(re.findall(r"\\bmul\\.rn\\.f32", ptx)))
-"""
-
-
+@needs_compiler
 @pytest.mark.parametrize("default_fusion", ["0", "1"])
-def test_kernels_are_compiled_with_fused_multiply_adds_whatever_tritons_default(default_fusion):
+def test_kernels_are_compiled_with_fused_multiply_adds_whatever_tritons_default(default_fusion, monkeypatch):
     """The backend states ``enable_fp_fusion`` (``backend.KERNEL_OPTIONS``): with Triton's default
     turned off (``TRITON_DEFAULT_FP_FUSION=0``, the default from Triton 3.10) the GEMV still gets one
-    fused multiply-add per code (a separate multiply and add would double its instructions)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_DEFAULT_FP_FUSION=default_fusion, PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, "-c", _FMA_COUNT], env=env, capture_output=True, text=True, timeout=300,
-                          cwd=str(HERE.parent))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    fma, mul = map(int, proc.stdout.split()[-2:])
+    fused multiply-add per code (a separate multiply and add would double its instructions). Triton reads the
+    variable when it compiles, so setting it for this test is enough."""
+    import re
+
+    from portakern.backends.triton import quant_gemv as Q
+    from portakern.ir import DType, QuantFormat
+    from portakern.ir.ops import QuantGemv
+
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", default_fusion)
+    op = QuantGemv(M=1, N=4096, K=4096, dtype=DType.bfloat16, fmt=QuantFormat(bits=4, group_size=128,
+                                                                               symmetric=False))
+    ptx = Q.compile_for_target(op, "sm_90a")["kernels"]["gemv_fma_kernel"]["ptx"]
+    fma, mul = len(re.findall(r"\bfma\.rn\.f32", ptx)), len(re.findall(r"\bmul\.rn\.f32", ptx))
     assert fma >= 64 * 8 // 4, (fma, mul)        # the table tile: >= 128 codes per thread, one fma each
     assert mul < fma // 4, (fma, mul)
 

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from gemv_cases import TOL, check_graph_replays, weight  # noqa: E402  (tests/ is on sys.path)
-from test_triton_attention import parent_only  # noqa: E402
+from triton_helpers import needs_compiler  # noqa: E402
 
 from portakern.gemv_weight import prepare_gemv_weight  # noqa: E402
 from portakern.ir import DType, Packing, QuantFormat  # noqa: E402
@@ -33,7 +33,7 @@ def _lay(**kw):
     return QA.LayoutStub(_op(**kw))
 
 
-@parent_only
+@needs_compiler
 def test_sm90_table_takes_the_stream_kernel_for_int4_m1_from_6144_rows():
     from portakern.backends.triton.quant_gemv import config as T
 
@@ -50,7 +50,7 @@ def test_sm90_table_takes_the_stream_kernel_for_int4_m1_from_6144_rows():
     assert T.choose(_lay(), 1, 8192, "sm_90", 132, stream=False).kind == "fma"
 
 
-@parent_only
+@needs_compiler
 @pytest.mark.parametrize("kw,M,match", [
     (dict(M=2), 2, r"M=2 \(the kernel serves one row of x\)"),
     (dict(bits=8), 1, r"bits=8 \(int4 only\)"),
@@ -65,7 +65,7 @@ def test_usable_names_what_the_kernel_does_not_serve(kw, M, match):
     assert why is not None and __import__("re").search(match, why), why
 
 
-@parent_only
+@needs_compiler
 def test_fit_makes_a_stream_config_legal_and_refuses_other_weights():
     from dataclasses import replace
 
@@ -90,7 +90,7 @@ def test_fit_makes_a_stream_config_legal_and_refuses_other_weights():
         T.fit(T.GemvConfig("fma", 256, 8, l2_prefetch=2), _lay(), 1)
 
 
-@parent_only
+@needs_compiler
 def test_x_is_staged_per_unit_when_a_range_is_shorter_than_k():
     from portakern.backends.triton.quant_gemv.stream import x_slots
 
@@ -100,7 +100,7 @@ def test_x_is_staged_per_unit_when_a_range_is_shorter_than_k():
     assert x_slots(4, 1, 1) == (1, True)
 
 
-@parent_only
+@needs_compiler
 def test_grids_hold_per_sm_programs_and_never_more_than_the_units():
     """Every program must own a unit (a tile's arrival count counts the programs whose ranges meet it):
     a grid of ``per_sm`` per SM, or a forced size, is capped at the units."""
@@ -114,7 +114,7 @@ def test_grids_hold_per_sm_programs_and_never_more_than_the_units():
     assert grid_programs(_op(), _lay(), cfg, 132, programs=7) == 7
 
 
-@parent_only
+@needs_compiler
 @pytest.mark.parametrize("kind", ["stream", "frag"])
 def test_a_forced_gluon_config_is_refused_on_the_cpu_with_the_way_out(kind):
     """Both Gluon kinds ("stream", and "frag" for M > 1) are refused before anything is built on the CPU."""
@@ -128,7 +128,7 @@ def test_a_forced_gluon_config_is_refused_on_the_cpu_with_the_way_out(kind):
         Q.compile(_op(N=64, K=512, M=1 if kind == "stream" else 4), CPU, GemvConfig(kind, 256, 16))
 
 
-@parent_only
+@needs_compiler
 @pytest.mark.parametrize("target", ["sm_90a", "sm_80"])
 def test_lowering_loads_16_bytes_per_row_and_waits_for_the_previous_kernel_on_sm90(target):
     """The table's choice (sm_90a) and a forced config (sm_80) lower to the stream kernel: 8 warps, 16-byte
@@ -148,7 +148,7 @@ def test_lowering_loads_16_bytes_per_row_and_waits_for_the_previous_kernel_on_sm
     assert "prefetch.global.L2" not in ptx                     # l2_prefetch: in no table
 
 
-@parent_only
+@needs_compiler
 @pytest.mark.parametrize("units", [1, 3])
 def test_lowering_with_l2_prefetch_asks_for_each_line_once_before_the_wait(units):
     """``l2_prefetch``: the next units' 128-byte lines (16 rows x 8 lines per 256-column unit), spread over the
@@ -191,7 +191,7 @@ GPU_CASES = [
 ]
 
 
-@parent_only
+@needs_compiler
 @pytest.mark.parametrize("case", GPU_CASES, ids=[c[0] for c in GPU_CASES])
 def test_gpu_matches_float64_for_every_way_programs_share_tiles(case):
     """Grids of 1 program (one range over every tile), 7 and 1000 (tiles shared by programs whose ranges
@@ -221,7 +221,7 @@ def test_gpu_matches_float64_for_every_way_programs_share_tiles(case):
                 assert err <= TOL[dt], (cid, bn, ahead, l2, ln.programs, err)
 
 
-@parent_only
+@needs_compiler
 def test_gpu_table_choice_replays_in_a_cuda_graph_with_new_inputs():
     """The table's stream kernel through ``quant_gemv.compile`` (pdl, two programs per SM), captured once
     and replayed with new x: every output written, against float64."""

@@ -1,13 +1,14 @@
-"""The triton backend's host code hands its kernels only what they read correctly (review of the triton glue).
+"""The triton backend's host code hands its kernels only what they read correctly.
 
 * A compiled quant_gemv kernel keeps one launcher per weight layout (``PreparedGemvWeight.key``); a second
   weight whose group size, bits or shape differ from the first must not run through the first weight's
   launcher (its constexprs carry the group size), and a weight on another device than the kernel's is refused.
 * Attention's 1-D index arrays (``seqlens_k``, ``cu_seqlens_q`` / ``_k``) are read by the kernels at unit
-  stride: a strided view must give the results of its contiguous copy.
+  stride: ``unit_stride_aux`` copies strided views (that a strided view gives its values' results is checked on
+  every backend by the contract suite, tests/contract).
+* Views of x or of the output whose rows lie 2^31 elements apart or more are copied or refused.
 
-Kernel launches run under Triton's interpreter (in a child process when this one was not started with
-``TRITON_INTERPRET=1``; see ``test_triton_attention.run_interpreter_child``).
+Kernel launches run under Triton's interpreter: those tests are marked ``interpreter`` (``triton_helpers``).
 """
 
 from __future__ import annotations
@@ -21,18 +22,12 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from gemv_cases import weight  # noqa: E402  (tests/ is on sys.path)
-from test_triton_attention import IN_PROCESS, _cache_dir, interp, run_interpreter_child  # noqa: E402,F401
+from triton_helpers import _cache_dir  # noqa: E402,F401  (the module's expression cache)
 
 from portakern.devices import CPU  # noqa: E402
 from portakern.errors import InvalidInputError, InvalidTypeError  # noqa: E402
 from portakern.ir import DType  # noqa: E402
 from portakern.ir.ops import QuantGemv  # noqa: E402
-
-
-@pytest.mark.skipif(IN_PROCESS, reason="already running under the interpreter")
-def test_interpreter_suite():
-    """Run this file's interpreter tests in a child process (``run_interpreter_child``)."""
-    run_interpreter_child(__file__)
 
 
 # -- quant_gemv: one launcher per weight layout ------------------------------------------------------
@@ -63,7 +58,7 @@ def _kernel(fmt):
     return Q.compile(QuantGemv(M=M, N=N, K=K, dtype=DType.float32, fmt=fmt), CPU)
 
 
-@interp
+@pytest.mark.interpreter
 def test_gemv_weight_of_another_group_size_is_refused_not_run_with_the_first_weights_launcher():
     """The group-64 weight has the group-128 weight's padded layout (same key before the fix), so it ran through
     the launcher built for group 128 and returned wrong values without an error."""
@@ -79,7 +74,7 @@ def test_gemv_weight_of_another_group_size_is_refused_not_run_with_the_first_wei
         kern(x, p64, torch.empty(M, N))
 
 
-@interp
+@pytest.mark.interpreter
 def test_gemv_weight_of_another_shape_is_refused_after_a_first_call():
     """N = 38 pads to the N = 40 weight's row stride: before the fix only the first call compared shapes."""
     w40, p40 = _case(128)
@@ -91,7 +86,7 @@ def test_gemv_weight_of_another_shape_is_refused_after_a_first_call():
         kern(torch.randn(M, K), p38, torch.empty(M, N))
 
 
-@interp
+@pytest.mark.interpreter
 def test_gemv_weight_on_another_device_is_refused():
     """A weight whose tensors live elsewhere than the kernel's device (here: meta tensors for a CPU kernel; on a
     machine with GPUs, cuda:1 for a cuda:0 kernel) is an InvalidTypeError naming the tensor and the way out."""
@@ -113,35 +108,6 @@ def _column(values) -> "torch.Tensor":
     col = table[:, 0]
     assert col.stride() == (2,) and col.tolist() == list(values)
     return col
-
-
-@interp
-def test_attention_strided_seqlens_k_reads_the_views_values():
-    """Dense decode with key lengths given as a column of a larger table (before: NaN, 99 read as a length)."""
-    import portakern
-
-    g = torch.Generator().manual_seed(0)
-    B, S, H, D = 3, 40, 2, 16
-    q, k, v = (torch.randn(shape, generator=g) for shape in ((B, 1, H, D), (B, S, H, D), (B, S, H, D)))
-    lens = _column([7, 33, 20])
-    want = portakern.attention(q, k, v, seqlens_k=lens.contiguous(), backend="cpu")
-    got = portakern.attention(q, k, v, seqlens_k=lens, backend="triton")
-    torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
-
-
-@interp
-def test_attention_strided_cu_seqlens_read_the_views_values():
-    """Varlen with both offset arrays given as strided views (before: wrong rows, 99 read as an offset)."""
-    import portakern
-
-    g = torch.Generator().manual_seed(1)
-    H, D = 2, 16
-    q, k, v = (torch.randn(shape, generator=g) for shape in ((5, H, D), (25, H, D), (25, H, D)))
-    cu_q, cu_k = _column([0, 2, 5]), _column([0, 10, 25])
-    want = portakern.attention(q, k, v, cu_seqlens_q=cu_q.contiguous(), cu_seqlens_k=cu_k.contiguous(),
-                               backend="cpu")
-    got = portakern.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, backend="triton")
-    torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
 
 
 def test_unit_stride_aux_copies_only_strided_index_arrays():
@@ -183,7 +149,7 @@ def test_gemv_supports_refuses_x_or_output_past_32_bit_offsets():
     assert "x of 32768" in Q.supports(wide_x, gpu).reason
 
 
-@interp
+@pytest.mark.interpreter
 def test_gemv_x_view_with_rows_2_31_elements_apart_gives_the_contiguous_result():
     """Row 2 of x starts past 2^31 elements: the kernel's 32-bit ``row * stride_xm`` wrapped (the interpreter
     crashed on the wrapped address); the host now copies such a view to contiguous rows."""
@@ -197,7 +163,7 @@ def test_gemv_x_view_with_rows_2_31_elements_apart_gives_the_contiguous_result()
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-3)
 
 
-@interp
+@pytest.mark.interpreter
 def test_gemv_output_view_with_rows_2_31_elements_apart_is_refused():
     """The output cannot be copied back without a second kernel: the error names the rule and the way out."""
     from portakern.backends.triton import quant_gemv as Q

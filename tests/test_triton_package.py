@@ -192,7 +192,7 @@ def test_sm86_and_sm89_take_sm80s_gemv_entries_and_their_own_attention_tiles():
     from portakern.ir.ops import QuantGemv
     from portakern.ir.quant import Packing
 
-    from test_triton_attention import make_op
+    from triton_helpers import make_op
 
     for bits, gs, sym, packing, act in ((4, 128, False, "native", False), (8, 128, True, "native", False),
                                         (4, 128, False, "gptq", True), (4, 32, True, "native", False)):
