@@ -73,8 +73,3 @@ def ref_attention(q, k, v, *, scale=None, mask=None, score=None, lens_k=None):
                 out[b, i, h] = p @ v[b, :sk, kv] / p.sum()
                 lse[b, h, i] = m + np.log(p.sum())
     return out, lse
-
-
-def tol(dtype) -> float:
-    """Absolute tolerance against float64 for outputs of magnitude ~1 stored in ``dtype``."""
-    return 2e-3 if np.dtype(dtype) == np.float16 else 2e-5
