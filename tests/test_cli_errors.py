@@ -1,4 +1,4 @@
-"""Error paths of the ``portakern`` command line found by a review: every bad argument exits 2 with
+"""Error paths of the ``portakern`` command line: every bad argument exits 2 with
 one message that names the option, the value and the way out, and never a traceback."""
 
 from __future__ import annotations
