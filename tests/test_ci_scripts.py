@@ -86,8 +86,8 @@ def test_main_sh_runs_each_gpu_once_on_the_gpu_tier_with_workers(tmp_path):
 
 def _test_sh_sandbox(tmp_path, python_exit: int = 0, skip_slow: bool = False):
     """Run a copy of scripts/test.sh beside a no-op setup.sh and a stub .venv whose ``portakern`` and ``python`` log
-    their arguments (``python`` with its TRITON_INTERPRET) and ``python`` exits ``python_exit``. Returns the completed
-    process, the conformance calls and the python calls."""
+    their arguments (``python`` with its TRITON_INTERPRET) and ``python -m pytest`` exits ``python_exit``. Returns the
+    completed process, the conformance calls and the pytest calls."""
     from pathlib import Path
 
     repo = Path(__file__).resolve().parent.parent
@@ -97,7 +97,7 @@ def _test_sh_sandbox(tmp_path, python_exit: int = 0, skip_slow: bool = False):
     bin_ = tmp_path / ".venv" / "bin"
     bin_.mkdir(parents=True)
     (bin_ / "python").write_text(f'#!/usr/bin/env bash\necho "TRITON_INTERPRET=${{TRITON_INTERPRET:-}} $*" >> '
-                                 f'{tmp_path}/python\nexit {python_exit}\n')
+                                 f'{tmp_path}/python\ncase "$*" in *"-m pytest"*) exit {python_exit};; esac\n')
     (bin_ / "portakern").write_text(f'#!/usr/bin/env bash\necho "$*" >> {tmp_path}/calls\n')
     for f in bin_.iterdir():
         f.chmod(0o755)
@@ -107,7 +107,7 @@ def _test_sh_sandbox(tmp_path, python_exit: int = 0, skip_slow: bool = False):
     r = subprocess.run(["bash", str(tmp_path / "scripts" / "test.sh")], capture_output=True, text=True, timeout=60,
                        env=env)
     read = lambda name: (tmp_path / name).read_text().splitlines() if (tmp_path / name).exists() else []  # noqa: E731
-    return r, read("calls"), read("python")
+    return r, read("calls"), [c for c in read("python") if " -m pytest " in c]
 
 
 def test_test_sh_conformance_steps_show_progress(tmp_path):
