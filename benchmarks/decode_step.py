@@ -3,7 +3,7 @@
 32 layers, hidden 4096, MLP 14336, 32 query / 8 KV heads of 128, vocab 128256, random weights.
 portakern's step: every linear (qkv, o, gate+up, down, lm_head) is int4 group-128 asymmetric through
 the kernel ``torch.ops.portakern.quant_gemv`` picks for its shape (``torch_ops.gemv_kernel``: the triton table, or
-the cuda backend where its measured table ranks it first; weights straight in the triton layout, which both read;
+the cuda backend where its measured table ranks it first; weights straight in the GEMV layout (``portakern.gemv_weight``), which both read;
 the results name each linear's backend), attention is
 ``portakern.attention`` over a paged KV cache (page 64, shuffled block table; torch SDPA on a dense
 cache when the triton backend cannot serve it, said in the output), the element-wise glue

@@ -15,7 +15,7 @@ triton table, or the cuda backend where its measured table ranks it first -- the
 beside it as ``triton_*``), or a sweep's winner where ``--sweep`` ran.
 
 ``--sweep`` times the candidate configurations on representative shapes first; the fastest per
-(M, shape) serves the main table in the same run, and is printed for ``gemv_tuning``'s sm_90 table.
+(M, shape) serves the main table in the same run, and is printed for the sm_90 rows of ``backends/triton/tuning.py``.
 Kernels are compiled up front in a pool of processes (Triton's disk cache serves the main process).
 """
 

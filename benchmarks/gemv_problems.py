@@ -51,7 +51,7 @@ def random_prepared(N, K, bits, gs, sym, device="cuda", scale_dtype=torch.float1
 
 def ours(op: QuantGemv, cfg: GemvConfig | None, copies: int, kern=None):
     """Input sets for the triton kernel of ``op`` under ``cfg`` (None: its table) -- or for ``kern``, any kernel of
-    the triton layout -- and that kernel."""
+    the GEMV layout (``portakern.gemv_weight``) -- and that kernel."""
     dev = torch_device("cuda", 0)
     kern = Q.compile(op, dev, cfg) if kern is None else kern
     dt = getattr(torch, op.dtype.value)

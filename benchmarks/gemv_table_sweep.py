@@ -1,4 +1,4 @@
-"""The sweep that writes ``backends/cuda/gemv_table.py``: the cuda backend's small-M GEMV kernel
+"""The sweep that writes ``backends/cuda/tuning.py``: the cuda backend's small-M GEMV kernel
 (``backends/cuda/kernels/gemv_small_m.cu``) over its launch variants, each checked against float64 and timed beside
 the triton table and tinygemm; ``--phase write-table`` turns the sweeps' JSON into the table.
 
@@ -316,7 +316,7 @@ def main() -> int:
     ap.add_argument("--phase", choices=("lower", "check", "bench", "write-table"), required=True,
                     help="lower: every variant to sm_90a, no GPU; check: every variant against float64; bench: "
                          "check, then time beside the triton table and tinygemm; write-table: rewrite "
-                         "backends/cuda/gemv_table.py from --from")
+                         "backends/cuda/tuning.py from --from")
     ap.add_argument("--out", default=default_out(),
                     help="folder of the result gemv-wide-<sweep|check>[-m<M>]<TAG>-<card>.json (default $OUT or "
                          "benchmarks/results)")

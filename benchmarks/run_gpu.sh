@@ -15,7 +15,7 @@
 #   gemv-table-sweep  benchmarks/gemv_table_sweep.py: the cuda backend's GEMV kernel (CUDA C, NVRTC) at M = 1 over
 #                   its launch variants (deep rings on N <= 6144), each against float64, then timed beside the triton
 #                   table and tinygemm (afterwards: gemv_table_sweep.py --phase write-table --from <its JSON> writes
-#                   backends/cuda/gemv_table.py)
+#                   backends/cuda/tuning.py)
 #   gemv-table-sweep-deep  the same sweep on the shapes of more than 6144 columns with the deep rings (PF 4 / 8) too
 #                   (--deep-max-n 1000000): for a card whose bandwidth wants more bytes in flight per SM
 #   gemv-table-sweep-m4  the same at M = 4 on the int4 table's six shapes

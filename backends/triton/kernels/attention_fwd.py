@@ -360,8 +360,8 @@ def _merge_splits(WS_O, WS_LSE, O, LSE, o_base, l_base, grow0, qrow, h, row_ok, 
     Every load is independent of the others (unrolled over the splits), so they are all in flight at
     once: the merge costs about one L2 round trip, not NUM_SPLITS of them. Each split's LSEs are
     loaded in the rows' own layout, so the maximum and the weights are element-wise: no reduction
-    crosses the warps. (Session 12: the 2-D load of all LSEs that this replaced reduced over the
-    splits once per split -- 89 CTA barriers in the merge's SASS -- and cost the fused merge 3-6 us.)
+    crosses the warps. (A 2-D load of all LSEs reduces over the splits once per split -- 89 CTA
+    barriers in the merge's SASS -- and cost the fused merge 3-6 us: docs/design/attention-decode.md.)
     """
     offs_dv = tl.arange(0, BLOCK_DV)
     mask = row_ok[:, None] & (offs_dv < DV)[None, :]

@@ -207,7 +207,7 @@ def gemv_frag_kernel(x_ptr, fw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr,
     128-column chunks; ``BM`` (8 or 16) columns of the MMA result are rows of x. Unit ``u`` of chunk
     ``c`` starts at word ``u * stride_u + c * stride_c``. ``PDL``: launched as a programmatic dependent
     (sm_90+): the first chunk's words, scales and zeros (constant) are requested before
-    ``griddepcontrol.wait``, x and every store after it. ``MODE`` (measurement only, ``experiments/frag_anatomy.py``;
+    ``griddepcontrol.wait``, x and every store after it. ``MODE`` (measurement only, ``tests/test_gemv_frag_modes.py``;
     0 in every real launch) removes parts, giving wrong results: bit 1 the arithmetic (the loaded values are only
     XORed / added up), bit 2 the split-K merge (every slice stores its partial as the output), bit 4 the x loads.
     ``MERGE`` (split K): 0, the last slice to arrive adds the partials (every slice publishes its partial, then

@@ -270,7 +270,7 @@ def gemv_stream_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, cnt_ptr, N,
     ``stride_qk`` = NP), groups of ``8 TR`` columns; ``G`` groups (K = 8 TR G, specialised); ``XS`` slots of
     staged x (``_stage_x``). ``AHEAD``: units loaded ahead (1 or 2). ``L2_AHEAD``: units after those whose
     words the L2 is asked to fetch before the wait for the previous kernel (0: none). ``MODE`` (measurement only,
-    ``experiments/gemv_stream_probe.py --phase anatomy``; 0 in use): 1 = words folded into the result
+    the kernel's anatomy in ``docs/design/quant-gemv-triton.md``; 0 in use): 1 = words folded into the result
     without arithmetic, 3 = x not staged, 4 = every segment stored as if it covered its tile (no
     partials); 1, 3 and 4 give wrong results."""
     NW: gl.constexpr = WR * WC
