@@ -96,7 +96,23 @@ def to_numpy(a: Any) -> Any:
         if str(a.dtype) == "torch.bfloat16":
             a = a.float()
         return a.numpy() if a.is_cpu else a.cpu().numpy()
+    if kind == "pyopencl" and not (a.flags.c_contiguous or a.flags.f_contiguous):
+        return _strided_pyopencl_to_numpy(a)
     return a.get()  # cupy and pyopencl: a device -> host copy
+
+
+def _strided_pyopencl_to_numpy(a: Any) -> np.ndarray:
+    """A host copy of a strided pyopencl view (a column of a wider table, a reversed array), which pyopencl's
+    ``get`` refuses: the bytes its elements span are read from its buffer, then taken at its strides."""
+    import pyopencl as cl
+
+    if a.size == 0:
+        return np.empty(a.shape, a.dtype)
+    low = sum(st * (n - 1) for st, n in zip(a.strides, a.shape) if st < 0)      # bytes before the first element
+    high = sum(st * (n - 1) for st, n in zip(a.strides, a.shape) if st > 0) + a.dtype.itemsize
+    host = np.empty(high - low, np.uint8)
+    cl.enqueue_copy(a.queue, host, a.base_data, src_offset=a.offset + low).wait()
+    return np.ndarray(a.shape, a.dtype, buffer=host, offset=-low, strides=a.strides).copy()
 
 
 def convert_for_backend(a: Any, backend: Any, device: Device) -> Any:

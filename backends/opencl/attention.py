@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from portakern.arrays import to_numpy
 from portakern.backend import YES, Support, no
 from portakern.errors import InvalidInputError, UnsupportedError
 from portakern.ir.dtypes import DType
@@ -131,12 +132,12 @@ def _index_arrays(op: Attention, aux: dict, queue) -> tuple[Any, Any]:
         a = aux.get(name)
         if a is None:
             raise InvalidInputError(f"aux[{name!r}] is missing: this attention op needs it")
-        if not isinstance(a, cla.Array):
-            a = cla.to_device(queue, np.ascontiguousarray(np.asarray(a)))
+        if not isinstance(a, cla.Array) or not a.flags.c_contiguous:   # a strided view: its values, packed
+            a = cla.to_device(queue, np.ascontiguousarray(to_numpy(a)))
         if a.dtype != np.int32:
             a = a.astype(np.int32)
-        if a.offset or not a.flags.c_contiguous:
-            a = a.copy() if a.flags.c_contiguous else cla.to_device(queue, np.ascontiguousarray(a.get()))
+        if a.offset:
+            a = a.copy()
         return a.base_data
 
     if op.kv_layout is KVLayout.VARLEN:
