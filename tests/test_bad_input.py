@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import portakern
+from error_helpers import rejects
 from portakern.devices import parse_device
 from portakern.errors import InvalidInputError, InvalidTypeError, PortakernError, UnsupportedError
 from portakern.ir import Packing, QuantFormat
@@ -69,15 +70,6 @@ def rand(*shape, dtype=F32, seed=0):
 
 def att_of(q, k, v, **kw) -> Callable[[], Any]:
     return lambda: portakern.attention(q, k, v, **kw)
-
-
-def rejects(call, exc, *fragments):
-    with pytest.raises(PortakernError) as info:
-        call()
-    assert type(info.value) is exc, f"{type(info.value).__name__}: {info.value}"
-    for fragment in fragments:
-        assert fragment in str(info.value), f"{fragment!r} not in {str(info.value)!r}"
-    return str(info.value)
 
 
 

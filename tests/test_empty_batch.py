@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import portakern
-from portakern.errors import InvalidInputError, InvalidTypeError, PortakernError, UnsupportedError
+from error_helpers import rejects
+from portakern.errors import InvalidInputError, InvalidTypeError, UnsupportedError
 from portakern.quantize import quantize
 
 F32 = np.float32
@@ -18,15 +19,6 @@ F32 = np.float32
 
 def rand(*shape, dtype=F32, seed=0):
     return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
-
-
-def rejects(call, exc, *fragments):
-    with pytest.raises(PortakernError) as info:
-        call()
-    assert type(info.value) is exc, f"{type(info.value).__name__}: {info.value}"
-    for fragment in fragments:
-        assert fragment in str(info.value), f"{fragment!r} not in {str(info.value)!r}"
-    return str(info.value)
 
 
 
