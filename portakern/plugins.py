@@ -18,6 +18,22 @@ ENTRY_POINT_GROUP = "portakern.backends"
 hookimpl = pluggy.HookimplMarker("portakern")
 
 
+def _isolated(e: BaseException) -> bool:
+    """Whether a plugin's failure ``e`` is reported and the plugin skipped: anything but ``KeyboardInterrupt``.
+
+    A plugin that calls ``sys.exit()`` (``SystemExit``) or raises another ``BaseException`` at import or in its
+    hook must not end the host process; a Ctrl-C that lands while a plugin loads still stops the process.
+    """
+    return not isinstance(e, KeyboardInterrupt)
+
+
+def _describe(e: BaseException) -> str:
+    """``Type: message`` of a plugin's failure; ``SystemExit`` says the plugin called ``sys.exit``."""
+    if isinstance(e, SystemExit):
+        return f"SystemExit: the plugin called sys.exit({e.code!r})"
+    return f"{type(e).__name__}: {e}"
+
+
 @dataclass
 class Registry:
     """The loaded plugins and their backends, plus the errors of those that failed."""
@@ -65,18 +81,22 @@ def _register(reg: Registry, name: str, obj: Any, dist: str) -> None:
     try:
         reg.pm.register(obj, name=name)
         reg.pm.check_pending()  # a @hookimpl whose name matches no hookspec (a typo) is an error too
-    except Exception as e:  # bad hook signature, unknown hook, duplicate name, ...
+    except BaseException as e:  # bad hook signature, unknown hook, duplicate name, ...
+        if not _isolated(e):
+            raise
         if reg.pm.is_registered(obj):
             reg.pm.unregister(obj)
-        reg.errors.append((name, f"Error registering plugin {name!r}: {type(e).__name__}: {e}"))
+        reg.errors.append((name, f"Error registering plugin {name!r}: {_describe(e)}"))
         return
     reg.plugins[name] = dist
     try:
         lists = reg.pm.subset_hook_caller("portakern_register_backends", remove_plugins=[
             p for p in reg.pm.get_plugins() if p is not obj])()
-    except Exception as e:
+    except BaseException as e:
+        if not _isolated(e):
+            raise
         reg.pm.unregister(obj)
-        reg.errors.append((name, f"Error in plugin {name!r} portakern_register_backends: {type(e).__name__}: {e}"))
+        reg.errors.append((name, f"Error in plugin {name!r} portakern_register_backends: {_describe(e)}"))
         return
     for backends in lists:
         for b in backends or []:
@@ -99,15 +119,19 @@ def build_registry() -> Registry:
         dist = ep.dist.name if ep.dist is not None else "?"
         try:
             obj = ep.load()
-        except Exception as e:
-            reg.errors.append((ep.name, f'Error importing plugin "{ep.name}" ({ep.value}): {type(e).__name__}: {e}'))
+        except BaseException as e:
+            if not _isolated(e):
+                raise
+            reg.errors.append((ep.name, f'Error importing plugin "{ep.name}" ({ep.value}): {_describe(e)}'))
             continue
         _register(reg, ep.name, obj, dist)
     for modname in filter(None, (m.strip() for m in os.environ.get("PORTAKERN_PLUGINS", "").split(","))):
         try:
             obj = import_module(modname)
-        except Exception as e:
-            reg.errors.append((modname, f'Error importing plugin "{modname}": {type(e).__name__}: {e}'))
+        except BaseException as e:
+            if not _isolated(e):
+                raise
+            reg.errors.append((modname, f'Error importing plugin "{modname}": {_describe(e)}'))
             continue
         _register(reg, modname, obj, "PORTAKERN_PLUGINS")
     for name, obj in _manual:
