@@ -3,6 +3,13 @@
 Entries live under ``$PORTAKERN_CACHE_DIR`` (default ``~/.cache/portakern``) in one JSON file per
 namespace and device identity. Writes are atomic (temp file + ``os.replace``); a corrupt file or an
 entry written by another portakern/Triton version is a miss, never a crash.
+
+A writer killed between creating its temp file and ``os.replace`` leaves a ``.tmp-*.json`` file behind. Each
+``put`` removes the temp files of the cache directory whose last modification is more than ``STALE_TMP_S``
+(one hour) old. A live writer's temp file exists only while one small JSON document is written (milliseconds)
+and its modification time is that of its last write, so the rule never meets it; a clock that jumps forward by
+more than an hour while a write is in progress is the only way to meet it, and it then costs that write (its
+``os.replace`` raises ``OSError``, which callers already treat as "not stored"), never a wrong entry.
 """
 
 from __future__ import annotations
@@ -12,16 +19,20 @@ import json
 import os
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from .devices import Device
 
 FORMAT = 1
+TMP_PREFIX, TMP_SUFFIX = ".tmp-", ".json"
+STALE_TMP_S = 3600.0  # a temp file untouched for this long belongs to a writer that died (see the module doc)
 _lock = threading.Lock()
 
 
 def cache_dir() -> Path:
+    """The cache directory: ``$PORTAKERN_CACHE_DIR``, else ``~/.cache/portakern``."""
     return Path(os.environ.get("PORTAKERN_CACHE_DIR") or Path.home() / ".cache" / "portakern")
 
 
@@ -41,12 +52,16 @@ class TuningCache:
 
     def _read(self) -> dict[str, Any]:
         """The entries the file holds now: ``{}`` when it is absent, unreadable, of another tag, or
-        not shaped ``{"tag": ..., "entries": {...}}`` (a corrupt file is a miss, never a crash)."""
+        not shaped ``{"tag": ..., "entries": {...}}`` (a corrupt file is a miss, never a crash).
+
+        Unreadable covers a file that cannot be opened (permissions, a directory in its place), bytes that are
+        no JSON (binary garbage, a truncated write) and JSON nested too deeply for the parser (``RecursionError``).
+        """
         try:
-            raw = json.loads(self.path.read_text())
-            entries = raw.get("entries") if raw.get("tag") == self.tag else None
-        except (OSError, ValueError, TypeError, AttributeError):
+            raw = json.loads(self.path.read_bytes())
+        except (OSError, ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             return {}
+        entries = raw.get("entries") if isinstance(raw, dict) and raw.get("tag") == self.tag else None
         # a matching tag over entries of another type (list, null, string) would make every ``get`` raise
         return entries if isinstance(entries, dict) else {}
 
@@ -72,7 +87,7 @@ class TuningCache:
             data = self._data = self._read()
             data[key] = value
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tmp-", suffix=".json")
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=TMP_PREFIX, suffix=TMP_SUFFIX)
             try:
                 with os.fdopen(fd, "w") as f:
                     json.dump({"tag": self.tag, "entries": data}, f)
@@ -82,3 +97,27 @@ class TuningCache:
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise
+            remove_stale_temp_files(self.path.parent)
+
+
+def remove_stale_temp_files(directory: Path, now: float | None = None) -> list[Path]:
+    """Remove the ``.tmp-*.json`` files in ``directory`` not modified for ``STALE_TMP_S`` seconds; return them.
+
+    These are left by writers killed mid-write (see the module docstring for why a live writer's file is never
+    stale). A file that vanishes meanwhile (another process cleaned it) or cannot be removed (another user's,
+    in a shared directory) is left alone: cleaning is best effort and never fails a write.
+    """
+    now = time.time() if now is None else now
+    removed = []
+    try:
+        candidates = list(directory.glob(f"{TMP_PREFIX}*{TMP_SUFFIX}"))
+    except OSError:
+        return removed
+    for tmp in candidates:
+        try:
+            if now - tmp.lstat().st_mtime > STALE_TMP_S:
+                tmp.unlink()
+                removed.append(tmp)
+        except OSError:
+            continue
+    return removed
