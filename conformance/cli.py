@@ -134,6 +134,50 @@ def _unknown_target(backends: list[str], targets: list[str]) -> str | None:
     return None
 
 
+def _check_run_options(args: argparse.Namespace) -> None:
+    """Refuse, before anything runs (or is listed), a value of ``portakern conformance`` that would narrow,
+    widen or break the run: an empty or unknown backend, case glob, target or device, a bad count, a golden
+    directory without a readable manifest. Each error names the option as typed.
+
+    Raises:
+      UsageError naming the option, the value, the rule and the way out.
+    """
+    from pathlib import Path
+
+    from portakern import cli_checks
+    from portakern.cli_checks import UsageError
+
+    from . import goldens as G
+    from .cases import SUITE
+    from .selection import collect_cases
+
+    cli_checks.backends("--backend", args.backend)
+    patterns = cli_checks.name_list("--cases", args.cases, "'attn-d128-*'")
+    cli_checks.name_list("--target", args.target, "sm_90a,gfx942")
+    if patterns and not collect_cases(args.tier, patterns):
+        raise UsageError(f"--cases {','.join(patterns)}: matches no case of {SUITE} tier {args.tier}; "
+                         f"list the ids with: portakern conformance --list --tier {args.tier}")
+    if not args.compile_only:
+        cli_checks.device("--device", args.device)
+    if args.repeat < 1:
+        raise UsageError(f"--repeat {args.repeat}: must be >= 1 (--repeat N runs every case N times; "
+                         "1 runs each once, 2 or more also checks that the results are bit-identical)")
+    if args.jobs < 0:
+        raise UsageError(f"--jobs {args.jobs}: must be >= 0 (0 = one worker per CPU core; "
+                         "1 runs every case in this process)")
+    if args.goldens:
+        manifest = Path(args.goldens) / G.MANIFEST
+        if not manifest.is_file():
+            raise UsageError(f"--goldens {args.goldens}: holds no {G.MANIFEST}, so it is not a golden directory; "
+                             "name the directory that portakern goldens --force --dir wrote, or leave --goldens "
+                             "out to use the package's goldens")
+        try:
+            G.read_manifest(manifest)
+        except G.GoldenError as e:
+            raise UsageError(f"--goldens {args.goldens}: {e}; or leave --goldens out to use the package's "
+                             "goldens") from None
+
+
 def _print_reasons_if_nothing_ran(results: list[dict], limit: int = 5) -> None:
     """When every record is unsupported, print (on stderr) the distinct reasons with their counts,
     so the summary's "read the reasons" can be done without opening a report."""
@@ -153,6 +197,7 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
     """``portakern conformance [--backend NAME ...] [--device DEV] [--cases GLOB] [--tier cpu|gpu]
     [--repeat N] [--report PATH.json] [--markdown PATH.md] [--junit PATH.xml]
     [--compile-only --target T1,T2] [--jobs N] [--list]``. Returns the exit status."""
+    from portakern.cli_checks import UsageError
     from portakern.errors import PortakernError
 
     from .runner import run, selected_cases
@@ -165,6 +210,7 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
     if args.target and not args.compile_only:
         return _usage(p.prog, ValueError("--target is only meaningful with --compile-only"))
     try:
+        _check_run_options(args)
         if args.list:
             cases = selected_cases(args.tier, args.cases or None)
             for c in cases:
@@ -185,7 +231,7 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
                         golden_dir=args.goldens, jobs=args.jobs)
         _print_reasons_if_nothing_ran(rep.get("results", []))
         return code
-    except PortakernError as e:
+    except (PortakernError, UsageError) as e:
         return _usage(p.prog, e)
     except KeyboardInterrupt:   # before the first case ran (a run in progress writes its report)
         print(f"{p.prog}: interrupted (Ctrl-C) before any case ran; nothing was written", file=sys.stderr)
@@ -276,10 +322,20 @@ def goldens_main(argv: Sequence[str] | None = None) -> int:
     cases = select(all_cases("cpu"), args.cases or None)
     if not cases:
         return _usage(p.prog, ValueError(f"--cases {args.cases} matches no cpu-tier case"))
+    try:
+        return _goldens_job(args, cases)
+    except G.GoldenError as e:   # a manifest that cannot be read: name the option that chose it
+        return _usage(p.prog, f"--dir {args.dir}: {e}" if args.dir else e)
+
+
+def _goldens_job(args: argparse.Namespace, cases: list) -> int:
+    """Check (``--check``) or regenerate the goldens of ``cases`` (the body of ``portakern goldens``)."""
+    from . import goldens as G
+
     if args.check:
         store = G.Store(args.dir)
         if not (store.directory / G.MANIFEST).is_file():
-            return _usage(p.prog, ValueError(f"--dir {store.directory} holds no {G.MANIFEST}, so there is nothing to "
+            return _usage("portakern goldens", ValueError(f"--dir {store.directory} holds no {G.MANIFEST}, so there is nothing to "
                                              "check; name a golden directory, or write one there with --force"))
         problems = store.verify_sha() + G.verify(cases, store)
         for line in problems:

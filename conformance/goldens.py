@@ -169,13 +169,32 @@ def write(goldens: dict[str, tuple], directory: Path, suite: str = SUITE) -> Pat
     return directory / MANIFEST
 
 
+def read_manifest(path: Path) -> dict:
+    """The golden manifest at ``path``: a JSON object whose ``"cases"`` is an object.
+
+    Raises:
+      GoldenError naming the file, what is wrong with it and the way out, when it cannot be read, is no JSON
+      (a truncated or edited file) or is not shaped like a manifest.
+    """
+    try:
+        manifest = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError) as e:
+        problem = f"cannot be read as JSON ({type(e).__name__}: {e})"
+    else:
+        if isinstance(manifest, dict) and isinstance(manifest.get("cases"), dict):
+            return manifest
+        problem = 'is JSON but not a golden manifest (an object whose "cases" is an object)'
+    raise GoldenError(f"{path} {problem}; restore the file (e.g. from version control), or write a new "
+                      f"golden directory with: portakern goldens --force --dir {path.parent}")
+
+
 class Store:
     """Read access to the stored goldens of one suite (lazy: arrays are read on demand)."""
 
     def __init__(self, directory: Path | None = None, suite: str = SUITE):
         self.directory = Path(directory) if directory else data_dir(suite)
         path = self.directory / MANIFEST
-        self.manifest = json.loads(path.read_text()) if path.exists() else {"cases": {}}
+        self.manifest = read_manifest(path) if path.exists() else {"cases": {}}
         self._zip: zipfile.ZipFile | None = None
 
     @property

@@ -18,6 +18,10 @@ import re
 import sys
 from typing import Any, Callable, Sequence
 
+from . import cli_checks
+from .cli_checks import UsageError as _UsageError  # shared with the conformance tools
+from .cli_checks import empty_option, empty_value_message
+
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 #: subcommands handed, with their arguments untouched, to ``portakern.conformance``
@@ -57,11 +61,13 @@ class ArgumentParser(argparse.ArgumentParser):
         ns, extra = self.parse_known_args(args, namespace)
         if extra:
             getattr(ns, "parser_", self).error(f"unrecognized arguments: {' '.join(extra)}")
+        for parser in dict.fromkeys((getattr(ns, "parser_", self), self)):  # the subcommand's options, then ours
+            option = empty_option(parser, ns)
+            if option:
+                parser.error(empty_value_message(option))
         return ns
 
 
-class _UsageError(Exception):
-    """A command-line argument the parser accepted but the command cannot use."""
 
 
 # -- parsing helpers ------------------------------------------------------------------------------
@@ -313,6 +319,12 @@ def cmd_explain(args) -> int:
     from portakern.errors import UnsupportedError
 
     fn: Callable = portakern.attention if args.op == "attention" else portakern.quant_gemv
+    if args.backend is not None:
+        if "," in args.backend:
+            raise _UsageError(f"--backend {args.backend}: explain forces one backend; name one, e.g. --backend cpu "
+                              "(leave --backend out to see every candidate)")
+        cli_checks.backends("--backend", [args.backend])
+    cli_checks.device("--device", args.device)
     call_args, kwargs = (_attention_call if args.op == "attention" else _quant_gemv_call)(args)
     if args.backend:
         kwargs["backend"] = args.backend

@@ -54,8 +54,8 @@ def test_list_of_a_glob_matching_nothing_is_a_usage_error(capsys):
 
 
 @pytest.mark.parametrize("argv, fragment", [
-    (["--repeat", "0"], "repeat=0 must be >= 1 (--repeat N runs every case N times; 1 runs each once"),
-    (["--jobs", "-3"], "jobs=-3 must be >= 0 (0 = one worker per CPU core) (--jobs N; 1 runs every case"),
+    (["--repeat", "0"], "--repeat 0: must be >= 1 (--repeat N runs every case N times; 1 runs each once"),
+    (["--jobs", "-3"], "--jobs -3: must be >= 0 (0 = one worker per CPU core; 1 runs every case in this process)"),
 ])
 def test_bad_numbers_name_the_option_and_the_way_out(capsys, argv, fragment):
     from portakern.conformance import cli_main
