@@ -122,3 +122,10 @@ def reference_attention(q, k, v, causal: bool = False) -> np.ndarray:
 def ref_attention() -> Callable[..., np.ndarray]:
     """The float64 numpy attention of ``reference_attention``."""
     return reference_attention
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """An empty portakern cache directory (``PORTAKERN_CACHE_DIR``) for the test."""
+    monkeypatch.setenv("PORTAKERN_CACHE_DIR", str(tmp_path))
+    return tmp_path

@@ -28,12 +28,6 @@ DEV = Device("cuda", 0, "sm_90", "test GPU", (9, 0), 32)
 VERSIONS = {"portakern": "test", "triton": "test"}
 
 
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("PORTAKERN_CACHE_DIR", str(tmp_path))
-    return tmp_path
-
-
 # -- portakern.cache.TuningCache ------------------------------------------------------------------
 
 @pytest.mark.parametrize("entries", [[], None, "x", 3])
