@@ -248,7 +248,15 @@ class Store:
         return problems
 
 
-_CACHE_DIR = Path(os.environ.get("PORTAKERN_CACHE_DIR", Path.home() / ".cache" / "portakern")) / "conformance"
+#: where computed goldens are cached; None: ``<portakern.cache.cache_dir()>/conformance``, read from the environment
+#: when a golden is looked up, never at import (tests point it elsewhere)
+_CACHE_DIR: Path | None = None
+
+
+def _golden_cache_dir() -> Path:
+    from portakern.cache import cache_dir
+
+    return _CACHE_DIR if _CACHE_DIR is not None else cache_dir() / "conformance"
 
 
 def golden_for(case, store: Store | None) -> Golden:
@@ -267,7 +275,7 @@ def golden_for(case, store: Store | None) -> Golden:
                           f"{_RESTORE}")
     key = hashlib.sha256((json.dumps(case.to_json(), sort_keys=True) + _reference_fingerprint()).encode())
     key = key.hexdigest()[:24]
-    path = _CACHE_DIR / SUITE / f"{case.id}-{key}.npz"
+    path = _golden_cache_dir() / SUITE / f"{case.id}-{key}.npz"
     try:
         with np.load(path) as z:
             lse = z["lse"] if "lse" in z.files else None

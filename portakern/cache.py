@@ -1,15 +1,22 @@
 """Persistent on-disk cache for tuning results (and anything small and JSON-shaped).
 
-Entries live under ``$PORTAKERN_CACHE_DIR`` (default ``~/.cache/portakern``) in one JSON file per
-namespace and device identity. Writes are atomic (temp file + ``os.replace``); a corrupt file or an
-entry written by another portakern/Triton version is a miss, never a crash.
+Entries live in the cache directory (``cache_dir()``: ``$PORTAKERN_CACHE_DIR``, else ``$XDG_CACHE_HOME/portakern``,
+else ``~/.cache/portakern``) in one JSON file per namespace and device identity. Writes are atomic (temp file +
+``os.replace``); a corrupt file or an entry written by another portakern/Triton version is a miss, never a crash.
 
-A writer killed between creating its temp file and ``os.replace`` leaves a ``.tmp-*.json`` file behind. Each
-``put`` removes the temp files of the cache directory whose last modification is more than ``STALE_TMP_S``
-(one hour) old. A live writer's temp file exists only while one small JSON document is written (milliseconds)
-and its modification time is that of its last write, so the rule never meets it; a clock that jumps forward by
-more than an hour while a write is in progress is the only way to meet it, and it then costs that write (its
-``os.replace`` raises ``OSError``, which callers already treat as "not stored"), never a wrong entry.
+Writers of one file take an exclusive lock on its ``<file>.lock`` beside it (``fcntl.flock``) around
+read-merge-replace, so processes that store entries at the same time keep every entry: without it, two writers that
+read the same old file would each replace it with their own addition and one entry would be lost. The kernel drops
+the lock of a killed process. Where ``flock`` is missing (Windows) or refused (some network file systems), the write
+goes ahead without it and a race can then cost an entry (a re-tune, never a wrong answer).
+
+A writer killed between creating its temp file (``.tmp-<file stem>-*.json``) and ``os.replace`` leaves it behind.
+Each ``put`` removes, while it holds the file's lock, every temp file of that file (no live writer of it can exist
+then), and any temp file of the directory whose last modification is more than ``STALE_TMP_S`` (one hour) old. A
+live writer's temp file exists only while one small JSON document is written (milliseconds) and its modification
+time is that of its last write, so the age rule never meets it; a clock that jumps forward by more than an hour
+while a write is in progress is the only way to meet it, and it then costs that write (its ``os.replace`` raises
+``OSError``, which callers already treat as "not stored"), never a wrong entry.
 """
 
 from __future__ import annotations
@@ -20,8 +27,14 @@ import os
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no cross-process lock (see the module docstring)
+    fcntl = None
 
 from .devices import Device
 
@@ -32,8 +45,45 @@ _lock = threading.Lock()
 
 
 def cache_dir() -> Path:
-    """The cache directory: ``$PORTAKERN_CACHE_DIR``, else ``~/.cache/portakern``."""
-    return Path(os.environ.get("PORTAKERN_CACHE_DIR") or Path.home() / ".cache" / "portakern")
+    """The cache directory, read from the environment at each call: ``$PORTAKERN_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/portakern``, else ``~/.cache/portakern``.
+
+    An empty variable counts as unset, and so does an ``XDG_CACHE_HOME`` that is a relative path (the XDG Base
+    Directory rule: such a value is invalid and ignored).
+    """
+    own = os.environ.get("PORTAKERN_CACHE_DIR")
+    if own:
+        return Path(own)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "portakern"
+    return Path.home() / ".cache" / "portakern"
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[bool]:
+    """Hold an exclusive lock on ``path`` (created if absent) while the block runs; yields whether it is held.
+
+    Best effort: where ``fcntl`` is missing or the lock file cannot be opened or locked (a read-only directory, a
+    file system without ``flock``), the block runs without the lock and ``False`` is yielded.
+    """
+    if fcntl is None:
+        yield False
+        return
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            held = True
+        except OSError:
+            held = False
+        yield held
+    finally:
+        os.close(fd)   # closing the last descriptor releases the lock
 
 
 class TuningCache:
@@ -48,6 +98,8 @@ class TuningCache:
                             "format": FORMAT}, sort_keys=True)
         self.tag = hashlib.sha256(ident.encode()).hexdigest()[:20]
         self.path = cache_dir() / f"{namespace}-{self.tag}.json"
+        self.lock_path = self.path.with_name(self.path.name + ".lock")
+        self._tmp_prefix = f"{TMP_PREFIX}{self.path.stem}-"
         self._data: dict[str, Any] | None = None
 
     def _read(self) -> dict[str, Any]:
@@ -76,28 +128,47 @@ class TuningCache:
     def put(self, key: str, value: Any) -> None:
         """Store ``value`` (JSON-serialisable) and write the file atomically.
 
-        The file is read again just before the write and ``key`` merged into what it holds then, so
-        entries that other instances or processes stored since this one loaded are kept, not overwritten
-        with this instance's older snapshot. (Without a file lock, two writes racing between that read
-        and ``os.replace`` can still drop one entry: a lost entry is a re-tune, never a wrong answer.)
-        Raises ``OSError`` when the cache directory cannot be created or written; the entry is then
-        still served by this instance's ``get``.
+        Under the file's lock (see the module docstring), the file is read again and ``key`` merged into what it
+        holds then, so entries that other instances or processes stored since this one loaded are kept, not
+        overwritten with this instance's older snapshot. Raises ``OSError`` when the cache directory cannot be
+        created or written; the entry is then still served by this instance's ``get``.
         """
         with _lock:
-            data = self._data = self._read()
-            data[key] = value
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=TMP_PREFIX, suffix=TMP_SUFFIX)
-            try:
-                with os.fdopen(fd, "w") as f:
-                    json.dump({"tag": self.tag, "entries": data}, f)
-                # mkstemp creates the file 0600: a cache directory shared between users stays readable
-                os.chmod(tmp, 0o644)
-                os.replace(tmp, self.path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            with file_lock(self.lock_path) as held:
+                data = self._data = self._read()
+                data[key] = value
+                if held:   # no live writer of this file can exist now: any temp file of it is a dead one's
+                    _remove_temp_files(self.path.parent, self._tmp_prefix)
+                fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self._tmp_prefix, suffix=TMP_SUFFIX)
+                try:
+                    with os.fdopen(fd, "w") as f:
+                        json.dump({"tag": self.tag, "entries": data}, f)
+                    # mkstemp creates the file 0600: a cache directory shared between users stays readable
+                    os.chmod(tmp, 0o644)
+                    os.replace(tmp, self.path)
+                except BaseException:
+                    Path(tmp).unlink(missing_ok=True)
+                    raise
             remove_stale_temp_files(self.path.parent)
+
+
+def _remove_temp_files(directory: Path, prefix: str) -> None:
+    """Remove every ``<prefix>*.json`` temp file of ``directory`` (best effort, like ``remove_stale_temp_files``)."""
+    try:
+        found = list(directory.glob(f"{_glob_escape(prefix)}*{TMP_SUFFIX}"))
+    except OSError:
+        return
+    for tmp in found:
+        try:
+            tmp.unlink()
+        except OSError:
+            continue
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` with the glob metacharacters ``*?[`` made literal."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
 
 
 def remove_stale_temp_files(directory: Path, now: float | None = None) -> list[Path]:
