@@ -61,9 +61,10 @@ def attention(case, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarr
                 m = np.where(np.isneginf(m), np.float32(0), m)
                 e = np.exp(s - m, dtype=np.float32)
                 l = e.sum(axis=-1, keepdims=True, dtype=np.float32)
-                p = round_to(np.where(l > 0, e / np.where(l > 0, l, 1), 0), dt)
+                seen = l != 0          # NaN != 0: a poisoned row stays NaN, as in the reference
+                p = round_to(np.where(seen, e / np.where(seen, l, 1), 0), dt)
                 o = round_to(p @ v[:, j], dt)                                 # (G, Sq, Dv)
-                lrow = np.where(l[..., 0] > 0, m[..., 0] + np.log(np.where(l[..., 0] > 0, l[..., 0], 1)),
+                lrow = np.where(seen[..., 0], m[..., 0] + np.log(np.where(seen[..., 0], l[..., 0], 1)),
                                 -np.inf).astype(np.float32)
             o_rows[:, heads] = o.transpose(1, 0, 2)
             l_rows[heads] = lrow

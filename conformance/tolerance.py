@@ -7,9 +7,11 @@ The rule (from the brief, the FlashAttention practice)::
     naive_err  = max|naive - gold|, the error of the same math in the storage dtype
                  (``conformance.naive``), stored per case in the golden manifest
 
-plus, for quantized GEMV, ``NMSE = sum (out - gold)^2 / sum gold^2 <= nmse``; and for every op:
-a NaN or Inf where the gold is finite, or a value where the gold is -inf (the LSE of a fully
-masked row), fails. The attention LSE (``return_lse``) is checked by the same rule with its own
+plus, for quantized GEMV, ``NMSE = sum (out - gold)^2 / sum gold^2 <= nmse``; and for every op,
+exactly: a NaN or Inf where the gold is finite fails, anything but NaN where the gold is NaN fails
+(a poisoned input's row, ``docs/ir.md`` "Non-finite values"), and anything but the same infinity
+where the gold is +inf or -inf fails (e.g. the LSE of a fully masked row). The error figures and
+the NMSE are taken over the finite golds only. The attention LSE (``return_lse``) is checked by the same rule with its own
 naive error and floors (rows ``"attention.lse"``).
 """
 
@@ -73,7 +75,8 @@ def compare(out: np.ndarray, gold: np.ndarray, tol: float, nmse_bound: float | N
     if out.shape != gold.shape:
         return Verdict(False, float("inf"), tol, f"{what} has shape {out.shape}, expected {gold.shape}")
     gfin, ofin = np.isfinite(gold), np.isfinite(out)
-    bad = (gfin & ~ofin) | (~gfin & (out != gold))
+    # NaN exactly where the gold is NaN, the same infinity where it is infinite, finite elsewhere
+    bad = (gfin & ~ofin) | (np.isnan(gold) != np.isnan(out)) | (np.isinf(gold) & (out != gold))
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
         n = int(bad.sum())

@@ -8,6 +8,10 @@ For each batch entry ``b`` and query head ``h`` (reading kv head ``h // (Hq // H
     out[i]    = sum_j softmax_j(s[i, visible]) v[j]        zeros when no key is visible
     lse[i]    = log sum_j exp(s[i, j]) over visible j      -inf when no key is visible
 
+in IEEE float64: a NaN or +inf score of a visible key makes row ``i``'s output and LSE NaN, a -inf
+score gets weight 0 (a row whose visible scores are all -inf is treated as one with no visible key),
+and a hidden key's score never counts (docs/ir.md, "Non-finite values").
+
 ``Sq_b`` / ``Sk_b`` are the actual lengths of batch entry ``b`` (the ``seqlen_q`` / ``seqlen_k``
 expression variables): ``seqlens_k[b]`` for dense-with-lengths and paged KV, the
 ``cu_seqlens`` differences for varlen. Causal, sliding window, softcap and ALiBi arrive as library
@@ -65,7 +69,8 @@ def attention_kernel(op: Attention) -> Callable[..., None]:
         aux = dict(aux or {})
         _check_shapes(op, q, k, v, out, lse)
         for seq in _sequences(op, q, k, v, out, lse, aux):
-            _attend(op, seq)
+            with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf inputs: IEEE results, no warnings
+                _attend(op, seq)
 
     kernel.__name__ = f"cpu_attention_{op.content_hash()}"
     return kernel
@@ -129,13 +134,15 @@ def _attend(op: Attention, seq: _Sequence) -> None:
                     mask_fn(env).astype(bool, copy=False)
                 np.copyto(s, -np.inf, where=~keep)
 
-            # -- softmax numerator with the row max subtracted (0 for fully masked rows)
+            # -- softmax numerator with the row max subtracted (0 for fully masked rows). IEEE
+            #    float64 throughout: a NaN score makes the max, the sum and so the row NaN; a +inf
+            #    score gives inf - inf = NaN; a -inf score gets weight exp(-inf) = 0
             row_max = s.max(axis=-1, keepdims=True)
             row_max[row_max == -np.inf] = 0.0
             s -= row_max
             np.exp(s, out=s)
-            denom = s.sum(axis=-1)                  # (G, c); 0 where no key is visible
-            visible = denom > 0
+            denom = s.sum(axis=-1)                  # (G, c); 0 where no key is visible, NaN where poisoned
+            visible = denom != 0                    # NaN != 0: a poisoned row is normalised, so stays NaN
 
             # -- P V, then normalise; a fully masked row stays 0
             o = (s.reshape(G * c, Sk) @ v64[:, j]).reshape(G, c, Dv)
