@@ -31,6 +31,9 @@ def quantize(w: Any, *, bits: int = 4, group_size: int = 128, symmetric: bool = 
         symmetric: no zero points when True.
         scale_dtype: "float16" (default), "bfloat16" or "float32".
 
+    A torch tensor on a GPU is quantized there with torch ops (``portakern.quantize_torch``: the same float64
+    arithmetic, the same bits as the numpy reference, no copy through the host); other arrays on the host.
+
     Returns:
         A ``QuantizedWeight`` whose tensors are in ``w``'s array library and on ``w``'s device
         (numpy has no bfloat16: numpy weights keep bfloat16 scales as bf16-exact float32).
@@ -74,6 +77,11 @@ def quantize(w: Any, *, bits: int = 4, group_size: int = 128, symmetric: bool = 
         hint = f"such as {', '.join(map(str, divisors))}, " if divisors else ""
         raise InvalidInputError(f"group_size={group_size} does not divide K={K}: pick a divisor of K "
                                 f"({hint}or -1 for one group per row) or pad K to a multiple of {group_size}")
+    if kind == "torch" and w.device.type != "cpu":   # on the GPU, with torch ops: no round trip through the host
+        from .quantize_torch import quantize_native
+
+        tensors, fmt = quantize_native(w, bits, group_size, symmetric, scale_dtype)
+        return QuantizedWeight(fmt, N, K, tensors)
     host, fmt = packing.quantize_native(to_numpy(w), bits, group_size, symmetric, scale_dtype)
     return QuantizedWeight(fmt, N, K, _like(host, kind, w, fmt.scale_dtype))
 
