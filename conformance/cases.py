@@ -1,4 +1,4 @@
-"""The case catalogue ``cases-v1``: a cpu tier (goldens checked in) and a larger gpu tier.
+"""The case catalogue ``cases-v2``: a cpu tier (goldens checked in) and a larger gpu tier.
 
 Every case has a stable id that spells what it checks, e.g.
 ``attn-d128-sq113-sk512-h8g4-b1-causal-bf16`` or ``gemv-gptq-gidx-g128-m7-n200-k640-fp16``.
@@ -6,8 +6,11 @@ Ids never depend on list order; a case's inputs are seeded by its id. Changing a
 id (or a new suite version): goldens are keyed by id and checked by input hash.
 
 The cpu tier keeps big problems rare (one batch entry, few heads) so the float64 reference runs
-the whole tier in well under 3 minutes on two cores. The gpu tier (``cases-v1-gpu``) adds
+the whole tier in well under 3 minutes on two cores. The gpu tier (``cases-v2-gpu``) adds
 production-sized problems; its goldens are computed by the CPU reference on the fly and cached.
+
+``cases-v2`` is ``cases-v1`` plus the cases with NaN and infinities in the inputs
+(``conformance/nonfinite.py``, ids ``nf-*``), whose goldens follow ``docs/ir.md`` "Non-finite values".
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from portakern.ir import expr as E
 
 from .case import DTYPE_SHORT, AttentionCase, GemvCase
 
-SUITE = "cases-v1"
+SUITE = "cases-v2"
 TIERS = ("cpu", "gpu")
 DTYPES = ("float16", "bfloat16", "float32")
 HEAD_DIMS = (32, 59, 64, 96, 111, 128, 256)
@@ -274,7 +277,9 @@ def all_cases(tier: str = "cpu") -> list:
 
         raise InvalidInputError(f"tier={tier!r} is unknown: expected one of {', '.join(TIERS)}")
     if tier not in _CACHE:
-        cases = attention_cpu() + gemv_cpu()
+        from .nonfinite import attention_nonfinite, gemv_nonfinite
+
+        cases = attention_cpu() + gemv_cpu() + attention_nonfinite() + gemv_nonfinite()
         if tier == "gpu":
             cases += attention_gpu() + gemv_gpu()
         ids = [c.id for c in cases]

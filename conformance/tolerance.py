@@ -11,8 +11,8 @@ plus, for quantized GEMV, ``NMSE = sum (out - gold)^2 / sum gold^2 <= nmse``; an
 exactly: a NaN or Inf where the gold is finite fails, anything but NaN where the gold is NaN fails
 (a poisoned input's row, ``docs/ir.md`` "Non-finite values"), and anything but the same infinity
 where the gold is +inf or -inf fails (e.g. the LSE of a fully masked row). The error figures and
-the NMSE are taken over the finite golds only. The attention LSE (``return_lse``) is checked by the same rule with its own
-naive error and floors (rows ``"attention.lse"``).
+the NMSE are taken over the finite golds only. The attention LSE (``return_lse``) is checked by the
+same rule with its own naive error and floors (rows ``"attention.lse"``).
 """
 
 from __future__ import annotations
