@@ -34,6 +34,16 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
+def _short(value: Any) -> str:
+    """``repr(value)`` cut to 80 characters, for a message about a plugin's return value (``repr`` itself raising
+    is named instead of propagated)."""
+    try:
+        text = repr(value)
+    except Exception as e:
+        return f"<{type(value).__name__} whose repr raised {type(e).__name__}>"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 @dataclass
 class Registry:
     """The loaded plugins and their backends, plus the errors of those that failed."""
@@ -99,10 +109,19 @@ def _register(reg: Registry, name: str, obj: Any, dist: str) -> None:
         reg.errors.append((name, f"Error in plugin {name!r} portakern_register_backends: {_describe(e)}"))
         return
     for backends in lists:
-        for b in backends or []:
+        if backends is None:
+            continue
+        if not isinstance(backends, (list, tuple)):   # an int, a str, one Backend, a dict, a generator, ...
+            reg.errors.append((name, f"plugin {name!r} portakern_register_backends returned {_short(backends)} "
+                                     f"({type(backends).__name__}); return a list of portakern.Backend instances"))
+            continue
+        for b in backends:
             if not isinstance(b, Backend):
-                reg.errors.append((name, f"plugin {name!r} returned {b!r}, which is not a portakern.Backend; "
+                reg.errors.append((name, f"plugin {name!r} returned {_short(b)}, which is not a portakern.Backend; "
                                          "return instances of a portakern.Backend subclass"))
+            elif not isinstance(b.name, str):
+                reg.errors.append((name, f"plugin {name!r}: backend {type(b).__name__} has name={_short(b.name)} "
+                                         f"({type(b.name).__name__}); a backend's name must be a non-empty str"))
             elif not b.name or b.name in reg.backends:
                 owner = f" (by plugin {reg.origins[b.name]!r})" if b.name in reg.origins else ""
                 reg.errors.append((name, f"plugin {name!r}: backend name {b.name!r} is empty or already taken"

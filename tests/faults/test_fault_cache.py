@@ -64,7 +64,7 @@ KILLED_WRITER = CHILD_CACHE + textwrap.dedent("""
     c.put("before", 1)                           # an entry stored by this writer earlier
     real_replace = os.replace
     def stuck(src, dst):                         # the temp file is written; stop before it replaces the file
-        open(sys.argv[-1] if False else os.environ["PK_TEST_MARK"], "w").write(src)
+        open(os.environ["PK_TEST_MARK"], "w").write(src)
         time.sleep(600)
     pc.os.replace = stuck
     c.put("lost", 2)
