@@ -10,6 +10,13 @@ executable form. Everything meets in one *unpacked* form::
 
     dequant[n, k] = (codes[n, k] - zeros[n, group[k]]) * scales[n, group[k]]
 
+GGUF Q4_K and Q5_K also subtract a float minimum per group, which that form cannot hold: ``unpack_affine``
+returns it as a fifth array ``mins`` (zero for every other packing), ``dequant = (codes - zeros) * scales -
+mins``, and ``unpack`` refuses them. Their byte layouts, readers, writers and quantizer live in
+``portakern.ir.gguf_kquants`` (as does Q6_K's); ``pack`` refuses all three K-quants (their scales are products
+``d * sc`` of two stored integers, which the unpacked form does not split: use ``gguf_kquants.pack_fields`` or
+``gguf_kquants.quantize``).
+
 Inputs are numpy arrays (callers holding torch or cupy arrays convert with
 ``portakern.arrays.to_numpy`` first). numpy has no bfloat16: a ``scale_dtype`` of bfloat16 is stored
 here as a float32 array holding bfloat16-exact values; ``validate_tensors`` accepts float32 (or a
@@ -26,14 +33,16 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from . import gguf_kquants
 from .dtypes import DType
 from .errors import InvalidInputError, InvalidTypeError
-from .quant import Packing, QuantFormat
+from .quant import GGUF_LAYOUT, Packing, QuantFormat
 
 #: AutoAWQ's interleave: nibble i of a word holds output channel 8j + AWQ_ORDER[i]
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 _IDENTITY = tuple(range(8))
-GGUF_BLOCK_BYTES = {Packing.GGUF_Q4_0: 18, Packing.GGUF_Q8_0: 34}  # 2-byte fp16 scale + codes
+GGUF_BLOCK_BYTES = {Packing.GGUF_Q4_0: 18, Packing.GGUF_Q8_0: 34,  # 2-byte fp16 scale + codes
+                    **gguf_kquants.BLOCK_BYTES}                       # K-quants: a super-block of 256
 
 
 # -- validation --------------------------------------------------------------------------------
@@ -61,8 +70,8 @@ def tensor_specs(fmt: QuantFormat, N: int, K: int) -> dict[str, tuple[tuple[int,
         if fmt.has_g_idx:
             specs["g_idx"] = ((K,), ("int32",), "(K,)")
         return specs
-    nbytes = GGUF_BLOCK_BYTES[p]
-    return {"data": ((N, K // 32 * nbytes), ("uint8",), f"(N, K // 32 * {nbytes})")}
+    nbytes, block = GGUF_BLOCK_BYTES[p], GGUF_LAYOUT[p][2]
+    return {"data": ((N, K // block * nbytes), ("uint8",), f"(N, K // {block} * {nbytes})")}
 
 
 def _dtype_name(a: Any) -> str:
@@ -297,6 +306,7 @@ _PAIRS = {
     Packing.GPTQ: (pack_gptq, unpack_gptq),
     Packing.GGUF_Q4_0: (pack_gguf_q4_0, unpack_gguf_q4_0),
     Packing.GGUF_Q8_0: (pack_gguf_q8_0, unpack_gguf_q8_0),
+    **{p: (gguf_kquants.refuse_pack, gguf_kquants.unpack) for p in gguf_kquants.BLOCK_BYTES},
 }
 
 
@@ -310,24 +320,46 @@ def unpack(fmt: QuantFormat, tensors: Mapping[str, Any], N: int, K: int):
     ``g = group_index[k]``. Symmetric formats get ``zeros`` filled with ``fmt.zero_point``; GGUF
     Q8_0 codes are signed with zero point 0. Raises ``InvalidInputError``/``InvalidTypeError`` for
     tensors that do not match the layout, a GPTQ ``g_idx`` naming a group that does not exist, or
-    float32 scales for a bfloat16 ``scale_dtype`` holding a value that is not a bfloat16.
+    float32 scales for a bfloat16 ``scale_dtype`` holding a value that is not a bfloat16; and
+    ``InvalidInputError`` for GGUF Q4_K / Q5_K, whose float minimums only ``unpack_affine`` returns.
     """
+    _check_unpack(fmt, tensors, N, K)
+    return _PAIRS[fmt.packing][1](fmt, tensors, N, K)
+
+
+def unpack_affine(fmt: QuantFormat, tensors: Mapping[str, Any], N: int, K: int):
+    """``unpack`` with the float minimum of every group: ``(codes, scales, zeros, mins, group_index)``.
+
+    ``mins`` float64 ``(N, K // group_size)`` with ``dequant[n, k] = (codes[n, k] - zeros[n, g]) * scales[n, g]
+    - mins[n, g]``: ``dmin * m`` for GGUF Q4_K / Q5_K, zero for every other packing (whose other four arrays are
+    ``unpack``'s). The same errors as ``unpack``, except that every packing is read.
+    """
+    if not fmt.has_mins:
+        codes, scales, zeros, group = unpack(fmt, tensors, N, K)
+        return codes, scales, zeros, np.zeros_like(scales), group
+    _check_unpack(fmt, tensors, N, K)
+    codes, scales, zeros, mins = gguf_kquants.affine(fmt.packing, tensors["data"], N, K)
+    return codes, scales, zeros, mins, _groups(fmt, K)
+
+
+def _check_unpack(fmt: QuantFormat, tensors: Mapping[str, Any], N: int, K: int) -> None:
     validate_tensors(fmt, tensors, N, K)
     if "scales" in tensors:  # GGUF blocks embed float16 scales
         check_bf16_carrier(fmt, np.asarray(tensors["scales"]))
     if fmt.has_g_idx:
         check_g_idx(np.asarray(tensors["g_idx"]), K, fmt.group_size, "tensors['g_idx']")
-    return _PAIRS[fmt.packing][1](fmt, tensors, N, K)
 
 
 def dequantize(fmt: QuantFormat, tensors: Mapping[str, Any], N: int, K: int) -> np.ndarray:
     """The float64 ``(N, K)`` weight stored in ``tensors`` (numpy) with format ``fmt``.
 
-    ``(codes - zeros[:, group]) * scales[:, group]`` from ``unpack``, computed in float64 so the
-    result is exact for every packing (codes and fp16/bf16/fp32 scales are exact in float64).
+    ``(codes - zeros[:, group]) * scales[:, group] - mins[:, group]`` from ``unpack_affine``, computed in
+    float64 so the result is exact for every packing (codes and fp16/bf16/fp32 scales are exact in float64;
+    for the K-quants see ``portakern.ir.gguf_kquants``).
     """
-    codes, scales, zeros, group = unpack(fmt, tensors, N, K)
-    return (codes - zeros[:, group]) * scales[:, group]
+    codes, scales, zeros, mins, group = unpack_affine(fmt, tensors, N, K)
+    out = (codes - zeros[:, group]) * scales[:, group]
+    return out - mins[:, group] if fmt.has_mins else out
 
 
 def pack(fmt: QuantFormat, codes: Any, scales: Any, zeros: Any, N: int, K: int,
@@ -341,6 +373,8 @@ def pack(fmt: QuantFormat, codes: Any, scales: Any, zeros: Any, N: int, K: int,
     Returns numpy arrays keyed by the tensor names of ``portakern.ir.Packing``.
     """
     fmt.verify(K=K, N=N)
+    if fmt.packing in gguf_kquants.BLOCK_BYTES:
+        gguf_kquants.refuse_pack(fmt)
     ng = K // fmt.group_size
     codes = np.asarray(codes)
     if codes.shape != (N, K) or not np.issubdtype(codes.dtype, np.integer):

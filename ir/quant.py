@@ -2,6 +2,7 @@
 
 ``dequant(W)[n, k] = (q[n, k] - z[n, g]) * s[n, g]`` with ``g`` the group of ``k`` (``k //
 group_size`` unless a GPTQ ``g_idx`` says otherwise). Symmetric formats have a fixed zero point.
+GGUF Q4_K / Q5_K subtract a float minimum per group as well: ``(q - z) * s - min`` (``has_mins``).
 Every packing below states its exact byte layout; ``portakern.ir.packing`` holds the numpy
 pack/unpack pair for each, and a round-trip test per packing.
 """
@@ -51,6 +52,15 @@ class Packing(str, enum.Enum):
     GGUF_Q8_0: llama.cpp Q8_0, group size 32, symmetric.
         ``data`` uint8 ``(N, K // 32 * 34)``: per block, a float16 scale d then 32 int8 codes q.
         ``dequant = q * d``.
+
+    GGUF_Q4_K, GGUF_Q5_K: llama.cpp K-quants, 4 / 5 bits, super-blocks of 256 weights, groups (sub-blocks) of 32,
+        asymmetric through a float minimum per group (``symmetric=False``, no integer zero points).
+        ``data`` uint8 ``(N, K // 256 * 144)`` (Q5_K: ``* 176``): float16 d and dmin, 6-bit sub-block scales
+        sc and minimums m, then the codes. ``dequant = d * sc * q - dmin * m``.
+
+    GGUF_Q6_K: llama.cpp K-quant, 6 bits, super-blocks of 256, groups of 16, symmetric (zero point 32).
+        ``data`` uint8 ``(N, K // 256 * 210)``: codes, int8 sub-block scales sc, float16 d.
+        ``dequant = d * sc * (q - 32)``. The exact byte layouts are in ``portakern.ir.gguf_kquants``.
     """
 
     NATIVE = "native"
@@ -58,6 +68,9 @@ class Packing(str, enum.Enum):
     GPTQ = "gptq"
     GGUF_Q4_0 = "gguf_q4_0"
     GGUF_Q8_0 = "gguf_q8_0"
+    GGUF_Q4_K = "gguf_q4_k"
+    GGUF_Q5_K = "gguf_q5_k"
+    GGUF_Q6_K = "gguf_q6_k"
 
 
 def _is_int(x: object, kind: type = int) -> bool:
@@ -72,6 +85,18 @@ PACKING_BITS = {
     Packing.GPTQ: (4,),
     Packing.GGUF_Q4_0: (4,),
     Packing.GGUF_Q8_0: (8,),
+    Packing.GGUF_Q4_K: (4,),
+    Packing.GGUF_Q5_K: (5,),
+    Packing.GGUF_Q6_K: (6,),
+}
+
+#: the fixed layout of each GGUF packing: (group_size, symmetric, weights per block along K)
+GGUF_LAYOUT = {
+    Packing.GGUF_Q4_0: (32, True, 32),
+    Packing.GGUF_Q8_0: (32, True, 32),
+    Packing.GGUF_Q4_K: (32, False, 256),
+    Packing.GGUF_Q5_K: (32, False, 256),
+    Packing.GGUF_Q6_K: (16, True, 256),
 }
 
 
@@ -111,11 +136,18 @@ class QuantFormat:
                  f"allowed {PACKING_BITS[self.packing]}")
         if not isinstance(self.group_size, int) or self.group_size < 2:
             fail(f"group_size={self.group_size!r} must be an int >= 2")
-        if self.packing in (Packing.GGUF_Q4_0, Packing.GGUF_Q8_0):
-            if self.group_size != 32:
-                fail(f"group_size={self.group_size} must be 32 for {self.packing.value}")
-            if not self.symmetric:
+        if self.packing in GGUF_LAYOUT:
+            group, symmetric, block = GGUF_LAYOUT[self.packing]
+            if self.group_size != group:
+                fail(f"group_size={self.group_size} must be {group} for {self.packing.value}")
+            if symmetric and not self.symmetric:
                 fail(f"symmetric=False is impossible for {self.packing.value} (it has no zero points)")
+            if not symmetric and self.symmetric:
+                fail(f"symmetric=True is impossible for {self.packing.value}: it subtracts a float minimum per "
+                     "group (dequant = d * sc * q - dmin * m); pass symmetric=False")
+            if K is not None and block != group and K % block:  # whole blocks (Q4_0 and Q8_0: the group check)
+                fail(f"K={K} must be a multiple of {block} for {self.packing.value} (blocks of {block} weights "
+                     f"along K); pad K to {-(-K // block) * block} with zero input columns")
             if self.scale_dtype is not DType.float16:
                 fail(f"scale_dtype={self.scale_dtype.value} is impossible for {self.packing.value}: GGUF "
                      "blocks embed float16 scales; use float16")
@@ -139,10 +171,17 @@ class QuantFormat:
 
     @property
     def zero_point(self) -> int:
-        """The fixed zero point of symmetric formats (GGUF Q8_0 stores signed codes: 0)."""
-        if self.packing is Packing.GGUF_Q8_0:
+        """The fixed zero point of symmetric formats (GGUF Q8_0 stores signed codes: 0; Q6_K: 32); the unpacked
+        zero point of GGUF Q4_K / Q5_K, 0 (their offset is the float minimum, see ``has_mins``)."""
+        if self.packing is Packing.GGUF_Q8_0 or self.has_mins:
             return 0
         return 1 << (self.bits - 1)
+
+    @property
+    def has_mins(self) -> bool:
+        """Whether dequantization subtracts a float minimum per group (GGUF Q4_K, Q5_K): ``(q - z) * s - min``,
+        which no integer zero point expresses exactly (``portakern.ir.packing.unpack_affine``)."""
+        return self.packing in (Packing.GGUF_Q4_K, Packing.GGUF_Q5_K)
 
     def to_json(self) -> dict:
         """The format as a JSON-ready dict (enum members by value); ``from_json`` inverts it."""

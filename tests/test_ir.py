@@ -17,7 +17,7 @@ from portakern.errors import InvalidInputError, InvalidTypeError
 from portakern.ir import Attention, DType, KVLayout, Packing, QuantFormat, QuantGemv, content_hash, op_from_json
 from portakern.ir import expr as E
 from portakern.ir.expr import ARITH, COMPARE, LOGIC, UNARY, Expr, Op
-from portakern.ir.quant import PACKING_BITS
+from portakern.ir.quant import GGUF_LAYOUT, PACKING_BITS
 
 FLOATS = [DType.float16, DType.bfloat16, DType.float32]
 POSITIONS = ("b", "h", "q_idx", "kv_idx", "seqlen_q", "seqlen_k")
@@ -83,8 +83,8 @@ def attention_nodes(draw) -> Attention:
 def quant_formats(draw) -> QuantFormat:
     packing = draw(st.sampled_from(list(Packing)))
     bits = draw(st.sampled_from(PACKING_BITS[packing]))
-    if packing in (Packing.GGUF_Q4_0, Packing.GGUF_Q8_0):
-        return QuantFormat(bits, 32, True, packing)
+    if packing in GGUF_LAYOUT:
+        return QuantFormat(bits, GGUF_LAYOUT[packing][0], GGUF_LAYOUT[packing][1], packing)
     sym = False if packing in (Packing.AWQ, Packing.GPTQ) else draw(st.booleans())
     return QuantFormat(bits, draw(st.sampled_from([32, 64, 128])), sym, packing,
                        scale_dtype=draw(st.sampled_from(FLOATS)),
@@ -94,7 +94,7 @@ def quant_formats(draw) -> QuantFormat:
 @st.composite
 def quant_gemv_nodes(draw) -> QuantGemv:
     fmt = draw(quant_formats())
-    K = fmt.group_size * draw(st.integers(1, 64))
+    K = GGUF_LAYOUT.get(fmt.packing, (0, 0, fmt.group_size))[2] * draw(st.integers(1, 64))  # whole GGUF blocks
     return QuantGemv(M=draw(st.integers(1, 16)), N=8 * draw(st.integers(1, 1024)), K=K,
                      dtype=draw(st.sampled_from(FLOATS)), fmt=fmt,
                      out_dtype=draw(st.none() | st.sampled_from(FLOATS)))
@@ -316,7 +316,7 @@ def test_library_scores_mean_what_docs_say():
 @SETTINGS
 @given(quant_formats())
 def test_quant_format_round_trip(fmt):
-    fmt.verify(K=fmt.group_size * 4, N=64)
+    fmt.verify(K=fmt.group_size * 16, N=64)  # whole GGUF K-quant blocks of 256
     assert QuantFormat.from_json(json.loads(json.dumps(fmt.to_json()))) == fmt
 
 

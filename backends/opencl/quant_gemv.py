@@ -18,6 +18,7 @@ import numpy as np
 from portakern.backend import YES, Support, no
 from portakern.errors import InvalidInputError
 from portakern.ir.dtypes import DType
+from portakern.ir.gguf_kquants import kernel_refusal
 from portakern.ir.ops import QuantGemv
 from portakern.ir.quant import Packing, QuantFormat
 
@@ -78,6 +79,8 @@ def supports(op: QuantGemv, device) -> Support:
     if dtype not in _STORAGE or out_dtype not in _STORAGE:
         return no(f"dtype={dtype.value}, out_dtype={out_dtype.value}: the opencl backend stores float16 or float32 "
                   "(bfloat16 from torch travels as float32); convert x to float16 or float32")
+    if kernel_refusal(op.fmt, "opencl"):  # GGUF K-quants: no exact form in the kernels' layout
+        return no(kernel_refusal(op.fmt, "opencl"))
     if op.fmt.bits not in (4, 8):
         return no(f"QuantFormat bits={op.fmt.bits}: the opencl GEMV kernel unpacks 4- and 8-bit codes only; "
                   "use backend='cpu'")

@@ -27,6 +27,7 @@ from portakern.devices import Device
 from portakern.errors import UnsupportedError
 from portakern.gemv_weight import PreparedGemvWeight
 from portakern.ir.dtypes import DType
+from portakern.ir.gguf_kquants import kernel_refusal
 from portakern.ir.ops import QuantGemv
 
 from .. import tuning
@@ -40,6 +41,8 @@ from .launcher import Launcher
 def supports(op: QuantGemv, device: Device) -> Support:
     """Every packing, 4 and 8 bits, fp16/bf16/fp32 activations, any N and K, and M while x and the output each
     hold fewer than 2^31 elements (``MAX_OFFSET``)."""
+    if kernel_refusal(op.fmt, "triton"):  # GGUF K-quants: no exact form in the kernels' layout
+        return no(kernel_refusal(op.fmt, "triton"))
     if op.fmt.bits not in (4, 8):
         return no(f"quant_gemv(bits={op.fmt.bits}) is not supported by triton on {device}: bits must be 4 or 8")
     if op.dtype not in (DType.float16, DType.bfloat16, DType.float32):
