@@ -183,15 +183,17 @@ def test_a_compute_cache_hit_is_judged_by_its_cubin(C, monkeypatch):
 
     def cached(name, defines, target):
         c = nvrtc.compile_text(nvrtc.source(name), name, defines, target)
-        fresh[target] = c
+        fresh[name, target] = c
         return dataclasses.replace(c, log="")
 
     monkeypatch.setattr(nvrtc, "compile_source", cached)
     art = C.compile_for_target(gemv(), "sm_90a")
-    assert (art["registers"], art["spill_bytes"], art["frame_bytes"]) == (fresh["sm_90a"].registers, None, 0)
+    assert (art["registers"], art["spill_bytes"], art["frame_bytes"]) == (fresh[C.SOURCE, "sm_90a"].registers, None, 0)
+    frag = art["frag"]                                  # an int4 op: the fragment kernel is lowered and judged too
+    assert (frag["registers"], frag["spill_bytes"]) == (fresh[C.FRAG_SOURCE, "sm_90a"].registers, None)
     spilling = C.SmallMConfig(16, 8, 16, 1, 0)   # keeps 8 bytes of frame on NVRTC 13.5, none on some other versions
     frame = C.compile_for_target(gemv(N=8192, K=8192), "sm_90a", spilling)["frame_bytes"]
-    assert frame == fresh["sm_90a"].frame_bytes <= C.MAX_SPILL_FRAME_BYTES               # within the bound
+    assert frame == fresh[C.SOURCE, "sm_90a"].frame_bytes <= C.MAX_SPILL_FRAME_BYTES               # within the bound
     monkeypatch.setattr(C, "MAX_SPILL_FRAME_BYTES", frame - 1)                         # one byte under it
     with pytest.raises(BackendError, match=rf"spills \(None bytes of spill traffic, {frame} bytes of stack frame\)"):
         C.compile_for_target(gemv(N=8192, K=8192), "sm_90a", spilling)

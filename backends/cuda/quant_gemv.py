@@ -1,12 +1,19 @@
-"""Host side of the cuda backend's quantized GEMV: supports, the launch configuration, compile, compile_for_target.
+"""Host side of the cuda backend's quantized GEMV: supports, the launch configurations, compile, compile_for_target.
 
-One kernel (``kernels/gemv_small_m.cu``): M = 1 to 4 rows of x, int4 or int8 codes in groups of 128 along K
-(every packing of those widths without act-order: native, AWQ, GPTQ without ``g_idx``), fp16 / bf16 activations,
-fp16 / bf16 scales. It
-reads the GEMV weight layout (``portakern.ir.gemv_layout``, ``portakern.gemv_weight``), so a weight prepared by either
-backend serves both (``CudaBackend.weight_layout``). Per code one LOP3 and one FFMA; x staged once per CTA in
-shared memory; small CTAs, many per SM; split K merged by the last CTA of a column tile in slice order
-(deterministic). Compiled by NVRTC per shape and format (``common/nvrtc.py``).
+Two kernels, one per layout of the prepared weight (``portakern.gemv_weight``, ``portakern.ir.gemv_layout``), both for
+M = 1 to 4 rows of x, fp16 / bf16 activations and scales:
+
+* ``kernels/gemv_small_m.cu`` reads the words (``qweight``): int4 or int8 codes in groups of 128 along K (every
+  packing of those widths without act-order: native, AWQ, GPTQ without ``g_idx``). Per code one LOP3 and one FFMA;
+  x staged once per CTA in shared memory; small CTAs, many per SM; split K merged by the last CTA of a column tile in
+  slice order (deterministic).
+* ``kernels/gemv_frag.cu`` reads the tensor-core fragment layout (``frag``) with the same arithmetic, for a weight
+  that holds its codes only as fragments (``qweight`` None): int4. Its launch (``FragConfig``) is the word kernel's
+  translated to the same rows, threads and bytes in flight per thread (``frag_config``).
+
+The kernel follows the weight: ``kernel(x, prepared, out)`` runs the word kernel when the weight has words, else
+the fragment kernel (compiled by NVRTC on the first such call). Both read the layout either backend prepared
+(``CudaBackend.weight_layout``).
 
 The launch configuration (``choose``) comes from ``tuning.TABLE`` where a GPU sweep measured the problem
 (``benchmarks/gemv_table_sweep.py --phase write-table``), else from a rule. The backend ranks below triton
@@ -14,10 +21,10 @@ The launch configuration (``choose``) comes from ``tuning.TABLE`` where a GPU sw
 hook; on an H100: the large M = 1 int4 shapes and int8, never M = 4). Its CUDA C also runs on the CPU
 in CI (``common/host_run.py``) against float64. Design and measurements: ``docs/design/quant-gemv-cuda.md``.
 
-CUDA-graph contract: the first call of a signature compiles and loads the kernel and, when K is split, makes the
-fp32 workspace and arrival counters of its stream (``portakern.stream_workspace``; the kernel resets the counters
-itself); later calls launch one kernel, allocating nothing, unless x is not a contiguous, 16-byte aligned row
-(then it is copied each call).
+CUDA-graph contract: the first call of a signature (and, for the fragment kernel, the first call with a fragment-only
+weight) compiles and loads the kernel and, when K is split, makes the fp32 workspace and arrival counters of its
+stream (``portakern.stream_workspace``; the kernel resets the counters itself); later calls launch one kernel,
+allocating nothing, unless x is not a contiguous, 16-byte aligned row (then it is copied each call).
 """
 
 from __future__ import annotations
@@ -36,6 +43,11 @@ from .common import nvrtc
 
 SOURCE = "gemv_small_m.cu"
 ENTRY = "gemv_small_m"
+#: the kernel that reads the fragment layout (a weight prepared without words)
+FRAG_SOURCE = "gemv_frag.cu"
+FRAG_ENTRY = "gemv_frag"
+#: K columns of a fragment-layout chunk (``portakern.ir.gemv_layout.FRAG_CHUNK``)
+FRAG_CHUNK = 128
 GROUP = 128
 #: row stride of the prepared words (``portakern.ir.gemv_layout.N_ALIGN_WORDS``; checked against it at compile)
 N_ALIGN = 128
@@ -75,6 +87,29 @@ class SmallMConfig:
     @property
     def columns(self) -> int:
         return 4 * self.quads
+
+
+@dataclass(frozen=True)
+class FragConfig:
+    """One launch configuration of the fragment kernel: ``rw`` row warps of ``nt`` 16-row tiles each (``16 nt rw``
+    rows per CTA), ``kw`` K warps (warp ``kw`` takes chunks ``kw, kw + KW, ...`` of the CTA's slice), ``splits`` K
+    slices, ``pf`` 128-column chunks each thread keeps in flight (``nt`` x 32 bytes each), ``ldna`` 1: weight loads
+    bypass L1 with a 256-byte L2 hint."""
+
+    rw: int = 4
+    nt: int = 2
+    kw: int = 1
+    splits: int = 1
+    pf: int = 2
+    ldna: int = 0
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.rw * self.kw
+
+    @property
+    def rows(self) -> int:
+        return 16 * self.nt * self.rw
 
 
 def supports(op: QuantGemv, device: Device) -> Support:
@@ -181,6 +216,65 @@ def defines(op: QuantGemv, cfg: SmallMConfig, pdl: bool, zero_point: int | None)
             "S_BF16": int(op.fmt.scale_dtype is DType.bfloat16), "OUT_KIND": _OUT_KIND[op.result_dtype]}
 
 
+def frag_refusal(op: QuantGemv) -> str | None:
+    """Why the fragment kernel cannot run ``op`` (None when it can): it reads int4 codes in 128-column chunks whose
+    group is one per chunk (groups a multiple of 128, no act-order), the formats ``frag_eligible`` gives a fragment
+    layout; the rest of ``supports`` holds for it as for the word kernel."""
+    f = op.fmt
+    if f.bits != 4:
+        return f"bits={f.bits} (the fragment layout holds int4 codes)"
+    if f.group_size % FRAG_CHUNK or op.K % FRAG_CHUNK:
+        return f"group_size={f.group_size}, K={op.K} (both must be multiples of {FRAG_CHUNK})"
+    if f.has_g_idx:
+        return "g_idx (act-order: x would be gathered)"
+    return None
+
+
+def frag_config(op: QuantGemv, cfg: SmallMConfig) -> FragConfig:
+    """The fragment kernel's launch for ``op`` that streams what the word kernel's ``cfg`` streams: the same rows per
+    CTA (``16 nt rw = 4 quads``), threads (``32 rw = quads lanes``), bytes per thread and chunk (``32 nt = 256 /
+    lanes``, a word-kernel thread's bytes per group), K slices and ring depth; ``kw`` 1. A ``cfg`` with no such
+    translation (fewer than 32 threads, or 16 row lanes) gets the nearest: 2 tiles per warp, 4 row warps at most."""
+    nt = 8 // cfg.lanes if cfg.lanes in (2, 4, 8) else 2
+    rw = max(1, min(cfg.quads * cfg.lanes // 32, 4 * cfg.quads // (16 * nt)))
+    chunks = op.K // FRAG_CHUNK // cfg.splits
+    return FragConfig(rw=rw, nt=nt, kw=1, splits=cfg.splits, pf=max(1, min(cfg.pf, chunks)), ldna=cfg.ldna)
+
+
+def choose_frag(op: QuantGemv, num_sms: int, capability: tuple[int, int] | None = None,
+                name: str = "") -> FragConfig:
+    """The fragment kernel's launch for ``op``: ``frag_config`` of the word kernel's choice (``choose``: its measured
+    entry, else its rule), so that a weight serves at the word kernel's tuned shape whichever layout it holds."""
+    return frag_config(op, choose(op, num_sms, capability, name))
+
+
+def frag_smem_bytes(op: QuantGemv, cfg: FragConfig) -> int:
+    """Dynamic shared memory of one fragment-kernel CTA: the slice of each row of x (fp32), its 16-column blocks'
+    sums, the K warps' partial rows."""
+    ks = op.K // cfg.splits
+    return 4 * op.M * (ks + ks // 16 + cfg.kw * cfg.rows)
+
+
+def frag_defines(op: QuantGemv, cfg: FragConfig, pdl: bool, zero_point: int | None) -> dict[str, int]:
+    """The fragment kernel's ``-D`` constants (``kernels/gemv_frag.cu``'s header)."""
+    return {"M": op.M, "N": op.N, "K": op.K, "NP": -(-op.N // N_ALIGN) * N_ALIGN, "GS": op.fmt.group_size,
+            "RW": cfg.rw, "NT": cfg.nt, "KW": cfg.kw, "S": cfg.splits, "PF": cfg.pf, "LDNA": cfg.ldna,
+            "PDL": int(pdl), "HAS_Z": int(zero_point is None), "ZP": zero_point or 0,
+            "X_F16": int(op.dtype is DType.float16), "S_BF16": int(op.fmt.scale_dtype is DType.bfloat16),
+            "OUT_KIND": _OUT_KIND[op.result_dtype]}
+
+
+def _check_frag_config(op: QuantGemv, cfg: FragConfig) -> None:
+    """InvalidInputError unless ``cfg`` splits ``op``'s chunks evenly and fits ``SMEM_PER_CTA``."""
+    chunks = op.K // FRAG_CHUNK
+    if chunks % cfg.splits or (chunks // cfg.splits) % cfg.kw or not 1 <= cfg.pf <= chunks // cfg.splits // cfg.kw:
+        raise InvalidInputError(f"quant_gemv(K={op.K}) on cuda: {cfg} does not give each K warp of each slice whole "
+                                f"128-column chunks with pf <= its chunks; pick splits and kw dividing {chunks}")
+    if frag_smem_bytes(op, cfg) > SMEM_PER_CTA:
+        raise InvalidInputError(f"quant_gemv(M={op.M}, K={op.K}) on cuda: {cfg} needs {frag_smem_bytes(op, cfg)} "
+                                f"bytes of shared memory, over {SMEM_PER_CTA}; use more splits")
+
+
 def _zero_point(op: QuantGemv) -> int | None:
     return int(op.fmt.zero_point) if op.fmt.symmetric else None
 
@@ -195,31 +289,71 @@ def _target(device: Device) -> str:
     return f"sm_{major}{minor}" + ("a" if major in (9, 10) else "")
 
 
-def compile(op: QuantGemv, device: Device, config: SmallMConfig | None = None):
-    """``kernel(x, prepared, out)`` for ``op`` on CUDA ``device`` (``prepared``: a ``PreparedGemvWeight``, the GEMV layout)."""
+def _launcher(op: QuantGemv, device: Device, source: str, entry: str, consts: dict, smem: int, tiles: int,
+              splits: int, threads: int, ws_row: int, pdl: bool):
+    """``launch(weights, scales, zeros, x, out)`` (device pointers) of ``entry`` in ``kernels/<source>``: compiled by
+    NVRTC, loaded on ``device``, with a per-stream fp32 workspace of ``splits`` x M rows of ``ws_row`` and ``tiles``
+    arrival counters when K is split."""
+    import torch
+
+    from portakern.stream_workspace import StreamWorkspace, stream_index
+
+    fn = nvrtc.Function(nvrtc.compile_source(source, tuple(consts.items()), _target(device)), entry, device.index or 0,
+                        smem, pdl)
+    grid = tiles * splits
+    tdev = f"cuda:{device.index or 0}"
+    buffers = None
+    if splits > 1:
+        buffers = StreamWorkspace(lambda: (torch.zeros(splits * op.M * ws_row, device=tdev, dtype=torch.float32),
+                                           torch.zeros(tiles, device=tdev, dtype=torch.int32)), stream_index(tdev))
+
+    def launch(wp: int, sp: int, zp: int, xp: int, op_: int) -> None:
+        ws, counters = buffers.get() if buffers is not None else (None, None)
+        fn(grid, threads, wp, sp, zp, xp, op_, ws.data_ptr() if ws is not None else op_,
+           counters.data_ptr() if counters is not None else op_)
+
+    return launch
+
+
+def compile(op: QuantGemv, device: Device, config: SmallMConfig | None = None, frag: FragConfig | None = None):
+    """``kernel(x, prepared, out)`` for ``op`` on CUDA ``device`` (``prepared``: a ``PreparedGemvWeight``, the GEMV
+    layout): the word kernel (``config``, default ``choose``) when the weight has words, else the fragment kernel
+    (``frag``, default ``frag_config`` of the word kernel's choice), compiled on its first call.
+
+    Raises (from the kernel): InvalidInputError when the weight's zero points, zero point or row stride differ from
+    the op's, when it holds neither words nor fragments, when the op is one the fragment kernel cannot run
+    (``frag_refusal``) and the weight has only fragments, or when ``out`` is not contiguous."""
+    import threading
+
     import torch
 
     from portakern.ir.gemv_layout import N_ALIGN_WORDS
-    from portakern.stream_workspace import StreamWorkspace, stream_index
 
     if N_ALIGN_WORDS != N_ALIGN:
         raise AssertionError(f"the GEMV layout's row stride alignment is {N_ALIGN_WORDS}, this kernel's {N_ALIGN}")
     props = torch.cuda.get_device_properties(device.index or 0)
     cfg = config or choose(op, props.multi_processor_count, device.capability, device.name)
+    fcfg = frag or frag_config(op, cfg)
     pdl = device.capability >= (9, 0)
     zp = _zero_point(op)
-    consts = defines(op, cfg, pdl, zp)
-    smem = smem_bytes(op, cfg)
-    fn = nvrtc.Function(nvrtc.compile_source(SOURCE, tuple(consts.items()), _target(device)), ENTRY,
-                        device.index or 0, smem, pdl)
-    grid = -(-op.N // cfg.columns) * cfg.splits
-    tdev = f"cuda:{device.index or 0}"
-    np_ = consts["NP"]
-    buffers = None
-    if cfg.splits > 1:
-        buffers = StreamWorkspace(lambda: (torch.zeros(cfg.splits * op.M * np_, device=tdev, dtype=torch.float32),
-                                           torch.zeros(-(-op.N // cfg.columns), device=tdev, dtype=torch.int32)),
-                                  stream_index(tdev))
+    np_ = -(-op.N // N_ALIGN) * N_ALIGN
+    word = _launcher(op, device, SOURCE, ENTRY, defines(op, cfg, pdl, zp), smem_bytes(op, cfg),
+                     -(-op.N // cfg.columns), cfg.splits, cfg.threads, np_, pdl)
+    frag_why = frag_refusal(op)
+    if frag_why is None and frag is not None:
+        _check_frag_config(op, fcfg)
+    lazy, lock = {}, threading.Lock()
+
+    def frag_launch():
+        if "frag" not in lazy:
+            with lock:
+                if "frag" not in lazy:
+                    _check_frag_config(op, fcfg)
+                    tiles = -(-op.N // fcfg.rows)
+                    lazy["frag"] = _launcher(op, device, FRAG_SOURCE, FRAG_ENTRY, frag_defines(op, fcfg, pdl, zp),
+                                             frag_smem_bytes(op, fcfg), tiles, fcfg.splits, fcfg.threads,
+                                             tiles * fcfg.rows, pdl)
+        return lazy["frag"]
 
     def kernel(x, w, out):
         if w.zeros is None and zp is None or w.zeros is not None and zp is not None:
@@ -230,39 +364,68 @@ def compile(op: QuantGemv, device: Device, config: SmallMConfig | None = None):
                                     f"op's format's {zp}; prepare the weight for this format")
         if not x.is_contiguous() or x.data_ptr() % 16:
             x = x.contiguous() if not x.is_contiguous() else x.clone()
-        if w.stride_qk != np_:
-            raise InvalidInputError(f"quant_gemv on cuda: the prepared words' row stride is {w.stride_qk}, expected "
-                                    f"{np_} for N={op.N}; pass the weight this op was built for")
         if not out.is_contiguous():
             raise InvalidInputError(f"quant_gemv on cuda: out has strides {tuple(out.stride())}; it must be "
                                     "contiguous")
-        ws, counters = buffers.get() if buffers is not None else (out, out)
-        fn(grid, cfg.threads, w.qweight.data_ptr(), w.scales.data_ptr(),
-           (w.zeros if w.zeros is not None else w.scales).data_ptr(), x.data_ptr(), out.data_ptr(),
-           ws.data_ptr(), counters.data_ptr())
+        z = w.zeros if w.zeros is not None else w.scales
+        if w.qweight is not None:
+            if w.qweight.shape[1] != np_:
+                raise InvalidInputError(f"quant_gemv on cuda: the prepared words' row stride is {w.qweight.shape[1]}, "
+                                        f"expected {np_} for N={op.N}; pass the weight this op was built for")
+            word(w.qweight.data_ptr(), w.scales.data_ptr(), z.data_ptr(), x.data_ptr(), out.data_ptr())
+            return
+        if w.frag is None:
+            raise InvalidInputError("quant_gemv on cuda: the prepared weight holds neither words (qweight) nor "
+                                    "fragments (frag); prepare it with portakern.gemv_weight.prepare_gemv_weight")
+        if frag_why is not None:
+            raise InvalidInputError(f"quant_gemv on cuda: the prepared weight holds only fragments, which the cuda "
+                                    f"fragment kernel cannot read for this op: {frag_why}")
+        if w.frag.shape[1] * 16 != np_:
+            raise InvalidInputError(f"quant_gemv on cuda: the prepared fragments' row stride is "
+                                    f"{w.frag.shape[1] * 16}, expected {np_} for N={op.N}; pass the weight this op "
+                                    "was built for")
+        frag_launch()(w.frag.data_ptr(), w.scales.data_ptr(), z.data_ptr(), x.data_ptr(), out.data_ptr())
 
-    kernel.config = cfg
+    kernel.config, kernel.frag_config = cfg, (fcfg if frag_why is None else None)
     return kernel
 
 
-def compile_for_target(op: QuantGemv, target: str, config: SmallMConfig | None = None) -> dict:
-    """Lower ``op`` for ``target`` with NVRTC, no device: the cubin and ptxas' report (``spill_bytes`` None where
-    NVRTC answered from the driver's compute cache; ``registers`` and ``frame_bytes`` from the cubin then).
+def _lowered(source: str, consts: dict, target: str, what: str) -> dict:
+    """``kernels/<source>`` compiled for ``target`` with ``consts``: its cubin size, registers, spill and frame.
 
     Raises:
-      BackendError when NVRTC rejects it, ptxas spills more than ``MAX_SPILL_BYTES`` to local memory or, where
-      ptxas did not run, the cubin's stack frame exceeds ``MAX_SPILL_FRAME_BYTES`` (a kernel of this kind that
-      spills its words or accumulators is a configuration error, never a fast path; ptxas spills a register or two,
-      4-8 bytes, in a few M = 2 configurations, which stay in L1)."""
+      BackendError when NVRTC rejects it or it spills past ``MAX_SPILL_BYTES`` (``MAX_SPILL_FRAME_BYTES`` of frame
+      where ptxas did not run)."""
     from portakern.errors import BackendError
 
-    cfg = config or choose(op, DEFAULT_SMS[target], _capability(target))
-    consts = defines(op, cfg, target != "sm_80", _zero_point(op))
-    compiled = nvrtc.compile_source(SOURCE, tuple(consts.items()), TARGETS[target])
+    compiled = nvrtc.compile_source(source, tuple(consts.items()), TARGETS[target])
     spills = compiled.spill_bytes                   # None where ptxas did not run: the frame is all there is
     too_much = spills > MAX_SPILL_BYTES if spills is not None else compiled.frame_bytes > MAX_SPILL_FRAME_BYTES
     if too_much:
-        raise BackendError(f"gemv_small_m for {target} with {consts} spills ({spills} bytes of spill traffic, "
+        raise BackendError(f"{what} for {target} with {consts} spills ({spills} bytes of spill traffic, "
                            f"{compiled.frame_bytes} bytes of stack frame):\n{compiled.log}")
-    return {"target": target, "config": cfg, "cubin_bytes": len(compiled.cubin), "registers": compiled.registers,
-            "spill_bytes": spills, "frame_bytes": compiled.frame_bytes, "smem_bytes": smem_bytes(op, cfg)}
+    return {"cubin_bytes": len(compiled.cubin), "registers": compiled.registers, "spill_bytes": spills,
+            "frame_bytes": compiled.frame_bytes}
+
+
+def compile_for_target(op: QuantGemv, target: str, config: SmallMConfig | None = None,
+                       frag: FragConfig | None = None) -> dict:
+    """Lower ``op`` for ``target`` with NVRTC, no device: the word kernel's cubin and ptxas' report (``spill_bytes``
+    None where NVRTC answered from the driver's compute cache; ``registers`` and ``frame_bytes`` from the cubin then)
+    and, for the ops the fragment kernel runs (``frag_refusal``), the same of the fragment kernel under ``"frag"``.
+
+    Raises:
+      BackendError when NVRTC rejects either, ptxas spills more than ``MAX_SPILL_BYTES`` to local memory or, where
+      ptxas did not run, the cubin's stack frame exceeds ``MAX_SPILL_FRAME_BYTES`` (a kernel of this kind that
+      spills its words or accumulators is a configuration error, never a fast path; ptxas spills a register or two,
+      4-8 bytes, in a few M = 2 configurations, which stay in L1)."""
+    cfg = config or choose(op, DEFAULT_SMS[target], _capability(target))
+    pdl = target != "sm_80"
+    art = {"target": target, "config": cfg, **_lowered(SOURCE, defines(op, cfg, pdl, _zero_point(op)), target,
+                                                       ENTRY), "smem_bytes": smem_bytes(op, cfg)}
+    if frag_refusal(op) is None:
+        fcfg = frag or frag_config(op, cfg)
+        _check_frag_config(op, fcfg)
+        art["frag"] = {"config": fcfg, **_lowered(FRAG_SOURCE, frag_defines(op, fcfg, pdl, _zero_point(op)), target,
+                                                  FRAG_ENTRY), "smem_bytes": frag_smem_bytes(op, fcfg)}
+    return art

@@ -4,7 +4,8 @@ another -- and called through ctypes. It checks what the NVRTC lowering cannot: 
 split-K merge and conversions produce the right numbers, on a machine with no GPU (CI). It says nothing about speed
 or about the GPU's memory model; the GPU tests and conformance on a GPU do that.
 
-    out = quant_gemv_on_host(op, prepared_weight, x)            # numpy float32 (M, N)
+    out = quant_gemv_on_host(op, prepared_weight, x)            # numpy float32 (M, N): the word kernel
+    out = frag_gemv_on_host(op, prepared_weight, x)             # the kernel that reads the fragment layout
 """
 
 from __future__ import annotations
@@ -82,25 +83,48 @@ def _raw16(t) -> np.ndarray:
 def quant_gemv_on_host(op, w, x, config=None, num_sms: int = 132) -> np.ndarray:
     """``kernels/gemv_small_m.cu`` for ``op`` run on the CPU: ``w`` the GEMV layout on the CPU
     (``portakern.gemv_weight.prepare_gemv_weight``), ``x`` an (M, K) float16 / bfloat16 torch tensor; float32 ``(M, N)``."""
-    from portakern.ir.dtypes import DType
-
     from .. import quant_gemv as C
 
     cfg = config or C.choose(op, num_sms)
     consts = C.defines(op, cfg, False, C._zero_point(op))
-    lib = build(C.SOURCE, C.ENTRY, tuple(consts.items()))
-    np_ = consts["NP"]
+    tiles = -(-op.N // cfg.columns)
+    return _run_gemv(op, w, x, C.SOURCE, C.ENTRY, consts, tiles, cfg.splits, cfg.threads, C.smem_bytes(op, cfg),
+                     consts["NP"], w.qweight)
+
+
+def frag_gemv_on_host(op, w, x, config=None, num_sms: int = 132) -> np.ndarray:
+    """``kernels/gemv_frag.cu`` (the kernel that reads the fragment layout) for ``op`` run on the CPU: ``w`` the GEMV
+    layout on the CPU with its fragments (``prepare_gemv_weight(..., fragments=True)``; its words are not read),
+    ``x`` an (M, K) float16 / bfloat16 torch tensor, ``config`` a ``FragConfig`` (default ``choose_frag``); float32
+    ``(M, N)``."""
+    from .. import quant_gemv as C
+
+    if w.frag is None:
+        raise BackendError("frag_gemv_on_host: the prepared weight has no fragments (frag); prepare it with "
+                           "fragments=True")
+    cfg = config or C.choose_frag(op, num_sms)
+    C._check_frag_config(op, cfg)
+    consts = C.frag_defines(op, cfg, False, C._zero_point(op))
+    tiles = -(-op.N // cfg.rows)
+    return _run_gemv(op, w, x, C.FRAG_SOURCE, C.FRAG_ENTRY, consts, tiles, cfg.splits, cfg.threads,
+                     C.frag_smem_bytes(op, cfg), tiles * cfg.rows, w.frag)
+
+
+def _run_gemv(op, w, x, source, entry, consts, tiles, splits, threads, smem, ws_row, codes) -> np.ndarray:
+    """One GEMV kernel of the backend on the CPU over NaN-poisoned output and workspace; checks that its arrival
+    counters were reset."""
+    from portakern.ir.dtypes import DType
+
+    lib = build(source, entry, tuple(consts.items()))
     shape = (op.M, op.N)
     out = np.full(shape, np.nan, np.float32) if op.result_dtype is DType.float32 else np.full(shape, 0x7FFF, np.uint16)
-    ws = np.full(cfg.splits * op.M * np_, np.nan, np.float32)
-    counters = np.zeros(-(-op.N // cfg.columns), np.uint32)
-    qw = w.qweight.cpu().contiguous().numpy()
+    ws = np.full(splits * op.M * ws_row, np.nan, np.float32)
+    counters = np.zeros(tiles, np.uint32)
     s = _raw16(w.scales)
     z = _raw16(w.zeros) if w.zeros is not None else s
-    run(lib, -(-op.N // cfg.columns) * cfg.splits, cfg.threads, C.smem_bytes(op, cfg), qw, s, z, _raw16(x), out, ws,
-        counters)
+    run(lib, tiles * splits, threads, smem, codes.cpu().contiguous().numpy(), s, z, _raw16(x), out, ws, counters)
     if counters.any():
-        raise BackendError(f"gemv_small_m left its arrival counters at {counters.tolist()} (each must reset to 0)")
+        raise BackendError(f"{entry} left its arrival counters at {counters.tolist()} (each must reset to 0)")
     if op.result_dtype is DType.float32:
         return out
     if op.result_dtype is DType.float16:

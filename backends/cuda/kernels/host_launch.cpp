@@ -1,7 +1,8 @@
 // Runs one kernel of the cuda backend on the CPU (backends/cuda/common/host_run.py compiles this file with -DPK_HOST,
 // -DPK_SOURCE="<kernel>.cu", -DPK_ENTRY=<function> and the kernel's own -D constants). Blocks run one after
 // another; each block's threads are std::threads meeting at one barrier, over a shared-memory buffer filled with
-// 0xFF bytes first (a float read before it is written is a NaN, which the callers' checks catch).
+// 0xFF bytes first (a float read before it is written is a NaN, which the callers' checks catch) and one shuffle
+// slot per thread.
 #include "host_shim.h"
 #include PK_SOURCE
 
@@ -22,6 +23,7 @@ static void call(void (*f)(P...), void** args) {
 
 extern "C" int pk_run(int grid, int threads, long smem_bytes, void** args) {
     std::vector<float4> smem(smem_bytes / 16 + 1);
+    std::vector<float> slots(threads);
     for (int b = 0; b < grid; ++b) {
         std::memset(smem.data(), 0xFF, smem.size() * sizeof(float4));
         std::barrier<> bar(threads);
@@ -33,6 +35,7 @@ extern "C" int pk_run(int grid, int threads, long smem_bytes, void** args) {
                 pk_host::block_idx.x = (unsigned)b;
                 pk_host::block_barrier = &bar;
                 pk_host::dynamic_shared = smem.data();
+                pk_host::shuffle_slots = slots.data();
                 call(&PK_ENTRY, args);
             });
         for (auto& th : team) th.join();

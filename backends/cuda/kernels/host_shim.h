@@ -26,6 +26,7 @@ namespace pk_host {
 inline thread_local pk_dim3 thread_idx, block_idx;
 inline thread_local std::barrier<>* block_barrier = nullptr;
 inline thread_local void* dynamic_shared = nullptr;
+inline thread_local float* shuffle_slots = nullptr;     // one float per thread of the block, for the shuffles
 
 inline float f16_to_f32(unsigned short h) {
     _Float16 v;
@@ -45,6 +46,9 @@ inline unsigned short f32_to_f16(float f) {        // round to nearest even, as 
 #define blockIdx (pk_host::block_idx)
 #define PK_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(pk_host::dynamic_shared)
 #define PK_SHARED(type, name) static type name
+// a warp shuffle as two block barriers around a slot exchange: every thread of the block must reach it, which holds
+// in the kernels that use it (their shuffles sit outside any thread-dependent branch)
+#define PK_SHFL_XOR(v, m) pk_host::shfl_xor((v), (m))
 
 inline float __uint_as_float(unsigned int u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned int __float_as_uint(float f) { unsigned int u; std::memcpy(&u, &f, 4); return u; }
@@ -55,4 +59,14 @@ inline float __ldcg(const float* p) {
 }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __syncthreads() { pk_host::block_barrier->arrive_and_wait(); }
+template <class T> inline T min(T a, T b) { return b < a ? b : a; }
+namespace pk_host {
+inline float shfl_xor(float v, unsigned int lanemask) {
+    shuffle_slots[thread_idx.x] = v;
+    block_barrier->arrive_and_wait();
+    const float other = shuffle_slots[thread_idx.x ^ lanemask];
+    block_barrier->arrive_and_wait();
+    return other;
+}
+}  // namespace pk_host
 inline unsigned int atomicAdd(unsigned int* p, unsigned int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
