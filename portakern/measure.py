@@ -105,6 +105,10 @@ def measure(plan: Plan, run: Callable[[Plan], Any]) -> None:
     exactly as on the priority path. Each run allocates fresh outputs, which are discarded; the
     compiled kernels are kept on the plan so the winner is not compiled twice.
     """
+    from . import capture
+
+    capture.refuse(f"{plan.decision.op.kind} on {plan.decision.device.label}",
+                   "the 'fastest' policy would time every backend (with synchronisations)")
     d, sync = plan.decision, _synchronizer(plan.decision.device)
     times: dict[str, float] = {}
     for b in list(plan.order):

@@ -48,13 +48,14 @@ _kernels_lock = threading.Lock()
 # -- quant_gemv --------------------------------------------------------------------------------------
 
 @torch.library.custom_op("portakern::quant_gemv", mutates_args=())
-def quant_gemv(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Optional[Tensor], perm: Optional[Tensor],
+def quant_gemv(x: Tensor, qweight: Optional[Tensor], scales: Tensor, zeros: Optional[Tensor], perm: Optional[Tensor],
                kgroup: Optional[Tensor], bits: int, group_size: int, zero_point: int, n: int, k: int,
                prologue: Optional[str] = None, frag: Optional[Tensor] = None) -> Tensor:
     """``x (M, K) @ dequant(W (n, k))^T`` with the weight in the GEMV layout; returns (M, n).
     ``prologue="silu_mul"``: ``x`` is ``(M, 2k)``, gate then up, and the input is ``silu(gate) * up``
     (``QuantGemv.prologue``). ``frag``: the prepared weight's fragment layout (``PreparedGemvWeight.frag``), or
-    None; without it M = 2..16 on CUDA runs a slower tensor-core kernel."""
+    None; without it M = 2..16 on CUDA runs a slower tensor-core kernel. ``qweight`` None: a weight prepared with
+    ``layout="fragments"``, whose codes are only in ``frag``."""
     _check_gemv_x(x, n, k, prologue)
     w = PreparedGemvWeight(qweight, scales, zeros, perm, kgroup, bits, group_size, zero_point, n, k, frag=frag)
     return _quant_gemv_impl(x, w, prologue)
@@ -183,6 +184,11 @@ def _codes(w: PreparedGemvWeight) -> Tensor:
     epw = 32 // w.bits
     mask = (1 << w.bits) - 1
     q = w.qweight
+    if q is None:   # a fragments-only weight (layout="fragments"): the fragment layout's numpy unpacker
+        from portakern.ir.gemv_layout import unpack_fragments
+
+        codes = unpack_fragments(w.frag.cpu().numpy(), w.N, w.K)
+        return torch.from_numpy(codes.astype("int32")).T.to(w.frag.device)
     iw = w.interleave
     codes = torch.stack([(q >> (w.bits * e)) & mask for e in range(epw)], dim=1)   # (KWP, epw, NP)
     # interleaved rows: (block, j, e, NP) -> (block, e, j, NP) is column k's order
@@ -205,11 +211,11 @@ def _dequant_matmul(x: Tensor, w: PreparedGemvWeight, prologue: str | None = Non
     return (xx @ wt).to(x.dtype)
 
 
-def prepared(w, device: Device | str | torch.device | None = None) -> PreparedGemvWeight:
+def prepared(w, device: Device | str | torch.device | None = None, layout: str | None = None) -> PreparedGemvWeight:
     """The GEMV layout of ``w`` on ``device`` (default: where ``w``'s tensors are), cached on ``w.prepared`` under
     the key ``portakern.quant_gemv`` uses for the backends of that layout (``(GEMV_LAYOUT, device)``), so both
-    share one copy."""
-    from portakern.arrays import device_of, kind_of
+    share one copy. ``layout``: ``portakern.gemv_weight.LAYOUTS`` (None: the default), for a copy built here.
+    Inside CUDA stream capture a copy that is not built yet raises ``portakern.capture.CaptureError``."""
     from portakern.quantized import QuantizedWeight
 
     if isinstance(w, PreparedGemvWeight):
@@ -218,8 +224,7 @@ def prepared(w, device: Device | str | torch.device | None = None) -> PreparedGe
         raise InvalidTypeError(f"w is a {type(w).__name__}: expected a portakern.QuantizedWeight "
                                "(portakern.quantize(...)) or a PreparedGemvWeight")
     if device is None:
-        t = next(iter(w.tensors.values()))
-        dev = device_of(t, kind_of(t))
+        dev = w.device
     elif isinstance(device, Device):
         dev = device
     else:
@@ -228,7 +233,7 @@ def prepared(w, device: Device | str | torch.device | None = None) -> PreparedGe
     key = (GEMV_LAYOUT, str(dev))
     p = w.prepared.get(key)
     if p is None:
-        p = w.prepared[key] = prepare_gemv_weight(w, dev)
+        p = w.prepared[key] = prepare_gemv_weight(w, dev, layout=layout)
     return p
 
 
@@ -270,28 +275,33 @@ class QuantLinear(torch.nn.Module):
     ``qweight`` after ``load_state_dict``; after writing ``qweight`` in place any other way, call
     ``refresh_fragments()`` (else M = 2..16 would keep reading the old codes). Eager calls reuse one
     ``PreparedGemvWeight`` over the buffers until a buffer is replaced (``.to``, ``_apply``).
+
+    The weight is prepared at construction (on the device given, else where ``w`` is), sharing ``w``'s cached
+    copy. ``layout="fragments"`` (``portakern.gemv_weight.LAYOUTS``) holds each code once, in ``frag`` only
+    (``qweight`` None, ``frag`` saved in the state dict): bf16 activations, M <= 16.
     """
 
-    def __init__(self, w, device: Device | str | torch.device | None = None):
+    def __init__(self, w, device: Device | str | torch.device | None = None, layout: str | None = None):
         super().__init__()
-        p = prepared(w, device)
+        p = prepared(w, device, layout)
         self.in_features, self.out_features = p.K, p.N
         self.bits, self.group_size, self.zero_point = p.bits, p.group_size, p.zero_point
         for name in _BUFFERS:
-            self.register_buffer(name, getattr(p, name), persistent=name != "frag")
+            self.register_buffer(name, getattr(p, name), persistent=name != "frag" or p.qweight is None)
         self._prepared = None
         self.register_load_state_dict_post_hook(lambda module, incompatible: module.refresh_fragments())
 
     def refresh_fragments(self) -> None:
-        """Rebuild the fragment layout (``frag``, if this module has one) from ``qweight``'s codes."""
-        if self.frag is None:
+        """Rebuild the fragment layout (``frag``, if this module has one) from ``qweight``'s codes (nothing to do
+        for a fragments-only module: ``frag`` is its codes)."""
+        if self.frag is None or self.qweight is None:
             return
-        from portakern.ir.gemv_layout import N_ALIGN_WORDS, pack_fragments
+        from portakern.gemv_torch import pack_fragments
+        from portakern.ir.gemv_layout import N_ALIGN_WORDS
 
         w = PreparedGemvWeight(self.qweight, self.scales, self.zeros, self.perm, self.kgroup, self.bits,
                                self.group_size, self.zero_point, self.out_features, self.in_features)
-        codes = _codes(w).T.cpu().numpy()
-        self.frag.copy_(torch.from_numpy(pack_fragments(codes, N_ALIGN_WORDS)))
+        self.frag.copy_(pack_fragments(_codes(w).T.to(torch.uint8), N_ALIGN_WORDS))   # on the buffers' device
 
     def _prepared_weight(self) -> PreparedGemvWeight:
         """The buffers as one ``PreparedGemvWeight``, built again only when a buffer object changed."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 
+from portakern.errors import UnsupportedError
+
 from .. import tuning
 from ..common.arch import PDL_ARCHS, default_sms
 
@@ -292,8 +294,19 @@ def choose(layout, M: int, N: int, arch: str, num_sms: int | None = None, group_
     """The table's configuration for ``layout`` (a ``PreparedGemvWeight``), M rows of x in ``dtype``,
     on ``arch``. ``group_rows=False``: the table as it is without group-resident tiles; ``stream=False``:
     without the stream-K kernel (comparisons); ``cuda_core``: the CUDA-core kernel's entry (kind "fma") at
-    every M -- the kernel that reads x through a ``QuantGemv.prologue``."""
+    every M -- the kernel that reads x through a ``QuantGemv.prologue``. A weight without words (``layout=
+    "fragments"``: ``has_words`` False) runs the "frag" kernel at every M (``tuning.FRAG_MIN_M`` is for weights that
+    hold both layouts), and raises ``UnsupportedError`` where that kernel cannot run the call."""
     num_sms = num_sms or (tuning.GEMV_INTERP_SMS if arch == "interp" else default_sms(arch))
+    if not getattr(layout, "has_words", True):   # fragments only (layout="fragments"): the "frag" kernel at every M
+        why = "a prologue reads x on the CUDA-core kernel" if cuda_core else frag_usable(layout, M, dtype)
+        if why is not None or arch == "interp":
+            raise UnsupportedError(f"the prepared weight holds its codes only in the fragment layout "
+                                   f"(layout='fragments'), which the 'frag' kernel alone reads, and it cannot run "
+                                   f"here: {why or 'Triton interpreter (Gluon kernel)'}; prepare the weight with "
+                                   f"layout='words+fragments' for this call")
+        cfg = fit(table_config(arch, "frag", M, N, layout.K, layout.bits, False), layout, M)
+        return replace(cfg, split_k=frag_split(N, layout.K, cfg, M, num_sms))
     kind = "fma" if (cuda_core or M <= tuning.FMA_MAX_M.get(arch, 2) or layout.per_elem_group) else "dot"
     if not cuda_core:
         if arch != "interp" and M >= tuning.FRAG_MIN_M and frag_usable(layout, M, dtype) is None:

@@ -86,9 +86,10 @@ class Launcher:
         if self.buffers is not None:
             ws, lock, glu = self.buffers.get()
         ws = out if ws is None else ws
-        lock = w.qweight if lock is None else lock
+        words = w.frag if w.qweight is None else w.qweight   # an int32 stand-in for unused pointer arguments
+        lock = words if lock is None else lock
         z = w.scales if w.zeros is None else w.zeros
-        perm = w.qweight if w.perm is None else w.perm
+        perm = words if w.perm is None else w.perm
         launch = self.launch
         if self.kind == "frag":
             kc, kcs, su, sc = self.frag_dims
