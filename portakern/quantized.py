@@ -66,8 +66,36 @@ class QuantizedWeight:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the packed tensors (payload, scales, zeros, g_idx)."""
+        """Bytes held by the packed tensors (payload, scales, zeros, g_idx); 0 once they were released."""
         return sum(_nbytes(t) for t in self.tensors.values())
+
+    @property
+    def prepared_nbytes(self) -> int:
+        """Bytes held by the prepared copies (``prepared``) whose tensors this weight knows (``tensors()``)."""
+        return sum(_nbytes(t) for p in self.prepared.values() if hasattr(p, "tensors") and callable(p.tensors)
+                   for t in p.tensors().values())
+
+    @property
+    def native_released(self) -> bool:
+        """Whether the native tensors were released after preparation (``portakern.prepare(...,
+        keep_native=False)``): ``tensors`` is then empty and the prepared copy is the only one."""
+        return not self.tensors
+
+    def release_native(self) -> None:
+        """Drop the native tensors, keeping the prepared copies (``prepared``) as the only resident one; the weight's
+        ``device`` becomes the device of its prepared copy. ``portakern.prepare`` calls it unless asked to keep them.
+        ``dequantize()`` then reads the prepared copy; ``to()`` another device raises.
+
+        Raises ``InvalidInputError`` when nothing is prepared (the native tensors are then the only copy)."""
+        from .gemv_weight import PreparedGemvWeight
+
+        copies = [(k, p) for k, p in self.prepared.items() if isinstance(p, PreparedGemvWeight)]
+        if not copies:
+            raise InvalidInputError(f"{self!r} has no prepared GEMV copy, so its native tensors are its only copy "
+                                    "and cannot be released; prepare it first with portakern.prepare(w, device=...)")
+        t = next(iter(copies[0][1].tensors().values()))
+        self.tensors = {}
+        self._kind, self._device = "torch", device_of(t, "torch")
 
     def with_tensors(self, tensors: dict[str, Any]) -> "QuantizedWeight":
         """The same weight with other arrays (e.g. moved to a device), sharing no cache."""
@@ -194,7 +222,15 @@ class QuantizedWeight:
 
         Computed by the numpy reference (``portakern.ir.packing.dequantize``, float64, then
         rounded once to float32); GPU tensors are copied to the host and the result copied back.
+        After the native tensors were released (``native_released``) it reads the prepared copy
+        (``portakern.gemv_weight.dequantize_prepared``; the same values) and returns a torch tensor on its device.
         """
+        if self.native_released:
+            from .gemv_weight import PreparedGemvWeight, dequantize_prepared
+
+            p = next(p for p in self.prepared.values() if isinstance(p, PreparedGemvWeight))
+            out = dequantize_prepared(p).astype("float32")
+            return _like(out, p.scales)
         host = {k: to_numpy(v) for k, v in self.tensors.items()}
         out = packing.dequantize(self.fmt, host, self.N, self.K).astype("float32")
         return _like(out, next(iter(self.tensors.values())))
@@ -214,6 +250,11 @@ class QuantizedWeight:
             f"{self._device.index}"
         if target == here:
             return self
+        if self.native_released:
+            raise InvalidInputError(f"{self!r}.to({device!r}): the native tensors were released after preparation "
+                                    f"(portakern.prepare(..., keep_native=False)), so only the prepared copy on {here} "
+                                    "is left; prepare with keep_native=True to move the weight later, or "
+                                    "portakern.quantize(w.dequantize().to(...)) again")
         if target.startswith("opencl:"):  # pyopencl arrays on that device's cached queue
             import pyopencl.array as cla
 
