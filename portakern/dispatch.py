@@ -14,6 +14,7 @@ import threading
 from dataclasses import replace
 from typing import Any, Callable
 
+from . import capture
 from .backend import Backend, Support, support_of
 from .decision import Candidate, Decision, FallbackWarning, Plan, _warned, brief, fail_current
 from .devices import Device
@@ -107,6 +108,7 @@ def compile_next(plan: Plan) -> Plan:
         except PortakernError:
             raise
         except Exception as e:
+            capture.refuse(f"{d.op.kind} ({brief(d.op)}) on {d.device.label}", f"{b.name} failed to compile", e)
             fail_current(plan, b, e, "compile")
     raise BackendError(f"every candidate failed for {d.op.kind} ({brief(d.op)}) on {d.device.label}: "
                        + "; ".join(f"{n}: {e}" for n, e in d.fallbacks))
@@ -156,7 +158,11 @@ def fall_back(key: tuple, plan: Plan, e: BaseException) -> Plan:
     running the old plan keeps a whole one; after a ``clear_cache`` meanwhile the new plan serves this call only).
     When another thread already replaced it, that plan. When no
     candidate is left, the key is forgotten (the next call decides afresh) and ``BackendError`` raised; a forced
-    backend or strict mode raises as ``fail_current`` says and keeps the plan."""
+    backend or strict mode raises as ``fail_current`` says and keeps the plan. Inside CUDA stream capture nothing
+    is retried: ``CaptureError`` names the op, the backend's error and the way out (the plan is kept)."""
+    d = plan.decision
+    capture.refuse(f"{d.op.kind} ({brief(d.op)}) on {d.device.label}",
+                   f"{plan.backend.name if plan.backend else 'the backend'} failed while running", e)
     with _plan_lock:
         current = _plans.get(key)
         if current is not None and current is not plan:
