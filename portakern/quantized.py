@@ -9,14 +9,15 @@ import numpy as np
 
 from portakern.ir import packing
 from portakern.ir.dtypes import DType
-from portakern.ir.quant import Packing, QuantFormat
+from portakern.ir.quant import GGUF_LAYOUT, Packing, QuantFormat
 
 from .arrays import device_of, kind_of, to_numpy
 from .devices import Device
 from .errors import InvalidInputError, InvalidTypeError
 
-_GGML_TYPES = {"Q4_0": (Packing.GGUF_Q4_0, 4), "Q8_0": (Packing.GGUF_Q8_0, 8)}
-_GGML_IDS = {2: "Q4_0", 8: "Q8_0"}  # ggml_type enum values
+_GGML_TYPES = {"Q4_0": (Packing.GGUF_Q4_0, 4), "Q8_0": (Packing.GGUF_Q8_0, 8), "Q4_K": (Packing.GGUF_Q4_K, 4),
+               "Q5_K": (Packing.GGUF_Q5_K, 5), "Q6_K": (Packing.GGUF_Q6_K, 6)}
+_GGML_IDS = {2: "Q4_0", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}  # ggml_type enum values
 
 
 class QuantizedWeight:
@@ -109,46 +110,48 @@ class QuantizedWeight:
     # -- constructors from checkpoint layouts -------------------------------------------------
     @classmethod
     def from_gguf(cls, data: Any, ggml_type: Any, shape: tuple[int, int]) -> "QuantizedWeight":
-        """Wrap a GGUF Q4_0 or Q8_0 block array (see ``Packing.GGUF_Q4_0`` / ``GGUF_Q8_0``).
+        """Wrap a GGUF Q4_0, Q8_0, Q4_K, Q5_K or Q6_K block array (see ``Packing.GGUF_*``).
 
         ``data``: the uint8 array ``gguf.quants.quantize(w, GGMLQuantizationType.Q4_0)`` returns,
         shape ``(N, K // 32 * 18)`` (Q8_0: ``* 34``), or the same bytes flat. ``ggml_type``: "Q4_0",
-        "Q8_0", the ``gguf.GGMLQuantizationType`` member or its integer value (2, 8; numpy integers too). ``shape``: ``(N, K)`` in numpy order
+        "Q8_0", "Q4_K", "Q5_K", "Q6_K", the ``gguf.GGMLQuantizationType`` member or its integer value (2, 8, 12, 13,
+        14; numpy integers too); K-quant rows are super-blocks of 256 weights. ``shape``: ``(N, K)`` in numpy order
         (a GGUF file lists dimensions innermost first, so reverse the file's shape). numpy, torch or
         cupy arrays are kept as they are (no copy).
         """
         name = _ggml_name(ggml_type)
         if name not in _GGML_TYPES:
             raise InvalidInputError(
-                f"ggml_type={ggml_type!r} is not supported: from_gguf reads Q4_0 and Q8_0; for other "
+                f"ggml_type={ggml_type!r} is not supported: from_gguf reads {', '.join(_GGML_TYPES)}; for other "
                 "types dequantize with gguf.quants.dequantize and call portakern.quantize(w)")
         pk, bits = _GGML_TYPES[name]
+        group, symmetric, per_block = GGUF_LAYOUT[pk]
         try:
             N, K = (operator.index(s) for s in shape)  # numpy integers (GGUFReader shapes) too
         except (TypeError, ValueError):
             N = K = 0
         if N < 1 or K < 1 or any(isinstance(s, bool) for s in shape):
             raise InvalidInputError(f"shape={shape!r} must be two positive ints (N, K)")
-        if K % 32:
-            raise InvalidInputError(f"shape={tuple(shape)}: K={K} must be a multiple of 32 for {name} "
-                                    "(32 weights per block); if you passed the GGUF file's shape, reverse it")
+        if K % per_block:
+            raise InvalidInputError(f"shape={tuple(shape)}: K={K} must be a multiple of {per_block} for {name} "
+                                    f"({per_block} weights per block); if you passed the GGUF file's shape, reverse it")
         kind_of(data, "data")
         if str(data.dtype).replace("torch.", "") != "uint8":
             raise InvalidTypeError(f"data has dtype {data.dtype}: GGUF blocks are raw bytes, pass the uint8 "
                                    "array gguf.quants.quantize returns (or reinterpret with .view(uint8))")
         block = packing.GGUF_BLOCK_BYTES[pk]
-        row = K // 32 * block
+        row = K // per_block * block
         size = 1
         for s in data.shape:
             size *= int(s)
         if size != N * row:
             raise InvalidInputError(
                 f"data has shape {tuple(data.shape)} ({size} bytes) but {name} with shape=(N, K)=({N}, {K}) "
-                f"needs N * K // 32 * {block} = {N * row} bytes; check shape (numpy order "
+                f"needs N * K // {per_block} * {block} = {N * row} bytes; check shape (numpy order "
                 "(N, K), the reverse of the GGUF file's) and ggml_type")
         if tuple(data.shape) != (N, row):
             data = data.reshape(N, row)
-        return cls(QuantFormat(bits, 32, True, pk), N, K, {"data": data})
+        return cls(QuantFormat(bits, group, symmetric, pk), N, K, {"data": data})
 
     @classmethod
     def from_awq(cls, qweight: Any, qzeros: Any, scales: Any, *, group_size: int) -> "QuantizedWeight":

@@ -181,8 +181,8 @@ def test_checkpoint_constructors_take_numpy_integers():
         for t in (np.uint32(int(T)), int(T)):
             np.testing.assert_array_equal(QuantizedWeight.from_gguf(data, t, (4, 64)).dequantize(),
                                           gguf.quants.dequantize(data, T))
-    with pytest.raises(InvalidInputError, match=r"ggml_type=np.int64\(12\) is not supported"):
-        QuantizedWeight.from_gguf(data, np.int64(12), (4, 64))
+    with pytest.raises(InvalidInputError, match=r"ggml_type=np.int64\(10\) is not supported"):  # Q2_K
+        QuantizedWeight.from_gguf(data, np.int64(10), (4, 64))
     with pytest.raises(InvalidInputError, match=r"group_size=np.True_ must be an int >= 2"):
         QuantizedWeight.from_awq(words(codes.T, AWQ_ORDER), words(zeros.T, AWQ_ORDER),
                                  np.ascontiguousarray(scales.T), group_size=np.True_)
@@ -370,8 +370,8 @@ BAD = {
     "gptq g_idx float": (lambda: QuantizedWeight.from_gptq(
         np.zeros((8, 8), np.int32), np.zeros((2, 1), np.int32), np.ones((2, 8), np.float16), group_size=32,
         g_idx=np.zeros(64)), InvalidTypeError, "g_idx has dtype float64"),
-    "gguf type": (lambda: QuantizedWeight.from_gguf(np.zeros((1, 18), np.uint8), "Q4_K", (1, 32)),
-                  InvalidInputError, "ggml_type='Q4_K' is not supported: from_gguf reads Q4_0 and Q8_0"),
+    "gguf type": (lambda: QuantizedWeight.from_gguf(np.zeros((1, 18), np.uint8), "Q2_K", (1, 32)),
+                  InvalidInputError, "ggml_type='Q2_K' is not supported: from_gguf reads Q4_0, Q8_0, Q4_K"),
     "gguf bytes": (lambda: QuantizedWeight.from_gguf(np.zeros((2, 18), np.uint8), "Q8_0", (2, 32)),
                    InvalidInputError, "needs N * K // 32 * 34 = 68 bytes"),
     "gguf dtype": (lambda: QuantizedWeight.from_gguf(np.zeros((1, 18), np.int8), "Q4_0", (1, 32)),
