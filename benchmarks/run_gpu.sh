@@ -51,6 +51,9 @@
 #   decode-step-tiles  the step at ctx 2048 with the table and with the per-word-row GEMV tile
 #                   everywhere (--compare-tiles, no peers)
 #   dispatch        benchmarks/dispatch_overhead.py
+#   gemv-memory     benchmarks/gemv_memory.py: resident bytes per parameter and quantize + prepare time of int4 g128
+#                   Llama-3-8B-shaped linears per prepared layout (words+fragments, fragments) against torchao, and
+#                   quant_gemv of both layouts at M 1 and 16; then the GPU tests of weight preparation and capture
 #   launch-tests    the GPU tests of KernelLaunch's fast path (GEMV kernels and the paged decode kernel called again
 #                   on new tensors, graph replays)
 #   ncu             Nsight Compute stall/throughput sections of benchmarks/profile_kernels.py
@@ -139,6 +142,8 @@ for s in "$@"; do
         decode-step-tiles) step decode-step-tiles python3 benchmarks/decode_step.py --ctx 2048 --no-peers \
             --compare-tiles --tag="-tiles$TAG" --out "$RES" ;;
         dispatch) step dispatch python3 benchmarks/dispatch_overhead.py --tag="$TAG" --out "$RES" ;;
+        gemv-memory) step gemv-memory python3 benchmarks/gemv_memory.py --out "$RES"
+            step gemv-memory-tests python3 -m pytest -q -p no:cacheprovider tests/test_gemv_prepare_gpu.py ;;
         launch-tests) step launch-tests python3 -m pytest -q -p no:cacheprovider tests/test_triton_launch.py \
             tests/test_triton_attention_decode_ws.py tests/test_triton_gemv.py -k "launch or called_again or replays" ;;
         ncu) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)

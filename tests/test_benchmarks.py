@@ -20,7 +20,7 @@ import harness  # noqa: E402  (benchmarks/harness.py)
 
 #: the commands README.md lists, each with ``--help``
 COMMANDS = ("gemv.py", "gemv_table_sweep.py", "attention.py", "decode_step.py", "dispatch_overhead.py",
-            "gemv_sass_count.py", "profile_kernels.py", "plot_gemv.py", "plot_decode_step.py")
+            "gemv_memory.py", "gemv_sass_count.py", "profile_kernels.py", "plot_gemv.py", "plot_decode_step.py")
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -91,3 +91,11 @@ def test_kept_names_carry_no_date_or_session_tag():
     kept += [p.name for p in (ROOT / "docs").glob("*.png")]
     dated = [n for n in kept if re.search(r"\d{4}-\d{2}-\d{2}|-s\d+[a-z]?\b|-v\d+\b", n)]
     assert not dated, dated
+
+
+def test_gemv_memory_measures_llama3_8b_shaped_linears():
+    import gemv_memory
+
+    shapes = gemv_memory.linears(2)
+    assert [s[0] for s in shapes[:7]] == [f"layers.0.{n}" for n in ("q", "k", "v", "o", "gate", "up", "down")]
+    assert sum(N * K for _, N, K in shapes) == 2 * 218_103_808 and gemv_memory.per_param(545, 1000) == 0.545
