@@ -243,3 +243,18 @@ def test_load_gguf_quiet_on_a_clean_file(model_gguf):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert len(portakern.load_gguf(model_gguf)) == 8
+
+
+def test_readme_example_runs(tmp_path, monkeypatch):
+    """README's "Loading checkpoints" snippet runs as written and computes x @ W^T of the file's weight."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = re.search(r"## Loading checkpoints\n.*?```python\n(.*?)```", text, re.S).group(1)
+    monkeypatch.chdir(tmp_path)                                      # the snippet writes tiny.gguf here
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    data = gguf.GGUFReader("tiny.gguf").tensors[0].data
+    w64 = gguf.quants.dequantize(np.asarray(data), T.Q8_0).astype(np.float64)
+    np.testing.assert_allclose(scope["y"], np.ones((1, 256)) @ w64.T, rtol=1e-5, atol=1e-4)
