@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 from typing import Any
 
 from numpy import ndarray as _ndarray
@@ -15,6 +16,7 @@ from .backend import Backend
 from .devices import Device, detect_devices
 from .dispatch import Decision, Plan
 from .errors import InvalidTypeError, PortakernError, UnsupportedError
+from .lengths import attention_axes
 from .plugins import registry
 from .validate import attention_op, quant_gemv_op
 
@@ -77,12 +79,8 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, sc
       (or not the one named) can run the problem; BackendError when a forced backend fails.
     """
     has_aux = not (block_table is None and seqlens_k is None and cu_seqlens_q is None and cu_seqlens_k is None)
-    # scalar options with their types: 1 == True == 1.0 hash alike, and a plan hit skips validation
-    key = ("attention", _sig(q), _sig(k), _sig(v),
-           (_sig(block_table), _sig(seqlens_k), _sig(cu_seqlens_q), _sig(cu_seqlens_k)) if has_aux else None,
-           causal, type(causal), None if window is None else _window_key(window),
-           softcap, type(softcap), scale, type(scale), score_mod, mask_mod, return_lse, type(return_lse),
-           dispatch.override_key(backend))
+    key = _attention_key(q, k, v, causal, window, softcap, scale, score_mod, mask_mod, block_table, seqlens_k,
+                         cu_seqlens_q, cu_seqlens_k, return_lse, backend, has_aux)
 
     def options() -> dict:
         return dict(causal=causal, window=window, softcap=softcap, scale=scale, score_mod=score_mod,
@@ -104,6 +102,52 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, sc
             raise
         except Exception as e:
             plan = dispatch.fall_back(key, plan, e)
+
+
+def _attention_key(q, k, v, causal, window, softcap, scale, score_mod, mask_mod, block_table, seqlens_k,
+                   cu_seqlens_q, cu_seqlens_k, return_lse, backend, has_aux) -> tuple:
+    """The plan key of an attention call: its shape class (``portakern.lengths``: every sequence length as its
+    class, ``k`` and ``v`` of one key length or not) and its scalar options with their types (1 == True == 1.0
+    hash alike, and a plan hit skips validation)."""
+    if has_aux:
+        qa, ka, ba = attention_axes(block_table is not None, not (cu_seqlens_q is None and cu_seqlens_k is None))
+        aux = (_csig(block_table, ba), _sig(seqlens_k), _sig(cu_seqlens_q), _sig(cu_seqlens_k))
+    else:
+        qa = ka = 1
+        aux = None
+    return ("attention", _csig(q, qa), _csig(k, ka), _csig(v, ka), _same_length(k, v, ka), aux,
+            causal, type(causal), None if window is None else _window_key(window),
+            softcap, type(softcap), scale, type(scale), score_mod, mask_mod, return_lse, type(return_lse),
+            dispatch.override_key(backend))
+
+
+def _csig(a: Any, axis: int | None) -> tuple | None:
+    """The shape-class signature of one numpy or torch array: its shape with the length ``axis`` (None: none) as
+    ``length_class`` of it, dtype, device and innermost stride (validation reads no other stride; kernels take
+    strides at run time). Other array types: their exact signature (``_sig``)."""
+    if type(a) is _ndarray:
+        s = a.shape
+        if axis is not None and len(s) > axis and s[axis] > 2:
+            s = (*s[:axis], 2, *s[axis + 1:])
+        return (s, a.dtype, a.strides[-1:])
+    try:
+        s, st = a.shape, a.stride()[-1:]  # torch
+        if axis is not None and len(s) > axis and s[axis] > 2:
+            s = (*s[:axis], 2, *s[axis + 1:])
+        return (type(a), s, a.dtype, a.device, st)
+    except (AttributeError, RuntimeError, TypeError):
+        return _sig(a)
+
+
+def _same_length(k: Any, v: Any, axis: int | None) -> bool | None:
+    """Whether ``k`` and ``v`` have one length along their length ``axis`` (a relation validation checks, kept in
+    the key as the lengths are not); None when there is no such axis or no shapes to compare."""
+    if axis is None:
+        return None
+    try:
+        return k.shape[axis] == v.shape[axis]
+    except (AttributeError, IndexError, TypeError):
+        return None
 
 
 def _window_key(window) -> Any:
@@ -204,12 +248,15 @@ def _run_attention(plan: Plan, q, k, v, aux: dict, has_aux: bool):
                       convert_for_backend(v, be, device))
         auxb = {n: None if a is None else convert_for_backend(a, be, device) for n, a in aux.items()} \
             if has_aux else aux
-    shapes, poison = plan.shapes, dispatch.poisoning()
-    if shapes is None:
-        shapes = plan.shapes = op.shapes()
+    bt = aux["block_table"]
+    lengths = (q.shape, k.shape) if bt is None else (q.shape, k.shape, bt.shape)
+    bound = plan.last  # the kernel and output shapes at the sequence lengths of the plan's last call
+    if bound is None or bound[0] != lengths:
+        bound = dispatch.bind(plan, lengths, q.shape, k.shape, None if bt is None else bt.shape)
+    shapes, poison = bound[2], dispatch.poisoning()
     out = empty(kind, shapes["out"], op.dtype, device, poison, like=qb)
     lse = empty(kind, shapes["lse"], _F32, device, poison, like=qb) if op.return_lse else None
-    plan.kernel(qb, kb, vb, out, lse, auxb)
+    (plan.kernel if be.runtime_lengths else bound[1])(qb, kb, vb, out, lse, auxb)
     res = to_caller(out, caller, q, op.dtype)
     if lse is None:
         return res
@@ -237,9 +284,7 @@ def quant_gemv(x, w, *, prologue=None, backend=None):
       InvalidInputError / InvalidTypeError for bad arguments (shape, dtype, device, weight type);
       UnsupportedError when no backend (or not the one named) supports the problem.
     """
-    fmt = getattr(w, "fmt", None)
-    key = ("quant_gemv", _sig(x), fmt, getattr(w, "N", None), getattr(w, "K", None),
-           _weight_place(w), prologue, dispatch.override_key(backend))
+    key = _gemv_key(x, w, prologue, backend)
     try:
         plan = dispatch.get_plan(key, lambda: _gemv_node(x, w, prologue), backend)
     except _EmptyBatch:  # found on the plan miss, so a cached call pays nothing for it
@@ -251,6 +296,12 @@ def quant_gemv(x, w, *, prologue=None, backend=None):
             raise
         except Exception as e:
             plan = dispatch.fall_back(key, plan, e)
+
+
+def _gemv_key(x, w, prologue, backend) -> tuple:
+    """The plan key of a quant_gemv call (M stays exact: backends' support depends on it)."""
+    return ("quant_gemv", _sig(x), getattr(w, "fmt", None), getattr(w, "N", None), getattr(w, "K", None),
+            _weight_place(w), prologue, dispatch.override_key(backend))
 
 
 def _empty_gemv(key, x, w, prologue, backend):
@@ -311,6 +362,11 @@ def explain(fn, *args, **kwargs) -> Decision:
     decision lists every candidate with its priority and, when rejected, the reason; the chosen
     backend; and any fallbacks that happened. ``str(decision)`` is a readable table.
 
+    When a call of this shape class (``portakern.lengths``) has already run, the decision is the one its cached
+    plan runs: the backend it actually ran after any fallback, the fallbacks, and the plan's one-time cost
+    (``plan_ms``, ``compile_ms``); ``op`` is the node at these arguments' own lengths. Before that call, the
+    decision dispatch would make (``plan_ms`` None).
+
     Under ``use_policy("fastest")`` the ranking stored by an earlier call (this process or a
     previous one) orders the candidates and ``measured_us`` shows the times; before any call has
     measured, ``ranked_by`` is "not measured yet" and the order shown is by priority.
@@ -324,7 +380,7 @@ def explain(fn, *args, **kwargs) -> Decision:
     if public is None:
         raise InvalidTypeError(f"explain(fn={fn!r}): fn must be portakern.attention or portakern.quant_gemv")
     try:  # the op's own arguments, no more (the validators take internal keywords such as check_values)
-        inspect.signature(public).bind(*args, **kwargs)
+        call = inspect.signature(public).bind(*args, **kwargs)
     except TypeError as e:
         raise InvalidTypeError(f"explain(portakern.{name}, ...): {e}; pass the arguments of portakern.{name}") \
             from None
@@ -334,9 +390,29 @@ def explain(fn, *args, **kwargs) -> Decision:
         op, info = attention_op(*args, **kwargs)
     else:
         op, info = quant_gemv_op(*args, **kwargs)
+    cached = _cached_decision(name, call)
+    if cached is not None:
+        return replace(cached, op=op, candidates=list(cached.candidates), fallbacks=list(cached.fallbacks))
     plan = dispatch.decide(op, info.device, backend)
     plan.decision.chosen = plan.order[0].name  # decide() raised if nothing supports the problem
     return plan.decision
+
+
+def _cached_decision(name: str, call: inspect.BoundArguments) -> Decision | None:
+    """The decision of the plan a call with these arguments runs (its shape class's, after any fallback), or None
+    when no call has planned it yet."""
+    call.apply_defaults()
+    a = call.arguments
+    if name == "attention":
+        has_aux = not (a["block_table"] is None and a["seqlens_k"] is None and a["cu_seqlens_q"] is None
+                       and a["cu_seqlens_k"] is None)
+        key = _attention_key(a["q"], a["k"], a["v"], a["causal"], a["window"], a["softcap"], a["scale"],
+                             a["score_mod"], a["mask_mod"], a["block_table"], a["seqlens_k"], a["cu_seqlens_q"],
+                             a["cu_seqlens_k"], a["return_lse"], a["backend"], has_aux)
+    else:
+        key = _gemv_key(a["x"], a["w"], a["prologue"], a["backend"])
+    plan = dispatch.cached_plan(key)
+    return None if plan is None or plan.backend is None else plan.decision
 
 
 def list_backends() -> list[Backend]:

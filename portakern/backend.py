@@ -123,6 +123,10 @@ class Backend:
       launches_on_current_device  its kernels launch on the *current* CUDA device (Triton, the CUDA driver
                     API): ``compile`` wraps each kernel with ``portakern.placement.on_device`` so a call on
                     cuda:1 arrays runs on cuda:1
+      runtime_lengths  its attention kernels read the sequence lengths (seqlen_q, seqlen_k, total_q, total_k,
+                    the block table's pages) from the arrays of each call, and ``supports`` does not depend on
+                    them: dispatch hands one compiled kernel every length of a shape class (``portakern.lengths``).
+                    False: dispatch compiles once more for each further length (the decision is still made once)
     """
 
     name: ClassVar[str] = ""
@@ -141,6 +145,7 @@ class Backend:
     device_refusal: ClassVar[str] = ("the {name} backend runs on {types} devices, not on {device}; "
                                      "pass arrays on one of those, or backend=None to let portakern pick")
     launches_on_current_device: ClassVar[bool] = False
+    runtime_lengths: ClassVar[bool] = False
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} {self.version}>"

@@ -37,6 +37,10 @@ class Decision:
     on this call's inputs), "tuning cache" (a ranking measured earlier, read from disk), "one
     candidate" (nothing to compare) or "not measured yet" (``explain`` under "fastest" before the
     first call). ``measured_us``: median microseconds per candidate that ran, or None.
+    ``plan_ms`` / ``compile_ms``: the one-time cost of the cached plan, paid by the first call of its shape class
+    (deciding and measuring the candidates / compiling the chosen kernel, fallbacks included), or None for a
+    decision no call has planned yet. ``lengths_compiled``: how many more sequence lengths of the class needed a
+    kernel of their own (0 for a backend whose kernels read the lengths at run time).
     """
 
     op: Any
@@ -50,6 +54,9 @@ class Decision:
     policy_by: str = "default"
     ranked_by: str = "priority"
     measured_us: dict[str, float] | None = None
+    plan_ms: float | None = None
+    compile_ms: float | None = None
+    lengths_compiled: int = 0
 
     def to_json(self) -> dict:
         times = self.measured_us or {}
@@ -58,7 +65,8 @@ class Decision:
                 "policy_by": self.policy_by, "ranked_by": self.ranked_by, "measured_us": self.measured_us,
                 "candidates": [{"backend": c.name, "priority": c.priority, "supported": c.support.ok,
                                 "reason": c.support.reason, "time_us": times.get(c.name)} for c in self.candidates],
-                "fallbacks": [{"backend": b, "error": e} for b, e in self.fallbacks]}
+                "fallbacks": [{"backend": b, "error": e} for b, e in self.fallbacks],
+                "plan_ms": self.plan_ms, "compile_ms": self.compile_ms, "lengths_compiled": self.lengths_compiled}
 
     def __str__(self) -> str:
         lines = [f"op       {self.op.kind} {self.op.content_hash()}", f"device   {self.device.label}"]
@@ -78,6 +86,12 @@ class Decision:
             lines.append(f"{mark} {c.name.ljust(w)}  {c.priority:>4}  {t}{status}")
         for b, e in self.fallbacks:
             lines.append(f"fell back from {b}: {e}")
+        if self.plan_ms is None:
+            lines.append("cost     not planned yet (the first call of this shape class pays it)")
+        else:
+            more = f", {self.lengths_compiled} more length(s) compiled" if self.lengths_compiled else ""
+            lines.append(f"cost     planned in {self.plan_ms:.3f} ms, compiled in {self.compile_ms:.3f} ms, once per "
+                         f"shape class{more}")
         return "\n".join(lines)
 
 
@@ -92,6 +106,10 @@ class Plan:
     shapes: dict | None = None      # op.shapes(), memoised by the hot path
     compiled: dict[str, Callable[..., None]] = field(default_factory=dict)  # kernels compiled while measuring
     to_measure: bool = False        # "fastest" with no stored ranking: get_plan times the candidates
+    #: ``(lengths, kernel, shapes)`` of the sequence lengths the last call ran at (see ``dispatch.bind``)
+    last: tuple | None = None
+    #: lengths -> ``(kernel, shapes)`` for a backend whose kernels are compiled per length (an ``LRU``)
+    bound: Any = None
 
 
 def _warn_once(backend: str, op: Any, err: BaseException, stage: str) -> None:

@@ -6,11 +6,17 @@ The parts live beside it: what the caller forces (``overrides``: ``backend=``, `
 ``use_policy``, strict mode), what was decided (``decision``: ``Decision``, ``Plan``, falling back) and the
 "fastest" policy's measurement (``measure``). This module owns the per-signature caches: the plans, and the
 result makers of calls without rows (``empty_result`` / ``remember_empty_result``).
+
+A signature is a *shape class* (``portakern.lengths``): a call whose only change from a planned one is a sequence
+length reuses that plan; ``bind`` gives it the kernel for its lengths. Every cache is an ``LRU`` bounded by
+``set_cache_limits`` (defaults in ``CACHE_LIMITS``); ``cache_info()`` counts plans made and evicted.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from collections import OrderedDict
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -22,12 +28,20 @@ from .errors import BackendError, InvalidTypeError, PortakernError, UnsupportedE
 from .measure import measure, rank_by_measurement
 from .overrides import (POLICIES, override, override_key, poison_outputs, poisoning, policy, strict, use_backend,
                         use_policy)
+from .lengths import attention_at, attention_shapes
+from .lru import LRU, check_size
 from .plugins import registry
 
-_plans: dict[tuple, Plan] = {}
+#: The default bounds of the in-memory caches: ``plans`` (shape classes with a plan), ``empty_results`` (shape
+#: classes of calls without rows), ``lengths`` (per plan, the sequence lengths holding a kernel of their own, for a
+#: backend that compiles per length). Change them with ``set_cache_limits``.
+CACHE_LIMITS = {"plans": 1024, "empty_results": 1024, "lengths": 64}
+_limits = dict(CACHE_LIMITS)
+_plans: LRU = LRU(_limits["plans"])
 #: signature -> the result maker of a call without rows (an empty batch); see ``empty_result``
-_empty_results: dict[tuple, Callable[[Any], Any]] = {}
+_empty_results: LRU = LRU(_limits["empty_results"])
 _plan_lock = threading.Lock()
+_made = {"plans": 0, "lengths": 0}
 
 
 def empty_result(key: tuple) -> Callable[[Any], Any] | None:
@@ -44,9 +58,39 @@ def remember_empty_result(key: tuple, make: Callable[[Any], Any]) -> None:
     that signature's first call passed its checks, so later calls skip them as a planned call does. Forgotten with
     the plans (``clear_cache``); a key that cannot be hashed is not kept."""
     try:
-        _empty_results[key] = make
+        _empty_results.put(key, make)
     except TypeError:
         pass
+
+
+def set_cache_limits(*, plans: int | None = None, empty_results: int | None = None,
+                     lengths: int | None = None) -> dict[str, int]:
+    """Bound the in-memory caches (each least recently used entry goes first) and return the bounds now in force.
+
+    Args:
+      plans: shape classes holding a plan (and its compiled kernel); default ``CACHE_LIMITS["plans"]`` (1024).
+      empty_results: shape classes of calls without rows; default 1024.
+      lengths: per plan, sequence lengths holding a kernel of their own (backends whose kernels are compiled per
+        length, ``Backend.runtime_lengths`` False); default 64. Applies to plans made from now on.
+
+    None leaves a bound as it is. Raises ``InvalidTypeError`` / ``InvalidInputError`` for a bound that is not an
+    int >= 1 (``clear_cache()`` empties the caches).
+    """
+    new = {n: check_size(v, n) for n, v in (("plans", plans), ("empty_results", empty_results),
+                                              ("lengths", lengths)) if v is not None}
+    _limits.update(new)
+    _plans.resize(_limits["plans"])
+    _empty_results.resize(_limits["empty_results"])
+    return dict(_limits)
+
+
+def cache_info() -> dict[str, int]:
+    """Counters of the plan cache: ``plans`` (held now), ``plans_made`` (planned since the process started, each a
+    decision and a compile), ``plan_evictions``, ``lengths_compiled`` (kernels compiled for a further sequence
+    length of a planned shape class), ``empty_results`` (held now) and the bounds (``limit_*``)."""
+    return {"plans": len(_plans), "plans_made": _made["plans"], "plan_evictions": _plans.evictions,
+            "lengths_compiled": _made["lengths"], "empty_results": len(_empty_results),
+            **{f"limit_{n}": v for n, v in _limits.items()}}
 
 
 def _rank(backend: Backend, op: Any, device: Device) -> int:
@@ -134,12 +178,62 @@ def get_plan(key: tuple, build: Callable[[], tuple[Any, Device, Callable[[Plan],
     with _plan_lock:  # concurrent first calls compile (and measure) once
         plan = _plans.get(key)
         if plan is None:
+            t0 = time.perf_counter()
             plan = decide(op, device, backend_arg)
             if plan.to_measure:
                 measure(plan, run)
+            t1 = time.perf_counter()
             plan = compile_next(plan)
-            _plans[key] = plan
+            plan.decision.plan_ms = round((t1 - t0) * 1e3, 3)
+            plan.decision.compile_ms = round((time.perf_counter() - t1) * 1e3, 3)
+            _plans.put(key, plan)
+            _made["plans"] += 1
     return plan
+
+
+def cached_plan(key: tuple) -> Plan | None:
+    """The plan cached under ``key`` (None when there is none, or the key cannot be hashed); no side effects."""
+    try:
+        return OrderedDict.get(_plans, key)
+    except TypeError:
+        return None
+
+
+def bind(plan: Plan, lengths: tuple, q_shape: tuple, k_shape: tuple, bt_shape: tuple | None) -> tuple:
+    """``(lengths, kernel, shapes)`` for an attention call of ``plan``'s shape class at its own sequence lengths
+    (``lengths``: the shapes of its q, k and block table), remembered as ``plan.last``.
+
+    A backend whose kernels read the lengths at run time (``runtime_lengths``) serves every length with the plan's
+    kernel; only the output shapes follow ``q``. Otherwise the kernel for these lengths is compiled once and kept
+    in the plan's ``LRU`` of lengths; a length the backend does not support raises ``LengthUnsupported``, which the
+    caller's fallback treats as a failure of that backend."""
+    be, op = plan.backend, plan.decision.op
+    if be.runtime_lengths:
+        bound = (lengths, plan.kernel, attention_shapes(op, q_shape))
+    else:
+        cache = plan.bound
+        if cache is None:
+            cache = plan.bound = LRU(_limits["lengths"])
+        hit = cache.get(lengths)
+        if hit is None:
+            at = attention_at(op, q_shape, k_shape, bt_shape)
+            if at is op:
+                hit = (plan.kernel, op.shapes())
+            else:
+                s = support_of(be, at, plan.decision.device)
+                if not s:
+                    raise LengthUnsupported(f"{be.name} does not support {at.kind} ({brief(at)}): {s.reason}")
+                hit = (be.compile(at, plan.decision.device), at.shapes())
+                _made["lengths"] += 1
+                plan.decision.lengths_compiled += 1
+            cache.put(lengths, hit)
+        bound = (lengths, *hit)
+    plan.last = bound
+    return bound
+
+
+class LengthUnsupported(RuntimeError):
+    """The backend of a plan does not support a sequence length of the plan's shape class (``bind``)."""
 
 
 def _unhashable(key: tuple) -> str:
@@ -191,4 +285,5 @@ def clear_cache() -> None:
 
 __all__ = ["Candidate", "Decision", "FallbackWarning", "POLICIES", "Plan", "brief", "clear_cache", "compile_next",
            "decide", "empty_result", "fail_current", "fall_back", "get_plan", "override", "override_key",
-           "poison_outputs", "poisoning", "policy", "remember_empty_result", "strict", "use_backend", "use_policy"]
+           "poison_outputs", "poisoning", "policy", "remember_empty_result", "strict", "use_backend", "use_policy",
+           "CACHE_LIMITS", "LengthUnsupported", "bind", "cache_info", "cached_plan", "set_cache_limits"]

@@ -30,6 +30,7 @@ import numpy as np
 
 from portakern.errors import InvalidInputError
 from portakern.ir.ops import Attention, KVLayout
+from portakern.lengths import attention_at
 
 from . import tuning
 from .expr_numpy import lower
@@ -54,7 +55,8 @@ def attention_kernel(op: Attention) -> Callable[..., None]:
         op: a verified ``Attention`` node (any KV layout, any mods).
 
     Returns:
-        A function that reads numpy ``q``, ``k``, ``v`` (shapes ``op.shapes()``; bf16 arrives as
+        A function that reads numpy ``q``, ``k``, ``v`` (shapes ``op.shapes()``, at the call's own
+        sequence lengths: ``portakern.lengths``; bf16 arrives as
         float32), computes in float64 and writes every element of ``out`` (cast to its dtype) and,
         when ``lse`` is not None, of ``lse`` (float32). ``aux`` maps ``block_table``,
         ``seqlens_k``, ``cu_seqlens_q``, ``cu_seqlens_k`` to integer arrays or None.
@@ -67,10 +69,11 @@ def attention_kernel(op: Attention) -> Callable[..., None]:
 
     def kernel(q, k, v, out, lse, aux=None) -> None:
         aux = dict(aux or {})
-        _check_shapes(op, q, k, v, out, lse)
-        for seq in _sequences(op, q, k, v, out, lse, aux):
+        at = _at_lengths(op, q, k, aux)  # one kernel serves every sequence length of op's shape class
+        _check_shapes(at, q, k, v, out, lse)
+        for seq in _sequences(at, q, k, v, out, lse, aux):
             with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf inputs: IEEE results, no warnings
-                _attend(op, seq)
+                _attend(at, seq)
 
     kernel.__name__ = f"cpu_attention_{op.content_hash()}"
     return kernel
@@ -199,6 +202,16 @@ def _varlen_sequences(op: Attention, q, k, v, out, lse, aux: dict) -> Iterator[_
 
 
 # -- operand checks -------------------------------------------------------------------------------
+
+def _at_lengths(op: Attention, q, k, aux: dict) -> Attention:
+    """``op`` at the sequence lengths of this call's ``q``, ``k`` and block table (``CpuBackend.runtime_lengths``);
+    ``op`` itself when a rank is not the op's (``_check_shapes`` then names the operand)."""
+    want = op.shapes()
+    bt = getattr(aux.get("block_table"), "shape", None) if op.kv_layout is KVLayout.PAGED else ()
+    if len(q.shape) != len(want["q"]) or len(k.shape) != len(want["k"]) or bt is None or (bt and len(bt) != 2):
+        return op
+    return attention_at(op, tuple(q.shape), tuple(k.shape), tuple(bt) or None)
+
 
 def _check_shapes(op: Attention, q, k, v, out, lse) -> None:
     """Raise naming the operand when a shape differs from ``op.shapes()``."""

@@ -20,6 +20,7 @@ class CpuBackend(Backend):
     device_types = ("cpu",)
     priority = 0
     x_prologues = ("silu_mul",)
+    runtime_lengths = True  # its attention kernel reads the sequence lengths from each call's arrays
     lowerings = {"attention": "attention", "quant_gemv": "quant_gemv"}
     device_refusal = ("the cpu reference backend runs on the host only, not on {device}; "
                       "move the arrays to the CPU or pass backend=None to pick a device backend")
