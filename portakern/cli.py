@@ -224,7 +224,7 @@ def _attention_call(args) -> tuple[tuple, dict]:
 
 
 def _quant_gemv_call(args) -> tuple[tuple, dict]:
-    from portakern.ir.quant import Packing, QuantFormat
+    from portakern.ir.quant import GGUF_LAYOUT, PACKING_BITS, Packing, QuantFormat
     from portakern.quantized import QuantizedWeight
 
     M, N, K = _ints(args.shape, ("M", "N", "K"), "--shape", sizes=True)
@@ -233,8 +233,8 @@ def _quant_gemv_call(args) -> tuple[tuple, dict]:
     except ValueError:
         raise _UsageError(f"--packing {args.packing}: expected one of "
                           f"{', '.join(p.value for p in Packing)}") from None
-    if packing in (Packing.GGUF_Q4_0, Packing.GGUF_Q8_0):
-        bits, group, symmetric = (4 if packing is Packing.GGUF_Q4_0 else 8), 32, True
+    if packing in GGUF_LAYOUT:  # fixed bits, group size and zero points
+        bits, (group, symmetric, _) = PACKING_BITS[packing][0], GGUF_LAYOUT[packing]
         if args.bits not in (None, bits):
             raise _UsageError(f"--bits {args.bits}: packing {packing.value} is always {bits} bits; "
                               f"leave --bits out (or pass --bits {bits})")

@@ -168,3 +168,22 @@ def test_q6_k_repack_to_native_int8_is_exact():
     t = KQ.q6_k_to_native(data, 4, 512)
     native = QuantFormat(8, 16, False, Packing.NATIVE, scale_dtype=DType.float32)
     np.testing.assert_array_equal(P.dequantize(native, t, 4, 512), P.dequantize(fmt_of("Q6_K"), {"data": data}, 4, 512))
+
+
+@pytest.mark.parametrize("name,bits_flag", [("gguf_q4_k", None), ("gguf_q6_k", None), ("gguf_q5_k", "4")])
+def test_cli_explain_takes_the_fixed_layout(capsys, name, bits_flag):
+    """``--packing gguf_q*_k`` takes its bits and group size from the packing (a conflicting --bits is a usage
+    error) and explain names the GPU backends' reason."""
+    from portakern import cli
+
+    argv = ["explain", "quant_gemv", "--packing", name, "--shape", "1,64,256", "--dtype", "float32"]
+    if bits_flag:
+        assert cli.main(argv + ["--bits", bits_flag]) == 2
+        assert "packing gguf_q5_k is always 5 bits" in capsys.readouterr().err
+        return
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "chosen   cpu" in out
+    opencl = [line for line in out.splitlines() if line.strip().startswith("opencl")]
+    if opencl and "unavailable" not in opencl[0]:  # an installed opencl backend is asked, and refuses
+        assert ("float minimum per group" if name == "gguf_q4_k" else "repack_exact") in opencl[0]
