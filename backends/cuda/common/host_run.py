@@ -82,7 +82,8 @@ def _raw16(t) -> np.ndarray:
 
 def quant_gemv_on_host(op, w, x, config=None, num_sms: int = 132) -> np.ndarray:
     """``kernels/gemv_small_m.cu`` for ``op`` run on the CPU: ``w`` the GEMV layout on the CPU
-    (``portakern.gemv_weight.prepare_gemv_weight``), ``x`` an (M, K) float16 / bfloat16 torch tensor; float32 ``(M, N)``."""
+    (``portakern.gemv_weight.prepare_gemv_weight``), ``x`` an (M, K) float16 / bfloat16 torch tensor; float32
+    ``(M, N)``."""
     from .. import quant_gemv as C
 
     cfg = config or C.choose(op, num_sms)

@@ -204,7 +204,8 @@ __device__ __forceinline__ void chunk_products(const Chunk& cur, const float* xe
             const float zc = (float)ZP;
 #endif
 #pragma unroll
-            for (int r = 0; r < M; ++r) res[j][rb][r] = fmaf(sc, fmaf(aq[j][rb][r], 0x1p64f, -zc * xg[r]), res[j][rb][r]);
+            for (int r = 0; r < M; ++r)
+                res[j][rb][r] = fmaf(sc, fmaf(aq[j][rb][r], 0x1p64f, -zc * xg[r]), res[j][rb][r]);
         }
 }
 
