@@ -76,7 +76,8 @@ def prepare(weight: QuantizedWeight, device: Any = None, *, layout: str | None =
 
     if not isinstance(weight, QuantizedWeight):
         raise InvalidTypeError(f"weight is a {type(weight).__name__}: portakern.prepare takes a portakern."
-                               "QuantizedWeight (portakern.quantize(w) or QuantizedWeight.from_awq/from_gptq/from_gguf)")
+                               "QuantizedWeight (portakern.quantize(w), or QuantizedWeight.from_awq / from_gptq / "
+                               "from_gguf)")
     if not isinstance(keep_native, bool):
         raise InvalidTypeError(f"keep_native={keep_native!r} must be True or False")
     if layout is not None:

@@ -242,9 +242,10 @@ def quant_linear(x: Tensor, w, prologue: str | None = None) -> Tensor:
     (prepared for x's device on first use) or a PreparedGemvWeight. ``prologue="silu_mul"``: ``x`` is
     ``(..., 2K)``, gate then up, and the input is ``silu(gate) * up``.
 
-    Under ``torch.compile`` the weight must already be prepared for x's device (``prepared(w, device)``, one eager
-    call, or a ``QuantLinear``): the repacking is numpy code that Dynamo cannot trace, so a first use inside a
-    compiled region breaks the graph (an error with ``fullgraph=True``)."""
+    Under ``torch.compile`` and inside CUDA-graph capture the weight must already be prepared for x's device
+    (``portakern.prepare(w, device)``, ``prepared(w, device)``, one eager call, or a ``QuantLinear``): preparing
+    allocates and synchronises, which Dynamo does not trace (a first use inside a compiled region breaks the
+    graph; an error with ``fullgraph=True``) and a capture cannot record (``portakern.CaptureError``)."""
     check_prologue(prologue)
     p = prepared(w, x.device)
     width = x_columns(p.K, prologue)

@@ -147,4 +147,5 @@ def test_gpu_quant_linear_fragments_only_is_captured_and_saved(dev):
     torch.cuda.synchronize()
     ref = _reference(x, w)
     tol = 2e-2 * ref.abs().max().item()
-    assert torch.allclose(y.double(), ref, rtol=2e-2, atol=tol) and torch.allclose(y0.double(), ref, rtol=2e-2, atol=tol)
+    assert torch.allclose(y.double(), ref, rtol=2e-2, atol=tol)
+    assert torch.allclose(y0.double(), ref, rtol=2e-2, atol=tol)
