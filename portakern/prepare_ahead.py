@@ -96,11 +96,13 @@ def prepare(weight: QuantizedWeight, device: Any = None, *, layout: str | None =
     if not readers:
         raise UnsupportedError(f"no backend runs quant_gemv of {capture.weight_label(weight)} on {dev.label}, so "
                                "there is nothing to prepare it for; check portakern.list_backends() for that device")
+    built = set()
     for b in readers:
         pkey = (b.weight_layout or b.name, str(dev))
         rebuild = pkey[0] == GEMV_LAYOUT and layout is not None and not weight.native_released
-        if pkey in weight.prepared and not rebuild:
+        if pkey in built or (pkey in weight.prepared and not rebuild):
             continue
+        built.add(pkey)
         capture.refuse_prepare(weight, dev)
         weight.prepared[pkey] = (prepare_gemv_weight(weight, dev, layout=layout) if pkey[0] == GEMV_LAYOUT
                                  else b.prepare_weight(weight, dev))

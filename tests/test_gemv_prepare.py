@@ -280,3 +280,55 @@ def test_outside_capture_the_fallback_still_happens(register_plugin):
 
 def test_is_capturing_is_false_without_a_capture():
     assert capture.is_capturing() is False
+
+
+class Reader(Backend):
+    """A backend that says yes on cuda devices and reads ``weight_layout`` (its prepare_weight records calls)."""
+
+    device_types = ("cuda",)
+
+    def __init__(self, name, layout):
+        self.name, self.weight_layout, self.prepared_by_me = name, layout, 0
+
+    def supports(self, op, device):
+        return YES
+
+    def compile(self, op, device):
+        raise AssertionError("prepare compiles nothing")
+
+    def prepare_weight(self, weight, device):
+        self.prepared_by_me += 1
+        return ("own copy", self.name)
+
+
+@pytest.mark.parametrize("other", [None, "own-layout"])
+@pytest.mark.parametrize("keep_native", [False, True])
+def test_prepare_for_a_gpu_builds_each_layout_once_and_releases_only_where_all_readers_read_it(
+        register_plugin, monkeypatch, other, keep_native):
+    import portakern.gemv_weight as gw
+
+    cuda0 = portakern.Device("cuda", 0, arch="sm_90")
+    built = []
+
+    def fake_prepare(weight, device, *, fragments=None, layout=None):   # the GPU copy, made on the CPU here
+        built.append((str(device), layout))
+        return prepare_gemv_weight(weight, CPU, fragments=True, layout=layout)
+
+    monkeypatch.setattr(gw, "prepare_gemv_weight", fake_prepare)
+    readers = [Reader("ra", GEMV_LAYOUT), Reader("rb", GEMV_LAYOUT)] + ([Reader("rc", None)] if other else [])
+    reg = register_plugin(provides(*readers), name="readers")
+    for name in list(reg.backends):      # only the fake readers take part
+        if name not in ("ra", "rb", "rc"):
+            monkeypatch.delitem(reg.backends, name)
+    w = _torch_weight(weight(WEIGHT_CASES[0]))
+    exact = w.dequantize()
+    assert portakern.prepare(w, cuda0, layout="fragments", keep_native=keep_native) is w
+    assert built == [("cuda:0", "fragments")]                     # two readers of one layout: one copy
+    assert (GEMV_LAYOUT, "cuda:0") in w.prepared
+    assert w.native_released is (not keep_native and not other)   # a reader of its own layout needs the natives
+    if other:
+        assert w.prepared[("rc", "cuda:0")] == ("own copy", "rc") and readers[2].prepared_by_me == 1
+    if w.native_released:
+        assert torch.equal(w.dequantize(), torch.as_tensor(exact))
+    portakern.prepare(w, cuda0)                                   # prepared already: nothing is built again
+    assert len(built) == 1
