@@ -14,8 +14,10 @@ unfinished case is the one the worker died on.
 
 from __future__ import annotations
 
+import threading
 import traceback
 from dataclasses import asdict
+from typing import Any
 
 from .goldens import Store
 from .records import compile_case, run_case_all
@@ -134,6 +136,7 @@ def run_parallel(spec: dict, cases: list, bes: list, jobs: int, prog) -> tuple[l
         for p in procs:
             p.join()
     except KeyboardInterrupt:
+        absorb_sigint()   # stopping: a second Ctrl-C must not cut the workers' shutdown or the report short
         interrupted = True
     finally:
         for p in procs:
@@ -152,6 +155,36 @@ def run_parallel(spec: dict, cases: list, bes: list, jobs: int, prog) -> tuple[l
             recs = _fill(case, bes, spec, recs, reason, prog)
         records += recs
     return records, interrupted
+
+
+def _absorb(signum, frame) -> None:
+    """The SIGINT handler of a run that is stopping or writing its report: the signal is absorbed."""
+
+
+def sigint_handler() -> Any:
+    """The current SIGINT handler, to give back to ``restore_sigint``; None outside the main thread (where Python
+    neither delivers signals nor lets handlers be set)."""
+    import signal
+
+    return signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+
+
+def absorb_sigint() -> None:
+    """From now until ``restore_sigint``, Ctrl-C is absorbed instead of raising ``KeyboardInterrupt``: the run
+    already stops (or has ended) and its report is being built and written, which a second, impatient Ctrl-C must
+    not cut in half. Nothing changes outside the main thread."""
+    import signal
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _absorb)
+
+
+def restore_sigint(handler: Any) -> None:
+    """Put back the SIGINT ``handler`` that ``sigint_handler`` returned (None: nothing to put back)."""
+    import signal
+
+    if handler is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, handler)
 
 
 def _fill(case, bes: list, spec: dict, recs: list[Record], reason: str, prog) -> list[Record]:

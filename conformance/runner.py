@@ -18,7 +18,8 @@ from typing import Any, Sequence, TextIO
 from . import report as R
 from .cases import SUITE
 from .goldens import Store
-from .parallel import check_workers_can_see, run_parallel as _run_parallel
+from .parallel import absorb_sigint, check_workers_can_see, restore_sigint, run_parallel as _run_parallel, \
+    sigint_handler
 from .records import compile_case, run_case_all, target_device
 from .report import Record
 from .selection import collect_cases, resolve_backends, selected_cases
@@ -127,14 +128,26 @@ def run(backends: Sequence[str] | None = None, device: str | Any = "cpu", cases_
     else:
         dev = device if isinstance(device, Device) else parse_device(device)
         prog = Progress(len(cases) * len(bes), stream, progress)
-    if jobs > 1:
-        spec = dict(backends=[b.name for b in bes], ids=[c.id for c in cases], tier=tier, device=dev,
-                    repeat=repeat, compile_only=compile_only, targets=tlist,
-                    golden_dir=str(golden_dir) if golden_dir else None)
-        records, interrupted = _run_parallel(spec, cases, bes, jobs, prog)
-    else:
-        store = None if compile_only else Store(golden_dir) if golden_dir else Store()
-        records, interrupted = _run_serial(cases, bes, dev, store, repeat, tlist, prog, journal_path(report))
+    handler = sigint_handler()
+    try:
+        if jobs > 1:
+            spec = dict(backends=[b.name for b in bes], ids=[c.id for c in cases], tier=tier, device=dev,
+                        repeat=repeat, compile_only=compile_only, targets=tlist,
+                        golden_dir=str(golden_dir) if golden_dir else None)
+            records, interrupted = _run_parallel(spec, cases, bes, jobs, prog)
+        else:
+            store = None if compile_only else Store(golden_dir) if golden_dir else Store()
+            records, interrupted = _run_serial(cases, bes, dev, store, repeat, tlist, prog, journal_path(report))
+        absorb_sigint()   # the records are made: a further Ctrl-C must not cut the report being written in half
+        return _finish(records, interrupted, prog, bes, dev, repeat, tlist, tier, compile_only, jobs, out, report,
+                       markdown, junit)
+    finally:
+        restore_sigint(handler)
+
+
+def _finish(records, interrupted, prog, bes, dev, repeat, tlist, tier, compile_only, jobs, out, report, markdown,
+            junit) -> tuple[dict, int]:
+    """Build the report of ``records``, print its table to ``out``, write the outputs and remove the journal."""
     if interrupted:
         prog.interrupted()
     rep = R.build(records, suite=SUITE, tier=tier, mode="compile-only" if compile_only else "run",
@@ -193,6 +206,7 @@ def _run_serial(cases: list, bes: list, dev, store: Store | None, repeat: int, t
             else:
                 run_case_all(case, bes, dev, store, repeat, keep)
     except KeyboardInterrupt:
+        absorb_sigint()   # stopping: a second Ctrl-C is absorbed until the report is written
         return keep.records, True
     finally:
         keep.close()
