@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TOL = dict(rtol=1e-4, atol=1e-4)
 
 LLAMA = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=128)
+             num_key_value_heads=2, max_position_embeddings=128,
+             initializer_range=0.2)   # scores of order 1-10: windows, soft-capping and masks change the logits
 
 
 def _config(kind: str):
@@ -46,12 +47,12 @@ def _config(kind: str):
 
 def _pair(kind: str, seed: int = 0):
     """(eager model, portakern model) with the same seeded random weights, in eval mode."""
-    cfg = _config(kind)
     torch.manual_seed(seed)
-    eager = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
-    pk = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="portakern").eval()
+    # one config object each: from_config records the implementation on the config it is given
+    eager = transformers.AutoModelForCausalLM.from_config(_config(kind), attn_implementation="eager").eval()
+    pk = transformers.AutoModelForCausalLM.from_config(_config(kind), attn_implementation="portakern").eval()
     pk.load_state_dict(eager.state_dict())
-    assert pk.config._attn_implementation == "portakern"
+    assert eager.config._attn_implementation == "eager" and pk.config._attn_implementation == "portakern"
     return eager, pk
 
 
