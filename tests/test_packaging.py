@@ -42,3 +42,21 @@ def test_wheel_layout_and_import(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "cpu" in res.stdout
+
+
+def test_wheel_carries_license_and_py_typed_and_builds_without_warnings(tmp_path):
+    """The wheel ships the Apache-2.0 LICENSE and the PEP 561 marker, and building it prints none of setuptools'
+    warnings (a data folder absent from ``packages``, a deprecated license table)."""
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation",
+                            "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    log = build.stdout + build.stderr
+    for warning in ("BuildBackendWarning", "absent from the `packages` configuration", "SetuptoolsDeprecationWarning"):
+        assert warning not in log, log[log.find(warning) - 500:][:1500]
+    wheel = zipfile.ZipFile(next(tmp_path.glob("portakern-*.whl")))
+    names = wheel.namelist()
+    assert "portakern/py.typed" in names
+    (license_name,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+    assert "Apache License" in wheel.read(license_name).decode() and "Version 2.0" in wheel.read(license_name).decode()
+    metadata = wheel.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert "License-Expression: Apache-2.0" in metadata
