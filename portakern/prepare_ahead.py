@@ -124,8 +124,9 @@ def prepare_model(model, device: Any = None, *, layout: str | None = None, keep_
 
     ``device``: None prepares each weight for the device of the module holding it (its own first parameter or
     buffer), else for where the weight's tensors are. ``layout`` and ``keep_native`` as in ``prepare``. A
-    ``portakern.torch_ops.QuantLinear`` prepares its weight at construction and holds it as buffers: nothing to
-    do for it. Call this before ``torch.cuda.graph`` capture or ``torch.compile``.
+    ``portakern.torch_ops.QuantLinear`` prepares its weight at construction and holds it as buffers; with
+    ``layout`` given it keeps only what that layout holds (``QuantLinear.use_layout``). Call this before
+    ``torch.cuda.graph`` capture or ``torch.compile``.
 
     Raises ``InvalidTypeError`` when ``model`` is not a ``torch.nn.Module``; otherwise what ``prepare`` raises.
     """
@@ -136,8 +137,13 @@ def prepare_model(model, device: Any = None, *, layout: str | None = None, keep_
     if torch is None or not isinstance(model, torch.nn.Module):
         raise InvalidTypeError(f"model is a {type(model).__name__}: portakern.prepare_model takes a torch.nn.Module; "
                                "prepare a single weight with portakern.prepare(w, device=...)")
+    import sys
+
+    torch_ops = sys.modules.get("portakern.torch_ops")     # not imported: the model holds no QuantLinear
     seen: set[int] = set()
     for sub in model.modules():
+        if layout is not None and torch_ops is not None and isinstance(sub, torch_ops.QuantLinear):
+            sub.use_layout(layout)
         where = device if device is not None else _module_device(sub)
         for value in list(vars(sub).values()):
             items = (value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple))

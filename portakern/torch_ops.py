@@ -292,6 +292,26 @@ class QuantLinear(torch.nn.Module):
         self._prepared = None
         self.register_load_state_dict_post_hook(lambda module, incompatible: module.refresh_fragments())
 
+    def use_layout(self, layout: str) -> None:
+        """Keep only what ``layout`` (``portakern.gemv_weight.LAYOUTS``) holds: "fragments" drops the words
+        (``qweight`` None, ``frag`` then saved in the state dict: each code held once) where a fragment layout is
+        present, "words" drops ``frag``; "words+fragments" keeps what there is. The dropped buffer's memory is
+        freed once nothing else holds it (the ``QuantizedWeight``'s cached copy shares it while that weight lives).
+
+        Raises ``InvalidInputError`` for an unknown layout, or "words" on a module that holds no words."""
+        from portakern.gemv_weight import check_layout
+
+        layout = check_layout(layout)
+        if layout == "fragments" and self.frag is not None:
+            self.qweight = None
+            self._non_persistent_buffers_set.discard("frag")
+        elif layout == "words" and self.frag is not None:
+            if self.qweight is None:
+                raise InvalidInputError("this QuantLinear holds its codes only as fragments (layout='fragments'); "
+                                        "build it again from the QuantizedWeight with layout='words'")
+            self.frag = None
+        self._prepared = None
+
     def refresh_fragments(self) -> None:
         """Rebuild the fragment layout (``frag``, if this module has one) from ``qweight``'s codes (nothing to do
         for a fragments-only module: ``frag`` is its codes)."""

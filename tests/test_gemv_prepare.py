@@ -332,3 +332,26 @@ def test_prepare_for_a_gpu_builds_each_layout_once_and_releases_only_where_all_r
         assert torch.equal(w.dequantize(), torch.as_tensor(exact))
     portakern.prepare(w, cuda0)                                   # prepared already: nothing is built again
     assert len(built) == 1
+
+
+def test_quant_linear_keeps_each_code_once_with_the_fragments_layout():
+    from portakern.torch_ops import QuantLinear
+
+    case = next(c for c in WEIGHT_CASES if c[1] == "native" and c[2] == 4 and c[3] == 128)
+    w = _prepared_on_cpu(case)                       # a CPU copy with fragments, as a GPU's would have
+    exact = torch.as_tensor(w.dequantize()).double()
+    x = torch.randn(3, w.K, generator=torch.Generator().manual_seed(2))
+    model = torch.nn.Sequential(QuantLinear(w))
+    assert model[0].qweight is not None and model[0].frag is not None and "frag" not in model.state_dict()
+    portakern.prepare_model(model, layout="fragments")
+    lin = model[0]
+    assert lin.qweight is None and "frag" in lin.state_dict() and "qweight" not in lin.state_dict()
+    torch.testing.assert_close(lin(x).double(), x.double() @ exact.T, rtol=1e-5, atol=1e-4)
+    again = QuantLinear(_prepared_on_cpu(case))
+    again.use_layout("fragments")
+    again.load_state_dict(lin.state_dict())          # a fragments-only state dict loads into the same layout
+    assert torch.equal(again.frag, lin.frag)
+    with pytest.raises(InvalidInputError, match="holds its codes only as fragments"):
+        lin.use_layout("words")
+    with pytest.raises(InvalidInputError, match="layout='tiles' is not a GEMV weight layout"):
+        lin.use_layout("tiles")
