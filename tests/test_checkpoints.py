@@ -258,3 +258,51 @@ def test_readme_example_runs(tmp_path, monkeypatch):
     data = gguf.GGUFReader("tiny.gguf").tensors[0].data
     w64 = gguf.quants.dequantize(np.asarray(data), T.Q8_0).astype(np.float64)
     np.testing.assert_allclose(scope["y"], np.ones((1, 256)) @ w64.T, rtol=1e-5, atol=1e-4)
+
+
+# -- the device kernels on a loaded file -----------------------------------------------------------
+
+GPU_SERVED = ("q4_0.weight", "q8_0.weight", "q6_k.weight")        # q6_k through load_gguf(repack=True)
+
+
+def _reference(model_gguf, name, x):
+    t = {t.name: t for t in gguf.GGUFReader(str(model_gguf)).tensors}[name]
+    return x.astype(np.float64) @ gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float64).T
+
+
+def test_opencl_runs_the_served_types_and_refuses_q4_k(model_gguf):
+    from opencl_helpers import require_opencl, to_cl
+
+    dev, queue = require_opencl()
+    got = portakern.load_gguf(model_gguf, repack=True)
+    x = RNG.standard_normal((3, 512)).astype(np.float32)
+    for name in GPU_SERVED:
+        y = portakern.quant_gemv(to_cl(queue, x), got[name].to(str(dev)), backend="opencl").get()
+        ref = _reference(model_gguf, name, x)
+        np.testing.assert_allclose(y, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+    with pytest.raises(UnsupportedError, match="float minimum per group"):
+        portakern.quant_gemv(to_cl(queue, x), got["q4_k.weight"].to(str(dev)), backend="opencl")
+
+
+def _torch_values(model_gguf, device):
+    torch = pytest.importorskip("torch")
+    got = portakern.load_gguf(model_gguf, repack=True)
+    x = RNG.standard_normal((2, 512)).astype(np.float32)
+    for name in GPU_SERVED:
+        y = portakern.quant_gemv(torch.from_numpy(x).to(device), got[name].to(device), backend="triton")
+        ref = _reference(model_gguf, name, x)
+        np.testing.assert_allclose(y.cpu().numpy(), ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+    with pytest.raises(UnsupportedError, match="float minimum per group"):
+        portakern.quant_gemv(torch.from_numpy(x).to(device), got["q4_k.weight"].to(device), backend="triton")
+
+
+@pytest.mark.interpreter
+def test_triton_interpreter_runs_the_served_types(model_gguf):
+    _torch_values(model_gguf, "cpu")
+
+
+def test_triton_on_cuda_runs_the_served_types(model_gguf):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device here: the interpreter test covers the lowering on the CPU")
+    _torch_values(model_gguf, "cuda")
