@@ -43,8 +43,9 @@ def load_gguf(path: str | os.PathLike, *, repack: bool = False,
 
     Returns ``{tensor name: value}`` in file order: a ``QuantizedWeight`` for the 2-D tensors of type Q4_0, Q8_0,
     Q4_K, Q5_K and Q6_K (shape ``(N, K)`` in numpy order, the reverse of the file's dimension list; the bytes are
-    read-only views of the memory-mapped file, not copies), a numpy array for F32 and F16 (read-only views) and
-    BF16 (converted exactly to float32, which numpy can hold).
+    copy-on-write views of the memory-mapped file: nothing is read before it is used, and a write never reaches
+    the file), a numpy array for F32 and F16 (views alike) and BF16 (converted exactly to float32, which numpy
+    can hold).
 
     Args:
         path: the ``.gguf`` file.
@@ -112,7 +113,7 @@ def _open_gguf(path: str | os.PathLike):
             return super()._build_tensors(start_offs, fields)
 
     try:
-        return Reader(path)
+        return Reader(path, "c")                   # copy-on-write: writable views (torch wraps them quietly)
     except Exception as e:                          # the reader raises ValueError, IndexError, struct errors, ...
         cut = _cut_tensor(seen, gguf)
         what = cut or f"{type(e).__name__}: {e}"

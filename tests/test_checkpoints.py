@@ -306,3 +306,14 @@ def test_triton_on_cuda_runs_the_served_types(model_gguf):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device here: the interpreter test covers the lowering on the CPU")
     _torch_values(model_gguf, "cuda")
+
+
+def test_loaded_arrays_are_copy_on_write_views(model_gguf, tmp_path):
+    """Loading maps the file (no copy); writing to a loaded array never changes the file."""
+    before = model_gguf.read_bytes()
+    got = portakern.load_gguf(model_gguf)
+    assert isinstance(got["norm.weight"].base, np.memmap) or isinstance(got["norm.weight"], np.memmap)
+    got["norm.weight"][:] = 0
+    got["q8_0.weight"].tensors["data"][:] = 0
+    del got
+    assert model_gguf.read_bytes() == before
