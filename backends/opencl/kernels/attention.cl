@@ -67,6 +67,7 @@ void pk_attention(__global const tin *q, __global const tin *k, __global const t
         acc[d] = 0.0f;
     float m = -INFINITY;              /* running max of the visible scores */
     float l = 0.0f;                   /* running sum of exp(score - m) */
+    int poisoned = 0;                 /* a visible score was NaN (fmax skips NaN): the row is NaN */
     const long kseq = LAYOUT == LAYOUT_PAGED ? k_off : k_off + (long)k0 * k_ss;
     const long vseq = LAYOUT == LAYOUT_PAGED ? v_off : v_off + (long)k0 * v_ss;
 
@@ -103,6 +104,7 @@ void pk_attention(__global const tin *q, __global const tin *k, __global const t
 #endif
                 }
                 s[j] = sc;
+                poisoned |= isnan(sc);
                 mt = fmax(mt, sc);
             }
             /* -- phase 4: online softmax: rescale the running sum and accumulator to the new max, add p.V */
@@ -126,10 +128,13 @@ void pk_attention(__global const tin *q, __global const tin *k, __global const t
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 
-    /* -- phase 5: normalise and write; a row with no visible key gets out = 0, lse = -inf */
+    /* -- phase 5: normalise and write; a row with no visible key gets out = 0, lse = -inf; a NaN or
+     *    +inf visible score (docs/ir.md "Non-finite values") makes l NaN, and so out and lse */
     if (!valid)
         return;
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    if (poisoned)
+        l = NAN;
+    const float inv = l != 0.0f ? 1.0f / l : 0.0f;
 #if LAYOUT == LAYOUT_VARLEN
     const long orow = (long)(q0 + i);
 #else
@@ -140,9 +145,9 @@ void pk_attention(__global const tin *q, __global const tin *k, __global const t
         ST(acc[d] * inv, out, obase + d);
 #if RETURN_LSE
 #if LAYOUT == LAYOUT_VARLEN
-    lse[(long)h * out_rows + q0 + i] = l > 0.0f ? m + log(l) : -INFINITY;
+    lse[(long)h * out_rows + q0 + i] = l != 0.0f ? m + log(l) : -INFINITY;
 #else
-    lse[((long)b * HQ + h) * seqlen_q + i] = l > 0.0f ? m + log(l) : -INFINITY;
+    lse[((long)b * HQ + h) * seqlen_q + i] = l != 0.0f ? m + log(l) : -INFINITY;
 #endif
 #endif
 }

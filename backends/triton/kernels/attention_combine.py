@@ -57,9 +57,10 @@ def attn_combine(
     # -- weighted sum of the partial outputs
     o_s = tl.load(WS_O + ws_rows[:, None] * DV + offs_dv[None, :], mask=s_ok[:, None] & (offs_dv < DV)[None, :],
                   other=0.0)
-    den_safe = tl.where(den > 0.0, den, 1.0)
+    seen = den != 0.0   # a NaN partial (docs/ir.md "Non-finite values") makes den NaN: the row stays NaN
+    den_safe = tl.where(seen, den, 1.0)
     out = tl.sum(w[:, None] * o_s, 0) / den_safe
-    lse = tl.where(den > 0.0, m_use + tl.log(den_safe), NEG_INF)
+    lse = tl.where(seen, m_use + tl.log(den_safe), NEG_INF)
     # -- store
     if VARLEN:
         o_off = row.to(tl.int64) * stride_os

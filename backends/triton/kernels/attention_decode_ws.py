@@ -151,13 +151,13 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, ready, empty, O, LSE, WS_O, WS_LSE,
 
     # -- epilogue: the GROUP query heads' normalised rows and log-sum-exp (an empty split: 0 and -inf)
     l_o = gl.convert_layout(l_i, row_o)
-    out = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]
+    out = acc / gl.where(l_o != 0.0, l_o, 1.0)[:, None]      # a NaN sum (NaN / +inf score) keeps the row NaN
     r = gl.arange(0, QROWS, layout=row_o)
     cols = gl.arange(0, DV, layout=gl.SliceLayout(0, o_layout))
     h = kvh * GROUP + r
     ok = r < GROUP
     lr = gl.arange(0, QROWS, layout=gl.SliceLayout(1, s_layout))
-    lse = gl.where(l_i > 0.0, (m_i * c + gl.log2(gl.where(l_i > 0.0, l_i, 1.0))) * LN2, NEG_INF)
+    lse = gl.where(l_i != 0.0, (m_i * c + gl.log2(gl.where(l_i != 0.0, l_i, 1.0))) * LN2, NEG_INF)
     lh = kvh * GROUP + lr
     if SPLITS == 1:
         base = O + b.to(gl.int64) * so_b

@@ -323,8 +323,9 @@ def attn_fwd(
                                       D, DV, BLOCK_D, BLOCK_DV, BLOCK_N, LAYOUT, PAGE_SIZE,
                                       HAS_MASK, HAS_SCORE_MOD, UPCAST, DOT_PREC, LAZY_RESCALE, TMA, RAW_MAX)
 
-    # -- epilogue: normalise; rows that saw no key get 0 and lse = -inf
-    seen = l_i > 0.0
+    # -- epilogue: normalise; rows that saw no key get 0 and lse = -inf. A NaN sum (a NaN or +inf
+    # score, docs/ir.md "Non-finite values") is not 0, so its row is normalised by it and stays NaN
+    seen = l_i != 0.0
     l_safe = tl.where(seen, l_i, 1.0)
     out = acc / l_safe[:, None]
     lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * LN2, NEG_INF)
@@ -381,7 +382,7 @@ def _merge_splits(WS_O, WS_LSE, O, LSE, o_base, l_base, grow0, qrow, h, row_ok, 
         o_s = tl.load(WS_O + rows[:, None] * DV + offs_dv[None, :], mask=mask, other=0.0, cache_modifier=".cg")
         den += w_s
         acc += w_s[:, None] * o_s
-    seen = den > 0.0
+    seen = den != 0.0   # a NaN split poisons the sum, and so the row (never 0 / -inf)
     den_safe = tl.where(seen, den, 1.0)
     out = acc / den_safe[:, None]
     o_rows = o_base + qrow.to(tl.int64) * stride_os + h.to(tl.int64) * stride_oh
