@@ -53,10 +53,13 @@ def torch_device(type_: str, index: int) -> Device:
     props = torch.cuda.get_device_properties(index)
     hip = getattr(torch.version, "hip", None)
     info = [("total_memory", str(props.total_memory)), ("torch", torch.__version__)]
-    if hip:
-        arch = getattr(props, "gcnArchName", "").split(":")[0]
-        return Device("rocm", index, arch=arch, name=props.name, warp_size=64,
-                      info=tuple(info + [("hip", str(hip))]))
+    if hip:  # a HIP build: torch calls the AMD GPU "cuda"; gcnArchName is e.g. "gfx942:sramecc+:xnack-"
+        full = str(getattr(props, "gcnArchName", "") or "")
+        arch = full.split(":")[0]
+        info += [("hip", str(hip)), ("gcn_arch_name", full),
+                 ("compute_units", str(getattr(props, "multi_processor_count", 0)))]
+        return Device("rocm", index, arch=arch, name=props.name, warp_size=int(getattr(props, "warp_size", 64) or 64),
+                      info=tuple(info))
     cap = (props.major, props.minor)
     info += [("cuda", str(torch.version.cuda)), ("multiprocessors", str(props.multi_processor_count))]
     return Device("cuda", index, arch=f"sm_{cap[0]}{cap[1]}", name=props.name, capability=cap,

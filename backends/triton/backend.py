@@ -39,7 +39,8 @@ class TritonBackend(Backend):
     install_hint = "pip install 'portakern[triton]'"
     lowerings = {"attention": "attention", "quant_gemv": "quant_gemv"}
     min_capability = (8, 0)
-    device_refusal = "triton (NVIDIA) does not run on {type} devices"
+    device_refusal = ("triton (NVIDIA) does not run on {type} devices; on AMD GPUs (rocm) the triton-rocm backend "
+                      "runs the same kernels: backend=\"triton-rocm\"")
     launches_on_current_device = True
 
     def runtime_status(self) -> str:
