@@ -27,6 +27,7 @@ from portakern.ir import gguf_kquants
 from portakern.ir.dtypes import DType
 from portakern.ir.quant import Packing, QuantFormat
 
+from .arrays import to_numpy
 from .errors import InvalidInputError, InvalidTypeError, UnsupportedError
 from .quantized import _GGML_TYPES, QuantizedWeight
 
@@ -142,16 +143,16 @@ def repack_exact(weight: QuantizedWeight) -> QuantizedWeight:
 
     GGUF Q6_K becomes ``QuantFormat(8, 16, False, NATIVE, float32)``: the 6-bit codes as int8 codes, zero point
     32, scales ``d * sc`` in float32 (exact: at most 19 significant bits). Every other weight is returned as it is:
-    either the kernels read it already, or (Q4_K, Q5_K) no exact integer-zero-point form exists. numpy tensors only
-    (a checkpoint as loaded); ``InvalidInputError`` for a Q6_K weight on a device (``.to("cpu")`` first).
+    either the kernels read it already, or (Q4_K, Q5_K) no exact integer-zero-point form exists. The repack runs
+    on the host: a Q6_K weight on a device raises ``InvalidInputError`` (repack it before ``.to(device)``); host
+    numpy or torch tensors give numpy tensors.
     """
     if weight.fmt.packing is not Packing.GGUF_Q6_K:
         return weight
-    data = weight.tensors["data"]
-    if not isinstance(data, np.ndarray):
-        raise InvalidInputError(f"repack_exact reads numpy tensors, but the weight's data is a {type(data).__name__}"
-                                " on its device: repack the loaded checkpoint first, then call .to(device)")
-    tensors = gguf_kquants.q6_k_to_native(data, weight.N, weight.K)
+    if weight.device.type != "cpu":
+        raise InvalidInputError(f"repack_exact repacks on the host, but this Q6_K weight is on {weight.device}: "
+                                "repack the loaded checkpoint first, then call .to(device)")
+    tensors = gguf_kquants.q6_k_to_native(to_numpy(weight.tensors["data"]), weight.N, weight.K)
     return QuantizedWeight(QuantFormat(8, 16, False, Packing.NATIVE, DType.float32), weight.N, weight.K, tensors)
 
 

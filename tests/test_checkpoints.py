@@ -317,3 +317,15 @@ def test_loaded_arrays_are_copy_on_write_views(model_gguf, tmp_path):
     got["q8_0.weight"].tensors["data"][:] = 0
     del got
     assert model_gguf.read_bytes() == before
+
+
+def test_repack_exact_reads_host_torch_tensors_and_leaves_other_weights(model_gguf):
+    from portakern.checkpoints import repack_exact
+
+    torch = pytest.importorskip("torch")
+    got = portakern.load_gguf(model_gguf)
+    six = got["q6_k.weight"]
+    on_torch = six.with_tensors({"data": torch.from_numpy(np.asarray(six.tensors["data"]).copy())})
+    np.testing.assert_array_equal(repack_exact(on_torch).dequantize(), six.dequantize())
+    for name in ("q4_0.weight", "q8_0.weight", "q4_k.weight", "q5_k.weight"):
+        assert repack_exact(got[name]) is got[name]
