@@ -51,6 +51,9 @@
 #   decode-step-tiles  the step at ctx 2048 with the table and with the per-word-row GEMV tile
 #                   everywhere (--compare-tiles, no peers)
 #   dispatch        benchmarks/dispatch_overhead.py
+#   e2e-decode      benchmarks/e2e_decode.py --quick: a Llama-3-8B-shaped transformers model, int4 linears and attention
+#                   on portakern, generate (static cache, CUDA graphs) and a plain loop over the compiled step, beside
+#                   bf16 SDPA and torchao int4 ($E2E_ARGS replaces --quick, e.g. "--layers 8" for every mode)
 #   gemv-memory     benchmarks/gemv_memory.py: resident bytes per parameter and quantize + prepare time of int4 g128
 #                   Llama-3-8B-shaped linears per prepared layout (words+fragments, fragments) against torchao, and
 #                   quant_gemv of both layouts at M 1 and 16; then the GPU tests of weight preparation and capture
@@ -142,6 +145,7 @@ for s in "$@"; do
         decode-step-tiles) step decode-step-tiles python3 benchmarks/decode_step.py --ctx 2048 --no-peers \
             --compare-tiles --tag="-tiles$TAG" --out "$RES" ;;
         dispatch) step dispatch python3 benchmarks/dispatch_overhead.py --tag="$TAG" --out "$RES" ;;
+        e2e-decode) step e2e-decode python3 benchmarks/e2e_decode.py ${E2E_ARGS:---quick} --tag="$TAG" --out "$RES" ;;
         gemv-memory) step gemv-memory python3 benchmarks/gemv_memory.py --out "$RES"
             step gemv-memory-tests python3 -m pytest -q -p no:cacheprovider tests/test_gemv_prepare_gpu.py ;;
         launch-tests) step launch-tests python3 -m pytest -q -p no:cacheprovider tests/test_triton_launch.py \

@@ -99,3 +99,27 @@ def test_gemv_memory_measures_llama3_8b_shaped_linears():
     shapes = gemv_memory.linears(2)
     assert [s[0] for s in shapes[:7]] == [f"layers.0.{n}" for n in ("q", "k", "v", "o", "gate", "up", "down")]
     assert sum(N * K for _, N, K in shapes) == 2 * 218_103_808 and gemv_memory.per_param(545, 1000) == 0.545
+
+
+def test_e2e_decode_runs_its_code_path_on_a_tiny_cpu_model(tmp_path):
+    """``benchmarks/e2e_decode.py --dry-run``: every family's build and both modes (generate with the static cache,
+    the compiled step in a plain loop) on a 2-layer tiny config on the CPU; torchao is skipped with its reason where it
+    does not import. Figures mean nothing there; the JSON's shape and the token agreement do."""
+    pytest.importorskip("transformers")
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, str(BENCH / "e2e_decode.py"), "--dry-run", "--quick", "--out", str(tmp_path)],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads((tmp_path / "e2e-decode-dry-run-cpu.json").read_text())
+    modes = res["modes"]
+    assert set(modes) == {"portakern-generate", "portakern-loop", "bf16-loop", "torchao-loop"}
+    for name in ("portakern-generate", "portakern-loop", "bf16-loop"):
+        assert modes[name]["ms_per_token_best"] > 0 and modes[name]["weight_bytes"] > 0, (name, modes[name])
+    # int4 linears read fewer bytes than the bf16 model's; generate and the loop decode the same tokens
+    assert modes["portakern-loop"]["weight_bytes"] < modes["bf16-loop"]["weight_bytes"]
+    assert res["portakern_generate_and_loop_tokens_agree"] is True
+    ao = modes["torchao-loop"]
+    assert "ms_per_token_best" in ao or ao["skipped"].startswith("torchao does not import")
+    assert res["config"]["layers"] == 2 and res["targets"]["loop_frac_floor"] == 0.7
