@@ -266,8 +266,8 @@ def _source(source: Any, fn: str) -> tuple[Mapping[str, Any], str, dict]:
     path = Path(source)
     files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
     if not files or not files[0].is_file():
-        raise InvalidInputError(f"{fn}: {path} is {'a folder with no .safetensors files' if path.is_dir() else 'not a file'}"
-                                "; pass a .safetensors file, a folder of them, or a state dict")
+        what = "a folder with no .safetensors files" if path.is_dir() else "not a file"
+        raise InvalidInputError(f"{fn}: {path} is {what}; pass a .safetensors file, a folder of them, or a state dict")
     try:
         import safetensors  # noqa: F401
     except ImportError:
