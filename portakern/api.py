@@ -11,7 +11,7 @@ from numpy import ndarray as _ndarray
 from portakern.ir.dtypes import DType
 
 from . import dispatch
-from .arrays import convert_for_backend, empty, kind_of, to_caller
+from .arrays import _KINDS, adopt, convert_for_backend, empty, kind_of, to_caller
 from .backend import Backend
 from .devices import Device, detect_devices
 from .dispatch import Decision, Plan
@@ -51,7 +51,9 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, sc
 
     Args:
       q: ``(B, Sq, Hq, D)`` queries (``(total_q, Hq, D)`` for varlen); numpy, torch or cupy,
-        float16 / bfloat16 / float32. The output has the same array type, device and dtype.
+        float16 / bfloat16 / float32. The output has the same array type, device and dtype. Any other
+        DLPack array (JAX, MLX) is read through DLPack, and the output is then a numpy array (host) or
+        torch tensor (device): ``portakern.arrays.adopt``.
       k, v: ``(B, Sk, Hkv, D)`` / ``(B, Sk, Hkv, Dv)`` keys and values; ``(num_pages, page_size,
         Hkv, D)`` when ``block_table`` is given; ``(total_k, Hkv, D)`` for varlen. ``Hq % Hkv == 0``.
       causal: bottom-right aligned causal mask (query i sees key j iff ``j <= i + Sk - Sq``).
@@ -78,6 +80,9 @@ def attention(q, k, v, *, causal=False, window=None, softcap=0.0, scale=None, sc
       InvalidInputError / InvalidTypeError for bad arguments; UnsupportedError when no backend
       (or not the one named) can run the problem; BackendError when a forced backend fails.
     """
+    if not (type(q) in _KINDS and type(k) in _KINDS and type(v) in _KINDS):  # DLPack-only arrays (JAX, MLX)
+        q, k, v, block_table, seqlens_k, cu_seqlens_q, cu_seqlens_k = (
+            adopt(a, n) for a, n in zip((q, k, v, block_table, seqlens_k, cu_seqlens_q, cu_seqlens_k), _ATT_ARRAYS))
     has_aux = not (block_table is None and seqlens_k is None and cu_seqlens_q is None and cu_seqlens_k is None)
     key = _attention_key(q, k, v, causal, window, softcap, scale, score_mod, mask_mod, block_table, seqlens_k,
                          cu_seqlens_q, cu_seqlens_k, return_lse, backend, has_aux)
@@ -248,9 +253,11 @@ def _run_attention(plan: Plan, q, k, v, aux: dict, has_aux: bool):
                       convert_for_backend(v, be, device))
         auxb = {n: None if a is None else convert_for_backend(a, be, device) for n, a in aux.items()} \
             if has_aux else aux
-    bt = aux["block_table"]
-    lengths = (q.shape, k.shape) if bt is None else (q.shape, k.shape, bt.shape)
-    bound = plan.last  # the kernel and output shapes at the sequence lengths of the plan's last call
+    bound, bt = plan.last, aux["block_table"]  # the kernel and output shapes at the lengths of the last call
+    if be.runtime_lengths:
+        lengths = q.shape  # its kernel reads the lengths; the output shapes follow q alone
+    else:
+        lengths = (q.shape, k.shape) if bt is None else (q.shape, k.shape, bt.shape)
     if bound is None or bound[0] != lengths:
         bound = dispatch.bind(plan, lengths, q.shape, k.shape, None if bt is None else bt.shape)
     shapes, poison = bound[2], dispatch.poisoning()
@@ -284,6 +291,8 @@ def quant_gemv(x, w, *, prologue=None, backend=None):
       InvalidInputError / InvalidTypeError for bad arguments (shape, dtype, device, weight type);
       UnsupportedError when no backend (or not the one named) supports the problem.
     """
+    if type(x) not in _KINDS:
+        x = adopt(x, "x")  # a DLPack-only array (JAX, MLX)
     key = _gemv_key(x, w, prologue, backend)
     try:
         plan = dispatch.get_plan(key, lambda: _gemv_node(x, w, prologue), backend)
@@ -432,3 +441,4 @@ def devices() -> list[Device]:
 
 
 _F32 = DType.float32
+_ATT_ARRAYS = ("q", "k", "v", "block_table", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k")

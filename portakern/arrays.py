@@ -5,6 +5,10 @@ bf16 torch tensor reaches a numpy backend as float32 (exact) and its float32 res
 are numpy-typed on the device, so the same holds for a pyopencl backend. A ``pyopencl.array.Array`` lives on its
 queue's OpenCL device (``opencl:<n>``, see ``portakern.opencl_runtime``); host arrays converted for a pyopencl
 backend go to that device's cached queue.
+
+Any other array that speaks DLPack (``__dlpack__`` and ``__dlpack_device__``: JAX, MLX, ...) is read through it
+(``adopt``): a host array as a numpy array (``numpy.from_dlpack``), a device array as a torch tensor
+(``torch.from_dlpack``), without a copy; the result is then that numpy array or torch tensor.
 """
 
 from __future__ import annotations
@@ -46,10 +50,45 @@ def kind_of(a: Any, argument: str = "array") -> str:
     else:
         raise InvalidTypeError(
             f"{argument} is a {type(a).__module__}.{type(a).__name__}: expected a numpy array, "
-            "a torch tensor, a cupy array or a pyopencl.array.Array; convert it with numpy.asarray(...) or "
-            "torch.as_tensor(...)")
+            "a torch tensor, a cupy array, a pyopencl.array.Array or an array with __dlpack__ and "
+            "__dlpack_device__; convert it with numpy.asarray(...) or torch.as_tensor(...)")
     _KINDS[type(a)] = kind
     return kind
+
+
+#: DLPack device types (``DLDeviceType``) numpy can read: kDLCPU, kDLCUDAHost (pinned), kDLCUDAManaged
+_DLPACK_HOST = (1, 3, 13)
+
+
+def adopt(a: Any, argument: str = "array") -> Any:
+    """``a`` itself when it is None or an array type portakern knows (or not an array at all: validation names
+    it); a DLPack-only array (JAX, MLX, ...) as a numpy array when it lives on the host, else as a torch tensor.
+
+    Raises ``InvalidTypeError`` naming ``argument`` when DLPack cannot hand the array over (a dtype numpy cannot
+    hold, such as bfloat16, or a device array without torch installed), with the way out."""
+    if a is None or type(a) in _KINDS:
+        return a
+    try:
+        kind_of(a, argument)
+        return a
+    except InvalidTypeError:
+        if not (hasattr(a, "__dlpack__") and hasattr(a, "__dlpack_device__")):
+            return a
+    where = a.__dlpack_device__()
+    try:
+        if int(where[0]) in _DLPACK_HOST:
+            return np.from_dlpack(a)
+        import torch
+
+        return torch.from_dlpack(a)
+    except ImportError:
+        raise InvalidTypeError(f"{argument} is a {type(a).__module__}.{type(a).__name__} on DLPack device {tuple(where)}: "
+                               "a device array is read as a torch tensor and torch is not installed; pip install "
+                               "torch, or pass a host array") from None
+    except (BufferError, TypeError, ValueError, RuntimeError) as e:
+        raise InvalidTypeError(f"{argument} is a {type(a).__module__}.{type(a).__name__} that DLPack cannot hand "
+                               f"over ({type(e).__name__}: {e}); convert it to a numpy array or torch tensor "
+                               "first (e.g. numpy.asarray(...), or float32 for a bfloat16 host array)") from None
 
 
 def device_of(a: Any, kind: str) -> Device:

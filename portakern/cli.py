@@ -118,6 +118,28 @@ def _dtype(text: str):
     return dt
 
 
+def _has_torch() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
+def _explain_dtype(args):
+    """``--dtype`` as an IR dtype. Left out: bf16, or fp32 on a CPU without torch (bf16 placeholder arrays on the
+    host are torch tensors), said on stderr; ``--dtype bf16`` there is a usage error naming the way out."""
+    if args.dtype is None:
+        if args.device != "cpu" or _has_torch():
+            return _dtype("bf16")
+        print("portakern explain: --dtype fp32 (the default bf16 needs torch for its placeholder arrays, and torch "
+              "is not installed: pip install torch, or pass --dtype to choose)", file=sys.stderr)
+        return _dtype("fp32")
+    dt = _dtype(args.dtype)
+    if dt.value == "bfloat16" and args.device == "cpu" and not _has_torch():
+        raise _UsageError(f"--dtype {args.dtype}: bf16 placeholder arrays on the CPU are torch tensors and torch is "
+                          "not installed; pass --dtype fp16 or fp32, or pip install torch")
+    return dt
+
+
 class _Arrays:
     """Allocates cheap placeholder arrays (values are never read) on the requested device."""
 
@@ -192,7 +214,7 @@ def _attention_call(args) -> tuple[tuple, dict]:
         raise _UsageError(f"--dv {args.dv}: the value head dim must be a positive integer "
                           "(leave --dv out to use D)")
     Dv = args.dv or D
-    arr = _Arrays(args.device, _dtype(args.dtype), f"--shape {args.shape!r}")
+    arr = _Arrays(args.device, _explain_dtype(args), f"--shape {args.shape!r}")
     kwargs: dict[str, Any] = {"causal": args.causal, "return_lse": args.return_lse}
     if args.window:
         kwargs["window"] = _ints(args.window, ("L", "R"), "--window")
@@ -251,7 +273,7 @@ def _quant_gemv_call(args) -> tuple[tuple, dict]:
     fmt = QuantFormat(bits=bits, group_size=group, symmetric=symmetric, packing=packing,
                       has_g_idx=args.act_order)
     fmt.verify(K=K, N=N)
-    arr = _Arrays(args.device, _dtype(args.dtype), f"--shape {args.shape!r}")
+    arr = _Arrays(args.device, _explain_dtype(args), f"--shape {args.shape!r}")
     tensors = {name: arr.raw(shape, dtypes[0] if dtypes[0] != "bfloat16" or arr.use_torch else "float32", name)
                for name, (shape, dtypes, _) in _tensor_specs(fmt, N, K).items()}
     from portakern.ir.ops import x_columns
@@ -427,7 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dtype", default="bf16", help="fp16 | bf16 | fp32 (default bf16)")
+    p.add_argument("--dtype", default=None, help="fp16 | bf16 | fp32 (default bf16; fp32 on a CPU without torch)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, opencl:0, ... (default cpu)")
     p.add_argument("--backend", default=None, help="explain a forced backend (as backend=NAME)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -9,13 +9,18 @@ from portakern.gemv_weight import GEMV_LAYOUT, prepare_gemv_weight
 
 
 def _version() -> str:
+    """cuda-bindings and the NVRTC version; else which of the two is missing (``runtime_status`` says why)."""
     try:
         from cuda.bindings import nvrtc
-
-        err, major, minor = nvrtc.nvrtcVersion()
-        return f"cuda-bindings, NVRTC {major}.{minor}"
     except Exception:
         return "cuda-bindings not installed"
+    try:
+        err, major, minor = nvrtc.nvrtcVersion()
+    except Exception:
+        return "cuda-bindings, NVRTC library not loadable"
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        return f"cuda-bindings, NVRTC unusable ({err})"
+    return f"cuda-bindings, NVRTC {major}.{minor}"
 
 
 class CudaBackend(Backend):
