@@ -187,3 +187,11 @@ def test_cli_explain_takes_the_fixed_layout(capsys, name, bits_flag):
     opencl = [line for line in out.splitlines() if line.strip().startswith("opencl")]
     if opencl and "unavailable" not in opencl[0]:  # an installed opencl backend is asked, and refuses
         assert ("float minimum per group" if name == "gguf_q4_k" else "repack_exact") in opencl[0]
+
+
+def test_zero_points_mins_and_json():
+    assert fmt_of("Q6_K").zero_point == 32 and not fmt_of("Q6_K").has_mins
+    assert fmt_of("Q4_K").zero_point == 0 and fmt_of("Q4_K").has_mins and fmt_of("Q5_K").has_mins
+    assert not QuantFormat(4, 32, True, Packing.GGUF_Q4_0).has_mins
+    for name in KQUANTS:
+        assert QuantFormat.from_json(fmt_of(name).to_json()) == fmt_of(name)
