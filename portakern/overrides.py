@@ -13,6 +13,7 @@ import contextvars
 import os
 from typing import Any, Callable
 
+from .backend import Backend
 from .errors import InvalidInputError, InvalidTypeError
 from .plugins import registry
 
@@ -36,8 +37,17 @@ def override(backend_arg: str | None) -> tuple[str | None, str]:
         return ctx, "use_backend()"
     env = os.environ.get("PORTAKERN_BACKEND")
     if env:
+        if env not in registry().backends:   # say where the name came from: it is in no argument of the call
+            raise InvalidInputError(f"backend={env!r} is not registered (named by PORTAKERN_BACKEND={env!r}): "
+                                    f"registered backends are {_registered()}; set PORTAKERN_BACKEND to one of them, "
+                                    "or unset it to let dispatch choose")
         return env, "PORTAKERN_BACKEND"
     return None, ""
+
+
+def _registered() -> str:
+    """The registered backend names, for a message."""
+    return ", ".join(sorted(registry().backends)) or "none"
 
 
 def _env_reader(backend_var: str, strict_var: str, policy_var: str) -> Callable[[], tuple]:
@@ -60,9 +70,13 @@ _override_env = _env_reader("PORTAKERN_BACKEND", "PORTAKERN_STRICT", "PORTAKERN_
 
 def override_key(backend_arg: str | None) -> tuple:
     """The part of a signature that depends on overrides, policy and strict mode (cheap: no registry)."""
-    if backend_arg is not None and type(backend_arg) is not str:
-        raise InvalidTypeError(f"backend={backend_arg!r} must be a backend name (a str) or None; "
-                               f"see portakern.list_backends() for the registered names")
+    if backend_arg is not None:
+        if type(backend_arg) is not str:
+            raise InvalidTypeError(f"backend={backend_arg!r} must be a backend name (a str) or None; "
+                                   f"see portakern.list_backends() for the registered names")
+        if not backend_arg:   # an empty name (an unset variable) must not quietly mean "any backend"
+            raise InvalidInputError(f"backend='' is not a backend name: registered backends are {_registered()}; "
+                                    "pass one of them, or backend=None to let dispatch choose")
     return (backend_arg, _context.get(), _override_env())
 
 
@@ -70,7 +84,9 @@ def override_key(backend_arg: str | None) -> tuple:
 def use_backend(name: str):
     """Run every portakern call inside the ``with`` block on backend ``name`` (unless a call passes ``backend=``)."""
     if not isinstance(name, str):
-        raise InvalidInputError(f"use_backend({name!r}): the backend name must be a string")
+        way = f"pass its name, use_backend({name.name!r})" if isinstance(name, Backend) else \
+            f"pass one of the registered names ({_registered()}; see portakern.list_backends())"
+        raise InvalidInputError(f"use_backend({name!r}): the backend name must be a string; {way}")
     registry().get(name)  # raises with the list of registered names
     token = _context.set((name, _context.get()[1]))
     try:
@@ -84,7 +100,7 @@ POLICIES = {"priority": "the highest-priority supporting backend first (the defa
 
 
 def _check_policy(name: Any, where: str) -> str:
-    if name not in POLICIES:
+    if not isinstance(name, str) or name not in POLICIES:   # a list or dict is no policy (nor hashable)
         allowed = "; ".join(f"{p!r}: {what}" for p, what in POLICIES.items())
         raise InvalidInputError(f"{where}={name!r} is not a dispatch policy: the policies are {allowed}")
     return name

@@ -15,6 +15,9 @@ from .validate import _is_int, check_dense_array
 _FLOAT_INPUTS = (DType.float16, DType.bfloat16, DType.float32, DType.float64)
 
 
+_SCALE_DTYPES = ("float16", "bfloat16", "float32")
+
+
 def quantize(w: Any, *, bits: int = 4, group_size: int = 128, symmetric: bool = False,
              scale_dtype: str | DType = "float16") -> QuantizedWeight:
     """Quantize a float weight ``w (N, K)`` (out x in features) into a ``QuantizedWeight``.
@@ -49,6 +52,10 @@ def quantize(w: Any, *, bits: int = 4, group_size: int = 128, symmetric: bool = 
     kind = kind_of(w, "w")
     check_dense_array(w, kind, "w")  # sparse torch / numpy masked: no plain values to quantize
     try:
+        device_of(w, kind)   # a torch device no backend runs on (meta) is refused before any value is read
+    except InvalidTypeError as e:
+        raise InvalidTypeError(f"w: {e}") from None
+    try:
         dt = DType.parse(str(w.dtype), argument="w.dtype")
     except InvalidInputError:
         dt = None
@@ -72,6 +79,13 @@ def quantize(w: Any, *, bits: int = 4, group_size: int = 128, symmetric: bool = 
     if not _is_int(group_size) or group_size < 2:
         raise InvalidInputError(f"group_size={group_size!r} must be an int >= 2 (or -1 for one group per row)")
     bits, group_size = int(bits), int(group_size)  # numpy ints are fine; the packing takes Python ints
+    try:   # every spelling DType.parse reads ("fp16", torch.float16, ...), but only the three scale dtypes
+        scale_ok = DType.parse(scale_dtype, argument="scale_dtype").value in _SCALE_DTYPES
+    except InvalidInputError:
+        scale_ok = False
+    if not scale_ok:
+        raise InvalidInputError(f"scale_dtype={scale_dtype!r} is not a scale dtype of portakern.quantize: choose "
+                                f"{', '.join(map(repr, _SCALE_DTYPES))} (float16 is the default)")
     if K % group_size:
         divisors = [g for g in (256, 128, 64, 32) if K % g == 0]
         hint = f"such as {', '.join(map(str, divisors))}, " if divisors else ""
