@@ -259,7 +259,8 @@ def kernel_refusal(fmt, backend: str) -> str | None:
     if fmt.has_mins:
         return (f"quant_gemv(packing={fmt.packing.value}) is not supported by {backend}: its float minimum per "
                 "group (d * sc * q - dmin * m) is no integer zero point, so no packing its kernels read holds "
-                "it exactly; use backend='cpu'")
+                "it exactly; use backend='cpu', or portakern.checkpoints.split_mins(weight): two exact native "
+                "weights, x @ W.T = gemv(x, scaled) - gemv(group sums of x, mins)")
     if fmt.packing is Packing.GGUF_Q6_K:
         return (f"quant_gemv(packing={fmt.packing.value}) is not supported by {backend}: its kernels unpack 4- "
                 "and 8-bit codes; repack the weight exactly with portakern.checkpoints.repack_exact(weight) (or "

@@ -8,9 +8,10 @@ tensor and the way out; a truncated or corrupt file is an ``InvalidInputError``,
 
 Which backend runs which GGUF type (``portakern.quant_gemv``): Q4_0 and Q8_0 every backend; Q6_K the cpu
 backend as stored, triton and opencl after ``repack_exact`` (native int8 codes with zero point 32 and float32
-scales ``d * sc``: bit for bit the same weight); Q4_K and Q5_K the cpu backend only -- their per-group float
-minimum ``dmin * m`` is no integer zero point, so no layout the GPU kernels read holds them exactly, and those
-backends' ``supports`` say so rather than round.
+scales ``d * sc``: bit for bit the same weight); Q4_K and Q5_K as stored the cpu backend only -- their per-group
+float minimum ``dmin * m`` is no integer zero point, so no one layout the GPU kernels read holds them exactly, and
+those backends' ``supports`` say so rather than round; ``split_mins`` gives them an exact form of two native
+weights (two GEMVs) that triton and opencl run.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from .arrays import to_numpy
 from .errors import InvalidInputError, InvalidTypeError, UnsupportedError
 from .quantized import _GGML_TYPES, QuantizedWeight
 
-__all__ = ["load_awq", "load_gguf", "load_gptq", "repack_exact"]
+__all__ = ["load_awq", "load_gguf", "load_gptq", "repack_exact", "split_mins"]
 
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 
@@ -154,6 +155,38 @@ def repack_exact(weight: QuantizedWeight) -> QuantizedWeight:
                                 "repack the loaded checkpoint first, then call .to(device)")
     tensors = gguf_kquants.q6_k_to_native(to_numpy(weight.tensors["data"]), weight.N, weight.K)
     return QuantizedWeight(QuantFormat(8, 16, False, Packing.NATIVE, DType.float32), weight.N, weight.K, tensors)
+
+
+def split_mins(weight: QuantizedWeight) -> tuple[QuantizedWeight, QuantizedWeight]:
+    """GGUF Q4_K / Q5_K ``weight`` as two native weights the GPU kernels read, exactly: ``(scaled, mins)`` with
+
+    ``dequant(weight)[n, k] = dequant(scaled)[n, k] - dequant(mins)[n, k // 32]``
+
+    ``scaled`` ``(N, K)``: the codes ``q`` (4-bit for Q4_K, 8-bit holding Q5_K's 5), zero point 0, float32 scales
+    ``d * sc`` in groups of 32; ``mins`` ``(N, K // 32)``: the 6-bit ``m`` as int8 codes, zero point 0, float16
+    scales ``dmin`` in groups of 8 (one super-block). So ``x @ W.T = quant_gemv(x, scaled) -
+    quant_gemv(s, mins)`` with ``s[:, g]`` the sum of ``x[:, 32g : 32g + 32]``: two GEMVs the triton and opencl
+    backends run, whose weights hold every value bit for bit (the sums and the difference round as any float
+    arithmetic does; form them in float32). Host tensors only; ``InvalidInputError`` for another packing or a
+    weight on a device.
+    """
+    if not weight.fmt.has_mins:
+        raise InvalidInputError(f"split_mins takes a GGUF Q4_K or Q5_K weight (a float minimum per group), not "
+                                f"packing {weight.fmt.packing.value}, which quant_gemv runs as it is")
+    if weight.device.type != "cpu":
+        raise InvalidInputError(f"split_mins works on the host, but this weight is on {weight.device}: split the "
+                                "loaded checkpoint first, then move both parts with .to(device)")
+    N, K = weight.N, weight.K
+    f = gguf_kquants.unpack_fields(weight.fmt.packing, to_numpy(weight.tensors["data"]), N, K)
+    bits = 4 if weight.fmt.packing is Packing.GGUF_Q4_K else 8
+    q = f["q"]
+    scaled = {"qweight": q[:, 0::2] | (q[:, 1::2] << np.uint8(4)) if bits == 4 else q,
+              "scales": (f["d"].astype(np.float32)[..., None] * f["sc"]).reshape(N, -1),
+              "zeros": np.zeros((N, K // 32), np.uint8)}
+    mins = {"qweight": f["m"].reshape(N, -1), "scales": f["dmin"].astype(np.float16),
+            "zeros": np.zeros((N, K // 256), np.uint8)}
+    return (QuantizedWeight(QuantFormat(bits, 32, False, Packing.NATIVE, DType.float32), N, K, scaled),
+            QuantizedWeight(QuantFormat(8, 8, False, Packing.NATIVE, DType.float16), N, K // 32, mins))
 
 
 # -- AWQ / GPTQ safetensors --------------------------------------------------------------------

@@ -295,6 +295,15 @@ def _torch_values(model_gguf, device):
         np.testing.assert_allclose(y.cpu().numpy(), ref, rtol=0, atol=1e-5 * np.abs(ref).max())
     with pytest.raises(UnsupportedError, match="float minimum per group"):
         portakern.quant_gemv(torch.from_numpy(x).to(device), got["q4_k.weight"].to(device), backend="triton")
+    from portakern.checkpoints import split_mins
+
+    sums = torch.from_numpy(x.reshape(2, 16, 32).sum(axis=-1, dtype=np.float32)).to(device)
+    for name in ("q4_k.weight", "q5_k.weight"):                     # the exact two-GEMV form
+        scaled, mins = (w.to(device) for w in split_mins(got[name]))
+        y = portakern.quant_gemv(torch.from_numpy(x).to(device), scaled, backend="triton") - \
+            portakern.quant_gemv(sums, mins, backend="triton")
+        ref = _reference(model_gguf, name, x)
+        np.testing.assert_allclose(y.cpu().numpy(), ref, rtol=0, atol=1e-5 * np.abs(ref).max())
 
 
 @pytest.mark.interpreter
@@ -330,3 +339,40 @@ def test_repack_exact_reads_host_torch_tensors_and_leaves_other_weights(model_gg
     np.testing.assert_array_equal(repack_exact(on_torch).dequantize(), six.dequantize())
     for name in ("q4_0.weight", "q8_0.weight", "q4_k.weight", "q5_k.weight"):
         assert repack_exact(got[name]) is got[name]
+
+
+def test_split_mins_is_exact_and_two_gemvs_give_the_product(model_gguf):
+    from portakern.checkpoints import split_mins
+
+    got = portakern.load_gguf(model_gguf)
+    x = RNG.standard_normal((3, 512)).astype(np.float32)
+    sums = x.reshape(3, 16, 32).sum(axis=-1, dtype=np.float32)
+    for name in ("q4_k.weight", "q5_k.weight"):
+        scaled, mins = split_mins(got[name])
+        assert scaled.shape == (8, 512) and mins.shape == (8, 16) and scaled.fmt.packing is Packing.NATIVE
+        from portakern.ir import packing as P
+        whole = P.dequantize(got[name].fmt, dict(got[name].tensors), 8, 512)
+        parts = P.dequantize(scaled.fmt, scaled.tensors, 8, 512) - \
+            np.repeat(P.dequantize(mins.fmt, mins.tensors, 8, 16), 32, axis=1)
+        np.testing.assert_array_equal(parts, whole)                                  # bit for bit, in float64
+        y = portakern.quant_gemv(x, scaled, backend="cpu") - portakern.quant_gemv(sums, mins, backend="cpu")
+        ref = _reference(model_gguf, name, x)
+        np.testing.assert_allclose(y, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+    with pytest.raises(InvalidInputError, match="split_mins takes a GGUF Q4_K or Q5_K weight"):
+        split_mins(got["q6_k.weight"])
+
+
+def test_split_mins_runs_on_opencl(model_gguf):
+    from opencl_helpers import require_opencl, to_cl
+
+    from portakern.checkpoints import split_mins
+
+    dev, queue = require_opencl()
+    x = RNG.standard_normal((2, 512)).astype(np.float32)
+    sums = x.reshape(2, 16, 32).sum(axis=-1, dtype=np.float32)
+    for name in ("q4_k.weight", "q5_k.weight"):
+        scaled, mins = (w.to(str(dev)) for w in split_mins(portakern.load_gguf(model_gguf)[name]))
+        y = portakern.quant_gemv(to_cl(queue, x), scaled, backend="opencl").get() - \
+            portakern.quant_gemv(to_cl(queue, sums), mins, backend="opencl").get()
+        ref = _reference(model_gguf, name, x)
+        np.testing.assert_allclose(y, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
