@@ -238,6 +238,21 @@ def test_a_failing_backend_falls_back_to_the_next_with_one_warning(register_plug
 
 @pytest.mark.parametrize("fn", OPS)
 @pytest.mark.parametrize("stage", ["compile", "run"])
+def test_explain_after_a_fallback_shows_what_serves_the_signature_and_why(register_plugin, fn, stage):
+    """explain() of a signature already planned returns that plan's decision: the backend that serves the calls and
+    the fallback, not a fresh decision that names the failed backend as chosen."""
+    register_plugin(provides(Flaky(fail=stage, exc=RuntimeError("ptxas died"))), name="flaky")
+    args = _tiny() if fn is portakern.attention else _gemv_args()
+    with pytest.warns(FallbackWarning):
+        fn(*args)
+    d = portakern.explain(fn, *args)
+    assert d.chosen == "cpu" and d.fallbacks == [("flaky", f"{stage}: RuntimeError: ptxas died")]
+    assert f"fell back from flaky: {stage}: RuntimeError: ptxas died" in str(d)
+    assert "* cpu" in str(d)
+
+
+@pytest.mark.parametrize("fn", OPS)
+@pytest.mark.parametrize("stage", ["compile", "run"])
 def test_strict_mode_raises_at_once_naming_the_backend_and_the_cause(register_plugin, monkeypatch, fn, stage):
     bad, spare = Flaky(fail=stage, exc=RuntimeError("ptxas died")), Flaky(name="spare", priority=400)
     register_plugin(provides(bad, spare), name="flaky")
