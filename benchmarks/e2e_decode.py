@@ -153,8 +153,9 @@ def weight_bytes(m, family: str) -> int:
     n = 0
     for name, mod in m.named_modules():
         if isinstance(mod, QuantLinear):
-            n += sum(t.numel() * t.element_size() for t in (mod.qweight, mod.scales, mod.zeros,
-                                                            getattr(mod, "bias", None)) if t is not None)
+            codes = mod.qweight if mod.qweight is not None else mod.frag   # a fragments-only module holds no words
+            n += sum(t.numel() * t.element_size() for t in (codes, mod.scales, mod.zeros, getattr(mod, "bias", None))
+                     if t is not None)
             continue
         for pname, p in mod.named_parameters(recurse=False):
             if "embed_tokens" in name:

@@ -140,6 +140,20 @@ def test_a_compiled_static_cache_decode_step_matches_eager():
             nxt = want[:, -1:].argmax(-1)
 
 
+@pytest.mark.interpreter
+@pytest.mark.parametrize("kind", ["llama", "gemma2"])
+def test_the_triton_kernels_serve_the_integration_under_the_interpreter(kind):
+    """The GPU path on the CPU: portakern's triton attention kernels (TRITON_INTERPRET=1) read the static cache's
+    strided buffers with the valid-length tensor, the window and the soft-cap, and match eager attention."""
+    eager, pk = _pair(kind)
+    ids = _ids(1, 6)
+    with torch.no_grad(), portakern.use_backend("triton"):
+        for cache in ("static", "dynamic"):
+            want = _decode(eager, ids, _cache(cache, eager, 16), 2)
+            got = _decode(pk, ids, _cache(cache, pk, 16), 2)
+            torch.testing.assert_close(got, want, **TOL)
+
+
 def test_the_attention_function_reads_strided_bhsd_views_and_returns_bshd():
     """Called directly as transformers does: (B, H, S, D) in, (B, S, H, D) out; against SDPA with an explicit
     bottom-right causal mask over the first 6 keys of an 8-key buffer."""

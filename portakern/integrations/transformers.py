@@ -154,8 +154,8 @@ register()
 class QuantLinearWithBias(QuantLinear):
     """``QuantLinear`` plus a bias buffer: ``forward(x) = x @ dequant(W)^T + bias`` (in ``x``'s dtype)."""
 
-    def __init__(self, w, bias: torch.Tensor, device: Any = None):
-        super().__init__(w, device)
+    def __init__(self, w, bias: torch.Tensor, device: Any = None, layout: str | None = None):
+        super().__init__(w, device, layout)
         self.register_buffer("bias", bias.detach().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -164,7 +164,7 @@ class QuantLinearWithBias(QuantLinear):
 
 def quantize_model(model: torch.nn.Module, bits: int = 4, group_size: int = 128,
                    exclude: Iterable[str] = ("lm_head",), *, symmetric: bool = False,
-                   scale_dtype: str = "float16") -> torch.nn.Module:
+                   scale_dtype: str = "float16", layout: str | None = None) -> torch.nn.Module:
     """Swap every ``nn.Linear`` of ``model`` (in place) for portakern's quantized linear, except ``exclude``.
 
     Each weight is quantized with ``portakern.quantize`` (round-to-nearest per group of ``group_size`` input
@@ -179,6 +179,7 @@ def quantize_model(model: torch.nn.Module, bits: int = 4, group_size: int = 128,
       exclude: module names kept in float: a name matches a module whose qualified name equals it or ends
         with ``"." + name`` (``"lm_head"``, ``"mlp.down_proj"``, ``"model.layers.0.self_attn.q_proj"``).
       symmetric, scale_dtype: as ``portakern.quantize``.
+      layout: as ``QuantLinear`` (``portakern.gemv_weight.LAYOUTS``; None: its default).
 
     Returns:
       ``model``, with ``model.portakern_quantized`` a dict: ``"swapped"`` (the qualified names replaced),
@@ -226,7 +227,7 @@ def quantize_model(model: torch.nn.Module, bits: int = 4, group_size: int = 128,
         w = portakern.quantize(lin.weight.detach(), bits=bits, group_size=group_size, symmetric=symmetric,
                                scale_dtype=scale_dtype)
         dev = lin.weight.device
-        new = QuantLinear(w, dev) if lin.bias is None else QuantLinearWithBias(w, lin.bias, dev)
+        new = QuantLinear(w, dev, layout) if lin.bias is None else QuantLinearWithBias(w, lin.bias, dev, layout)
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, attr, new)
         swapped.append(name)
