@@ -71,7 +71,11 @@ def describe(a: Any, argument: str, rule: str | None = None) -> ArrayInfo:
         name = str(a.dtype).removeprefix("torch.")
         raise InvalidTypeError(f"{argument} has dtype {name}: {rule or 'arrays must be ' + _ANY_RULE}; "
                                f"convert {argument} to one of them first") from None
-    return ArrayInfo(kind, device_of(a, kind), dtype, tuple(a.shape))
+    try:
+        device = device_of(a, kind)
+    except InvalidTypeError as e:   # a torch device no backend runs on (meta): say which argument is there
+        raise InvalidTypeError(f"{argument}: {e}") from None
+    return ArrayInfo(kind, device, dtype, tuple(a.shape))
 
 
 def _is_real(x: Any) -> bool:
@@ -373,7 +377,8 @@ def quant_gemv_op(x, w, prologue: str | None = None, empty_ok: bool = False) -> 
         raise InvalidTypeError(f"w is a {type(w).__name__}: expected a portakern.QuantizedWeight; build one with "
                                "portakern.quantize(w) or QuantizedWeight.from_gguf/from_awq/from_gptq")
     if xi.dtype not in STORAGE_FLOATS:
-        raise InvalidTypeError(f"x has dtype {xi.dtype.value}: activations must be " + _FLOAT_RULE)
+        raise InvalidTypeError(f"x has dtype {xi.dtype.value}: activations must be {_FLOAT_RULE}; convert x to one "
+                               "of them first")
     if len(xi.shape) != 2:
         raise InvalidInputError(f"x has shape {xi.shape}: expected (M, K) = (M, {w.K}); reshape a vector with x[None]")
     M, K = xi.shape

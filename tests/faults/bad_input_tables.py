@@ -58,7 +58,7 @@ ATTENTION = [
     ("k-torch-q-numpy", att(k=torch.from_numpy(K)), BadType,
      ["k is a torch array but q is a numpy array", "mixed array libraries are not allowed"]),
     ("meta-device", lambda: portakern.attention(*(torch.zeros(1, 2, 2, 8, device="meta"),) * 3), BadType,
-     ["torch device meta is not supported", "use a cpu or cuda tensor"]),
+     ["q: torch device meta is not supported", "use a cpu or cuda tensor"]),
     ("q-masked", att(q=np.ma.masked_array(Q)), BadType, ["q is a numpy masked array", "np.ma.filled(q, fill)"]),
     ("q-sparse", lambda: portakern.attention(TQ.to_sparse(), TQ, TQ), BadType,
      ["q is a torch tensor with layout=torch.sparse_coo", "q.to_dense()"]),
@@ -163,16 +163,17 @@ QUANT_GEMV = [
     ("x-none", gemv(x=None), BadType, ["x is a builtins.NoneType", "expected a numpy array"]),
     ("x-str", gemv(x="x"), BadType, ["x is a builtins.str", "expected a numpy array"]),
     ("x-float", gemv(x=1.0), BadType, ["x is a builtins.float", "expected a numpy array"]),
-    ("x-int8", gemv(x=z(2, 64, dtype=np.int8)), BadType, ["x has dtype int8", "float16, bfloat16 or float32"]),
-    ("x-int64", gemv(x=z(2, 64, dtype=np.int64)), BadType, ["x has dtype int64", "float16, bfloat16 or float32"]),
-    ("x-float64", gemv(x=z(2, 64, dtype=np.float64)), BadType, ["x has dtype float64", "float16, bfloat16 or float32"]),
+    ("x-int8", gemv(x=z(2, 64, dtype=np.int8)), BadType, ["x has dtype int8", "float16, bfloat16 or float32",
+                                                                   "convert x to one of them first"]),
+    ("x-int64", gemv(x=z(2, 64, dtype=np.int64)), BadType, ["x has dtype int64", "convert x to one of them"]),
+    ("x-float64", gemv(x=z(2, 64, dtype=np.float64)), BadType, ["x has dtype float64", "convert x to one of them"]),
     ("x-bool", gemv(x=r(2, 64) > 0), BadType, ["x has dtype bool", "float16, bfloat16 or float32"]),
     ("x-complex", gemv(x=torch.ones(2, 64, dtype=torch.complex64)), BadType, ["x has dtype complex64"]),
     ("x-object", gemv(x=np.zeros((2, 64), object)), BadType, ["x has dtype object", "float16, bfloat16 or float32"]),
     ("x-masked", gemv(x=np.ma.masked_array(r(2, 64))), BadType, ["x is a numpy masked array", "np.ma.filled(x, fill)"]),
     ("x-sparse", gemv(x=torch.from_numpy(r(2, 64)).to_sparse()), BadType,
      ["x is a torch tensor with layout=torch.sparse_coo", "x.to_dense()"]),
-    ("x-meta", gemv(x=torch.zeros(2, 64, device="meta")), BadType, ["torch device meta is not supported"]),
+    ("x-meta", gemv(x=torch.zeros(2, 64, device="meta")), BadType, ["x: torch device meta is not supported"]),
     ("x-0d", gemv(x=np.float32(1.0)), BadValue, ["x has shape ()", "expected (M, K) = (M, 64)"]),
     ("x-1d", gemv(x=z(64)), BadValue, ["x has shape (64,)", "expected (M, K) = (M, 64)", "reshape a vector"]),
     ("x-3d", gemv(x=z(1, 2, 64)), BadValue, ["x has shape (1, 2, 64)", "expected (M, K) = (M, 64)"]),
@@ -221,11 +222,13 @@ QUANTIZE = [
     ("w-str", quantize(w="weights.bin"), BadType, ["w is a builtins.str", "expected a numpy array"]),
     ("w-int32", quantize(w=z(16, 64, dtype=np.int32)), BadType, ["w has dtype int32", "float"]),
     ("w-bool", quantize(w=r(16, 64) > 0), BadType, ["w has dtype bool", "float"]),
-    ("w-complex", quantize(w=torch.ones(16, 64, dtype=torch.complex64)), BadType, ["w has dtype", "complex64", "float"]),
+    ("w-complex", quantize(w=torch.ones(16, 64, dtype=torch.complex64)), BadType,
+     ["w has dtype", "complex64", "float"]),
     ("w-object", quantize(w=np.zeros((16, 64), object)), BadType, ["w has dtype object", "float"]),
     ("w-masked", quantize(w=np.ma.masked_array(r(16, 64))), BadType, ["w is a numpy masked array"]),
     ("w-sparse", quantize(w=torch.from_numpy(r(16, 64)).to_sparse()), BadType, ["w.to_dense()"]),
-    ("w-meta", quantize(w=torch.zeros(16, 64, device="meta")), BadType, ["w: torch device meta is not supported", "use a cpu or cuda tensor"]),
+    ("w-meta", quantize(w=torch.zeros(16, 64, device="meta")), BadType,
+     ["w: torch device meta is not supported", "use a cpu or cuda tensor"]),
     ("w-0d", quantize(w=np.float32(1.0)), BadValue, ["w has shape ()", "(N, K)"]),
     ("w-1d", quantize(w=z(64)), BadValue, ["w has shape (64,)", "(N, K)"]),
     ("w-3d", quantize(w=z(2, 16, 64)), BadValue, ["w has shape (2, 16, 64)", "(N, K)"]),
@@ -257,11 +260,16 @@ QUANTIZE = [
     ("symmetric-str", quantize(symmetric="yes"), BadType, ["symmetric='yes'", "must be True or False"]),
     ("symmetric-int", quantize(symmetric=1), BadType, ["symmetric=1", "must be True or False"]),
     ("symmetric-none", quantize(symmetric=None), BadType, ["symmetric=None", "must be True or False"]),
-    ("scale-dtype-float64", quantize(scale_dtype="float64"), BadValue, ["scale_dtype='float64' is not a scale dtype", "choose 'float16', 'bfloat16', 'float32'"]),
-    ("scale-dtype-float8", quantize(scale_dtype="float8"), BadValue, ["scale_dtype='float8' is not a scale dtype", "choose 'float16'"]),
-    ("scale-dtype-int", quantize(scale_dtype=16), BadValue, ["scale_dtype=16 is not a scale dtype", "choose 'float16'"]),
-    ("scale-dtype-none", quantize(scale_dtype=None), BadValue, ["scale_dtype=None is not a scale dtype", "choose 'float16'"]),
-    ("scale-dtype-int8", quantize(scale_dtype="int8"), BadValue, ["scale_dtype='int8' is not a scale dtype", "choose 'float16'"]),
+    ("scale-dtype-float64", quantize(scale_dtype="float64"), BadValue,
+     ["scale_dtype='float64' is not a scale dtype", "choose 'float16', 'bfloat16', 'float32'"]),
+    ("scale-dtype-float8", quantize(scale_dtype="float8"), BadValue,
+     ["scale_dtype='float8' is not a scale dtype", "choose 'float16'"]),
+    ("scale-dtype-int", quantize(scale_dtype=16), BadValue,
+     ["scale_dtype=16 is not a scale dtype", "choose 'float16'"]),
+    ("scale-dtype-none", quantize(scale_dtype=None), BadValue,
+     ["scale_dtype=None is not a scale dtype", "choose 'float16'"]),
+    ("scale-dtype-int8", quantize(scale_dtype="int8"), BadValue,
+     ["scale_dtype='int8' is not a scale dtype", "choose 'float16'"]),
 ]
 
 
@@ -318,7 +326,7 @@ EXPLAIN = [
     ("attention-backend-int", ex(A, Q, K, V, backend=3), BadType, ["backend=3", "must be a backend name"]),
     ("attention-backend-unknown", ex(A, Q, K, V, backend="tpu"), BadValue, ["backend='tpu' is not registered"]),
     ("attention-meta", ex(A, *(torch.zeros(1, 2, 2, 8, device="meta"),) * 3), BadType,
-     ["torch device meta is not supported"]),
+     ["q: torch device meta is not supported"]),
     # what quant_gemv rejects
     ("gemv-w-ndarray", ex(G, X, z(16, 64)), BadType, ["w is a ndarray", "expected a portakern.QuantizedWeight"]),
     ("gemv-x-int8", ex(G, z(2, 64, dtype=np.int8), weight()), BadType, ["x has dtype int8"]),
@@ -336,7 +344,8 @@ EXPLAIN = [
 def awq(qweight=_D, qzeros=_D, scales=_D, group_size=32, N=16, K=64):
     """AWQ tensors of an (N, K) weight, any one replaced."""
     G_ = K // group_size if isinstance(group_size, int) and group_size > 0 and K % group_size == 0 else 2
-    t = dict(qweight=z(K, N // 8, dtype=np.int32), qzeros=z(G_, N // 8, dtype=np.int32), scales=z(G_, N, dtype=np.float16))
+    t = dict(qweight=z(K, N // 8, dtype=np.int32), qzeros=z(G_, N // 8, dtype=np.int32),
+             scales=z(G_, N, dtype=np.float16))
     for name, val in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
         if val is not _D:
             t[name] = val
@@ -346,7 +355,8 @@ def awq(qweight=_D, qzeros=_D, scales=_D, group_size=32, N=16, K=64):
 def gptq(qweight=_D, qzeros=_D, scales=_D, group_size=32, N=16, K=64, **kw):
     """GPTQ tensors of an (N, K) weight, any one replaced."""
     G_ = K // group_size if isinstance(group_size, int) and group_size > 0 and K % group_size == 0 else 2
-    t = dict(qweight=z(K // 8, N, dtype=np.int32), qzeros=z(G_, N // 8, dtype=np.int32), scales=z(G_, N, dtype=np.float16))
+    t = dict(qweight=z(K // 8, N, dtype=np.int32), qzeros=z(G_, N // 8, dtype=np.int32),
+             scales=z(G_, N, dtype=np.float16))
     for name, val in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
         if val is not _D:
             t[name] = val
@@ -445,14 +455,16 @@ UNREGISTERED = ["registered backends are", "cpu"]
 
 OVERRIDES = [
     # use_backend
-    ("backend-int", in_backend(3), BadValue, ["use_backend(3)", "must be a string", "pass one of the registered names", "portakern.list_backends()"]),
+    ("backend-int", in_backend(3), BadValue, ["use_backend(3)", "must be a string", "pass one of the registered names",
+                                              "portakern.list_backends()"]),
     ("backend-none", in_backend(None), BadValue, ["use_backend(None)", "must be a string"]),
     ("backend-bytes", in_backend(b"cpu"), BadValue, ["use_backend(b'cpu')", "must be a string"]),
     ("backend-list", in_backend(["cpu"]), BadValue, ["use_backend(['cpu'])", "must be a string"]),
     ("backend-tuple", in_backend(("cpu",)), BadValue, ["use_backend(('cpu',))", "must be a string"]),
     ("backend-bool", in_backend(True), BadValue, ["use_backend(True)", "must be a string"]),
     ("backend-float", in_backend(1.0), BadValue, ["use_backend(1.0)", "must be a string"]),
-    ("backend-object", in_backend(portakern.list_backends()[0]), BadValue, ["must be a string", "pass its name, use_backend('cpu')"]),
+    ("backend-object", in_backend(portakern.list_backends()[0]), BadValue,
+     ["must be a string", "pass its name, use_backend('cpu')"]),
     ("backend-empty", in_backend(""), BadValue, ["backend=''", *UNREGISTERED]),
     ("backend-unknown", in_backend("tpu"), BadValue, ["backend='tpu' is not registered", *UNREGISTERED]),
     ("backend-case", in_backend("CPU"), BadValue, ["backend='CPU' is not registered", *UNREGISTERED]),
@@ -513,5 +525,6 @@ if __name__ == "__main__":  # print every case's outcome
                 got = f"{type(e).__name__}: {e}"
                 bad = [f for f in frags if f not in str(e)]
                 flag = "OK " if type(e) is exc and not bad else "XX "
-                got = flag + got + (f"  [missing {bad}]" if bad else "") + ("" if type(e) is exc else f"  [want {exc.__name__}]")
+                got = (flag + got + (f"  [missing {bad}]" if bad else "")
+                       + ("" if type(e) is exc else f"  [want {exc.__name__}]"))
             print(f"  {cid}: {got[:400]}")
