@@ -271,10 +271,10 @@ def test_stored_goldens_hold_nan_rows_in_one_canonical_nan():
 
 # -- every backend on the nf-* cases ----------------------------------------------------------------
 
-def _run_nf(backend, device):
+def _run_nf(backend, device, cases="nf-*"):
     from portakern.conformance.runner import run
 
-    rep, status = run(backends=[backend], device=device, cases_glob="nf-*", progress=False, out=None)
+    rep, status = run(backends=[backend], device=device, cases_glob=cases, progress=False, out=None)
     results = rep["results"]
     failing = [(r["case"], r["status"], r.get("reason")) for r in results if r["status"] not in ("pass", "unsupported")]
     assert not failing and status == 0, failing
@@ -296,6 +296,8 @@ def test_nf_cases_pass_on_opencl():
 
 @pytest.mark.interpreter
 def test_nf_cases_pass_on_triton_under_the_interpreter():
+    """The kernels' epilogue (a NaN row sum is no empty row) and the split-KV merge of a decode over 4096 keys;
+    CI's interpreter conformance step runs every nf-* case."""
     pytest.importorskip("triton")
-    results = _run_nf("triton", "cpu")
-    assert sum(r["status"] == "pass" for r in results) == 26
+    results = _run_nf("triton", "cpu", "nf-*-attn-d64-sq1-sk4096-*,nf-qnan-attn-d64-sq33-*")
+    assert len(results) == 3 and all(r["status"] == "pass" for r in results)
