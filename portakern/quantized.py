@@ -131,7 +131,8 @@ class QuantizedWeight:
         except (TypeError, ValueError):
             N = K = 0
         if N < 1 or K < 1 or any(isinstance(s, bool) for s in shape):
-            raise InvalidInputError(f"shape={shape!r} must be two positive ints (N, K)")
+            raise InvalidInputError(f"shape={shape!r} must be two positive ints (N, K): pass (rows, columns) in numpy "
+                                    "order, the reverse of the dimensions a GGUF file lists")
         if K % per_block:
             raise InvalidInputError(f"shape={tuple(shape)}: K={K} must be a multiple of {per_block} for {name} "
                                     f"({per_block} weights per block); if you passed the GGUF file's shape, reverse it")
