@@ -18,9 +18,9 @@ Importing this module imports ``transformers`` (``pip install transformers``) an
   graphs capture it.
 
 Padding masks are not supported: a 2-D ``attention_mask`` holding a zero (left or right padding) raises
-``NotImplementedError`` at the forward that receives it (checked outside ``torch.compile``, where ``generate``
-runs its prefill; decode steps only append ones). Batch sequences of equal length, or run them one by one.
-Custom 4-D masks and extra mask functions (``or_mask_function`` / ``and_mask_function``, as multimodal models
+``NotImplementedError`` at the forward that receives it (checked outside ``torch.compile`` and CUDA graph
+capture; ``generate`` runs its prefill uncompiled, and decode steps only append ones). Batch sequences of equal
+length, or run them one by one. Custom 4-D masks and extra mask functions (``or_mask_function`` / ``and_mask_function``, as multimodal models
 add) raise ``NotImplementedError`` too, as do attention dropout in training and attention sinks.
 
 ``quantize_model(model, bits=4, group_size=128)`` swaps each ``nn.Linear`` for a ``QuantLinear`` (bias kept).
@@ -62,13 +62,14 @@ def portakern_mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any
 
     Raises:
       NotImplementedError for a 2-D ``attention_mask`` holding a zero (padding; checked outside
-      ``torch.compile``) and for extra mask functions (``use_vmap``: an ``or``/``and`` mask a model adds).
+      ``torch.compile`` and CUDA graph capture) and for extra mask functions (``use_vmap``: an ``or``/``and``
+      mask a model adds).
     """
     if use_vmap:
         raise NotImplementedError("attn_implementation='portakern' supports causal, sliding-window and "
                                   "bidirectional masks only: this model adds its own mask function "
                                   "(or_mask_function / and_mask_function); load it with attn_implementation='sdpa'")
-    if attention_mask is not None and not torch.compiler.is_compiling() and not bool(attention_mask.all()):
+    if attention_mask is not None and not _capturing() and not bool(attention_mask.all()):
         raise NotImplementedError("attention_mask holds zeros (padding): attn_implementation='portakern' does not "
                                   "support padded batches; batch sequences of equal length (or run them one by "
                                   "one), or load the model with attn_implementation='sdpa' for padded batches")
@@ -80,6 +81,11 @@ def portakern_mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any
     if valid == kv_length:
         return None
     return torch.full((batch_size,), valid, dtype=torch.int32, device=device)
+
+
+def _capturing() -> bool:
+    """Whether values cannot be read on the host here: under ``torch.compile`` or during CUDA graph capture."""
+    return torch.compiler.is_compiling() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
 # -- attention ---------------------------------------------------------------------------------------------
