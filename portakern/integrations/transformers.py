@@ -20,8 +20,9 @@ Importing this module imports ``transformers`` (``pip install transformers``) an
 Padding masks are not supported: a 2-D ``attention_mask`` holding a zero (left or right padding) raises
 ``NotImplementedError`` at the forward that receives it (checked outside ``torch.compile`` and CUDA graph
 capture; ``generate`` runs its prefill uncompiled, and decode steps only append ones). Batch sequences of equal
-length, or run them one by one. Custom 4-D masks and extra mask functions (``or_mask_function`` / ``and_mask_function``, as multimodal models
-add) raise ``NotImplementedError`` too, as do attention dropout in training and attention sinks.
+length, or run them one by one. Custom 4-D masks and extra mask functions (``or_mask_function`` /
+``and_mask_function``, as multimodal models add) raise ``NotImplementedError`` too, as do attention dropout in
+training and attention sinks.
 
 ``quantize_model(model, bits=4, group_size=128)`` swaps each ``nn.Linear`` for a ``QuantLinear`` (bias kept).
 """
