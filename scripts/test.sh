@@ -2,6 +2,8 @@
 # Set up and run the tests (what CI runs):
 #   1. the triton backend over the whole cpu-tier conformance suite in Triton's CPU interpreter;
 #   2. compile-only lowering of every supported case for sm_80, sm_90a and sm_100a (no GPU needed);
+#   2b. the triton-rocm backend (triton's kernel bodies, AMD launch configurations) over the same cpu-tier suite in
+#      the interpreter, then lowered to hsaco for gfx942 and gfx950 (AMD is compiled and interpreted, never run here);
 #   3. compile-only lowering of the cuda backend's kernels (NVRTC from the package index) for the same targets
 #      and sm_120;
 #   4. the opencl backend over the whole cpu-tier conformance suite on the OpenCL device (PoCL on the CPU),
@@ -31,6 +33,12 @@ if [ -z "${PORTAKERN_SKIP_SLOW_CONFORMANCE:-}" ]; then
   echo "== triton backend, compile-only for sm_80, sm_90a, sm_100a =="
   $PK conformance --backend triton --compile-only --target sm_80,sm_90a,sm_100a --jobs 0 \
     --report reports/triton-compile-only.json --markdown reports/triton-compile-only.md || status=1
+  echo "== triton-rocm backend, cpu-tier conformance under TRITON_INTERPRET=1 =="
+  TRITON_INTERPRET=1 $PK conformance --backend triton-rocm --device cpu --jobs 0 \
+    --report reports/triton-rocm-interpreter.json --markdown reports/triton-rocm-interpreter.md || status=1
+  echo "== triton-rocm backend, compile-only to hsaco for gfx942, gfx950 (Triton's HIP backend, no ROCm needed) =="
+  $PK conformance --backend triton-rocm --compile-only --target gfx942,gfx950 --jobs 0 \
+    --report reports/triton-rocm-compile-only.json --markdown reports/triton-rocm-compile-only.md || status=1
   echo "== cuda backend, compile-only (NVRTC) for sm_80, sm_90a, sm_100a, sm_120 =="
   $PK conformance --backend cuda --compile-only --target sm_80,sm_90a,sm_100a,sm_120 --jobs 0 \
     --report reports/cuda-compile-only.json --markdown reports/cuda-compile-only.md || status=1
