@@ -44,6 +44,38 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _is_names(value: Any) -> bool:
+    return isinstance(value, (tuple, list, frozenset)) and all(isinstance(v, str) for v in value)
+
+
+#: capability attribute -> (whether a value is well-formed, what it must be); dispatch, ``portakern info`` and
+#: conformance read these without guarding each, so a backend with one malformed is refused at registration
+_CAPABILITIES = {
+    "array_kind": (lambda v: isinstance(v, str) and bool(v), "a non-empty str such as 'numpy' or 'torch'"),
+    "device_types": (_is_names, "a tuple of device type names such as ('cuda',)"),
+    "priority": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an int (higher wins)"),
+    "compile_targets": (_is_names, "a tuple of target names such as ('sm_90a',), or ()"),
+    "x_prologues": (_is_names, "a tuple of prologue names, or ()"),
+}
+
+
+def _malformed(b: Backend) -> str:
+    """What is wrong with ``b``'s capability attributes (empty when nothing): a value of the wrong type, or an
+    attribute (or ``version``) whose reading raises."""
+    for attr, (ok, rule) in _CAPABILITIES.items():
+        try:
+            value = getattr(b, attr)
+        except Exception as e:
+            return f"raises {type(e).__name__} when its {attr} is read: {e}"
+        if not ok(value):
+            return f"has {attr}={_short(value)} ({type(value).__name__}); it must be {rule}"
+    try:
+        str(b.version)
+    except Exception as e:
+        return f"raises {type(e).__name__} when its version is read: {e}"
+    return ""
+
+
 @dataclass
 class Registry:
     """The loaded plugins and their backends, plus the errors of those that failed."""
@@ -122,6 +154,9 @@ def _register(reg: Registry, name: str, obj: Any, dist: str) -> None:
             elif not isinstance(b.name, str):
                 reg.errors.append((name, f"plugin {name!r}: backend {type(b).__name__} has name={_short(b.name)} "
                                          f"({type(b.name).__name__}); a backend's name must be a non-empty str"))
+            elif _malformed(b):
+                reg.errors.append((name, f"plugin {name!r}: backend {b.name!r} {_malformed(b)}; fix the class "
+                                         "attribute (see portakern.Backend's docstring)"))
             elif not b.name or b.name in reg.backends:
                 owner = f" (by plugin {reg.origins[b.name]!r})" if b.name in reg.origins else ""
                 reg.errors.append((name, f"plugin {name!r}: backend name {b.name!r} is empty or already taken"

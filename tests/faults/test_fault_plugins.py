@@ -3,7 +3,8 @@
 At registration: a plugin that fails to import (ImportError, any Exception), calls ``sys.exit()``, raises a
 ``BaseException`` subclass, whose ``portakern_register_backends`` raises, or returns something other than a list of
 backends (an int, a str, one backend, a dict, a generator, items that are no backend, a backend whose name is no
-str) is reported by ``portakern info`` (text and ``--json``) and skipped; the other backends keep serving. All of
+str, whose capability attributes have the wrong type or whose version raises) is reported by ``portakern info``
+(text and ``--json``) and skipped; the other backends keep serving. All of
 them at once leave the same registry as none of them.
 
 At dispatch: ``supports()`` raising is a rejection naming the exception; ``compile`` or the kernel raising falls
@@ -63,6 +64,19 @@ class ListNamed(CpuBackend):
     name = ["cpu2"]
 
 
+def _twin(name: str, **attrs):
+    """The cpu backend under ``name`` with capability attributes replaced by ``attrs``."""
+    return type("Twin", (CpuBackend,), {"name": name, **attrs})()
+
+
+class VersionRaises(CpuBackend):
+    name = "version-raises"
+
+    @property
+    def version(self):
+        raise RuntimeError("package metadata missing")
+
+
 def _raising(exc):
     def result():
         raise exc
@@ -88,6 +102,20 @@ IN_HOOK = {
                                                                "instances of a portakern.Backend subclass"),
     "backend-name-not-str": (lambda: _hook(lambda: [ListNamed()]), "has name=['cpu2'] (list); a backend's name "
                                                                   "must be a non-empty str"),
+    "device-types-none": (lambda: _hook(lambda: [_twin("dt", device_types=None)]),
+                          "backend 'dt' has device_types=None (NoneType); it must be a tuple of device type names"),
+    "priority-str": (lambda: _hook(lambda: [_twin("prio", priority="high")]),
+                     "backend 'prio' has priority='high' (str); it must be an int"),
+    "priority-bool": (lambda: _hook(lambda: [_twin("prio", priority=True)]),
+                      "backend 'prio' has priority=True (bool); it must be an int"),
+    "compile-targets-int": (lambda: _hook(lambda: [_twin("ct", compile_targets=5)]),
+                            "backend 'ct' has compile_targets=5 (int); it must be a tuple of target names"),
+    "compile-targets-str": (lambda: _hook(lambda: [_twin("ct", compile_targets="sm_90a")]),
+                            "backend 'ct' has compile_targets='sm_90a' (str)"),
+    "array-kind-none": (lambda: _hook(lambda: [_twin("ak", array_kind=None)]),
+                        "backend 'ak' has array_kind=None (NoneType); it must be a non-empty str"),
+    "version-raises": (lambda: _hook(lambda: [VersionRaises()]),
+                       "backend 'version-raises' raises RuntimeError when its version is read: package metadata"),
     "duplicate-name": (lambda: _hook(lambda: [CpuBackend()]), "backend name 'cpu' is empty or already taken "
                                                              "(by plugin 'cpu')"),
 }
