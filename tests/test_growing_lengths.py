@@ -233,3 +233,22 @@ def test_explain_after_a_runtime_fallback_shows_what_ran(rng, register_plugin, l
     assert "fell back from fails-to-run" in str(after) and f"* {after.chosen}" in str(after)
     assert after.plan_ms >= 0 and after.compile_ms >= 0 and "planned in" in str(after)
     assert after.to_json()["plan_ms"] == after.plan_ms
+
+
+def test_a_transformers_generate_loop_plans_once_per_shape_class(limits):
+    """The loop of issue 45: transformers' DynamicCache grows k/v (B, H, S, D) by one key a step and hands portakern
+    transposed views, whose strides change with S; a new prompt length and every decode step reuse the plans."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import portakern.integrations.transformers  # noqa: F401  (registers attn_implementation="portakern")
+
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="portakern").eval()
+    ids = torch.randint(0, 64, (1, 6))
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=2, do_sample=False)        # prefill (Sq >= 2) and decode (Sq = 1)
+        before = made()
+        model.generate(ids[:, :4], max_new_tokens=16, do_sample=False)
+    assert made() == before
