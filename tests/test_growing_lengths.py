@@ -252,3 +252,21 @@ def test_a_transformers_generate_loop_plans_once_per_shape_class(limits):
         before = made()
         model.generate(ids[:, :4], max_new_tokens=16, do_sample=False)
     assert made() == before
+
+
+def test_opencl_compiles_per_length_inside_one_plan(rng, limits):
+    """The opencl kernels are specialised on the lengths (no ``runtime_lengths``): a growing dense loop
+    makes one plan per class, a kernel per further length, and the reference values at every length."""
+    from opencl_helpers import require_opencl
+
+    require_opencl()
+    q = rng.standard_normal((1, 1, 2, 8)).astype(np.float32)
+    kv = rng.standard_normal((2, 1, 12, 2, 8)).astype(np.float32)
+    before, compiled = made(), dispatch.cache_info()["lengths_compiled"]
+    for L in range(2, 12):
+        k, v = kv[0, :, :L], kv[1, :, :L]
+        out = portakern.attention(q, k, v, backend="opencl")
+        np.testing.assert_allclose(out, reference(q, k, v), rtol=1e-4, atol=1e-5, err_msg=f"Sk={L}")
+    assert made() - before == 1 and dispatch.cache_info()["lengths_compiled"] - compiled == 9
+    d = portakern.explain(portakern.attention, q, kv[0, :, :11], kv[1, :, :11], backend="opencl")
+    assert d.chosen == "opencl" and d.lengths_compiled == 9

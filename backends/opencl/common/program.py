@@ -9,9 +9,12 @@ from importlib import resources
 from typing import Any
 
 from portakern.errors import BackendError
+from portakern.lru import LRU
 
-_programs: dict[tuple[int, str], Any] = {}
-_kernels: dict[tuple[int, str, str], "Launcher"] = {}
+#: built programs and their kernels, the least recently used dropped past the bound (a per-length compile of a
+#: growing paged block table makes a program per width); a plan's kernel keeps its own program alive
+_programs: LRU = LRU(256)
+_kernels: LRU = LRU(1024)
 _lock = threading.Lock()
 
 
@@ -82,11 +85,14 @@ def build(context: Any, source: str, op_kind: str, entry: str, source_digest: st
                     devices = ", ".join(d.name.strip() for d in context.devices)
                     raise BackendError(f"backend 'opencl' failed to build the {op_kind} kernel {entry} for "
                                        f"{devices}: {type(e).__name__}; build log:\n{_build_log(e)}") from None
-                _programs[key] = prg
+                _programs.put(key, prg)
     import pyopencl as cl
 
     with _lock:
-        launcher = _kernels.setdefault((context.int_ptr, digest, entry), Launcher(cl.Kernel(prg, entry)))
+        launcher = _kernels.get((context.int_ptr, digest, entry))
+        if launcher is None:
+            launcher = Launcher(cl.Kernel(prg, entry))
+            _kernels.put((context.int_ptr, digest, entry), launcher)
     return launcher
 
 
