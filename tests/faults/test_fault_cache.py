@@ -124,7 +124,7 @@ WRITER = CHILD_CACHE + textwrap.dedent("""
 def test_concurrent_processes_writing_the_cache_lose_no_entry(cache_dir, tmp_path):
     import subprocess
 
-    from conftest import ROOT, child_env
+    from fault_helpers import ROOT, child_env
 
     writers, puts = 4, 60
     go = tmp_path / "go"

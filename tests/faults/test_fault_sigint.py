@@ -17,7 +17,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from conftest import ROOT, child_env
+from fault_helpers import ROOT, child_env
 
 pytestmark = pytest.mark.subprocess
 
