@@ -140,6 +140,26 @@ def test_a_compiled_static_cache_decode_step_matches_eager():
             nxt = want[:, -1:].argmax(-1)
 
 
+def test_generate_compiles_its_static_cache_decode_step_into_one_graph():
+    """generate's own compile of the decode step (what it does on a GPU with cache_implementation="static"; here
+    forced on the CPU with the aot_eager backend, fullgraph): one graph, no recompiles as the cache fills, and the
+    greedy tokens of eager attention."""
+    eager, pk = _pair("llama")
+    ids = _ids(1, 6)
+    cc = transformers.CompileConfig(backend="aot_eager", fullgraph=True, mode=None)
+    cc._compile_all_devices = True   # generate compiles only on accelerators unless told
+    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(ids),
+              cache_implementation="static")
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    with torch.no_grad():
+        want = eager.generate(ids, **kw)
+        got = pk.generate(ids, compile_config=cc, **kw)
+    assert torch.equal(got, want)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["recompiles"], dict(counters)
+
+
 @pytest.mark.interpreter
 @pytest.mark.parametrize("kind", ["llama", "gemma2"])
 def test_the_triton_kernels_serve_the_integration_under_the_interpreter(kind):
