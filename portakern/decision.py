@@ -103,7 +103,6 @@ class Plan:
     order: list[Backend]            # supporting backends, best first, not yet failed
     backend: Backend | None = None
     kernel: Callable[..., None] | None = None
-    shapes: dict | None = None      # op.shapes(), memoised by the hot path
     compiled: dict[str, Callable[..., None]] = field(default_factory=dict)  # kernels compiled while measuring
     to_measure: bool = False        # "fastest" with no stored ranking: get_plan times the candidates
     #: ``(lengths, kernel, shapes)`` of the sequence lengths the last call ran at (see ``dispatch.bind``)
