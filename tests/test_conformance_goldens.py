@@ -47,7 +47,8 @@ def test_gemv_goldens_agree_with_the_generated_codes_without_the_packers(store):
             x = x[:, :c.K] / (1.0 + np.exp(-x[:, :c.K])) * x[:, c.K:]
         want = x @ c.dequantized(inp).T
         got = store.get(c.id).out
-        assert np.allclose(got, want, rtol=2.0 ** -11, atol=1e-5), c.id
+        with np.errstate(invalid="ignore"):      # the nf-* cases' NaN inputs
+            assert np.allclose(got, want, rtol=2.0 ** -11, atol=1e-5, equal_nan=True), c.id
 
 
 # -- goldens are never silently replaced -------------------------------------------------------------
