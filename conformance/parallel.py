@@ -175,7 +175,8 @@ def absorb_sigint() -> None:
     not cut in half. Nothing changes outside the main thread."""
     import signal
 
-    if threading.current_thread() is threading.main_thread():
+    # a handler installed outside Python (getsignal gives None) could not be put back: it is left alone
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not None:
         signal.signal(signal.SIGINT, _absorb)
 
 

@@ -19,8 +19,6 @@ import pytest
 
 from fault_helpers import ROOT, child_env
 
-pytestmark = pytest.mark.subprocess
-
 
 def _start(tmp_path, *extra: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "portakern", "conformance", "--backend", "cpu", "--device", "cpu",
@@ -56,6 +54,7 @@ def _check_report(tmp_path, out: str, err: str, serial: bool) -> dict:
     return rep
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_sigint_after_the_first_progress_line_leaves_a_valid_report_and_exit_130(tmp_path, jobs):
     p = _start(tmp_path, "--jobs", jobs)
@@ -71,6 +70,7 @@ def test_sigint_after_the_first_progress_line_leaves_a_valid_report_and_exit_130
     _check_report(tmp_path, out, err, serial=jobs == "1")
 
 
+@pytest.mark.subprocess
 def test_repeated_sigint_while_the_report_is_written_does_not_cut_it_short(tmp_path):
     """Ctrl-C pressed again and again: every SIGINT after the first lands while the run stops and writes."""
     p = _start(tmp_path)
@@ -89,3 +89,32 @@ def test_repeated_sigint_while_the_report_is_written_does_not_cut_it_short(tmp_p
     assert p.returncode in (130, -signal.SIGINT), err[-2000:]
     assert "before any case ran" not in err                        # the CLI does not deny the report it wrote
     _check_report(tmp_path, out, err, serial=True)
+
+
+def test_an_interrupted_run_in_process_gives_the_sigint_handler_back(register_plugin, tmp_path):
+    """run() absorbs Ctrl-C only while it stops and writes: the caller's handler is in place again after."""
+    from portakern.backends.cpu.backend import CpuBackend
+    from portakern.conformance.runner import run
+    from plugin_helpers import provides
+
+    class StopsOnSecondRun(CpuBackend):
+        name, priority, runs = "ctrl-c-second", -100, 0
+
+        def compile(self, op, device):
+            inner = super().compile(op, device)
+
+            def kernel(*args):
+                type(self).runs += 1
+                if type(self).runs == 2:
+                    raise KeyboardInterrupt
+                inner(*args)
+            return kernel
+
+    register_plugin(provides(StopsOnSecondRun()), name="ctrl-c-second")
+    before = signal.getsignal(signal.SIGINT)
+    report, code = run(backends=["ctrl-c-second"], cases_glob="gemv-q8_0-g32-m1-*,gemv-q4_0-g32-m1-*",
+                       report=tmp_path / "r.json", progress=False, out=None)
+    assert code == 130 and report["interrupted"]["records"] >= 1
+    assert signal.getsignal(signal.SIGINT) is before
+    with pytest.raises(KeyboardInterrupt):     # Ctrl-C raises again as it did before the run
+        signal.raise_signal(signal.SIGINT)
