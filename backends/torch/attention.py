@@ -14,9 +14,14 @@ Per batch entry (pages gathered, varlen sequences sliced, ``seqlens_k`` applied)
   unfused implementation (scores materialised, in float32), on cpu and cuda alike -- correct everywhere, fast
   nowhere. Sliding windows stay on SDPA's explicit mask (a mask SDPA can take); paged KV is gathered into dense
   K / V, because SDPA has no page table and a flex block mask built from a block table would change with it.
+* **Non-finite inputs under a mask**: SDPA adds a mask as a ``-inf`` bias, so a NaN / inf score of a *hidden* key
+  leaks into its row, where docs/ir.md says a hidden key never counts. The ``torch`` backend checks q and k of each
+  batch entry (one pass, one host sync) and runs an entry holding NaN / inf under a mask through flex_attention,
+  which replaces hidden scores. A pinned SDPA kernel (``torch-math``, ...) runs as it is, so its conformance report
+  shows that behaviour (the ``nf-*`` cases with a mask).
 * **LSE** (``return_lse``): torch's CPU flash kernel (``torch-flash`` on cpu) returns it; every other SDPA kernel
-  does not, so it is computed in float32 as ``logsumexp(scale * q k^T + bias, masked)``: one more pass over the
-  scores (their block materialised). flex_attention returns it.
+  does not, so it is computed in float32 as ``m + log(sum(exp(s - m)))`` over ``s = scale * q k^T + bias`` with
+  hidden keys replaced by ``-inf``: one more pass over the scores (their block materialised). flex_attention returns it.
 
 Grouped-query attention repeats each KV head for its query heads (memory: G x the K / V of one entry). Rows with no
 visible key return 0 and LSE ``-inf`` (fully masked rows are given a dummy key set and zeroed after, since the
@@ -148,10 +153,33 @@ def _attend(plan: _Plan, b: int, q, k, v, out, lse) -> None:
     qh = q.permute(1, 0, 2).to(plan.dtype)[None]                                     # (1, Hq, Sq, D)
     kh = k.permute(1, 0, 2).to(plan.dtype).repeat_interleave(op.group_size, dim=0)[None]
     vh = v.permute(1, 0, 2).to(plan.dtype).repeat_interleave(op.group_size, dim=0)[None]
-    o, row_lse = (_flex if plan.flex else _sdpa)(plan, b, qh, kh, vh, lse is not None)
+    flex = plan.flex or (plan.kernel is None and op.mask_mod is not None and not _finite(q, k))
+    o, row_lse = (_flex if flex else _sdpa)(plan, b, qh, kh, vh, lse is not None)
     out.copy_(o[0].permute(1, 0, 2))
     if lse is not None:
         lse.copy_(row_lse[0])
+
+
+def _finite(q, k) -> bool:
+    """Whether q and k hold no NaN / inf (one pass and one host sync per batch entry). SDPA applies a mask as a
+    ``-inf`` bias, so a non-finite score of a hidden key leaks into its row (``NaN + -inf``); docs/ir.md says a
+    hidden key never counts, which flex_attention's ``where(mask, score, -inf)`` keeps."""
+    return bool(torch.isfinite(q).all()) and bool(torch.isfinite(k).all())
+
+
+def _logsumexp(s: torch.Tensor) -> torch.Tensor:
+    """``m + log(sum(exp(s - m)))`` over the last axis as docs/ir.md writes it: ``-inf`` for a row of ``-inf``,
+    NaN for a row holding ``+inf`` or NaN (``torch.logsumexp`` returns ``+inf`` there)."""
+    m = s.amax(dim=-1, keepdim=True)
+    m = torch.where(m == -math.inf, torch.zeros_like(m), m)
+    return (m + torch.log(torch.exp(s - m).sum(dim=-1, keepdim=True)))[..., 0]
+
+
+def _plus_inf_is_nan(row_lse: torch.Tensor) -> torch.Tensor:
+    """A kernel's ``+inf`` LSE as NaN. Only a visible ``+inf`` score makes a finite-input LSE overflow to ``+inf``
+    (finite scores give ``m + log(sum) <= m + log(Sk)``), and there docs/ir.md's ``exp(inf - inf)`` is NaN; the CPU
+    flash kernel and flex_attention return ``+inf``."""
+    return row_lse.masked_fill(row_lse == math.inf, math.nan)
 
 
 def _env(plan: _Plan, b: int, Sq: int, Sk: int, dev) -> dict[str, Any]:
@@ -184,6 +212,7 @@ def _sdpa(plan: _Plan, b: int, qh, kh, vh, want_lse: bool):
                 mask = torch.zeros(mask.shape, dtype=plan.dtype, device=dev).masked_fill_(~mask, -math.inf)
             o, row_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 qh, kh, vh, attn_mask=None if mask is None else mask[None], scale=op.scale)
+            row_lse = _plus_inf_is_nan(row_lse)
         else:
             with _pinned(plan.kernel):
                 o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=None if mask is None else mask[None],
@@ -197,9 +226,9 @@ def _sdpa(plan: _Plan, b: int, qh, kh, vh, want_lse: bool):
             s = s + bias
         if keep is not None:
             s = s.masked_fill(~keep, -math.inf)
-        row_lse = torch.logsumexp(s, dim=-1)
-    if visible is not None:
-        o = o * visible[None, ..., None]
+        row_lse = _logsumexp(s)
+    if visible is not None:                    # masked_fill, not a product: a NaN q must not reach such a row
+        o = o.masked_fill(~visible[None, ..., None], 0.0)
         if row_lse is not None:
             row_lse = row_lse.masked_fill(~visible[None], -math.inf)
     return o, row_lse
@@ -230,7 +259,7 @@ def _flex(plan: _Plan, b: int, qh, kh, vh, want_lse: bool):
     with warnings.catch_warnings():   # eager flex_attention warns that it is unfused; that is the documented cost
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
         o, aux = flex_attention(qh, kh, vh, score_mod=score_mod, scale=op.scale, return_aux=AuxRequest(lse=True))
-    row_lse = aux.lse.float()
+    row_lse = _plus_inf_is_nan(aux.lse.float())
     dead = row_lse == -math.inf                                      # no visible key: 0 and -inf
     return o.masked_fill(dead[..., None], 0.0), row_lse
 
