@@ -23,7 +23,7 @@ examples:
   portakern conformance --backend cpu --device cpu --report r.json
   portakern conformance --backend triton --device cuda:0 --tier gpu --report h200.json --markdown h200.md
   portakern conformance --backend theirs --cases 'attn-*-paged*' --repeat 3
-  portakern conformance --compile-only --target sm_90a,sm_100a,gfx942 --backend triton --report aot.json
+  portakern conformance --compile-only --target sm_90a,sm_100a,gfx942 --backend triton,triton-rocm --report aot.json
   portakern conformance --list --cases 'gemv-awq-*'
   portakern conformance --backend triton --device cuda:0 --jobs 0        one worker per CPU core
   portakern conformance --backend opencl --device opencl:0 --jobs 0      pyopencl arrays on an OpenCL device

@@ -237,3 +237,12 @@ def test_interpreter_gemv_matches_float64(M):
     ref = x.double().numpy() @ qw.dequantize().astype(np.float64).T
     assert next(iter(kern.launchers.values())).kind == ("fma" if M == 1 else "dot")
     assert np.abs(out.double().numpy() - ref).max() <= 1e-4 * np.abs(ref).max()
+
+
+def test_gfx_targets_are_usage_errors_only_without_triton_rocm():
+    from portakern.conformance.cli import _unknown_target
+
+    assert _unknown_target(["triton-rocm"], ["gfx942,gfx950"]) is None
+    assert _unknown_target(["triton", "triton-rocm"], ["sm_90a,gfx942"]) is None
+    why = _unknown_target(["triton"], ["gfx942"])
+    assert why.startswith("--target gfx942: no selected backend compiles for it") and "sm_90a" in why
