@@ -13,6 +13,11 @@ driver API as a programmatic dependent, by the backend's own ``nvrtc.py`` and ``
     python benchmarks/gemv_table_sweep.py --phase bench --m 4                               # the same at M = 4
     python benchmarks/gemv_table_sweep.py --phase bench --deep-max-n 1000000 --tag -deep    # deep rings everywhere
     python benchmarks/gemv_table_sweep.py --phase write-table --from benchmarks/results/gemv-wide-sweep-h200.json
+    python benchmarks/gemv_table_sweep.py --kernel frag --phase bench     # the kernel that reads the fragment layout
+
+``--kernel frag`` sweeps the backend's second kernel (``kernels/gemv_frag.cu``, for weights prepared without words)
+on the int4 table's six shapes, beside the word kernel at its table's choice, the triton table and tinygemm
+(``gemv_cuda_frag.py``).
 
 The bench times each variant in CUDA graphs over weights rotated past 4x the L2, in the same process as the
 table's Triton kernel and tinygemm, and prints the best variant per shape against both and the floor. A problem's
@@ -334,20 +339,27 @@ def main() -> int:
                          f"columns (default {DEEP_MAX_N}: the N = 4096 / 6144 shapes; 1000000: every shape)")
     ap.add_argument("--m", type=int, default=1, choices=(1, 2, 3, 4),
                     help="rows of x (M > 1: the int4 table's six shapes; the results file is named -m<M>)")
+    ap.add_argument("--kernel", choices=("words", "frag"), default="words",
+                    help="words: the word-layout kernel (gemv_small_m.cu, the table's); frag: the kernel that reads "
+                         "the fragment layout (gemv_frag.cu) on the int4 table's six shapes, timed beside the word "
+                         "kernel, the triton table and tinygemm (gemv-cuda-frag-sweep[-m<M>]-<card>.json)")
 
     args = ap.parse_args()
     if args.deep_max_n < 1:
         raise SystemExit(f"--deep-max-n {args.deep_max_n}: must be a positive column count (e.g. 6144, or 1000000 "
                          "for every shape)")
-    if args.phase == "lower":
+    if args.phase == "lower" and args.kernel == "words":
         return lower(args.deep_max_n)
-    if args.phase == "write-table":
+    if args.phase == "write-table" and args.kernel == "words":
         if not args.sources:
             raise SystemExit("--phase write-table needs --from JSON [JSON ...] (gemv-wide-sweep files)")
         write_table(args.sources, scope=args.table_scope)
         return 0
     M = args.m
-    shapes = shapes_for(M)
+    shapes = shapes_for(M) if args.kernel == "words" else SHAPES[:6]
+    if args.kernel == "frag" and args.phase == "write-table":
+        raise SystemExit("--kernel frag --phase write-table: the fragment kernel has no table of its own (it runs the "
+                         "word kernel's entry, translated: quant_gemv.frag_config); use --phase lower, check or bench")
     if args.shapes:
         try:
             wanted = {tuple(int(t) for t in sh.split("x")) for sh in args.shapes}
@@ -357,6 +369,8 @@ def main() -> int:
             raise SystemExit(f"--shapes {sorted(wanted - set(shapes))}: not among the sweep's (bits, N, K) at M={M}: "
                              f"{', '.join('x'.join(map(str, s)) for s in shapes)}")
         shapes = tuple(s for s in shapes if s in wanted)
+    if args.kernel == "frag":
+        return _frag_main(args, M, shapes)
     jobs = [(M, b, N, K, v) for b, N, K in shapes for v in variants(b, N, K, M, args.deep_max_n)]
     cubins = compile_all(jobs)           # before CUDA is initialised in this process (forked workers)
     import torch
@@ -379,6 +393,32 @@ def main() -> int:
         print(f"| M={r['M']} int{r['bits']} {r['N']}x{r['K']} | {r['floor_us']:.2f} | {r['table_us']:.2f} "
               f"({r['floor_us'] / r['table_us']:.0%}) | {r['best_us']:.2f} ({r['floor_us'] / r['best_us']:.0%}) "
               f"| {r['best']} | {peer / r['best_us']:.2f}x |")
+    return 1 if bad else 0
+
+
+def _frag_main(args, M: int, shapes) -> int:
+    """``--kernel frag``: lower (no GPU), check or bench the fragment kernel's variants (``gemv_cuda_frag``)."""
+    import gemv_cuda_frag as F
+
+    if args.phase == "lower":
+        return F.lower(M, shapes)
+    cubins = F.compile_all([(M, N, K, v) for _, N, K in shapes for v in F.frag_variants(N, K, M)])
+    import torch
+
+    from harness import header, result_path, write
+    from timing import copy_bandwidth_TBps
+
+    torch.cuda.init()
+    torch.empty(1, device="cuda")        # the primary context current on this thread (the driver API uses it)
+    res = header(F.__doc__, copy_bandwidth_TBps(), check=[], bench=[])
+    res["capability"] = list(torch.cuda.get_device_capability(0))
+    res["_cubins"] = cubins
+    name = "gemv-cuda-frag-" + ("sweep" if args.phase == "bench" else "check") + (f"-m{M}" if M > 1 else "")
+    path = result_path(args.out, name, args.tag)
+    bad = F.run(res, M, shapes, save=lambda: write(res, path), time=args.phase == "bench")
+    write(res, path)
+    print(f"{len(res['check']) - bad}/{len(res['check'])} fragment variants correct")
+    F.summary(res)
     return 1 if bad else 0
 
 
