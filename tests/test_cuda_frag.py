@@ -483,3 +483,43 @@ def test_gpu_fragment_only_graph_replays_with_new_inputs():
         torch.cuda.synchronize()
         ref = _float64(x, w)
         assert np.abs(out.double().cpu().numpy() - ref).max() / np.abs(ref).max() < 1e-2
+
+
+# -- the sweep's helpers (benchmarks/gemv_cuda_frag.py), no GPU ----------------------------------------------------
+
+
+def _sweep():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gemv_cuda_frag
+
+    return gemv_cuda_frag
+
+
+def test_sweep_variants_are_launchable_and_bounded(C):
+    F = _sweep()
+    total = 0
+    for N, K in ((4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (28672, 8192), (16384, 16384)):
+        op = gemv(N=N, K=K)
+        vs = F.frag_variants(N, K)
+        assert vs and len(set(vs)) == len(vs)
+        for v in vs:
+            C._check_frag_config(op, C.FragConfig(*v))        # raises for one the kernel cannot take
+        total += len(vs)
+    assert total <= 500          # what the GPU times in the one-command budget (~0.1 s a variant)
+
+
+def test_sweep_reference_reads_the_fragments():
+    # the sweep's float64 reference unpacks the fragments with torch by ir.gemv_layout's index map: equal to the
+    # format's own reader's
+    torch = pytest.importorskip("torch")
+    from portakern.gemv_weight import prepare_gemv_weight
+
+    F = _sweep()
+    w = portakern.quantize(np.random.default_rng(3).standard_normal((300, 1024)).astype(np.float32), bits=4,
+                           group_size=256)
+    pw = replace(prepare_gemv_weight(w, CPU, fragments=True), qweight=None)
+    x = torch.randn(2, 1024).to(torch.bfloat16)
+    np.testing.assert_allclose(F.frag_reference(x, pw), _float64(x, w), rtol=1e-12, atol=1e-12)
