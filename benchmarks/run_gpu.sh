@@ -51,6 +51,8 @@
 #   decode-step-tiles  the step at ctx 2048 with the table and with the per-word-row GEMV tile
 #                   everywhere (--compare-tiles, no peers)
 #   dispatch        benchmarks/dispatch_overhead.py
+#   transformers-tests  tests/test_integration_transformers.py (tiny models against eager attention on cuda too, the
+#                   decode step compiled with CUDA graphs; needs transformers: pip install transformers)
 #   e2e-decode      benchmarks/e2e_decode.py --quick: a Llama-3-8B-shaped transformers model, int4 linears and attention
 #                   on portakern, generate (static cache, CUDA graphs) and a plain loop over the compiled step, beside
 #                   bf16 SDPA and torchao int4 ($E2E_ARGS replaces --quick, e.g. "--layers 8" for every mode)
@@ -145,6 +147,8 @@ for s in "$@"; do
         decode-step-tiles) step decode-step-tiles python3 benchmarks/decode_step.py --ctx 2048 --no-peers \
             --compare-tiles --tag="-tiles$TAG" --out "$RES" ;;
         dispatch) step dispatch python3 benchmarks/dispatch_overhead.py --tag="$TAG" --out "$RES" ;;
+        transformers-tests) step transformers-tests python3 -m pytest -q -p no:cacheprovider \
+            tests/test_integration_transformers.py ;;
         e2e-decode) step e2e-decode python3 benchmarks/e2e_decode.py ${E2E_ARGS:---quick} --tag="$TAG" --out "$RES" ;;
         gemv-memory) step gemv-memory python3 benchmarks/gemv_memory.py --out "$RES"
             step gemv-memory-tests python3 -m pytest -q -p no:cacheprovider tests/test_gemv_prepare_gpu.py ;;
