@@ -46,6 +46,7 @@ class TorchBackend(Backend):
     requires = ("torch",)
     install_hint = "pip install torch"
     lowerings = {"attention": "attention", "quant_gemv": "quant_gemv"}
+    x_prologues = ("silu_mul",)      # quant_gemv.supports narrows it to float32 activations on cpu
     device_refusal = ("the {name} backend runs on {types} torch devices, not on {device}; pass backend=None to let "
                       "portakern pick a backend for {device}")
     #: the SDPA kernel this backend pins (an ``SDPBackend`` member name), None: torch's own choice (and flex)

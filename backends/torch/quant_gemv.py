@@ -1,8 +1,11 @@
 """Quantized GEMV through torch's tinygemm int4 kernels: ``aten._weight_int4pack_mm`` (cuda) and
-``aten._weight_int4pack_mm_for_cpu`` (cpu), on a weight repacked once from portakern's native int4 layout.
+``aten._weight_int4pack_mm_for_cpu`` (cpu), on a weight repacked once from a 4-bit packing whose unpacked form is
+codes, a scale and an integer zero point per group (native, AWQ, GPTQ without g_idx, GGUF Q4_0).
 
 tinygemm dequantizes ``w = (q - 8) * scale + offset`` with one (scale, offset) pair per group of K, held in a
-``scale_and_zeros`` tensor ``(K // G, N, 2)`` of the activation dtype on cpu and of bfloat16 on cuda. portakern's
+``scale_and_zeros`` tensor ``(K // G, N, 2)`` of the activation dtype: the kernels here run in float32 on cpu
+(float16 / bfloat16 activations widen to it exactly; the output is rounded to the op's dtype once) and in bfloat16 on
+cuda, tinygemm's only dtype there. portakern's
 native asymmetric format is ``w = (q - z) * s`` with an integer zero point ``z`` (0..255), so the repack stores
 ``scale = s`` and ``offset = (8 - z) * s``. That is exact -- the repacked pair gives back every weight bit for
 bit -- exactly when ``s`` and ``(8 - z) * s`` are values of the scale_and_zeros dtype: ``|8 - z| <= 247`` has at
@@ -10,13 +13,15 @@ most 8 significant bits, so with p-bit scales the offset needs p + 8 bits. Hence
 
 * symmetric (``z = 8``, offset 0): the scale dtype converts losslessly to the scale_and_zeros dtype
   (float16 -> float16 / float32, bfloat16 -> bfloat16 / float32, float32 -> float32);
-* asymmetric: float16 (11 bits) or bfloat16 (8 bits) scales with float32 scale_and_zeros (24 bits), i.e. float32
-  activations on cpu. float16 / bfloat16 activations and cuda (bfloat16 only) cannot hold the offsets exactly.
+* asymmetric: float16 (11 bits) or bfloat16 (8 bits) scales with float32 scale_and_zeros (24 bits): every such
+  format on cpu; on cuda (bfloat16, 8 bits) no asymmetric format is exact, and symmetric needs bfloat16 scales.
 
-``supports`` refuses every other case by format and dtype, and ``prepare_weight`` checks the result bit for bit
-against the native dequantization (non-finite scales included) before any kernel sees it. Other packings (AWQ,
-GPTQ, GGUF, 8-bit) and act-order ``g_idx`` are refused: tinygemm has no kernel for them, and a repack of AWQ / GPTQ
-would meet the same exactness rule after unpacking -- use the native packing or backend=None.
+The ``silu_mul`` prologue runs on cpu (``silu(gate) * up`` formed in float32 and passed as it is; cuda's bfloat16
+activations would round it coarser than docs/ir.md allows).
+
+``supports`` refuses every other case by format and dtype, and ``prepare_weight`` checks the result against the
+unpacked dequantization (non-finite scales included) before any kernel sees it. 8-bit formats, GGUF K-quants and
+act-order ``g_idx`` are refused: tinygemm has no kernel for them.
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ from portakern.ir.ops import QuantGemv
 from portakern.ir.packing import unpack
 from portakern.ir.quant import Packing
 
+#: the packings whose unpacked form is 4-bit codes, a scale and an integer zero point per group of k // G (GGUF Q4_0:
+#: the fixed zero point 8); GGUF K-quants (a float minimum per group) and 8-bit formats are not repacked
+PACKINGS = (Packing.NATIVE, Packing.AWQ, Packing.GPTQ, Packing.GGUF_Q4_0)
 #: group sizes tinygemm's kernels take
 GROUP_SIZES = (32, 64, 128, 256)
 #: N is padded to a multiple of this per device type (cpu's packer needs 16, cuda's 8 -- the n tile)
@@ -44,8 +52,9 @@ _LOSSLESS = {(DType.float16, DType.float16), (DType.float16, DType.float32), (DT
 
 
 def scale_and_zeros_dtype(activation: DType, device_type: str) -> DType:
-    """The dtype tinygemm wants for scale_and_zeros: the activation dtype on cpu, bfloat16 on cuda."""
-    return activation if device_type == "cpu" else DType.bfloat16
+    """The dtype tinygemm runs in: float32 on cpu (every activation dtype widens to it exactly; the cpu kernel takes
+    scale_and_zeros of the activation dtype), bfloat16 on cuda (its only dtype)."""
+    return DType.float32 if device_type == "cpu" else DType.bfloat16
 
 
 def exact_repack(scale_dtype: DType, target: DType, symmetric: bool) -> bool:
@@ -60,9 +69,12 @@ def supports(op: QuantGemv, device) -> Support:
     """Native 4-bit, no g_idx, group 32 / 64 / 128 / 256, K a multiple of 32, and an exact repack for the
     activation dtype on the device (cuda: bfloat16 activations, sm_80 and newer)."""
     fmt = op.fmt
-    if fmt.packing is not Packing.NATIVE or fmt.bits != 4:
-        return no(f"tinygemm runs 4-bit codes in portakern's native packing; {fmt.packing.value} {fmt.bits}-bit has "
-                  "no torch kernel; use backend=None (or repack with portakern.quantize(bits=4))")
+    if fmt.packing not in PACKINGS or fmt.bits != 4:
+        return no(f"tinygemm runs 4-bit codes with one scale and offset per group ({', '.join(p.value for p in PACKINGS)}"
+                  f" repack into it); {fmt.packing.value} {fmt.bits}-bit has no torch kernel; use backend=None")
+    if op.prologue is not None and device.type != "cpu":
+        return no(f"the {op.prologue} prologue's input is formed in float32 and may not be rounded coarser; tinygemm on "
+                  "cuda takes bfloat16 activations; use backend=None")
     if fmt.has_g_idx:
         return no("tinygemm reads groups in order of k; an act-order g_idx has no tinygemm form; use backend=None")
     if fmt.group_size not in GROUP_SIZES:
@@ -79,7 +91,7 @@ def supports(op: QuantGemv, device) -> Support:
         kind = "symmetric" if fmt.symmetric else "asymmetric (offset (8 - z) * s)"
         return no(f"tinygemm holds each group's scale and offset in {target.value} here; {kind} "
                   f"{fmt.scale_dtype.value} scales do not repack exactly into it (p-bit scales need p + 8 bits for "
-                  "the offset); use float32 activations on cpu, or backend=None")
+                  "the offset); use backend=None")
     return YES
 
 
@@ -162,7 +174,11 @@ def compile(op: QuantGemv, device) -> Callable[..., None]:
     sz_dtype = _TORCH[scale_and_zeros_dtype(op.dtype, device.type)]
     N = op.N
 
+    K, silu_mul = op.K, op.prologue == "silu_mul"
+
     def kernel(x, pack: Int4Pack, out) -> None:
+        if silu_mul:                        # cpu only (supports): formed and kept in float32
+            x = torch.nn.functional.silu(x[:, :K].float()) * x[:, K:].float()
         y = mm(x.to(sz_dtype).contiguous(), pack.packed, pack.group_size, pack.scale_and_zeros(sz_dtype))
         out.copy_(y[:, :N])
 
