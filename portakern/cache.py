@@ -72,6 +72,12 @@ def file_lock(path: Path) -> Iterator[bool]:
         return
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except PermissionError:   # another user's lock file in a shared directory: flock needs only a read descriptor
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            yield False
+            return
     except OSError:
         yield False
         return

@@ -214,3 +214,26 @@ def _zeros():
     import numpy as np
 
     return np.zeros((1, 1), np.float32)
+
+
+def test_another_users_lock_file_is_locked_through_a_read_descriptor(cache_dir, monkeypatch):
+    """A shared cache directory: the lock file belongs to another user and cannot be opened for writing (permission
+    bits do not stop root, so the refusal is injected); flock through a read-only descriptor still holds the lock."""
+    real_open = os.open
+    modes = []
+
+    def shared_open(path, flags, *mode):
+        modes.append(flags)
+        if str(path).endswith(".lock") and flags & os.O_CREAT:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *mode)
+
+    c = TuningCache("ns", DEV, VERSIONS)
+    cache_dir.mkdir(exist_ok=True)
+    c.lock_path.write_text("")
+    monkeypatch.setattr(cache.os, "open", shared_open)
+    with cache.file_lock(c.lock_path) as held:
+        assert held
+    assert modes[-1] == os.O_RDONLY
+    c.put("k", 1)
+    assert TuningCache("ns", DEV, VERSIONS).get("k") == 1
