@@ -222,23 +222,26 @@ def quantize_model(model: torch.nn.Module, bits: int = 4, group_size: int = 128,
             raise InvalidInputError(f"exclude names {e!r}, which matches {bad[0]!r}, a "
                                     f"{type(modules[bad[0]]).__name__}, not an nn.Linear: quantize_model swaps "
                                     "only nn.Linear layers, so name Linear layers only")
-    targets = [(n, m) for n, m in modules.items() if type(m) is torch.nn.Linear and not excluded(n)]
-    for name, lin in targets:
-        k = lin.in_features
+    targets = [n for n, m in modules.items() if type(m) is torch.nn.Linear and not excluded(n)]
+    kept = [n for n, m in modules.items() if type(m) is torch.nn.Linear and excluded(n)]
+    for name in targets:
+        k = modules[name].in_features
         if group_size != -1 and (not isinstance(group_size, int) or group_size < 2 or k % group_size):
             raise InvalidInputError(f"group_size={group_size!r} does not divide in_features={k} of {name!r}: pick a "
                                     "divisor of every layer's in_features, -1 for one group per row, or add the "
                                     "layer to exclude")
-    swapped = []
-    for name, lin in targets:
+    del modules   # each float layer is freed as it is swapped: the peak stays near the float model's size
+    for name in targets:
+        parent, _, attr = name.rpartition(".")
+        owner = model.get_submodule(parent) if parent else model
+        lin = getattr(owner, attr)
         w = portakern.quantize(lin.weight.detach(), bits=bits, group_size=group_size, symmetric=symmetric,
                                scale_dtype=scale_dtype)
         dev = lin.weight.device
-        new = QuantLinear(w, dev, layout) if lin.bias is None else QuantLinearWithBias(w, lin.bias, dev, layout)
-        parent, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, attr, new)
-        swapped.append(name)
-    kept = [n for n, m in modules.items() if type(m) is torch.nn.Linear and excluded(n)]
+        setattr(owner, attr, QuantLinear(w, dev, layout) if lin.bias is None
+                else QuantLinearWithBias(w, lin.bias, dev, layout))
+        del lin, w
+    swapped = targets
     model.portakern_quantized = {"swapped": swapped, "excluded": kept, "bits": bits, "group_size": group_size}
     logger.info("portakern quantize_model: %d Linear layers to int%d g%s, %d kept in float (%s)", len(swapped),
                 bits, group_size, len(kept), ", ".join(kept) or "none")
