@@ -65,9 +65,12 @@ def kernel_limits(kernel: str | None, op: Attention, device) -> Support:
     if _needs_flex(op):
         return no(f"SDPA's {kernel} kernel takes a mask, not a score transform: score_mod {op.score_mod} is not "
                   "'score + bias'; backend='torch' runs it through flex_attention")
-    if device.type == "cpu":
-        return YES      # the math and CPU flash kernels take every head dim and mask, in float32 here
     D, Dv, dt = op.head_dim, op.head_dim_v, op.dtype.value
+    if device.type == "cpu":   # the math and CPU flash kernels take every mask, in float32 here
+        if kernel == "FLASH_ATTENTION" and D != Dv:
+            return no(f"torch's CPU flash kernel needs head_dim == head_dim_v; got {D} / {Dv}; use "
+                      "backend='torch-math' or 'torch'")
+        return YES
     if op.score_mod is not None and op.dtype in _HALF:
         return no(f"SDPA takes an additive score_mod as a float mask of the query's dtype, so on cuda it would be "
                   f"rounded to {dt}; backend='torch' runs it through flex_attention in float32")
