@@ -281,7 +281,9 @@ def all_cases(tier: str = "cpu") -> list:
 
         cases = attention_cpu() + gemv_cpu() + attention_nonfinite() + gemv_nonfinite()
         if tier == "gpu":
-            cases += attention_gpu() + gemv_gpu()
+            from .nonfinite import nonfinite_gpu
+
+            cases += attention_gpu() + gemv_gpu() + nonfinite_gpu()
         ids = [c.id for c in cases]
         dup = sorted({i for i in ids if ids.count(i) > 1})
         if dup:

@@ -174,3 +174,35 @@ def gemv_nonfinite() -> list[GemvCase]:
         # the silu_mul prologue: NaN in the up half of x
         nf(1, 128, "xnan", "bfloat16", 3, 96, 640, (("x", (2, 700), "nan"),), prologue="silu_mul"),
     ]
+
+
+def nonfinite_gpu() -> list:
+    """Production-sized cases of the gpu tier (goldens computed on the fly), so the GPU-only kernel paths (TMA and
+    warpgroup-MMA prefill, the warp-specialized split-KV decode, the GEMV kernels for large N and K) meet NaN and
+    infinities too."""
+    from .cases import FORMATS, _attn, _gemv, _paged
+
+    def nf(case, tag, poison):
+        return _poisoned(PoisonedAttentionCase, case, tag, poison)
+
+    def gv(fmt, tag, dt, M, poison, N=4096, K=4096, G=128):
+        return _poisoned(PoisonedGemvCase, _gemv(dt, M, N, K, FORMATS[fmt], G, tier="gpu"), tag, poison)
+
+    t = "gpu"
+    prefill = (("q", (0, 1500, 3, 7), "nan"), ("k", (0, 100, 1, 0), "inf"))
+    decode = (("q", (1, 0, 5, 3), "nan"), ("k", (2, 5000, 3, 9), "inf"), ("v", (3, 7000, 0, 1), "inf"))
+    return [
+        nf(_attn("bfloat16", 1, 2048, 2048, 8, 2, 128, "causal", tier=t, lse=True), "mixed",
+           prefill + (("v", (0, 0, 0, 5), "inf"),)),
+        nf(_attn("float16", 1, 2048, 2048, 8, 2, 128, "none", tier=t, lse=True), "mixed", prefill),
+        nf(_attn("bfloat16", 4, 1, 8192, 32, 8, 128, "none", tier=t, lse=True), "mixed", decode),
+        nf(_attn("float16", 4, 1, 8192, 32, 8, 128, "none", tier=t), "mixed", decode[:2]),
+        nf(_paged("float16", 1, 32, 8, 128, "none", (8000, 1, 3000, 17), 16, tier=t, lse=True), "unread",
+           (("k", "unread", "nan"), ("v", "unread", "nan"), ("q", (2, 0, 30, 0), "nan"),
+            ("k", (0, 7000, 7, 5), "inf"))),
+        gv(1, "xnan", "bfloat16", 1, (("x", (0, 4000), "nan"),)),
+        gv(4, "snan", "float16", 4, (("scales", (1000, 31), "nan"),)),
+        gv(6, "snan", "bfloat16", 1, (("scales", (4095, 0), "nan"),)),
+        gv(5, "xnan", "float16", 16, (("x", (9, 17), "nan"),)),
+        gv(7, "snan", "bfloat16", 1, (("scales", (17, 3), "nan"),), N=11008, G=32),
+    ]
