@@ -248,7 +248,8 @@ def run(res, M: int, shapes, save, time: bool = True) -> int:
             best = min(row["frag_us"], key=row["frag_us"].get)
             row["best"], row["best_us"] = best, row["frag_us"][best]
             print(f"M={M} int4 {N}x{K}: floor {row['floor_us']:.2f} word {row['word_us']:.2f} "
-                  f"({row['floor_us'] / row['word_us']:.0%}) frag translated {row['translated_us'] or float('nan'):.2f} "
+                  f"({row['floor_us'] / row['word_us']:.0%}) "
+                  f"frag translated {row['translated_us'] or float('nan'):.2f} "
                   f"best {row['best_us']:.2f} ({best}) table {row['table_us']:.2f} tinygemm "
                   f"{row['tinygemm_us']:.2f} -> {row['tinygemm_us'] / row['best_us']:.2f}x", flush=True)
         res["bench"].append(row)
