@@ -301,7 +301,9 @@ def cmd_info(args) -> int:
     for b in portakern.list_backends():
         try:
             status = b.status()
-        except Exception as e:  # a broken status() is reported, not fatal
+        except BaseException as e:  # a broken status() (a SystemExit too) is reported, not fatal
+            if isinstance(e, KeyboardInterrupt):
+                raise
             status = f"status() raised {type(e).__name__}: {e}"
         plugin = reg.origins.get(b.name, "?")
         backends.append({"name": b.name, "version": str(b.version), "plugin": plugin,

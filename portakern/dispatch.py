@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from collections import OrderedDict
 from dataclasses import replace
 from typing import Any, Callable
@@ -94,8 +95,23 @@ def cache_info() -> dict[str, int]:
 
 
 def _rank(backend: Backend, op: Any, device: Device) -> int:
-    p = registry().pm.hook.portakern_backend_priority(backend=backend, op=op, device=device)
-    return backend.priority if p is None else int(p)
+    """The candidate's rank: the first non-None answer of the ``portakern_backend_priority`` hooks (in pluggy's order,
+    the last registered first), else ``backend.priority``. A hook that raises, or answers what is no int, is skipped
+    with a one-time warning naming its plugin: one broken plugin must not fail every call of every backend, nor
+    drop the other plugins' answers."""
+    args = {"backend": backend, "op": op, "device": device}
+    for impl in reversed(registry().pm.hook.portakern_backend_priority.get_hookimpls()):
+        try:
+            p = impl.function(*[args[a] for a in impl.argnames])
+            if p is not None:
+                return int(p)
+        except Exception as e:
+            key = ("priority hook", impl.plugin_name, type(e).__name__)
+            if key not in _warned:
+                _warned.add(key)
+                warnings.warn(f"portakern: plugin {impl.plugin_name!r}'s portakern_backend_priority hook raised "
+                              f"{type(e).__name__}: {e}; its answer is skipped", RuntimeWarning, stacklevel=2)
+    return backend.priority
 
 
 def decide(op: Any, device: Device, backend_arg: str | None) -> Plan:
@@ -108,7 +124,9 @@ def decide(op: Any, device: Device, backend_arg: str | None) -> Plan:
         b = reg.get(name)
         try:
             s = support_of(b, op, device)
-        except Exception as e:  # a broken supports() must not take dispatch down
+        except BaseException as e:  # a broken supports() (a SystemExit too) must not take dispatch down
+            if isinstance(e, KeyboardInterrupt):
+                raise
             s = Support(False, f"supports() raised {type(e).__name__}: {e}")
         decision.candidates.append(Candidate(name, _rank(b, op, device), s))
     decision.candidates.sort(key=lambda c: (-c.priority, c.name))
@@ -149,9 +167,9 @@ def compile_next(plan: Plan) -> Plan:
             plan.backend = b
             d.chosen = b.name
             return plan
-        except PortakernError:
+        except (PortakernError, KeyboardInterrupt):
             raise
-        except Exception as e:
+        except BaseException as e:   # a SystemExit or other BaseException of a backend's compile falls back too
             capture.refuse(f"{d.op.kind} ({brief(d.op)}) on {d.device.label}", f"{b.name} failed to compile", e)
             fail_current(plan, b, e, "compile")
     raise BackendError(f"every candidate failed for {d.op.kind} ({brief(d.op)}) on {d.device.label}: "
