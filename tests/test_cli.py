@@ -138,7 +138,7 @@ def test_explain_unsupported_forced_backend_exits_1(fresh_registry, capsys, monk
     (["explain", "attention", "--shape", "1,1,8,2,2,64", "--device", "cuda:3"], "--device cuda:3: no such device"),
     (["explain", "attention", "--shape", "1,1,8,2,2,64", "--backend", "nope"], "--backend nope: no backend of that name"),
     (["explain", "quant_gemv", "--shape", "1,64,100", "--group-size", "32"], "group_size=32 does not divide K=100"),
-    (["explain", "quant_gemv", "--shape", "1,64,128", "--bits", "3"], "invalid choice: 3 (choose from 4, 8)"),
+    (["explain", "quant_gemv", "--shape", "1,64,128", "--bits", "3"], "invalid choice: 3 (choose from 4, 5, 6, 8)"),
     (["explain", "quant_gemv", "--shape", "1,64,128", "--bits", "8", "--packing", "awq"],
      "bits=8 is not supported by packing awq"),
     (["explain", "quant_gemv", "--shape", "1,64,128", "--packing", "exl2"], "--packing exl2: expected one of"),

@@ -89,8 +89,11 @@ def test_goldens_dir_that_is_a_file_is_a_usage_error(capsys, tmp_path, argv):
 @pytest.mark.parametrize("argv, fragment", [
     (ATT + ["--shape", "1,1,8,2,2,64", "--bogus"],
      "portakern explain attention: error: unrecognized arguments: --bogus (see: portakern explain attention --help)"),
+    (QG + ["--shape", "1,64,128", "--bits", "3"],
+     "portakern explain quant_gemv: error: argument --bits: invalid choice: 3 (choose from 4, 5, 6, 8) "
+     "(see: portakern explain quant_gemv --help)"),
     (QG + ["--shape", "1,64,128", "--bits", "5"],
-     "portakern explain quant_gemv: error: argument --bits: invalid choice: 5 (choose from 4, 8) "
+     "portakern explain quant_gemv: error: QuantFormat: bits=5 is not supported by packing native: allowed (4, 8) "
      "(see: portakern explain quant_gemv --help)"),
     (["info", "--jsn"], "portakern info: error: unrecognized arguments: --jsn (see: portakern info --help)"),
     (["conformance", "--bogus"],
