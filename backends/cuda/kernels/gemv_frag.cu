@@ -134,19 +134,21 @@ struct Chunk {                  // one thread's words, scales and zeros of one c
     u16 s[NT][2], z[NT][2];
 };
 
+// woff[j]: the lane's 16-byte word of tile j within a chunk (unit * 64 + lane); soff[j]: its row g of tile j within
+// a row of scales (16 unit + g). Chunk c adds c NU 64 to the words, its group's row of NP to the scales.
 __device__ __forceinline__ void load_chunk(Chunk& out, const uint4* fw4, const u16* s, const u16* z, u32 c,
-                                           const u32 (&unit)[NT], u32 lane) {
+                                           const u32 (&woff)[NT], const u32 (&soff)[NT]) {
+    const uint4* wc = fw4 + (size_t)c * (NU * 64);
+    const size_t srow = (size_t)(c * 128 / GS) * NP;
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-            out.w[j][h] = load_words(fw4 + ((size_t)c * NU + unit[j]) * 64 + 32 * h + lane);
-        const size_t row = (size_t)(c * 128 / GS) * NP + 16 * unit[j] + lane / 4;
+        for (int h = 0; h < 2; ++h) out.w[j][h] = load_words(wc + woff[j] + 32 * h);
 #pragma unroll
         for (int rb = 0; rb < 2; ++rb) {
-            out.s[j][rb] = __ldg(s + row + 8 * rb);
+            out.s[j][rb] = __ldg(s + srow + soff[j] + 8 * rb);
 #if HAS_Z
-            out.z[j][rb] = __ldg(z + row + 8 * rb);
+            out.z[j][rb] = __ldg(z + srow + soff[j] + 8 * rb);
 #endif
         }
     }
@@ -223,14 +225,18 @@ gemv_frag(const int* __restrict__ fw, const u16* __restrict__ s, const u16* __re
     const u32 slice = blockIdx.x % S, tile = blockIdx.x / S;
     const u32 c0 = slice * CS;                      // first chunk of the slice
     const uint4* fw4 = reinterpret_cast<const uint4*>(fw);
-    u32 unit[NT];                                   // the warp's tiles; past the last one (N % BN) read the last
+    u32 woff[NT], soff[NT];                         // the warp's tiles; past the last one (N % BN) read the last
 #pragma unroll
-    for (int j = 0; j < NT; ++j) unit[j] = min((u32)((tile * RW + rw) * NT + j), (u32)(NU - 1));
+    for (int j = 0; j < NT; ++j) {
+        const u32 unit = min((u32)((tile * RW + rw) * NT + j), (u32)(NU - 1));
+        woff[j] = unit * 64 + lane;
+        soff[j] = unit * 16 + g;
+    }
 
     // -- phase 1: the first PF chunks of words, scales and zeros in flight (constant: before the wait)
     Chunk buf[PF];
 #pragma unroll
-    for (int p = 0; p < PF; ++p) load_chunk(buf[p], fw4, s, z, c0 + kw + KW * p, unit, lane);
+    for (int p = 0; p < PF; ++p) load_chunk(buf[p], fw4, s, z, c0 + kw + KW * p, woff, soff);
 #if PDL && !defined(PK_HOST)
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
@@ -278,7 +284,7 @@ gemv_frag(const int* __restrict__ fw, const u16* __restrict__ s, const u16* __re
             const u32 i = i0 + p;
             if (i < CPW) {
                 chunk_products(buf[p], xe, xo, xsum, kw + KW * i, t, res);
-                if (i + PF < CPW) load_chunk(buf[p], fw4, s, z, c0 + kw + KW * (i + PF), unit, lane);
+                if (i + PF < CPW) load_chunk(buf[p], fw4, s, z, c0 + kw + KW * (i + PF), woff, soff);
             }
         }
     }
