@@ -27,7 +27,8 @@ class CudaBackend(Backend):
     """CUDA C kernels compiled at run time by NVRTC, for NVIDIA GPUs (sm_80 and newer).
 
     One op so far: ``quant_gemv`` at M = 1 to 4 (``quant_gemv.py``), on the GEMV weight layout it shares with the
-    triton backend (``portakern.gemv_weight``). It ranks below triton (90) except for the problems its measured table
+    triton backend (``portakern.gemv_weight``): a kernel that reads its words and one that reads its fragment layout,
+    for a weight prepared without words. It ranks below triton (90) except for the problems its measured table
     (``tuning.TABLE``) says it runs faster, where its priority hook ranks it at 110; elsewhere it serves when asked
     by name (``backend="cuda"``) or when ``use_policy("fastest")`` measures it ahead. Attention has no cuda kernel
     (``attention.py`` says so and names the triton backend).
