@@ -89,11 +89,15 @@ def _attend(op: Attention, b: int, q, k, v, out, lse, bias, eager: bool) -> None
             s = evaluate(op.score_mod, {**env, "score": s}, dev).to(torch.float32).expand(Hq, Sq, Sk)
         if keep is not None:
             s = s.masked_fill(~keep, -math.inf)
-        row_lse = torch.logsumexp(s, dim=-1)                               # -inf: no visible key
-        p = torch.exp(s - torch.where(torch.isfinite(row_lse), row_lse, 0.0)[..., None])
-        o = p @ vh
+        # the row max, NaN when a visible score is NaN; -inf (no visible key) becomes 0
+        m = s.amax(dim=-1)
+        m = torch.where(m == -math.inf, 0.0, m)
+        p = torch.exp(s - m[..., None])               # +inf score: inf - inf = NaN (docs/ir.md "Non-finite values")
+        l = p.sum(dim=-1)
+        seen = l != 0                                 # NaN != 0: a poisoned row stays NaN
+        o = (p @ vh) / torch.where(seen, l, 1.0)[..., None]
         if lse is not None:
-            lse.copy_(row_lse)
+            lse.copy_(torch.where(seen, m + torch.log(torch.where(seen, l, 1.0)), -math.inf))
     else:
         # -- SDPA with a boolean mask (or a float mask carrying an additive score_mod)
         visible = None
@@ -107,7 +111,7 @@ def _attend(op: Attention, b: int, q, k, v, out, lse, bias, eager: bool) -> None
         o = F.scaled_dot_product_attention(qh[None], kh[None], vh[None], attn_mask=None if mask is None
                                            else mask[None], scale=op.scale)[0]
         if visible is not None:
-            o = o * visible[..., None]
+            o = torch.where(visible[..., None], o, 0.0)   # never 0 * NaN: a masked row is 0 whatever q holds
     out.copy_(o.permute(1, 0, 2))
 
 
