@@ -42,6 +42,7 @@ class TritonBackend(Backend):
     device_refusal = ("triton (NVIDIA) does not run on {type} devices; on AMD GPUs (rocm) the triton-rocm backend "
                       "runs the same kernels: backend=\"triton-rocm\"")
     launches_on_current_device = True
+    runtime_lengths = True  # its attention kernels read the sequence lengths from each call (attention.runtime)
 
     def runtime_status(self) -> str:
         return "ok (interpreter)" if interpreting() else "ok"

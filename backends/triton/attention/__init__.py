@@ -57,17 +57,21 @@ def supports(op: Attention, device: Device) -> Support:
 
 
 def compile(op: Attention, device: Device) -> Callable[..., None]:
-    """The kernel ``kernel(q, k, v, out, lse, aux)`` for ``op`` on ``device`` (table or tuned config)."""
+    """The kernel ``kernel(q, k, v, out, lse, aux)`` for every sequence length of ``op``'s shape class on ``device``
+    (``runtime.LengthKernel``: the configuration, table or tuned, follows each call's lengths)."""
     from . import forward
+    from .runtime import LengthKernel
 
     arch, sms = plan.family(device)
     if autotune_enabled() and device.type == "cuda":
         from .autotune import tuned
 
-        cfg = tuned(op, device, arch, sms, lambda c: forward.time_config(op, device, c))
+        def choose(at):
+            return tuned(at, device, arch, sms, lambda c: forward.time_config(at, device, c))
     else:
-        cfg = plan.choose(op, arch, sms)
-    return forward.build(op, device, cfg)
+        def choose(at):
+            return plan.choose(at, arch, sms)
+    return LengthKernel(op, device, choose)
 
 
 def compile_for_target(op: Attention, target: str, config=None) -> dict:

@@ -134,7 +134,8 @@ def launcher(op: Attention, cfg, combine_consts: dict[str, Any]) -> Callable[...
     consts = constexprs(op, cfg)
     grid = (cfg.num_splits, op.batch * op.heads_kv)
     workspace: dict[Any, Any] = {}   # device -> StreamWorkspace
-    decode = KernelLaunch(fn, grid, consts, dict(num_warps=4, launch_pdl=cfg.pdl, **KERNEL_OPTIONS))
+    # free_ints: the block table's strides follow its width (paged: one launcher serves every length)
+    decode = KernelLaunch(fn, grid, consts, dict(num_warps=4, launch_pdl=cfg.pdl, **KERNEL_OPTIONS), free_ints=True)
     merge = KernelLaunch(combine, (op.batch * op.heads_q,), combine_consts,
                          dict(num_warps=4, launch_pdl=combine_consts["PDL"], **KERNEL_OPTIONS))
 

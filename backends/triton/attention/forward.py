@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from portakern.devices import Device
 from portakern.ir.ops import Attention, KVLayout
+from portakern.lru import LRU
 from portakern.stream_workspace import StreamWorkspace, stream_index
 
 from ..common.launch import KERNEL_OPTIONS, KernelLaunch
@@ -42,6 +43,8 @@ from .rules import check
 from .tma import descriptors, tma_blocker
 
 _LAYOUT = {KVLayout.DENSE: 0, KVLayout.PAGED: 1, KVLayout.VARLEN: 2}
+#: split-KV workspace sets a built kernel keeps (one per device, rows and grid, least recently used first out)
+WORKSPACE_SETS = 4
 
 
 def constexprs(op: Attention, cfg: AttnConfig, interpret: bool, mods) -> dict[str, Any]:
@@ -73,6 +76,30 @@ def constexprs(op: Attention, cfg: AttnConfig, interpret: bool, mods) -> dict[st
 
 def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]:
     """The kernel for ``op`` with an explicit configuration (benchmarks and tuning sweep with this)."""
+    inner = build_at(op, device, cfg)
+    shapes = op.shapes()
+
+    def kernel(q, k, v, out, lse, aux=None) -> None:
+        inner(op, shapes, q, k, v, out, lse, aux)
+
+    kernel.__name__ = f"triton_attention_{op.content_hash()}"
+    kernel.config = cfg
+    kernel.workspace_bytes = plan.workspace_bytes(op, cfg)
+    return kernel
+
+
+def fixed_lengths(op: Attention, cfg: AttnConfig) -> bool:
+    """Whether ``build_at``'s kernel for ``cfg`` serves only ``op``'s own lengths: the Gluon prefill kernel (its
+    grid and descriptors follow Sq and Sk) and the Gluon decode kernel over dense K/V (its K/V descriptors span
+    Sk). ``attn_fwd`` and the Gluon decode kernel over pages read every length from the call."""
+    return cfg.wgmma or (cfg.decode_ws and op.kv_layout is not KVLayout.PAGED)
+
+
+def build_at(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]:
+    """``kernel(at, shapes, q, k, v, out, lse, aux)`` under ``cfg`` for a member ``at`` of ``op``'s shape class
+    (``portakern.lengths.attention_at``; ``shapes``: ``at.shapes()``): the grid, the rows and the lengths the
+    kernel gets follow ``at`` on every call, so one built kernel (and Triton's one compile of each integer
+    specialisation) serves every length (``fixed_lengths``: the Gluon kernels that cannot)."""
     from .. import kernels
     from ..expr_triton import load_mods
 
@@ -86,45 +113,47 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
     consts = constexprs(op, cfg, interpret, load_mods(op.score_mod, op.mask_mod, interpret))
     # calls whose tensors break TMA's rules (tma_blocker) run this pointer kernel, compiled on first use
     ptr_consts = dict(consts, TMA=False)
-    shapes = op.shapes()
     varlen = op.kv_layout is KVLayout.VARLEN
     rows = cfg.block_m // cfg.pack
-    R = op.total_q if varlen else op.batch * op.seqlen_q
-    if varlen:
-        grid = ((-(-op.total_q // rows) + op.batch + 1) * cfg.num_splits, op.heads_q // cfg.pack)
-    else:
-        grid = (-(-op.seqlen_q // rows) * cfg.num_splits, op.batch * op.heads_q // cfg.pack)
     launch_opts = {} if interpret else dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=cfg.pdl,
                                             **KERNEL_OPTIONS)
-    workspace: dict[Any, Any] = {}   # device -> StreamWorkspace
+    # (device, R, query tiles) -> StreamWorkspace: a decode loop keeps one; a new Sq (prefill) sizes another
+    workspace = LRU(WORKSPACE_SETS)
     cconsts = combine.constexprs(op, cfg, consts["BLOCK_DV"])
     combine_opts = {} if interpret else dict(num_warps=4, launch_pdl=cconsts["PDL"], **KERNEL_OPTIONS)
-    fwd_launch = {False: KernelLaunch(fwd, grid, consts, launch_opts, interpret)}   # key: the pointer fallback
-    combine_launch = KernelLaunch(merge, (R * op.heads_q,), cconsts, combine_opts, interpret)
+    # key: the pointer fallback; every integer argument (strides, lengths) is guarded by its specialisation only
+    fwd_launch = {False: KernelLaunch(fwd, (1, 1), consts, launch_opts, interpret, free_ints=True)}
+    combine_launch = KernelLaunch(merge, (1,), cconsts, combine_opts, interpret, free_ints=True)
 
     passed: list[tuple] = [()]   # the layout key (``layout_key``) of the last call that passed the checks
 
-    def kernel(q, k, v, out, lse, aux=None) -> None:
+    def kernel(at, shapes, q, k, v, out, lse, aux=None) -> None:
         aux = unit_stride_aux(aux or {})
         bt, sk, cu_q, cu_k = (aux.get(n) for n in AUX_NAMES)
         key = layout_key(q, k, v, out, lse, aux)
         if key != passed[0]:
-            check_operands(op, shapes, q, k, v, out, lse)
-            check_aux(op, bt, sk, cu_q, cu_k)
+            check_operands(at, shapes, q, k, v, out, lse)
+            check_aux(at, bt, sk, cu_q, cu_k)
             passed[0] = key
         if varlen:
             sq_, sk_ = (0,) + q.stride()[:2], (0,) + k.stride()[:2]
             sv_, so_ = (0,) + v.stride()[:2], (0,) + out.stride()[:2]
             sl_ = (0,) + (lse.stride() if lse is not None else (0, 0))
+            R = at.total_q
+            grid = ((-(-R // rows) + at.batch + 1) * cfg.num_splits, at.heads_q // cfg.pack)
         else:
             sq_, sk_, sv_, so_ = q.stride()[:3], k.stride()[:3], v.stride()[:3], out.stride()[:3]
             sl_ = lse.stride() if lse is not None else (0, 0, 0)
+            R = at.batch * at.seqlen_q
+            grid = (-(-at.seqlen_q // rows) * cfg.num_splits, at.batch * at.heads_q // cfg.pack)
         sbt = bt.stride() if bt is not None else (0, 0)
         if cfg.num_splits > 1:
-            ws = workspace.get(q.device)
+            wkey = (q.device, R, grid)
+            ws = workspace.get(wkey)
             if ws is None:
                 dev = q.device
-                ws = workspace[dev] = StreamWorkspace(lambda: _workspace(op, cfg, R, grid, dev), stream_index(dev))
+                ws = StreamWorkspace(lambda: _workspace(at, cfg, R, grid, dev), stream_index(dev))
+                workspace.put(wkey, ws)
             ws_o, ws_lse, locks = ws.get()
         else:
             ws_o = ws_lse = locks = None
@@ -137,27 +166,25 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
             else:
                 fallback = True
                 warnings.warn(f"portakern: triton attention with tma=True runs pointer loads for this call: "
-                              f"{why} (same results, TMA's speed-up lost)", RuntimeWarning, stacklevel=2)
+                              f"{why} (same results, TMA's speed-up lost)", RuntimeWarning, stacklevel=3)
         launch = fwd_launch.get(fallback)
         if launch is None:
-            launch = fwd_launch[fallback] = KernelLaunch(fwd, grid, ptr_consts, launch_opts, interpret)
-        launch(q, k, v, out, lse, ws_o, ws_lse, locks, bt, sk, cu_q, cu_k, kd, vd, *sq_, *sk_, *sv_, *so_, *sl_, *sbt,
-               op.batch, op.total_q if varlen else op.seqlen_q, op.seqlen_k, R, op.scale)
+            launch = fwd_launch[fallback] = KernelLaunch(fwd, (1, 1), ptr_consts, launch_opts, interpret,
+                                                         free_ints=True)
+        launch.on(grid, q, k, v, out, lse, ws_o, ws_lse, locks, bt, sk, cu_q, cu_k, kd, vd, *sq_, *sk_, *sv_, *so_,
+                  *sl_, *sbt, at.batch, at.total_q if varlen else at.seqlen_q, at.seqlen_k, R, at.scale)
         if cfg.num_splits > 1 and not cfg.fused_combine:
-            combine_launch(ws_o, ws_lse, out, lse, *so_, *sl_, op.seqlen_q, R)
+            combine_launch.on((R * at.heads_q,), ws_o, ws_lse, out, lse, *so_, *sl_, at.seqlen_q, R)
 
-    kernel.__name__ = f"triton_attention_{op.content_hash()}"
-    kernel.config = cfg
-    kernel.workspace_bytes = plan.workspace_bytes(op, cfg)
     return kernel
 
 
 def build_gluon(op: Attention, device: Device, cfg: AttnConfig, arch: str) -> Callable[..., None]:
     """A Gluon kernel behind ``attn_fwd``'s per-call checks: the prefill kernel (``cfg.wgmma``, ``wgmma.py``) or
-    the split decode kernel (``cfg.decode_ws``, ``decode_ws.py``). A call whose tensors the kernel's descriptors
+    the split decode kernel (``cfg.decode_ws``, ``decode_ws.py``), as ``build_at``'s ``kernel(at, shapes, ...)``
+    (serving ``op``'s own lengths only where ``fixed_lengths``). A call whose tensors the kernel's descriptors
     cannot take (the module's ``call_blocker``) runs the ``attn_fwd`` table configuration instead, built on the
     first such call, with a RuntimeWarning naming the reason (same results, slower)."""
-    shapes = op.shapes()
     if cfg.wgmma:
         mod, what = wgmma, "the wgmma prefill kernel"
         launch = wgmma.launcher(op, cfg)
@@ -168,28 +195,25 @@ def build_gluon(op: Attention, device: Device, cfg: AttnConfig, arch: str) -> Ca
     slow: list[Callable[..., None]] = []
     passed: list[tuple] = [()]   # the layout key of the last call that passed every check
 
-    def kernel(q, k, v, out, lse, aux=None) -> None:
+    def kernel(at, shapes, q, k, v, out, lse, aux=None) -> None:
         aux = unit_stride_aux(aux or {})
         key = layout_key(q, k, v, out, lse, aux)
         if key == passed[0]:   # what the checks read is as on a call that passed them
             launch(q, k, v, out, lse, aux)
             return
-        check_operands(op, shapes, q, k, v, out, lse)
-        check_aux(op, *(aux.get(n) for n in AUX_NAMES))
+        check_operands(at, shapes, q, k, v, out, lse)
+        check_aux(at, *(aux.get(n) for n in AUX_NAMES))
         why = mod.call_blocker(q, k, v, out)
         if why is None:
             passed[0] = key
             launch(q, k, v, out, lse, aux)
             return
         if not slow:
-            slow.append(build(op, device, plan.choose(op, arch, plan.family(device)[1], wgmma=False)))
+            slow.append(build_at(op, device, plan.choose(op, arch, plan.family(device)[1], wgmma=False)))
         warnings.warn(f"portakern: triton attention runs attn_fwd instead of {what} for this call: {why} "
-                      f"(same results, slower)", RuntimeWarning, stacklevel=2)
-        slow[0](q, k, v, out, lse, aux)
+                      f"(same results, slower)", RuntimeWarning, stacklevel=3)
+        slow[0](at, shapes, q, k, v, out, lse, aux)
 
-    kernel.__name__ = f"triton_attention_{op.content_hash()}"
-    kernel.config = cfg
-    kernel.workspace_bytes = plan.workspace_bytes(op, cfg)
     return kernel
 
 

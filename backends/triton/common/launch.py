@@ -17,6 +17,9 @@ would have chosen the same compiled kernel:
   32-bit specialisations and bool / int / float, which compare equal in Python but specialise differently; a
   caller whose strides change falls back rather than guessing);
 * every ``None`` argument still ``None``;
+* with ``free_ints`` (launchers whose strides and lengths change from call to call: attention over growing
+  sequences), an integer argument only in Triton's own specialisation of it instead of its value: ``== 1``,
+  divisible by 16, and 32-bit or not -- the same compiled kernel Triton's cache would pick;
 * the same current device, and no launch hooks installed (profilers such as Proton set them and
   expect Triton's own path, which this then takes).
 
@@ -51,19 +54,27 @@ def _hooked(hook) -> bool:
     return True if calls is None else bool(calls)
 
 
+def int_class(x: int) -> tuple[bool, bool, bool]:
+    """What Triton specialises a (non-constexpr) integer argument on: equal to 1, divisible by 16, fits 32 bits."""
+    return x == 1, x % 16 == 0, -0x80000000 <= x <= 0x7FFFFFFF
+
+
 class _Fast:
     """The compiled kernel of one guarded call and what its guard compares."""
 
     __slots__ = ("compiled", "device", "n_args", "tensor_pos", "dtypes", "scalar_pos", "none_pos", "scalars",
-                 "scalar_types", "tail")
+                 "scalar_types", "tail", "int_pos", "int_classes")
 
-    def __init__(self, compiled, device, args: tuple, tail: tuple):
+    def __init__(self, compiled, device, args: tuple, tail: tuple, free_ints: bool = False):
         self.compiled, self.device, self.tail, self.n_args = compiled, device, tail, len(args)
         self.tensor_pos = tuple(i for i, a in enumerate(args) if hasattr(a, "data_ptr"))
         self.dtypes = tuple(args[i].dtype for i in self.tensor_pos)
         # scalars (bools, ints, floats, numpy scalars) compared by value: stricter than Triton, which specialises
         # integers only and floats not at all, so a changed scalar falls back rather than guessing
-        self.scalar_pos = tuple(i for i, a in enumerate(args) if isinstance(a, numbers.Number))
+        free = {i for i, a in enumerate(args) if type(a) is int} if free_ints else set()
+        self.int_pos = tuple(sorted(free))
+        self.int_classes = tuple(int_class(args[i]) for i in self.int_pos)
+        self.scalar_pos = tuple(i for i, a in enumerate(args) if isinstance(a, numbers.Number) and i not in free)
         self.none_pos = tuple(i for i, a in enumerate(args) if a is None)
         self.scalars = tuple(args[i] for i in self.scalar_pos)
         self.scalar_types = tuple(type(s) for s in self.scalars)
@@ -75,12 +86,14 @@ class KernelLaunch:
     ``args`` are the kernel's runtime arguments, in signature order, all positional; ``constexprs``
     name the parameters after them (any the kernel declares with a default may be left out).
     ``interpret`` (Triton's interpreter) disables the fast path; ``fast`` False sends every launch through
-    ``fn[grid]`` (default: ``switches.fast_launch_enabled()``, read once, here).
+    ``fn[grid]`` (default: ``switches.fast_launch_enabled()``, read once, here). ``free_ints``: integer arguments
+    are guarded by their specialisation, not their value (see the module docstring); ``on(grid, *args)`` launches
+    on a grid of that call's own.
     """
 
     def __init__(self, fn, grid: tuple[int, ...], constexprs: dict[str, Any], options: dict[str, Any],
-                 interpret: bool = False, fast: bool | None = None):
-        self.fn, self.constexprs, self.options = fn, constexprs, options
+                 interpret: bool = False, fast: bool | None = None, free_ints: bool = False):
+        self.fn, self.constexprs, self.options, self.free_ints = fn, constexprs, options, free_ints
         self.fast_enabled = fast_launch_enabled() if fast is None else bool(fast)
         self.grid = tuple(grid)
         self.grid3 = (tuple(grid) + (1, 1))[:3]
@@ -99,6 +112,18 @@ class KernelLaunch:
                   None, None, None, *args, *fast.tail)
             return
         self._slow(args)
+
+    def on(self, grid: tuple[int, ...], *args) -> None:
+        """Launch on ``grid`` (this call's own: a launcher whose grid follows the call's lengths)."""
+        fast = self._fast
+        if fast is not None and self.fast_enabled and self._guard(fast, args):
+            c = fast.compiled
+            self.fast_calls += 1
+            g = (*grid, 1, 1)
+            c.run(g[0], g[1], g[2], self._driver.get_current_stream(fast.device), c.function, c.packed_metadata,
+                  None, None, None, *args, *fast.tail)
+            return
+        self._slow(args, tuple(grid))
 
     def set_fast(self, enabled: bool) -> bool:
         """Turn this launcher's fast path on or off (at once: a recorded fast kernel is not used while off);
@@ -129,12 +154,16 @@ class KernelLaunch:
             a = args[i]
             if type(a) is not t or a != v:   # the type first: a tensor's ``!=`` is a tensor, whose truth raises
                 return False
+        for i, cls in zip(fast.int_pos, fast.int_classes):
+            a = args[i]
+            if type(a) is not int or int_class(a) != cls:
+                return False
         return self._driver.get_current_device() == fast.device
 
-    def _slow(self, args: tuple) -> None:
+    def _slow(self, args: tuple, grid: tuple | None = None) -> None:
         """Triton's own path (binds, compiles if needed, launches); its kernel becomes the fast one."""
         self.slow_calls += 1
-        compiled = self.fn[self.grid](*args, **self.constexprs, **self.options)
+        compiled = self.fn[self.grid if grid is None else grid](*args, **self.constexprs, **self.options)
         if not self.fast_ok or not self.fast_enabled:
             self._fast = None
             return
@@ -152,7 +181,7 @@ class KernelLaunch:
             from triton.runtime import driver
 
             self._driver, self._runtime = driver.active, knobs.runtime
-        self._fast = _Fast(compiled, self._driver.get_current_device(), args, self._tail(len(args)))
+        self._fast = _Fast(compiled, self._driver.get_current_device(), args, self._tail(len(args)), self.free_ints)
 
     def _tail(self, n_args: int) -> tuple:
         """The parameters after the ``n_args`` runtime ones, as Triton binds them: constexprs and defaults
