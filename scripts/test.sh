@@ -8,7 +8,8 @@
 #      and sm_120;
 #   4. the opencl backend over the whole cpu-tier conformance suite on the OpenCL device (PoCL on the CPU),
 #      then again from host arrays (backend="opencl" on numpy / CPU torch: the bfloat16 cases too);
-#      (1 to 4 shard their cases over one worker process per core: --jobs 0)
+#   4b. the torch backend (torch's SDPA kernels, flex_attention, tinygemm) over the cpu-tier suite on the CPU;
+#      (1 to 4b shard their cases over one worker process per core: --jobs 0)
 #   5. the pytest suite (unit, reference, dispatch, plugin, conformance, contract and mutation tests), without
 #      the interpreter tier (-m "not interpreter"); the opencl tests fail, never skip, when no OpenCL device is
 #      present (PORTAKERN_REQUIRE_OPENCL=1);
@@ -48,6 +49,9 @@ if [ -z "${PORTAKERN_SKIP_SLOW_CONFORMANCE:-}" ]; then
   echo "== opencl backend, cpu-tier conformance from host arrays (bfloat16 included) =="
   $PK conformance --backend opencl --device cpu --jobs 0 \
     --report reports/opencl-host.json --markdown reports/opencl-host.md || status=1
+  echo "== torch backend (SDPA, flex_attention, tinygemm), cpu-tier conformance on the CPU =="
+  $PK conformance --backend torch --device cpu --jobs 0 \
+    --report reports/torch-cpu.json --markdown reports/torch-cpu.md || status=1
 fi
 run_pytest() {   # run_pytest LABEL ARGS...: one pytest step, timed; exit 5 (no tests ran) fails it
   local label=$1 start=$SECONDS rc

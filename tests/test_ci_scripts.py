@@ -115,7 +115,8 @@ def test_test_sh_conformance_steps_show_progress(tmp_path):
     # interpreter run (many minutes) silent until its end
     r, calls, _ = _test_sh_sandbox(tmp_path)
     assert r.returncode == 0, r.stderr
-    assert len(calls) == 7 and all(c.startswith("conformance") for c in calls), calls   # triton x2, triton-rocm x2, cuda, opencl x2
+    assert len(calls) == 8 and all(c.startswith("conformance") for c in calls), calls   # triton x2, triton-rocm x2, cuda, opencl x2, torch
+    assert any("--backend torch --device cpu" in c for c in calls), calls
     assert any("--backend cuda --compile-only" in c for c in calls), calls
     assert any("--backend opencl --device opencl:0" in c for c in calls), calls
     assert any("--backend opencl --device cpu" in c for c in calls), calls
