@@ -231,7 +231,8 @@ def _host_frag(N, K, M, sym, xdt, sdt, odt, cfg, gs=128):
                            scale_dtype=sdt)
     x = torch.randn(M, K, generator=g).to(getattr(torch, xdt))
     op = QuantGemv(M=M, N=N, K=K, dtype=DType(xdt), fmt=w.fmt, out_dtype=DType(odt))
-    pw = replace(prepare_gemv_weight(w, CPU, fragments=True), qweight=None)       # fragments only
+    pw = prepare_gemv_weight(w, CPU, fragments=True, layout="fragments")        # each code once, as fragments
+    assert pw.qweight is None
     return frag_gemv_on_host(op, pw, x, C.FragConfig(*cfg)), _float64(x, w)
 
 
@@ -369,7 +370,8 @@ def test_the_kernel_follows_the_weights_layout(C, monkeypatch):
     w = portakern.quantize(np.random.default_rng(0).standard_normal((N, K)).astype(np.float32), bits=4,
                            group_size=128)
     both = prepare_gemv_weight(w, CPU, fragments=True)
-    only = replace(both, qweight=None)
+    only = prepare_gemv_weight(w, CPU, fragments=True, layout="fragments")
+    assert both.qweight is not None and only.qweight is None
     op = QuantGemv(M=1, N=N, K=K, dtype=DType.bfloat16, fmt=w.fmt)
     fcfg = C.FragConfig(rw=2, nt=2, kw=1, splits=1, pf=2)        # one slice: no per-stream workspace (needs CUDA)
     kern = C.compile(op, H200, C.SmallMConfig(16, 4, 1, 2), fcfg)
@@ -387,10 +389,26 @@ def test_the_kernel_follows_the_weights_layout(C, monkeypatch):
                         out.data_ptr())
     with pytest.raises(InvalidInputError, match="holds neither words .* nor fragments"):
         kern(x, replace(only, frag=None), out)
-    wide = replace(prepare_gemv_weight(portakern.quantize(np.ones((1200, K), np.float32), bits=4, group_size=128),
-                                       CPU, fragments=True), qweight=None)
+    wide = prepare_gemv_weight(portakern.quantize(np.ones((1200, K), np.float32), bits=4, group_size=128), CPU,
+                               fragments=True, layout="fragments")
     with pytest.raises(InvalidInputError, match="fragments' row stride is 1280, expected 1024"):
         kern(x, wide, out)
+    # weights prepared as fragments by default: the fragment kernel is compiled with the op, the word kernel on its
+    # first call, which inside CUDA stream capture is refused with the way out
+    from portakern import capture, gemv_weight
+
+    monkeypatch.setattr(gemv_weight, "DEFAULT_LAYOUT", "fragments")
+    made.clear()
+    kern = C.compile(op, H200, C.SmallMConfig(16, 4, 1, 2), fcfg)
+    assert made == [C.FRAG_ENTRY]
+    monkeypatch.setattr(capture, "is_capturing", lambda: True)
+    with pytest.raises(capture.CaptureError, match=r"quant_gemv\(M=1, N=1000, K=1024\) on cuda: the first call with "
+                                                   r"a weight holding words compiles .* before capture"):
+        kern(x, both, out)
+    kern(x, only, out)                                         # compiled already: launches inside the capture
+    monkeypatch.setattr(capture, "is_capturing", lambda: False)
+    kern(x, both, out)
+    assert made == [C.FRAG_ENTRY, C.ENTRY] and launches[-1][0] == C.ENTRY
     op8 = QuantGemv(M=1, N=N, K=K, dtype=DType.bfloat16, fmt=QuantFormat(bits=8, group_size=128, symmetric=False))
     kern8 = C.compile(op8, H200, C.SmallMConfig(16, 8, 1, 2))
     assert kern8.frag_config is None
@@ -429,15 +447,15 @@ def _cuda():
 
 
 def _fragment_only(w, torch):
-    """``w`` with a fragment-only prepared copy in its cache (the key dispatch uses), as a weight prepared without
-    words would hold; the words are dropped."""
+    """``w`` with a fragment-only prepared copy (``layout="fragments"``: each code held once) in its cache, under the
+    key dispatch uses, so the cuda backend runs its fragment kernel on it."""
     from portakern.devices import torch_device
     from portakern.gemv_weight import GEMV_LAYOUT, prepare_gemv_weight
 
     dev = torch_device("cuda", 0)
-    pw = prepare_gemv_weight(w, dev, fragments=True)
-    assert pw.frag is not None
-    w.prepared[(GEMV_LAYOUT, str(dev))] = replace(pw, qweight=None)
+    pw = prepare_gemv_weight(w, dev, fragments=True, layout="fragments")
+    assert pw.frag is not None and pw.qweight is None
+    w.prepared[(GEMV_LAYOUT, str(dev))] = pw
     return w
 
 
@@ -523,6 +541,6 @@ def test_sweep_reference_reads_the_fragments():
     F = _sweep()
     w = portakern.quantize(np.random.default_rng(3).standard_normal((300, 1024)).astype(np.float32), bits=4,
                            group_size=256)
-    pw = replace(prepare_gemv_weight(w, CPU, fragments=True), qweight=None)
+    pw = prepare_gemv_weight(w, CPU, fragments=True, layout="fragments")
     x = torch.randn(2, 1024).to(torch.bfloat16)
     np.testing.assert_allclose(F.frag_reference(x, pw), _float64(x, w), rtol=1e-12, atol=1e-12)

@@ -12,8 +12,8 @@ M = 1 to 4 rows of x, fp16 / bf16 activations and scales:
   translated to the same rows, threads and bytes in flight per thread (``frag_config``).
 
 The kernel follows the weight: ``kernel(x, prepared, out)`` runs the word kernel when the weight has words, else
-the fragment kernel (compiled by NVRTC on the first such call). Both read the layout either backend prepared
-(``CudaBackend.weight_layout``).
+the fragment kernel. The one of the default layout (``portakern.gemv_weight.DEFAULT_LAYOUT``) is compiled with the
+op, the other on its first call. Both read the layout either backend prepared (``CudaBackend.weight_layout``).
 
 The launch configuration (``choose``) comes from ``tuning.TABLE`` where a GPU sweep measured the problem
 (``benchmarks/gemv_table_sweep.py --phase write-table``), else from a rule. The backend ranks below triton
@@ -21,8 +21,8 @@ The launch configuration (``choose``) comes from ``tuning.TABLE`` where a GPU sw
 hook; on an H100: the large M = 1 int4 shapes and int8, never M = 4). Its CUDA C also runs on the CPU
 in CI (``common/host_run.py``) against float64. Design and measurements: ``docs/design/quant-gemv-cuda.md``.
 
-CUDA-graph contract: the first call of a signature (and, for the fragment kernel, the first call with a fragment-only
-weight) compiles and loads the kernel and, when K is split, makes the fp32 workspace and arrival counters of its
+CUDA-graph contract: the first call of a signature (and the first call with a weight of the other layout, which
+inside a capture raises ``CaptureError`` instead) compiles and loads the kernel and, when K is split, makes the fp32 workspace and arrival counters of its
 stream (``portakern.stream_workspace``; the kernel resets the counters itself); later calls launch one kernel,
 allocating nothing, unless x is not a contiguous, 16-byte aligned row (then it is copied each call).
 """
@@ -315,10 +315,20 @@ def _launcher(op: QuantGemv, device: Device, source: str, entry: str, consts: di
     return launch
 
 
+def _default_layout() -> str:
+    """The layout ``prepare_gemv_weight`` builds when none is asked for (``portakern.gemv_weight.DEFAULT_LAYOUT``)."""
+    from portakern import gemv_weight
+
+    return getattr(gemv_weight, "DEFAULT_LAYOUT", "words+fragments")
+
+
 def compile(op: QuantGemv, device: Device, config: SmallMConfig | None = None, frag: FragConfig | None = None):
     """``kernel(x, prepared, out)`` for ``op`` on CUDA ``device`` (``prepared``: a ``PreparedGemvWeight``, the GEMV
     layout): the word kernel (``config``, default ``choose``) when the weight has words, else the fragment kernel
-    (``frag``, default ``frag_config`` of the word kernel's choice), compiled on its first call.
+    (``frag``, default ``frag_config`` of the word kernel's choice). The kernel of the layout weights are prepared in
+    by default (``portakern.gemv_weight.DEFAULT_LAYOUT``) is compiled here, the other on its first call -- which,
+    inside CUDA stream capture, raises ``portakern.capture.CaptureError`` naming the way out (one call before
+    capture).
 
     Raises (from the kernel): InvalidInputError when the weight's zero points, zero point or row stride differ from
     the op's, when it holds neither words nor fragments, when the op is one the fragment kernel cannot run
@@ -337,23 +347,35 @@ def compile(op: QuantGemv, device: Device, config: SmallMConfig | None = None, f
     pdl = device.capability >= (9, 0)
     zp = _zero_point(op)
     np_ = -(-op.N // N_ALIGN) * N_ALIGN
-    word = _launcher(op, device, SOURCE, ENTRY, defines(op, cfg, pdl, zp), smem_bytes(op, cfg),
-                     -(-op.N // cfg.columns), cfg.splits, cfg.threads, np_, pdl)
     frag_why = frag_refusal(op)
     if frag_why is None and frag is not None:
         _check_frag_config(op, fcfg)
-    lazy, lock = {}, threading.Lock()
 
-    def frag_launch():
-        if "frag" not in lazy:
+    def build(kind):
+        if kind == "words":
+            return _launcher(op, device, SOURCE, ENTRY, defines(op, cfg, pdl, zp), smem_bytes(op, cfg),
+                             -(-op.N // cfg.columns), cfg.splits, cfg.threads, np_, pdl)
+        _check_frag_config(op, fcfg)
+        tiles = -(-op.N // fcfg.rows)
+        return _launcher(op, device, FRAG_SOURCE, FRAG_ENTRY, frag_defines(op, fcfg, pdl, zp),
+                         frag_smem_bytes(op, fcfg), tiles, fcfg.splits, fcfg.threads, tiles * fcfg.rows, pdl)
+
+    # the kernel of the layout weights are prepared in by default now, the other one on its first call
+    paths, lock = {}, threading.Lock()
+    first = "frags" if frag_why is None and _default_layout() == "fragments" else "words"
+    paths[first] = build(first)
+
+    def path(kind):
+        launch = paths.get(kind)
+        if launch is None:
+            from portakern.capture import refuse
+
+            refuse(f"quant_gemv(M={op.M}, N={op.N}, K={op.K}) on cuda", f"the first call with a weight holding "
+                   f"{'only fragments' if kind == 'frags' else 'words'} compiles that layout's kernel and makes its "
+                   "workspace, which cannot run")
             with lock:
-                if "frag" not in lazy:
-                    _check_frag_config(op, fcfg)
-                    tiles = -(-op.N // fcfg.rows)
-                    lazy["frag"] = _launcher(op, device, FRAG_SOURCE, FRAG_ENTRY, frag_defines(op, fcfg, pdl, zp),
-                                             frag_smem_bytes(op, fcfg), tiles, fcfg.splits, fcfg.threads,
-                                             tiles * fcfg.rows, pdl)
-        return lazy["frag"]
+                launch = paths.get(kind) or paths.setdefault(kind, build(kind))
+        return launch
 
     def kernel(x, w, out):
         if w.zeros is None and zp is None or w.zeros is not None and zp is not None:
@@ -372,7 +394,7 @@ def compile(op: QuantGemv, device: Device, config: SmallMConfig | None = None, f
             if w.qweight.shape[1] != np_:
                 raise InvalidInputError(f"quant_gemv on cuda: the prepared words' row stride is {w.qweight.shape[1]}, "
                                         f"expected {np_} for N={op.N}; pass the weight this op was built for")
-            word(w.qweight.data_ptr(), w.scales.data_ptr(), z.data_ptr(), x.data_ptr(), out.data_ptr())
+            path("words")(w.qweight.data_ptr(), w.scales.data_ptr(), z.data_ptr(), x.data_ptr(), out.data_ptr())
             return
         if w.frag is None:
             raise InvalidInputError("quant_gemv on cuda: the prepared weight holds neither words (qweight) nor "
@@ -384,7 +406,7 @@ def compile(op: QuantGemv, device: Device, config: SmallMConfig | None = None, f
             raise InvalidInputError(f"quant_gemv on cuda: the prepared fragments' row stride is "
                                     f"{w.frag.shape[1] * 16}, expected {np_} for N={op.N}; pass the weight this op "
                                     "was built for")
-        frag_launch()(w.frag.data_ptr(), w.scales.data_ptr(), z.data_ptr(), x.data_ptr(), out.data_ptr())
+        path("frags")(w.frag.data_ptr(), w.scales.data_ptr(), z.data_ptr(), x.data_ptr(), out.data_ptr())
 
     kernel.config, kernel.frag_config = cfg, (fcfg if frag_why is None else None)
     return kernel
