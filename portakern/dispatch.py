@@ -35,12 +35,15 @@ from .plugins import registry
 
 #: The default bounds of the in-memory caches: ``plans`` (shape classes with a plan), ``empty_results`` (shape
 #: classes of calls without rows), ``lengths`` (per plan, the sequence lengths holding a kernel of their own, for a
-#: backend that compiles per length). Change them with ``set_cache_limits``.
-CACHE_LIMITS = {"plans": 1024, "empty_results": 1024, "lengths": 64}
+#: backend that compiles per length), ``torch_op_kernels`` (the compiled GEMV kernels of ``torch.ops.portakern``, one
+#: per M and weight shape). Change them with ``set_cache_limits``.
+CACHE_LIMITS = {"plans": 1024, "empty_results": 1024, "lengths": 64, "torch_op_kernels": 256}
 _limits = dict(CACHE_LIMITS)
 _plans: LRU = LRU(_limits["plans"])
 #: signature -> the result maker of a call without rows (an empty batch); see ``empty_result``
 _empty_results: LRU = LRU(_limits["empty_results"])
+#: signature -> compiled kernel of ``portakern.torch_ops`` (the custom ops' own cache, bounded here)
+torch_op_cache: LRU = LRU(_limits["torch_op_kernels"])
 _plan_lock = threading.Lock()
 _made = {"plans": 0, "lengths": 0}
 
@@ -65,7 +68,7 @@ def remember_empty_result(key: tuple, make: Callable[[Any], Any]) -> None:
 
 
 def set_cache_limits(*, plans: int | None = None, empty_results: int | None = None,
-                     lengths: int | None = None) -> dict[str, int]:
+                     lengths: int | None = None, torch_op_kernels: int | None = None) -> dict[str, int]:
     """Bound the in-memory caches (each least recently used entry goes first) and return the bounds now in force.
 
     Args:
@@ -73,24 +76,30 @@ def set_cache_limits(*, plans: int | None = None, empty_results: int | None = No
       empty_results: shape classes of calls without rows; default 1024.
       lengths: per plan, sequence lengths holding a kernel of their own (backends whose kernels are compiled per
         length, ``Backend.runtime_lengths`` False); default 64. Applies to plans made from now on.
+      torch_op_kernels: compiled kernels of ``torch.ops.portakern.quant_gemv`` (one per M, weight shape and
+        format); default 256.
 
     None leaves a bound as it is. Raises ``InvalidTypeError`` / ``InvalidInputError`` for a bound that is not an
     int >= 1 (``clear_cache()`` empties the caches).
     """
     new = {n: check_size(v, n) for n, v in (("plans", plans), ("empty_results", empty_results),
-                                              ("lengths", lengths)) if v is not None}
+                                              ("lengths", lengths), ("torch_op_kernels", torch_op_kernels))
+           if v is not None}
     _limits.update(new)
     _plans.resize(_limits["plans"])
     _empty_results.resize(_limits["empty_results"])
+    torch_op_cache.resize(_limits["torch_op_kernels"])
     return dict(_limits)
 
 
 def cache_info() -> dict[str, int]:
     """Counters of the plan cache: ``plans`` (held now), ``plans_made`` (planned since the process started, each a
     decision and a compile), ``plan_evictions``, ``lengths_compiled`` (kernels compiled for a further sequence
-    length of a planned shape class), ``empty_results`` (held now) and the bounds (``limit_*``)."""
+    length of a planned shape class), ``empty_results`` (held now), ``torch_op_kernels`` (held now) and the bounds
+    (``limit_*``)."""
     return {"plans": len(_plans), "plans_made": _made["plans"], "plan_evictions": _plans.evictions,
             "lengths_compiled": _made["lengths"], "empty_results": len(_empty_results),
+            "torch_op_kernels": len(torch_op_cache),
             **{f"limit_{n}": v for n, v in _limits.items()}}
 
 
@@ -241,6 +250,7 @@ def bind(plan: Plan, lengths: tuple, q_shape: tuple, k_shape: tuple, bt_shape: t
                 s = support_of(be, at, plan.decision.device)
                 if not s:
                     raise LengthUnsupported(f"{be.name} does not support {at.kind} ({brief(at)}): {s.reason}")
+                _refuse_length_in_capture(be, at, plan)
                 hit = (be.compile(at, plan.decision.device), at.shapes())
                 _made["lengths"] += 1
                 plan.decision.lengths_compiled += 1
@@ -248,6 +258,19 @@ def bind(plan: Plan, lengths: tuple, q_shape: tuple, k_shape: tuple, bt_shape: t
         bound = (lengths, *hit)
     plan.last = bound
     return bound
+
+
+def _refuse_length_in_capture(be: Backend, at: Any, plan: Plan) -> None:
+    """``CaptureError`` when a kernel for a further length of a planned shape class would be compiled inside CUDA
+    stream capture (a compile there cannot be recorded and may synchronise): names the op, the lengths and the
+    ways out."""
+    if capture.is_capturing():
+        raise capture.CaptureError(
+            f"{at.kind} ({brief(at)}) on {plan.decision.device.label}: {be.name} compiles a kernel per sequence "
+            f"length (seqlen_q={at.seqlen_q}, seqlen_k={at.seqlen_k}) and this length has none yet, inside CUDA "
+            f"stream capture, where compiling cannot run; run one call at these lengths before capture, capture at "
+            f"a length already run, or pass a backend whose kernels read the lengths at run time "
+            f"(Backend.runtime_lengths)")
 
 
 class LengthUnsupported(RuntimeError):
@@ -304,4 +327,4 @@ def clear_cache() -> None:
 __all__ = ["Candidate", "Decision", "FallbackWarning", "POLICIES", "Plan", "brief", "clear_cache", "compile_next",
            "decide", "empty_result", "fail_current", "fall_back", "get_plan", "override", "override_key",
            "poison_outputs", "poisoning", "policy", "remember_empty_result", "strict", "use_backend", "use_policy",
-           "CACHE_LIMITS", "LengthUnsupported", "bind", "cache_info", "cached_plan", "set_cache_limits"]
+           "CACHE_LIMITS", "LengthUnsupported", "bind", "cache_info", "cached_plan", "set_cache_limits", "torch_op_cache"]

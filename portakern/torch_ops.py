@@ -32,6 +32,7 @@ from typing import Optional
 
 import torch
 
+from portakern import dispatch
 from portakern.devices import CPU, Device, torch_device
 from portakern.errors import InvalidInputError, InvalidTypeError
 from portakern.gemv_weight import GEMV_LAYOUT, PreparedGemvWeight, prepare_gemv_weight
@@ -41,7 +42,8 @@ from portakern.validate import _is_int, check_prologue
 
 Tensor = torch.Tensor
 
-_kernels: dict[tuple, object] = {}
+#: signature -> compiled GEMV kernel: an LRU bounded by ``portakern.dispatch.set_cache_limits(torch_op_kernels=)``
+_kernels = dispatch.torch_op_cache
 _kernels_lock = threading.Lock()
 
 
@@ -121,8 +123,6 @@ def _quant_gemv_fake(x, qweight, scales, zeros, perm, kgroup, bits, group_size, 
 
 def _cuda_kernel(x: Tensor, w: PreparedGemvWeight, prologue: str | None = None):
     """The compiled kernel for this signature (``gemv_kernel``'s choice, built once, then a dict lookup)."""
-    from portakern import dispatch
-
     key = (x.shape[0], w.N, w.K, x.dtype, x.device.index, w.bits, w.group_size, w.zeros is None, w.zero_point,
            w.scales.dtype, w.perm is None and w.kgroup is None, prologue, dispatch.override_key(None))
     kern = _kernels.get(key)
@@ -131,7 +131,8 @@ def _cuda_kernel(x: Tensor, w: PreparedGemvWeight, prologue: str | None = None):
             kern = _kernels.get(key)
             if kern is None:
                 op = gemv_op_of(x, w, prologue)
-                kern = _kernels[key] = gemv_kernel(op, torch_device("cuda", x.device.index or 0))[1]
+                kern = gemv_kernel(op, torch_device("cuda", x.device.index or 0))[1]
+                _kernels.put(key, kern)
     return kern
 
 

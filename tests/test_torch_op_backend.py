@@ -20,6 +20,7 @@ from portakern.devices import Device  # noqa: E402
 from portakern.errors import InvalidInputError, UnsupportedError  # noqa: E402
 from portakern.ir import DType, Packing, QuantFormat  # noqa: E402
 from portakern.ir.ops import QuantGemv  # noqa: E402
+from portakern.lru import LRU  # noqa: E402
 
 H200 = Device("cuda", 0, arch="sm_90a", name="H200 (test)", capability=(9, 0), warp_size=32)
 
@@ -159,7 +160,7 @@ def test_the_op_runs_the_cuda_kernel_where_its_table_wins_in_a_graph_and_compile
 
     dev = torch_device("cuda", 0)
     monkeypatch.setitem(gemv_table.TABLE, (family(dev.capability), 1, 4, 640, 1024), (16, 4, 2, 2, 1, True))
-    monkeypatch.setattr(torch_ops, "_kernels", {})
+    monkeypatch.setattr(torch_ops, "_kernels", LRU(8))
     w = quantize(torch.randn(640, 1024, device="cuda"), bits=4, group_size=128)
     lin = torch_ops.QuantLinear(w)
     x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from portakern import capture
+from portakern.decision import brief
 from portakern.devices import Device
 from portakern.ir.ops import Attention
 from portakern.lengths import attention_at
@@ -74,6 +76,11 @@ class LengthKernel:
         key = (cfg, at.seqlen_q, at.seqlen_k) if forward.fixed_lengths(at, cfg) else (cfg,)
         built = self._built.get(key)
         if built is None:
+            if self._bound and capture.is_capturing():    # the first build is the plan's compile, before any call
+                raise capture.CaptureError(
+                    f"attention ({brief(at)}) on {self.device.label}: triton meets a new kernel configuration at "
+                    f"seqlen_q={at.seqlen_q}, seqlen_k={at.seqlen_k} ({cfg}) inside CUDA stream capture, where "
+                    f"compiling it cannot run; run one call at these lengths before capture")
             built = forward.build_at(at, self.device, cfg)
             self._built.put(key, built)
             self.builds += 1

@@ -1,0 +1,166 @@
+"""Growing sequence lengths on the triton backend: one plan per shape class, one built kernel per configuration.
+
+The triton backend reads the lengths from each call (``runtime_lengths``; ``attention/runtime.py``): a decode loop
+whose keys grow by one each step, a paged loop whose block table widens and a varlen loop whose sequences grow make
+one plan per shape class and build a kernel only for each configuration the table picks along the way (the split
+count grows with the keys), never per length; every step gives the float64 reference's values at its own length.
+The kernels run under Triton's CPU interpreter (``interpreter``). Also here: ``KernelLaunch``'s integer guard against
+Triton's own specialisation, CUDA stream capture (simulated by patching ``portakern.capture.is_capturing``), and the
+bound of ``torch.ops.portakern``'s kernel cache.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from test_growing_lengths import PerLength, Provides, reference  # noqa: E402
+
+import portakern  # noqa: E402
+from portakern import capture, dispatch  # noqa: E402
+from portakern.capture import CaptureError  # noqa: E402
+
+TOL = {"float32": dict(rtol=2e-5, atol=2e-5), "float16": dict(rtol=2e-3, atol=2e-3)}
+
+
+@pytest.fixture
+def fresh():
+    """No plans before and after; the default cache bounds after."""
+    dispatch.clear_cache()
+    yield
+    dispatch.set_cache_limits(**dispatch.CACHE_LIMITS)
+    dispatch.clear_cache()
+
+
+def triton_plans() -> list:
+    return [p for p in dispatch._plans.values() if p.backend is not None and p.backend.name == "triton"]
+
+
+def f64(t) -> np.ndarray:
+    return t.to(torch.float64).numpy()
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_growing_decode_loop_plans_once_and_builds_once_per_configuration(dtype, fresh):
+    dt = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(0)
+    B, Hq, Hkv, D = 1, 4, 2, 16
+    cache = torch.randn((2, B, 70, Hkv, D), generator=g).to(dt)
+    q = torch.randn((B, 1, Hq, D), generator=g).to(dt)
+    before = dispatch.cache_info()
+    for L in range(40, 60):        # 20 steps; the table splits the keys two ways from 49 keys (4 tiles) on
+        k, v = cache[0, :, :L].contiguous(), cache[1, :, :L].contiguous()     # a fresh copy each step
+        out = portakern.attention(q, k, v, causal=True, backend="triton")
+        np.testing.assert_allclose(f64(out), reference(f64(q), f64(k), f64(v), causal=True), **TOL[dtype],
+                                   err_msg=f"Sk={L}")
+    after = dispatch.cache_info()
+    assert after["plans_made"] - before["plans_made"] == 1
+    assert after["lengths_compiled"] == before["lengths_compiled"]     # nothing compiled per length
+    (plan,) = triton_plans()
+    kern = plan.kernel
+    splits = sorted(c.num_splits for c in kern.configs)
+    assert splits == [1, 2], splits                 # both configurations met, so both the split and the plain path ran
+    assert kern.builds == 2                          # one built kernel per configuration, not per length (20)
+
+
+@pytest.mark.interpreter
+def test_a_paged_loop_whose_block_table_widens_plans_per_class(fresh):
+    g = torch.Generator().manual_seed(1)
+    H, D, P = 2, 16, 4
+    pool = torch.randn((2, 12, P, H, D), generator=g)            # 12 pages of 4 keys
+    q = torch.randn((1, 1, H, D), generator=g)
+    before = dispatch.cache_info()
+    for L in range(1, 21):      # the table gains a page every 4 keys: widths 1..5
+        pages = -(-L // P)
+        table = torch.arange(11, 11 - pages, -1, dtype=torch.int32)[None]
+        out = portakern.attention(q, pool[0], pool[1], block_table=table,
+                                  seqlens_k=torch.tensor([L], dtype=torch.int32), backend="triton")
+        dense = pool[:, table[0].long()].reshape(2, 1, pages * P, H, D)[:, :, :L]
+        np.testing.assert_allclose(f64(out), reference(f64(q), f64(dense[0]), f64(dense[1])), rtol=2e-5, atol=2e-5,
+                                   err_msg=f"Sk={L}")
+    after = dispatch.cache_info()
+    assert after["plans_made"] - before["plans_made"] == 2           # tables of one page and of more
+    assert after["lengths_compiled"] == before["lengths_compiled"]
+    assert all(p.kernel.builds == len(p.kernel.configs) == 1 for p in triton_plans())
+
+
+@pytest.mark.interpreter
+def test_a_varlen_loop_whose_sequences_grow_plans_once(fresh):
+    g = torch.Generator().manual_seed(2)
+    H, D = 2, 16
+    before = dispatch.cache_info()
+    for step in range(8):
+        lens_q, lens_k = [3 + step, 2 + step], [5 + 2 * step, 4 + step]
+        cu_q = torch.tensor(np.concatenate([[0], np.cumsum(lens_q)]), dtype=torch.int32)
+        cu_k = torch.tensor(np.concatenate([[0], np.cumsum(lens_k)]), dtype=torch.int32)
+        q = torch.randn((int(cu_q[-1]), H, D), generator=g)
+        k, v = (torch.randn((int(cu_k[-1]), H, D), generator=g) for _ in range(2))
+        out = portakern.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True, backend="triton")
+        want = reference(f64(q), f64(k), f64(v), True, cu_q.numpy(), cu_k.numpy())
+        np.testing.assert_allclose(f64(out), want, rtol=2e-5, atol=2e-5, err_msg=f"step {step}")
+    after = dispatch.cache_info()
+    assert after["plans_made"] - before["plans_made"] == 1
+    (plan,) = triton_plans()
+    assert plan.kernel.builds == len(plan.kernel.configs) <= 2
+
+
+@pytest.mark.interpreter
+def test_a_new_configuration_inside_capture_is_refused_and_a_known_one_runs(fresh, monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    cache = torch.randn((2, 1, 70, 2, 16), generator=g)
+    q = torch.randn((1, 1, 4, 16), generator=g)
+    portakern.attention(q, cache[0, :, :40], cache[1, :, :40], backend="triton")
+    monkeypatch.setattr(capture, "is_capturing", lambda: True)
+    out = portakern.attention(q, cache[0, :, :41], cache[1, :, :41], backend="triton")    # same configuration
+    np.testing.assert_allclose(f64(out), reference(f64(q), f64(cache[0, :, :41]), f64(cache[1, :, :41])),
+                               rtol=2e-5, atol=2e-5)
+    with pytest.raises(CaptureError, match=r"seqlen_k=66.*inside CUDA stream capture.*before capture"):
+        portakern.attention(q, cache[0, :, :66], cache[1, :, :66], backend="triton")      # two splits: new
+
+
+def test_a_per_length_compile_inside_capture_is_refused(rng, register_plugin, fresh, monkeypatch):
+    be = PerLength()
+    register_plugin(Provides(be), name="per-length")
+    q = rng.standard_normal((1, 1, 2, 8)).astype(np.float32)
+    kv = rng.standard_normal((2, 1, 12, 2, 8)).astype(np.float32)
+    portakern.attention(q, kv[0, :, :3], kv[1, :, :3])
+    portakern.attention(q, kv[0, :, :4], kv[1, :, :4])
+    monkeypatch.setattr(capture, "is_capturing", lambda: True)
+    portakern.attention(q, kv[0, :, :4], kv[1, :, :4])     # compiled before capture: runs
+    with pytest.raises(CaptureError, match=r"attention .*per-length compiles a kernel per sequence length "
+                                           r"\(seqlen_q=1, seqlen_k=5\).*inside CUDA stream capture.*before capture"):
+        portakern.attention(q, kv[0, :, :5], kv[1, :, :5])
+    assert be.compiled == [(1, 3), (1, 4)]
+
+
+def test_the_launch_guard_specialises_integers_as_triton_does():
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    from portakern.backends.triton.common.launch import int_class
+
+    values = [0, 1, 2, 15, 16, 17, 31, 32, 48, 1000, 4096, -16, -1, 2**31 - 16, 2**31 - 1, 2**31, 2**40, -2**31,
+              -2**31 - 16]
+    seen = {}
+    for x in values:
+        triton_key = native_specialize_impl(BaseBackend, x, False, True, True)
+        seen.setdefault(int_class(x), set()).add(triton_key)
+    # each of our classes is one Triton specialisation (the guard never takes a kernel Triton would not pick)
+    assert all(len(keys) == 1 for keys in seen.values()), seen
+
+
+def test_the_torch_op_kernel_cache_is_bounded_by_set_cache_limits(fresh):
+    from portakern import torch_ops
+
+    assert torch_ops._kernels is dispatch.torch_op_cache
+    for i in range(5):
+        torch_ops._kernels.put(("m", i), object())
+    assert dispatch.set_cache_limits(torch_op_kernels=3)["torch_op_kernels"] == 3
+    info = dispatch.cache_info()
+    assert info["torch_op_kernels"] == 3 and info["limit_torch_op_kernels"] == 3
+    assert list(torch_ops._kernels) == [("m", 2), ("m", 3), ("m", 4)]
+    torch_ops._kernels.clear()
