@@ -327,4 +327,5 @@ def clear_cache() -> None:
 __all__ = ["Candidate", "Decision", "FallbackWarning", "POLICIES", "Plan", "brief", "clear_cache", "compile_next",
            "decide", "empty_result", "fail_current", "fall_back", "get_plan", "override", "override_key",
            "poison_outputs", "poisoning", "policy", "remember_empty_result", "strict", "use_backend", "use_policy",
-           "CACHE_LIMITS", "LengthUnsupported", "bind", "cache_info", "cached_plan", "set_cache_limits", "torch_op_cache"]
+           "CACHE_LIMITS", "LengthUnsupported", "bind", "cache_info", "cached_plan", "set_cache_limits",
+           "torch_op_cache"]

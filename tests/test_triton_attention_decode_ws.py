@@ -202,7 +202,7 @@ def test_checks_run_once_per_layout(monkeypatch):
     real_blocker = W.call_blocker
     monkeypatch.setattr(W, "call_blocker", lambda *a: log.append("checked") or real_blocker(*a))
     monkeypatch.setattr(plan, "family", lambda device: ("sm_90", 132))
-    monkeypatch.setattr(F, "build", lambda op, device, cfg: lambda *a: log.append("attn_fwd"))
+    monkeypatch.setattr(F, "build_at", lambda op, device, cfg: lambda *a: log.append("attn_fwd"))
     op = paged(L=1024, page=64, return_lse=False)
     cfg = C.AttnConfig(16, 64, 4, 2, pack=op.group_size, num_splits=8, decode_ws=True)
     kern = F.build_gluon(op, CPU, cfg, "sm_90")

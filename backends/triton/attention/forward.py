@@ -107,7 +107,7 @@ def build_at(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., No
     arch = plan.family(device)[0]
     check(op, cfg, arch)
     if cfg.wgmma or cfg.decode_ws:
-        return build_gluon(op, device, cfg, arch)
+        return gluon_at(op, device, cfg, arch)
     fwd = kernels.load("attention_fwd").attn_fwd
     merge = kernels.load("attention_combine").attn_combine
     consts = constexprs(op, cfg, interpret, load_mods(op.score_mod, op.mask_mod, interpret))
@@ -180,6 +180,16 @@ def build_at(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., No
 
 
 def build_gluon(op: Attention, device: Device, cfg: AttnConfig, arch: str) -> Callable[..., None]:
+    """``gluon_at``'s kernel at ``op``'s own lengths: ``kernel(q, k, v, out, lse, aux)``."""
+    inner, shapes = gluon_at(op, device, cfg, arch), op.shapes()
+
+    def kernel(q, k, v, out, lse, aux=None) -> None:
+        inner(op, shapes, q, k, v, out, lse, aux)
+
+    return kernel
+
+
+def gluon_at(op: Attention, device: Device, cfg: AttnConfig, arch: str) -> Callable[..., None]:
     """A Gluon kernel behind ``attn_fwd``'s per-call checks: the prefill kernel (``cfg.wgmma``, ``wgmma.py``) or
     the split decode kernel (``cfg.decode_ws``, ``decode_ws.py``), as ``build_at``'s ``kernel(at, shapes, ...)``
     (serving ``op``'s own lengths only where ``fixed_lengths``). A call whose tensors the kernel's descriptors
