@@ -19,7 +19,7 @@ import torch
 
 import portakern
 from portakern.devices import Device
-from portakern.ir import Attention, DType, KVLayout, QuantFormat, QuantGemv
+from portakern.ir import Attention, DType, QuantFormat, QuantGemv
 from portakern.ir import expr as E
 from portakern.plugins import registry
 
@@ -135,7 +135,7 @@ def flashinfer(monkeypatch):
     return fake
 
 
-def _run(name, device, q, k, v, *, ref_kw, **aux):
+def _run(name, device, q, k, v, *, ref_kw):
     """Compile ``name``'s kernel for the op the cpu reference dispatches for these arrays, run it on the CPU tensors
     and compare with the cpu reference."""
     op = portakern.explain(portakern.attention, q, k, v, backend="cpu", **ref_kw).op
@@ -144,9 +144,8 @@ def _run(name, device, q, k, v, *, ref_kw, **aux):
     assert s, s.reason
     out = torch.full(op.shapes()["out"], math.nan, dtype=q.dtype)
     lse = torch.full(op.shapes()["lse"], math.nan) if op.return_lse else None
-    names = {"block_table": "block_table", "seqlens_k": "seqlens_k", "cu_seqlens_q": "cu_seqlens_q",
-             "cu_seqlens_k": "cu_seqlens_k"}
-    be.compile(op, device)(q, k, v, out, lse, {n: ref_kw.get(n) for n in names})
+    aux = {n: ref_kw.get(n) for n in ("block_table", "seqlens_k", "cu_seqlens_q", "cu_seqlens_k")}
+    be.compile(op, device)(q, k, v, out, lse, aux)
     ref, ref_lse = portakern.attention(q, k, v, backend="cpu", **ref_kw)
     assert (out.double() - ref.double()).abs().max() <= 3e-3
     assert torch.equal(lse == -math.inf, ref_lse == -math.inf)

@@ -1,8 +1,8 @@
 """The flashinfer backend's tuning data: data only.
 
 FlashInfer picks its own tiles; portakern tunes nothing inside it. What is portakern's is the rank: below its
-own kernels (``DEFAULT_PRIORITY``) until a benchmark run on the GPU shows FlashInfer faster for a class of problems, each
-such entry naming its result file under ``benchmarks/results/``. None has been measured.
+own kernels (``DEFAULT_PRIORITY``) until a benchmark run on the GPU shows FlashInfer faster for a class of problems,
+each such entry naming its result file under ``benchmarks/results/``. None has been measured.
 """
 
 #: Default rank: below every built-in backend, so installing flashinfer changes nothing a call gets unless a

@@ -70,11 +70,12 @@ def supports(op: QuantGemv, device) -> Support:
     activation dtype on the device (cuda: bfloat16 activations, sm_80 and newer)."""
     fmt = op.fmt
     if fmt.packing not in PACKINGS or fmt.bits != 4:
-        return no(f"tinygemm runs 4-bit codes with one scale and offset per group ({', '.join(p.value for p in PACKINGS)}"
-                  f" repack into it); {fmt.packing.value} {fmt.bits}-bit has no torch kernel; use backend=None")
+        names = ", ".join(p.value for p in PACKINGS)
+        return no(f"tinygemm runs 4-bit codes with one scale and offset per group ({names} repack into it); "
+                  f"{fmt.packing.value} {fmt.bits}-bit has no torch kernel; use backend=None")
     if op.prologue is not None and device.type != "cpu":
-        return no(f"the {op.prologue} prologue's input is formed in float32 and may not be rounded coarser; tinygemm on "
-                  "cuda takes bfloat16 activations; use backend=None")
+        return no(f"the {op.prologue} prologue's input is formed in float32 and may not be rounded coarser; "
+                  "tinygemm on cuda takes bfloat16 activations; use backend=None")
     if fmt.has_g_idx:
         return no("tinygemm reads groups in order of k; an act-order g_idx has no tinygemm form; use backend=None")
     if fmt.group_size not in GROUP_SIZES:
@@ -131,8 +132,8 @@ class Int4Pack:
             return sz
         if self.inexact is not None:
             n, k, got, want = self.inexact
-            raise BackendError(f"torch tinygemm: weight [{n}, {k}] has an infinite scale, and (q - 8) * s + (8 - z) * s "
-                               f"gives {got!r} where (q - z) * s is {want!r}; use backend=None")
+            raise BackendError(f"torch tinygemm: weight [{n}, {k}] has an infinite scale, and (q - 8) * s + "
+                               f"(8 - z) * s gives {got!r} where (q - z) * s is {want!r}; use backend=None")
         pair = torch.from_numpy(np.stack([self.scales.T, self.offsets.T], axis=-1)).to(dtype)
         back = pair.double().numpy()
         want = np.stack([self.scales.T, self.offsets.T], axis=-1)
