@@ -254,19 +254,64 @@ def test_a_transformers_generate_loop_plans_once_per_shape_class(limits):
     assert made() == before
 
 
-def test_opencl_compiles_per_length_inside_one_plan(rng, limits):
-    """The opencl kernels are specialised on the lengths (no ``runtime_lengths``): a growing dense loop
-    makes one plan per class, a kernel per further length, and the reference values at every length."""
+def opencl_programs() -> int:
+    from portakern.backends.opencl.common import program
+
+    return len(program._programs)
+
+
+def test_opencl_serves_every_length_with_one_program(rng, limits):
+    """The opencl attention kernel takes the lengths as arguments (``runtime_lengths``): a growing dense loop
+    makes one plan per class and one program, with the reference values at every length."""
     from opencl_helpers import require_opencl
 
     require_opencl()
     q = rng.standard_normal((1, 1, 2, 8)).astype(np.float32)
     kv = rng.standard_normal((2, 1, 12, 2, 8)).astype(np.float32)
     before, compiled = made(), dispatch.cache_info()["lengths_compiled"]
+    programs = opencl_programs()
     for L in range(2, 12):
         k, v = kv[0, :, :L], kv[1, :, :L]
         out = portakern.attention(q, k, v, backend="opencl")
         np.testing.assert_allclose(out, reference(q, k, v), rtol=1e-4, atol=1e-5, err_msg=f"Sk={L}")
-    assert made() - before == 1 and dispatch.cache_info()["lengths_compiled"] - compiled == 9
+    assert made() - before == 1 and dispatch.cache_info()["lengths_compiled"] == compiled
+    assert opencl_programs() - programs <= 1          # 0 when an earlier test built the same program
     d = portakern.explain(portakern.attention, q, kv[0, :, :11], kv[1, :, :11], backend="opencl")
-    assert d.chosen == "opencl" and d.lengths_compiled == 9
+    assert d.chosen == "opencl" and d.lengths_compiled == 0
+
+
+def test_opencl_paged_and_varlen_loops_build_no_program_per_length(rng, limits):
+    """A block table that widens (its width is the kernel's row stride, an argument) and varlen sequences that
+    grow (one query row each: the work-group's rows stay) reuse their programs; values at every step."""
+    from opencl_helpers import require_opencl
+
+    require_opencl()
+    H, D, P = 2, 8, 4
+    pool = rng.standard_normal((2, 10, P, H, D)).astype(np.float32)
+    q = rng.standard_normal((2, 1, H, D)).astype(np.float32)
+    portakern.attention(q, pool[0], pool[1], block_table=np.array([[9, 8], [1, 2]], np.int32),
+                        seqlens_k=np.array([5, 6], np.int32), backend="opencl")
+    before, programs = made(), opencl_programs()
+    for L in range(6, 21):      # widths 2..5 pages; the second sequence one key longer
+        pages = -(-(L + 1) // P)
+        table = np.stack([np.arange(9, 9 - pages, -1), np.arange(1, 1 + pages) % 10]).astype(np.int32)
+        lens = np.array([L, L + 1], np.int32)
+        out = portakern.attention(q, pool[0], pool[1], block_table=table, seqlens_k=lens, backend="opencl")
+        for b in range(2):
+            dense = pool[:, table[b]].reshape(2, 1, pages * P, H, D)[:, :, :lens[b]]
+            np.testing.assert_allclose(out[b:b + 1], reference(q[b:b + 1], dense[0], dense[1]), rtol=1e-4,
+                                       atol=1e-5, err_msg=f"paged L={L} b={b}")
+    assert made() == before and opencl_programs() == programs
+    qv = rng.standard_normal((2, H, D)).astype(np.float32)
+    kv = rng.standard_normal((2, 40, H, D)).astype(np.float32)
+    cu_q = np.array([0, 1, 2], np.int32)
+    before = made()
+    for step in range(10):      # decode over varlen keys: each sequence gains a key a step
+        cu_k = np.array([0, 5 + step, 12 + 2 * step], np.int32)
+        k, v = kv[0, :cu_k[-1]], kv[1, :cu_k[-1]]
+        out = portakern.attention(qv, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, backend="opencl")
+        np.testing.assert_allclose(out, reference(qv, k, v, False, cu_q, cu_k), rtol=1e-4, atol=1e-5,
+                                   err_msg=f"varlen step {step}")
+        if step == 0:
+            programs = opencl_programs()
+    assert made() - before == 1 and opencl_programs() == programs

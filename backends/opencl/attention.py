@@ -18,6 +18,8 @@ from portakern.backend import YES, Support, no
 from portakern.errors import InvalidInputError, UnsupportedError
 from portakern.ir.dtypes import DType
 from portakern.ir.ops import Attention, KVLayout
+from portakern.lengths import attention_at
+from portakern.lru import LRU
 
 from . import expr_opencl, tuning
 from .common.program import build, defines, digest, kernel_source, work_group_cap
@@ -28,6 +30,8 @@ LOCAL_BYTES = 32 * 1024
 MAX_HEAD_DIM = 512
 _LAYOUT = {KVLayout.DENSE: 0, KVLayout.PAGED: 1, KVLayout.VARLEN: 2}
 _STORAGE = {DType.float16: "float16", DType.float32: "float32", DType.bfloat16: "float32"}
+#: sequence lengths (a call's q, k and block table shapes) whose op, shapes and program a compiled kernel remembers
+BOUND_LENGTHS = 256
 
 
 def tiles(op: Attention, max_rows: int = tuning.ATTENTION_BM_MAX) -> tuple[int, int]:
@@ -59,30 +63,47 @@ def supports(op: Attention, device) -> Support:
 
 
 def program_source(op: Attention, max_rows: int = tuning.ATTENTION_BM_MAX) -> str:
-    """The full OpenCL C text for ``op``: defines, the lowered mods, then ``kernels/attention.cl``."""
+    """The full OpenCL C text for ``op``: defines, the lowered mods, then ``kernels/attention.cl``. No length is
+    in it but through ``BM`` (the query rows of a work-group: ``G * Sq`` up to a power of two, capped), so the ops
+    of one shape class share a handful of programs (``compile``)."""
     bm, bn = tiles(op, max_rows)
     half = DType.parse(op.dtype) is DType.float16
     vals = dict(D=op.head_dim, DV=op.head_dim_v, BM=bm, BN=bn, G=op.group_size, HQ=op.heads_q,
                 LAYOUT=_LAYOUT[op.kv_layout], HAS_SEQLENS=int(op.has_seqlens_k), RETURN_LSE=int(op.return_lse),
-                PAGE_SIZE=max(op.page_size, 1), MAX_PAGES=max(op.max_pages if op.kv_layout is KVLayout.PAGED else 1, 1),
-                IN_HALF=int(half), OUT_HALF=int(half))
-    return (f"/* portakern opencl attention {op.content_hash()} */\n" + defines(vals)
+                PAGE_SIZE=max(op.page_size, 1), IN_HALF=int(half), OUT_HALF=int(half))
+    return (f"/* portakern opencl attention, BM={bm} */\n" + defines(vals)
             + expr_opencl.source(op.score_mod, op.mask_mod) + "\n" + kernel_source("attention.cl"))
 
 
 def compile(op: Attention, device) -> Callable[..., None]:
-    """``kernel(q, k, v, out, lse, aux)`` on pyopencl arrays; builds per OpenCL context on first use."""
+    """``kernel(q, k, v, out, lse, aux)`` on pyopencl arrays for every sequence length of ``op``'s shape class
+    (``OpenclBackend.runtime_lengths``): the lengths go to the kernel as arguments; a call's lengths pick the op at
+    them (``attention_at``) and its program by ``BM`` (``program_source``), memoised by the lengths in a bounded
+    LRU. Programs build per OpenCL context on first use."""
     op.verify()
     cap = work_group_cap(device, tuning.ATTENTION_BM_MAX)
-    source = program_source(op, cap)
-    key = digest(source)
-    bm, _ = tiles(op, cap)
     want = np.dtype(_STORAGE[DType.parse(op.dtype)])
-    shapes = op.shapes()
     layout = op.kv_layout
+    programs: dict[int, tuple[str, str]] = {}     # BM -> (source, digest): a few powers of two
+    bound = LRU(BOUND_LENGTHS)                    # a call's q, k, block table shapes -> (op at them, its shapes, BM)
+
+    def at_lengths(q, k, bt) -> tuple:
+        lengths = (tuple(q.shape), tuple(k.shape), None if bt is None else tuple(bt.shape))
+        hit = bound.get(lengths)
+        if hit is None:
+            at = attention_at(op, *lengths)
+            bm = tiles(at, cap)[0]
+            if bm not in programs:
+                source = program_source(at, cap)
+                programs[bm] = (source, digest(source))
+            hit = (at, at.shapes(), bm)
+            bound.put(lengths, hit)
+        return hit
 
     def kernel(q, k, v, out, lse, aux=None) -> None:
         aux = dict(aux or {})
+        at, shapes, bm = at_lengths(q, k, aux.get("block_table"))
+        source, key = programs[bm]
         for name, a in (("q", q), ("k", k), ("v", v), ("out", out)) + ((("lse", lse),) if op.return_lse else ()):
             if tuple(a.shape) != shapes[name]:
                 raise InvalidInputError(f"{name} has shape {tuple(a.shape)}, expected {shapes[name]} for this "
@@ -103,13 +124,13 @@ def compile(op: Attention, device) -> Callable[..., None]:
             raise InvalidInputError("lse must start at its buffer's beginning (offset 0)")
         if out.offset or not out.flags.c_contiguous:
             raise InvalidInputError("out must be a contiguous array at offset 0 of its buffer")
-        rows_q = op.seqlen_q if layout is not KVLayout.VARLEN else op.total_q
-        nblocks = -(-op.group_size * rows_q // bm)
+        rows_q = at.seqlen_q if layout is not KVLayout.VARLEN else at.total_q
+        nblocks = -(-at.group_size * rows_q // bm)
         args = [q.base_data, k.base_data, v.base_data, out.base_data, lse_buf, idx0, idx1,
-                np.float32(op.scale), np.int32(op.seqlen_q), np.int32(op.seqlen_k), np.int32(shapes["out"][0])]
+                np.float32(at.scale), np.int32(at.seqlen_q), np.int32(at.seqlen_k), np.int32(shapes["out"][0])]
         for a in (q, k, v):
             args += _strides(a, layout)
-        knl(queue, (nblocks * bm, op.heads_kv, op.batch), (bm, 1, 1), *args)
+        knl(queue, (nblocks * bm, at.heads_kv, at.batch), (bm, 1, 1), *args)
 
     kernel.__name__ = f"opencl_attention_{op.content_hash()}"
     return kernel

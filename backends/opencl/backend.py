@@ -51,6 +51,7 @@ class OpenCLBackend(Backend):
     requires = ("pyopencl",)
     install_hint = "pip install 'portakern[opencl]'"
     lowerings = {"attention": "attention", "quant_gemv": "quant_gemv"}
+    runtime_lengths = True  # its attention kernel takes the sequence lengths as arguments (attention.compile)
     device_refusal = ("the opencl backend runs on OpenCL devices (and host arrays copied to one), not on {type} "
                       "devices; pass pyopencl arrays, or numpy arrays with backend='opencl'")
 

@@ -6,9 +6,11 @@
  * r = blk * BM + lid: query head h = kvh * G + r % G, query position i = r / G.
  *
  * Compile-time defines (set by attention.py): D, DV, BM, BN, G, HQ, LAYOUT (0 dense, 1 paged, 2 varlen),
- * HAS_SEQLENS, RETURN_LSE, PAGE_SIZE, MAX_PAGES, IN_HALF, OUT_HALF; pk_score_mod / pk_mask_mod and
+ * HAS_SEQLENS, RETURN_LSE, PAGE_SIZE, IN_HALF, OUT_HALF; pk_score_mod / pk_mask_mod and
  * PK_HAS_SCORE_MOD / PK_HAS_MASK_MOD come from expr_opencl.py, prepended to this file.
  * Arithmetic is float32 throughout; half is storage only (storage.cl, prepended: tin / LD, tout / ST).
+ * The lengths are arguments (seqlen_q, seqlen_k, out_rows; paged: seqlen_k = the block table's width x
+ * PAGE_SIZE), so one program serves every length of an op's shape class.
  */
 
 #define LAYOUT_DENSE 0
@@ -16,9 +18,9 @@
 #define LAYOUT_VARLEN 2
 
 /* element offset of key position t of this sequence (kv head excluded) */
-inline long key_row(int t, int b, long base, long sb, long ss, __global const int *block_table) {
+inline long key_row(int t, int b, long base, long sb, long ss, __global const int *block_table, int max_pages) {
 #if LAYOUT == LAYOUT_PAGED
-    int page = block_table[b * MAX_PAGES + t / PAGE_SIZE];
+    int page = block_table[b * max_pages + t / PAGE_SIZE];
     return base + (long)page * sb + (long)(t % PAGE_SIZE) * ss;
 #else
     return base + (long)b * sb + (long)t * ss;
@@ -75,11 +77,11 @@ void pk_attention(__global const tin *q, __global const tin *k, __global const t
         /* -- phase 2: stage the K and V tiles of keys t0 .. t0+BN-1 in local memory (all work-items) */
         for (int e = lid; e < BN * D; e += BM) {
             const int t = t0 + e / D;
-            ks[e] = t < sk_b ? LD(k, key_row(t, b, kseq, k_sb, k_ss, idx0) + (long)kvh * k_sh + e % D) : 0.0f;
+            ks[e] = t < sk_b ? LD(k, key_row(t, b, kseq, k_sb, k_ss, idx0, seqlen_k / PAGE_SIZE) + (long)kvh * k_sh + e % D) : 0.0f;
         }
         for (int e = lid; e < BN * DV; e += BM) {
             const int t = t0 + e / DV;
-            vs[e] = t < sk_b ? LD(v, key_row(t, b, vseq, v_sb, v_ss, idx0) + (long)kvh * v_sh + e % DV) : 0.0f;
+            vs[e] = t < sk_b ? LD(v, key_row(t, b, vseq, v_sb, v_ss, idx0, seqlen_k / PAGE_SIZE) + (long)kvh * v_sh + e % DV) : 0.0f;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 
