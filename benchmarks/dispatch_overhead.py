@@ -258,13 +258,17 @@ def growing_case(lib: str, device: str, backend: str | None, rng, steps: int, ro
     clock = KernelClock(plan)
     sync = torch_sync(device)
 
-    def timed(pairs) -> float:
+    inside: dict[str, list] = {"grow": [], "rep": []}   # microseconds per call inside the kernel (host side on a GPU)
+
+    def timed(pairs, into: str | None = None) -> float:
         """Microseconds per call outside kernels (compiles included) for ``pairs``."""
         clock.ns = 0
         t0 = time.perf_counter_ns()
         for k, v in pairs:
             portakern.attention(q, k, v, backend=backend)
         sync()
+        if into is not None:
+            inside[into].append(clock.ns / len(pairs) / 1e3)
         return (time.perf_counter_ns() - t0 - clock.ns) / len(pairs) / 1e3
 
     first = timed(grown)  # the first pass: every length new (compiles of a per-length backend included)
@@ -272,8 +276,8 @@ def growing_case(lib: str, device: str, backend: str | None, rng, steps: int, ro
     try:
         for _ in range(rounds):
             for i in range(0, steps, chunk):
-                grow.append(timed(grown[i:i + chunk]))
-                rep.append(timed(middle))
+                grow.append(timed(grown[i:i + chunk], "grow"))
+                rep.append(timed(middle, "rep"))
                 new.append(timed(fresh))
     finally:
         clock.remove()
@@ -288,7 +292,11 @@ def growing_case(lib: str, device: str, backend: str | None, rng, steps: int, ro
             "ratio": round(med(grow) / med(rep), 3), "ratio_min": round(min(grow) / min(rep), 3),
             "fresh_arrays_overhead_us": round(med(new), 2), "ratio_to_fresh_arrays": round(med(grow) / med(new), 3),
             "plan_ms": plan.decision.plan_ms, "compile_ms": plan.decision.compile_ms,
-            "lengths_compiled": plan.decision.lengths_compiled}
+            "lengths_compiled": plan.decision.lengths_compiled,
+            # the kernel's own host part (a runtime_lengths kernel's per-length memo, checks and launch; on a GPU the
+            # kernels run asynchronously, so this is host time) and, for triton, its builds (one per configuration)
+            "kernel_growing_us": round(med(inside["grow"]), 2), "kernel_repeated_us": round(med(inside["rep"]), 2),
+            "kernel_builds": getattr(plan.kernel, "builds", None)}
 
 
 def torch_sync(device: str):
