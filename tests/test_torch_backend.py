@@ -240,3 +240,14 @@ def test_an_infinite_scale_that_would_not_dequantize_alike_is_an_error():
     w = portakern.QuantizedWeight(w.fmt, 16, 64, {**t, "scales": s, "qweight": codes})
     with pytest.raises(portakern.BackendError, match="infinite scale"):
         portakern.quant_gemv(torch.randn(1, 64), w, backend="torch")
+
+
+def test_the_vendor_benchmark_answers_help_without_a_gpu():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, str(root / "benchmarks" / "vendor_backends.py"), "--help"],
+                       capture_output=True, text=True, cwd=root, timeout=300)
+    assert p.returncode == 0 and p.stdout.startswith("usage: "), p.stderr[-2000:]

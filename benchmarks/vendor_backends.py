@@ -1,0 +1,158 @@
+"""Vendor backends against portakern's own kernels on one GPU: each backend's time per shape and auto's choice.
+
+For the attention shapes (prefill at head dims 64 and 128, causal and not; GQA decode, dense and paged) and the int4
+GEMV shapes (M = 1 and 16; the symmetric bfloat16-scale format every backend here can run exactly), every registered
+backend that runs on the GPU is asked through its own ``supports()``; each one that says yes is checked against the
+cpu reference once (a wrong answer is recorded, never timed) and timed per call (median of 5 rounds of CUDA-event
+timed loops through the public API, so dispatch overhead is the same for all). ``auto`` is what ``explain()`` picks
+with no backend named; the result says, per shape, the fastest correct backend and how far auto is from it.
+
+    python benchmarks/vendor_backends.py [--quick] [--out DIR] [--tag -x]
+
+Results: ``DIR/vendor-backends<TAG>-<card>.json``. A vendor that beats every portakern kernel on a shape class by
+more than 3% is printed as a candidate row for its backend's ``tuning.RANK_OVER_OWN`` (the table stays data: a row
+names this result file in its ``source``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import statistics
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import default_out, result_path, write  # noqa: E402  (benchmarks/ is the script's folder)
+
+import portakern  # noqa: E402
+from portakern.plugins import registry  # noqa: E402
+
+OWN = ("triton", "cuda", "cpu", "opencl", "triton-rocm")
+#: (name, B, Sq, Sk, Hq, Hkv, D, causal, page size or 0)
+ATTENTION = [("prefill", 2, 2048, 2048, 16, 16, d, c, 0) for d in (64, 128) for c in (False, True)] + [
+    ("decode", 8, 1, 8192, 32, 8, 128, False, 0), ("decode-paged", 8, 1, 8192, 32, 8, 128, False, 64)]
+#: (M, N, K)
+GEMV = [(m, n, k) for m in (1, 16) for n, k in ((4096, 4096), (11008, 4096), (4096, 11008))]
+
+
+def _time_us(fn) -> float:
+    fn()
+    torch.cuda.synchronize()
+    reps, ts = 20, []
+    for _ in range(5):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(reps):
+            fn()
+        e1.record()
+        torch.cuda.synchronize()
+        ts.append(e0.elapsed_time(e1) * 1e3 / reps)
+    return statistics.median(ts)
+
+
+def _gpu_backends() -> list[str]:
+    return sorted(n for n, b in registry().backends.items() if "cuda" in b.device_types)
+
+
+def _attention_inputs(B, Sq, Sk, Hq, Hkv, D, ps, dev):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, Sq, Hq, D, generator=g).to(dev, torch.bfloat16)
+    if not ps:
+        k, v = (torch.randn(B, Sk, Hkv, D, generator=g).to(dev, torch.bfloat16) for _ in range(2))
+        return (q, k, v), {}
+    pages = B * Sk // ps
+    k, v = (torch.randn(pages, ps, Hkv, D, generator=g).to(dev, torch.bfloat16) for _ in range(2))
+    table = torch.randperm(pages, generator=g).reshape(B, Sk // ps).to(dev, torch.int32)
+    return (q, k, v), {"block_table": table, "seqlens_k": torch.full((B,), Sk, dtype=torch.int32, device=dev)}
+
+
+def _row(fn, args, kw, shape, reference, tol, backends) -> dict:
+    """Time every backend that supports ``fn(*args, **kw)``; record refusals and wrong answers."""
+    row = {"op": fn.__name__, "shape": shape, "backends": {}}
+
+    def call(backend=None):
+        return fn(*args, backend=backend, **kw)
+
+    for name in backends:
+        try:
+            portakern.explain(fn, *args, backend=name, **kw)
+        except portakern.UnsupportedError as e:
+            row["backends"][name] = {"refused": str(e)[:300]}
+            continue
+        try:
+            out = call(backend=name)
+            err = (out.float().cpu().double() - reference).abs().max().item() / max(reference.abs().max().item(), 1e-30)
+            if not err <= tol:
+                row["backends"][name] = {"wrong": err}
+                continue
+            row["backends"][name] = {"us": _time_us(lambda: call(backend=name)), "rel_err": err}
+        except Exception as e:  # a vendor failure is a result, not a crash of the benchmark
+            row["backends"][name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    row["auto"] = portakern.explain(fn, *args, **kw).chosen
+    timed = {n: r["us"] for n, r in row["backends"].items() if "us" in r}
+    if timed:
+        best = min(timed, key=timed.get)
+        row["fastest"] = best
+        auto_us = timed.get(row["auto"])
+        row["auto_over_fastest"] = None if auto_us is None else auto_us / timed[best] - 1
+        own = [timed[n] for n in timed if n in OWN]
+        if best not in OWN and own and timed[best] < 0.97 * min(own):
+            row["candidate_rank_over_own"] = best
+    return row
+
+
+def run(quick: bool) -> list[dict]:
+    dev = f"cuda:{torch.cuda.current_device()}"
+    backends, rows = _gpu_backends(), []
+    for name, B, Sq, Sk, Hq, Hkv, D, causal, ps in ATTENTION[: 3 if quick else None]:
+        args, kw = _attention_inputs(B, Sq, Sk, Hq, Hkv, D, ps, dev)
+        kw["causal"] = causal
+        ref = portakern.attention(*(a.float().cpu() for a in args), backend="cpu",
+                                  **{k: v.cpu() if torch.is_tensor(v) else v for k, v in kw.items()})
+        rows.append(_row(portakern.attention, args, kw, dict(kind=name, B=B, Sq=Sq, Sk=Sk, Hq=Hq, Hkv=Hkv, D=D,
+                                                              causal=causal, page_size=ps), ref.double(), 3e-2,
+                         backends))
+        print(rows[-1]["shape"], {n: r.get("us", next(iter(r))) for n, r in rows[-1]["backends"].items()},
+              "auto:", rows[-1]["auto"], flush=True)
+    for M, N, K in GEMV[: 2 if quick else None]:
+        g = torch.Generator().manual_seed(1)
+        w = portakern.quantize(torch.randn(N, K, generator=g), bits=4, group_size=128, symmetric=True,
+                               scale_dtype="bfloat16")
+        x = torch.randn(M, K, generator=g).to(torch.bfloat16)
+        ref = x.double() @ torch.as_tensor(np.asarray(w.dequantize(), dtype=np.float64)).T
+        rows.append(_row(portakern.quant_gemv, (x.to(dev), w.to(dev)), {},
+                         dict(M=M, N=N, K=K, fmt="int4 sym g128 bf16 scales"), ref, 1.6e-2, backends))
+        print(rows[-1]["shape"], {n: r.get("us", next(iter(r))) for n, r in rows[-1]["backends"].items()},
+              "auto:", rows[-1]["auto"], flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="three attention and two GEMV shapes")
+    ap.add_argument("--out", default=default_out(), help="folder for the result JSON (default: $OUT or "
+                    "benchmarks/results)")
+    ap.add_argument("--tag", default="", help="what the run varies, in the result name (e.g. -quick)")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("vendor_backends.py needs a CUDA device: it times kernels on the GPU")
+    rows = run(a.quick)
+    res = {"what": __doc__.splitlines()[0], "date": datetime.date.today().isoformat(),
+           "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "commit": os.environ.get("PK_COMMIT", ""),
+           "backends": {n: registry().backends[n].status() for n in _gpu_backends()}, "rows": rows}
+    write(res, result_path(a.out, "vendor-backends", a.tag))
+    worst = max((r.get("auto_over_fastest") or 0.0 for r in rows), default=0.0)
+    print(f"auto within {worst:.1%} of the fastest correct backend on every shape" if math.isfinite(worst) else "")
+    for r in rows:
+        if "candidate_rank_over_own" in r:
+            print("RANK_OVER_OWN candidate:", r["candidate_rank_over_own"], r["op"], r["shape"])
+
+
+if __name__ == "__main__":
+    main()
