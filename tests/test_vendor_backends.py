@@ -246,3 +246,21 @@ def test_missing_package_is_an_info_line_with_the_install_command(name, module, 
     s = be.supports(_op(), H100)
     assert not s and hint in s.reason
     assert name in {b.name for b in portakern.list_backends()}
+
+
+@pytest.mark.parametrize("module, name", [("portakern.backends.torch", "torch"), ("portakern.backends.fa4", "fa4"),
+                                          ("portakern.backends.flashinfer", "flashinfer")])
+def test_a_measured_row_lifts_its_backend_for_its_class_only(module, name, monkeypatch):
+    import importlib
+
+    mod = importlib.import_module(module)
+    be, op = registry().backends[name], _op(dtype=DType.float16)
+    assert mod.portakern_backend_priority(be, op, H100) is None          # empty table: the default rank (-30)
+    row = dict(backend=name, op="attention", family="sm_90", dtype="float16", max_d=128, decode=False,
+               source="vendor-backends-h100.json")
+    monkeypatch.setattr(mod, "RANK_OVER_OWN", (row,))
+    assert mod.portakern_backend_priority(be, op, H100) == 120
+    assert mod.portakern_backend_priority(be, op, B200) is None          # another family
+    assert mod.portakern_backend_priority(be, _op(dtype=DType.bfloat16), H100) is None
+    assert mod.portakern_backend_priority(be, _op(dtype=DType.float16, seqlen_q=1), H100) is None   # decode
+    assert mod.portakern_backend_priority(registry().backends["triton"], op, H100) is None
