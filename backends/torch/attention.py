@@ -61,6 +61,9 @@ def kernel_limits(kernel: str | None, op: Attention, device) -> Support:
     """The limits of SDPA kernel ``kernel`` (an ``SDPBackend`` member name; None: torch's own choice, with
     flex_attention behind it) for ``op`` on ``device``: dtype, head dims, masks and score_mods it cannot take."""
     if kernel is None:
+        if _needs_flex(op) and _flex_attention() is None:
+            return no(f"score_mod {op.score_mod} is not 'score + bias', which SDPA cannot apply; it needs "
+                      f"flex_attention (torch >= 2.5), and this torch is {torch.__version__}; use backend=None")
         return YES
     if _needs_flex(op):
         return no(f"SDPA's {kernel} kernel takes a mask, not a score transform: score_mod {op.score_mod} is not "
@@ -245,8 +248,17 @@ def _pinned(kernel: str | None):
     return sdpa_kernel([getattr(SDPBackend, kernel)])
 
 
+def _flex_attention():
+    """``torch.nn.attention.flex_attention.flex_attention``, or None on a torch without it (before 2.5)."""
+    try:
+        from torch.nn.attention import flex_attention as fx
+    except ImportError:
+        return None
+    return fx.flex_attention
+
+
 def _flex(plan: _Plan, b: int, qh, kh, vh, want_lse: bool):
-    from torch.nn.attention.flex_attention import AuxRequest, flex_attention
+    import torch.nn.attention.flex_attention as fx
 
     op, dev = plan.op, qh.device
     consts = {"b": torch.tensor(b, device=dev), "seqlen_q": torch.tensor(qh.shape[2], device=dev),
@@ -261,8 +273,13 @@ def _flex(plan: _Plan, b: int, qh, kh, vh, want_lse: bool):
 
     with warnings.catch_warnings():   # eager flex_attention warns that it is unfused; that is the documented cost
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-        o, aux = flex_attention(qh, kh, vh, score_mod=score_mod, scale=op.scale, return_aux=AuxRequest(lse=True))
-    row_lse = _plus_inf_is_nan(aux.lse.float())
+        if hasattr(fx, "AuxRequest"):    # torch >= 2.9; before it, return_lse=True
+            o, aux = fx.flex_attention(qh, kh, vh, score_mod=score_mod, scale=op.scale,
+                                       return_aux=fx.AuxRequest(lse=True))
+            lse = aux.lse
+        else:
+            o, lse = fx.flex_attention(qh, kh, vh, score_mod=score_mod, scale=op.scale, return_lse=True)
+    row_lse = _plus_inf_is_nan(lse.float())
     dead = row_lse == -math.inf                                      # no visible key: 0 and -inf
     return o.masked_fill(dead[..., None], 0.0), row_lse
 
