@@ -164,3 +164,63 @@ def test_the_torch_op_kernel_cache_is_bounded_by_set_cache_limits(fresh):
     assert info["torch_op_kernels"] == 3 and info["limit_torch_op_kernels"] == 3
     assert list(torch_ops._kernels) == [("m", 2), ("m", 3), ("m", 4)]
     torch_ops._kernels.clear()
+
+
+def _member_shapes(op, L):
+    """q, k and block table shapes of the member of ``op``'s class with L keys (varlen: L more keys and rows)."""
+    from portakern.ir import KVLayout
+
+    s = op.shapes()
+    if op.kv_layout is KVLayout.VARLEN:
+        return (s["q"][0] + L, *s["q"][1:]), (s["k"][0] + L, *s["k"][1:]), None
+    if op.kv_layout is KVLayout.PAGED:
+        return s["q"], s["k"], (op.batch, -(-L // op.page_size))
+    return s["q"], (op.batch, L, *s["k"][2:]), None
+
+
+CLASSES = {
+    "dense-decode-gqa": dict(batch=1, seqlen_q=1, seqlen_k=16, heads_q=8, heads_kv=2, head_dim=64),
+    "dense-prefill-d64": dict(batch=2, seqlen_q=300, seqlen_k=300, heads_q=8, heads_kv=8, head_dim=64),
+    "dense-prefill-d128": dict(batch=1, seqlen_q=200, seqlen_k=200, heads_q=4, heads_kv=4, head_dim=128),
+    "paged-16": dict(batch=2, seqlen_q=1, seqlen_k=32, heads_q=8, heads_kv=1, head_dim=128, kv_layout="paged",
+                     page_size=16, num_pages=64, has_seqlens_k=True),
+    "paged-64": dict(batch=1, seqlen_q=1, seqlen_k=128, heads_q=32, heads_kv=8, head_dim=128, kv_layout="paged",
+                     page_size=64, num_pages=64, has_seqlens_k=True),
+    "varlen": dict(batch=3, seqlen_q=30, seqlen_k=40, heads_q=4, heads_kv=2, head_dim=64, kv_layout="varlen",
+                   total_q=30, total_k=40),
+}
+
+
+@pytest.mark.parametrize("name", list(CLASSES))
+@pytest.mark.parametrize("arch", ["interp", "sm_80", "sm_90", "sm_100"])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_lengths_of_one_choice_key_get_one_configuration(name, arch, dtype):
+    """``choice_key`` may share a configuration between lengths only where the table picks the same one for each;
+    ``lengths_of`` gives what ``attention_at`` and its ``shapes()`` give, without building the op."""
+    from portakern.backends.triton.attention import plan
+    from portakern.backends.triton.attention.runtime import choice_key, lengths_of
+    from portakern.ir import Attention, DType, KVLayout
+    from portakern.ir import expr as E
+    from portakern.lengths import attention_at
+
+    kw = dict(CLASSES[name])
+    kw["kv_layout"] = KVLayout(kw.pop("kv_layout", "dense"))
+    for causal in (False, True):
+        op = Attention(**kw, head_dim_v=kw["head_dim"], dtype=DType(dtype), scale=0.1, return_lse=causal,
+                       mask_mod=E.causal_mask() if causal else None).verify()
+        by_key: dict = {}
+        # every few lengths, and both sides of the Gluon prefill kernel's key threshold (4096: 256 tiles of 16)
+        for L in [*range(1, 1100, 3 if arch == "interp" else 7), 4081, 4095, 4096, 4097]:
+            shapes = _member_shapes(op, L)
+            if op.kv_layout is KVLayout.PAGED and shapes[2][1] > op.num_pages:
+                continue
+            at = attention_at(op, *shapes)
+            n, s = lengths_of(op, *shapes)
+            assert (n.seqlen_q, n.seqlen_k) == (at.seqlen_q, at.seqlen_k)
+            assert n.total_q == (at.total_q if op.kv_layout is KVLayout.VARLEN else at.batch * at.seqlen_q)
+            assert s == {k: v for k, v in at.shapes().items() if k in ("q", "k", "v", "out", "lse")}
+            cfg = plan.choose(at, arch)
+            first = by_key.setdefault(choice_key(n), (L, cfg))
+            assert first[1] == cfg, f"{name} {arch} causal={causal}: Sk={first[0]} and Sk={at.seqlen_k} share " \
+                                    f"{choice_key(n)} but the table picks {first[1]} and {cfg}"
+        assert len(by_key) > 1

@@ -77,15 +77,23 @@ def constexprs(op: Attention, cfg: AttnConfig, interpret: bool, mods) -> dict[st
 def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]:
     """The kernel for ``op`` with an explicit configuration (benchmarks and tuning sweep with this)."""
     inner = build_at(op, device, cfg)
-    shapes = op.shapes()
+    n, shapes = own_lengths(op)
 
     def kernel(q, k, v, out, lse, aux=None) -> None:
-        inner(op, shapes, q, k, v, out, lse, aux)
+        inner(n, shapes, q, k, v, out, lse, aux)
 
     kernel.__name__ = f"triton_attention_{op.content_hash()}"
     kernel.config = cfg
     kernel.workspace_bytes = plan.workspace_bytes(op, cfg)
     return kernel
+
+
+def own_lengths(op: Attention) -> tuple:
+    """``(runtime.Lengths, shapes)`` of ``op`` itself, as ``build_at``'s kernels take them."""
+    from .runtime import Lengths
+
+    R = op.total_q if op.kv_layout is KVLayout.VARLEN else op.batch * op.seqlen_q
+    return Lengths(op.seqlen_q, op.seqlen_k, R), op.shapes()
 
 
 def fixed_lengths(op: Attention, cfg: AttnConfig) -> bool:
@@ -96,10 +104,10 @@ def fixed_lengths(op: Attention, cfg: AttnConfig) -> bool:
 
 
 def build_at(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]:
-    """``kernel(at, shapes, q, k, v, out, lse, aux)`` under ``cfg`` for a member ``at`` of ``op``'s shape class
-    (``portakern.lengths.attention_at``; ``shapes``: ``at.shapes()``): the grid, the rows and the lengths the
-    kernel gets follow ``at`` on every call, so one built kernel (and Triton's one compile of each integer
-    specialisation) serves every length (``fixed_lengths``: the Gluon kernels that cannot)."""
+    """``kernel(n, shapes, q, k, v, out, lse, aux)`` under ``cfg`` for a member of ``op``'s shape class at lengths
+    ``n`` (``runtime.Lengths``; ``shapes``: its operands' shapes, ``runtime.lengths_of``): the grid, the rows and
+    the lengths the kernel gets follow ``n`` on every call, so one built kernel (and Triton's one compile of each
+    integer specialisation) serves every length (``fixed_lengths``: the Gluon kernels that cannot)."""
     from .. import kernels
     from ..expr_triton import load_mods
 
@@ -125,34 +133,39 @@ def build_at(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., No
     fwd_launch = {False: KernelLaunch(fwd, (1, 1), consts, launch_opts, interpret, free_ints=True)}
     combine_launch = KernelLaunch(merge, (1,), cconsts, combine_opts, interpret, free_ints=True)
 
-    passed: list[tuple] = [()]   # the layout key (``layout_key``) of the last call that passed the checks
+    passed: list[tuple] = [()]   # the dtypes, inner strides and index arrays of the last call that passed the checks
 
-    def kernel(at, shapes, q, k, v, out, lse, aux=None) -> None:
+    B, Hq, scale = op.batch, op.heads_q, op.scale
+
+    def kernel(n, shapes, q, k, v, out, lse, aux=None) -> None:
         aux = unit_stride_aux(aux or {})
-        bt, sk, cu_q, cu_k = (aux.get(n) for n in AUX_NAMES)
-        key = layout_key(q, k, v, out, lse, aux)
-        if key != passed[0]:
-            check_operands(at, shapes, q, k, v, out, lse)
-            check_aux(at, bt, sk, cu_q, cu_k)
+        bt, sk, cu_q, cu_k = (aux.get(a) for a in AUX_NAMES)
+        # what the checks read but the shapes (compared directly: a new length changes them, not the verdict)
+        key = (q.dtype, k.dtype, v.dtype, out.dtype, q.stride(-1), k.stride(-1), v.stride(-1), out.stride(-1),
+               None if lse is None else lse.dtype, bt is None, sk is None, cu_q is None, cu_k is None)
+        if key != passed[0] or q.shape != shapes["q"] or k.shape != shapes["k"] or v.shape != shapes["v"] \
+                or out.shape != shapes["out"] or (lse is not None and lse.shape != shapes.get("lse")):
+            check_operands(op, shapes, q, k, v, out, lse)
+            check_aux(op, bt, sk, cu_q, cu_k)
             passed[0] = key
         if varlen:
             sq_, sk_ = (0,) + q.stride()[:2], (0,) + k.stride()[:2]
             sv_, so_ = (0,) + v.stride()[:2], (0,) + out.stride()[:2]
             sl_ = (0,) + (lse.stride() if lse is not None else (0, 0))
-            R = at.total_q
-            grid = ((-(-R // rows) + at.batch + 1) * cfg.num_splits, at.heads_q // cfg.pack)
+            R = n.total_q
+            grid = ((-(-R // rows) + B + 1) * cfg.num_splits, Hq // cfg.pack)
         else:
             sq_, sk_, sv_, so_ = q.stride()[:3], k.stride()[:3], v.stride()[:3], out.stride()[:3]
             sl_ = lse.stride() if lse is not None else (0, 0, 0)
-            R = at.batch * at.seqlen_q
-            grid = (-(-at.seqlen_q // rows) * cfg.num_splits, at.batch * at.heads_q // cfg.pack)
+            R = B * n.seqlen_q
+            grid = (-(-n.seqlen_q // rows) * cfg.num_splits, B * Hq // cfg.pack)
         sbt = bt.stride() if bt is not None else (0, 0)
         if cfg.num_splits > 1:
             wkey = (q.device, R, grid)
             ws = workspace.get(wkey)
             if ws is None:
                 dev = q.device
-                ws = StreamWorkspace(lambda: _workspace(at, cfg, R, grid, dev), stream_index(dev))
+                ws = StreamWorkspace(lambda: _workspace(op, cfg, R, grid, dev), stream_index(dev))
                 workspace.put(wkey, ws)
             ws_o, ws_lse, locks = ws.get()
         else:
@@ -172,26 +185,26 @@ def build_at(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., No
             launch = fwd_launch[fallback] = KernelLaunch(fwd, (1, 1), ptr_consts, launch_opts, interpret,
                                                          free_ints=True)
         launch.on(grid, q, k, v, out, lse, ws_o, ws_lse, locks, bt, sk, cu_q, cu_k, kd, vd, *sq_, *sk_, *sv_, *so_,
-                  *sl_, *sbt, at.batch, at.total_q if varlen else at.seqlen_q, at.seqlen_k, R, at.scale)
+                  *sl_, *sbt, B, n.total_q if varlen else n.seqlen_q, n.seqlen_k, R, scale)
         if cfg.num_splits > 1 and not cfg.fused_combine:
-            combine_launch.on((R * at.heads_q,), ws_o, ws_lse, out, lse, *so_, *sl_, at.seqlen_q, R)
+            combine_launch.on((R * Hq,), ws_o, ws_lse, out, lse, *so_, *sl_, n.seqlen_q, R)
 
     return kernel
 
 
 def build_gluon(op: Attention, device: Device, cfg: AttnConfig, arch: str) -> Callable[..., None]:
     """``gluon_at``'s kernel at ``op``'s own lengths: ``kernel(q, k, v, out, lse, aux)``."""
-    inner, shapes = gluon_at(op, device, cfg, arch), op.shapes()
+    inner, (n, shapes) = gluon_at(op, device, cfg, arch), own_lengths(op)
 
     def kernel(q, k, v, out, lse, aux=None) -> None:
-        inner(op, shapes, q, k, v, out, lse, aux)
+        inner(n, shapes, q, k, v, out, lse, aux)
 
     return kernel
 
 
 def gluon_at(op: Attention, device: Device, cfg: AttnConfig, arch: str) -> Callable[..., None]:
     """A Gluon kernel behind ``attn_fwd``'s per-call checks: the prefill kernel (``cfg.wgmma``, ``wgmma.py``) or
-    the split decode kernel (``cfg.decode_ws``, ``decode_ws.py``), as ``build_at``'s ``kernel(at, shapes, ...)``
+    the split decode kernel (``cfg.decode_ws``, ``decode_ws.py``), as ``build_at``'s ``kernel(n, shapes, ...)``
     (serving ``op``'s own lengths only where ``fixed_lengths``). A call whose tensors the kernel's descriptors
     cannot take (the module's ``call_blocker``) runs the ``attn_fwd`` table configuration instead, built on the
     first such call, with a RuntimeWarning naming the reason (same results, slower)."""
@@ -205,14 +218,14 @@ def gluon_at(op: Attention, device: Device, cfg: AttnConfig, arch: str) -> Calla
     slow: list[Callable[..., None]] = []
     passed: list[tuple] = [()]   # the layout key of the last call that passed every check
 
-    def kernel(at, shapes, q, k, v, out, lse, aux=None) -> None:
+    def kernel(n, shapes, q, k, v, out, lse, aux=None) -> None:
         aux = unit_stride_aux(aux or {})
         key = layout_key(q, k, v, out, lse, aux)
         if key == passed[0]:   # what the checks read is as on a call that passed them
             launch(q, k, v, out, lse, aux)
             return
-        check_operands(at, shapes, q, k, v, out, lse)
-        check_aux(at, *(aux.get(n) for n in AUX_NAMES))
+        check_operands(op, shapes, q, k, v, out, lse)
+        check_aux(op, *(aux.get(a) for a in AUX_NAMES))
         why = mod.call_blocker(q, k, v, out)
         if why is None:
             passed[0] = key
@@ -222,7 +235,7 @@ def gluon_at(op: Attention, device: Device, cfg: AttnConfig, arch: str) -> Calla
             slow.append(build_at(op, device, plan.choose(op, arch, plan.family(device)[1], wgmma=False)))
         warnings.warn(f"portakern: triton attention runs attn_fwd instead of {what} for this call: {why} "
                       f"(same results, slower)", RuntimeWarning, stacklevel=3)
-        slow[0](at, shapes, q, k, v, out, lse, aux)
+        slow[0](n, shapes, q, k, v, out, lse, aux)
 
     return kernel
 

@@ -19,21 +19,66 @@ Nothing here re-enters dispatch or replans.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from portakern import capture
 from portakern.decision import brief
 from portakern.devices import Device
-from portakern.ir.ops import Attention
+from portakern.ir.ops import Attention, KVLayout
 from portakern.lengths import attention_at
 from portakern.lru import LRU
 
-from . import forward, plan
+from .. import tuning
+from . import forward
 
-#: lengths (a call's q, k and block table shapes) whose op and configuration are remembered
+#: lengths (a call's q, k and block table shapes) whose lengths, shapes and kernel are remembered
 BOUND_LENGTHS = 256
+#: configurations chosen, by ``choice_key`` (lengths that pick one configuration share an entry)
+CHOICES = 256
 #: configurations (or, for ``forward.fixed_lengths`` kernels, configurations at one length) holding a built kernel
 BUILT_KERNELS = 32
+
+
+class Lengths(NamedTuple):
+    """What a built kernel reads of a call's lengths: the op's ``seqlen_q``, ``seqlen_k`` and ``total_q`` at them
+    (as ``portakern.lengths.attention_at`` sets them: varlen has ``seqlen_q = total_q``, ``seqlen_k = total_k``;
+    paged ``seqlen_k`` = the block table's width x page size)."""
+
+    seqlen_q: int
+    seqlen_k: int
+    total_q: int
+
+
+def lengths_of(op: Attention, q_shape: tuple, k_shape: tuple, bt_shape: tuple | None) -> tuple[Lengths, dict]:
+    """``(Lengths, shapes)`` of the member of ``op``'s shape class whose q, k and block table have these shapes:
+    what ``attention_at(op, ...)`` and its ``shapes()`` give for q, k, v, out and lse, without building the op."""
+    Hq, Hkv, D, Dv = op.heads_q, op.heads_kv, op.head_dim, op.head_dim_v
+    if op.kv_layout is KVLayout.VARLEN:
+        tq, tk = max(q_shape[0], 1), k_shape[0]
+        n = Lengths(tq, tk, tq)
+        s = {"q": (tq, Hq, D), "k": (tk, Hkv, D), "v": (tk, Hkv, Dv), "out": (tq, Hq, Dv), "lse": (Hq, tq)}
+    else:
+        B, sq = op.batch, max(q_shape[1], 1)
+        if op.kv_layout is KVLayout.PAGED:
+            sk, kv = bt_shape[1] * op.page_size, (k_shape[0], op.page_size)
+        else:
+            sk = k_shape[1]
+            kv = (B, sk)
+        n = Lengths(sq, sk, B * sq)
+        s = {"q": (B, sq, Hq, D), "k": (*kv, Hkv, D), "v": (*kv, Hkv, Dv), "out": (B, sq, Hq, Dv),
+             "lse": (B, Hq, sq)}
+    if not op.return_lse:
+        del s["lse"]
+    return n, s
+
+
+def choice_key(n: Lengths) -> tuple:
+    """What the table's choice (``plan.choose``) reads of the lengths: Sq and total_q exactly, Sk through the
+    number of 16-key tiles (every key tile is a multiple of 16 keys: the split count and paged tiles follow
+    ``ceil(Sk / block_n)``) and its comparisons (the Gluon prefill kernel's threshold, causal ``Sk >= Sq``, TMA's
+    ``Sk > 1``). Lengths with one key share one configuration."""
+    sq, sk = n.seqlen_q, n.seqlen_k
+    return sq, n.total_q, -(-sk // 16), sk < tuning.WGMMA_D64_MIN_SEQLEN_K, sk < sq, sk > 1
 
 
 class LengthKernel:
@@ -45,46 +90,62 @@ class LengthKernel:
     ``configs`` the distinct configurations met."""
 
     def __init__(self, op: Attention, device: Device, choose: Callable[[Attention], object]):
+        from . import plan
+
         self.op, self.device, self._choose = op, device, choose
-        self._bound = LRU(BOUND_LENGTHS)       # lengths -> (at, shapes, built kernel, configuration)
+        self._bound = LRU(BOUND_LENGTHS)       # q, k, block table shapes -> (Lengths, shapes, built kernel)
+        self._choices = LRU(CHOICES)           # choice_key -> configuration (shared by its lengths)
         self._built = LRU(BUILT_KERNELS)       # configuration (and lengths, where fixed) -> built kernel
         self.builds = 0
         self.configs: set = set()
-        first = self._bind(op)
-        self.config = first[3]
+        s = op.shapes()
+        self._bind(s["q"], s["k"], s.get("block_table"))
+        self.config = self._last_config
         self.workspace_bytes = plan.workspace_bytes(op, self.config)
-        self._bound.put(self._key_of(op), first)
         self.__name__ = f"triton_attention_{op.content_hash()}"
 
     def __call__(self, q, k, v, out, lse, aux=None) -> None:
         bt = aux.get("block_table") if aux else None
-        key = (tuple(q.shape), tuple(k.shape), None if bt is None else tuple(bt.shape))
+        key = (q.shape, k.shape, None if bt is None else bt.shape)
         hit = self._bound.get(key)
         if hit is None:
-            hit = self._bind(attention_at(self.op, key[0], key[1], key[2]))
-            self._bound.put(key, hit)
+            hit = self._bind(*key)
         hit[2](hit[0], hit[1], q, k, v, out, lse, aux)
 
-    def _key_of(self, op: Attention) -> tuple:
-        s = op.shapes()
-        return tuple(s["q"]), tuple(s["k"]), tuple(s["block_table"]) if "block_table" in s else None
+    def _bind(self, q_shape, k_shape, bt_shape) -> tuple:
+        """``(Lengths, shapes, built kernel)`` for one call's shapes, remembered under them."""
+        n, shapes = lengths_of(self.op, q_shape, k_shape, bt_shape)
+        ckey = choice_key(n)
+        choice = self._choices.get(ckey)      # (configuration, its built kernel when it serves every length)
+        if choice is None:
+            at = attention_at(self.op, q_shape, k_shape, bt_shape)
+            cfg = self._choose(at)
+            self.configs.add(cfg)
+            fixed = forward.fixed_lengths(at, cfg)
+            bkey = (cfg, n) if fixed else (cfg,)
+            built = self._built.get(bkey)
+            if built is None:
+                built = self._build(at, cfg)
+                self._built.put(bkey, built)
+            if cfg.block_n % 16 == 0 and not fixed:   # the table's tiles always; any other is chosen per length
+                self._choices.put(ckey, (cfg, built))
+        else:
+            cfg, built = choice
+        self._last_config = cfg
+        hit = (n, shapes, built)
+        self._bound.put((tuple(q_shape), tuple(k_shape), None if bt_shape is None else tuple(bt_shape)), hit)
+        return hit
 
-    def _bind(self, at: Attention) -> tuple:
-        """``(at, at.shapes(), built kernel, configuration)`` for the op at one call's lengths."""
-        cfg = self._choose(at)
-        self.configs.add(cfg)
-        key = (cfg, at.seqlen_q, at.seqlen_k) if forward.fixed_lengths(at, cfg) else (cfg,)
-        built = self._built.get(key)
-        if built is None:
-            if self._bound and capture.is_capturing():    # the first build is the plan's compile, before any call
-                raise capture.CaptureError(
-                    f"attention ({brief(at)}) on {self.device.label}: triton meets a new kernel configuration at "
-                    f"seqlen_q={at.seqlen_q}, seqlen_k={at.seqlen_k} ({cfg}) inside CUDA stream capture, where "
-                    f"compiling it cannot run; run one call at these lengths before capture")
-            built = forward.build_at(at, self.device, cfg)
-            self._built.put(key, built)
-            self.builds += 1
-        return at, at.shapes(), built, cfg
+    def _build(self, at: Attention, cfg):
+        """``forward.build_at`` for ``at`` under ``cfg``; refused inside CUDA stream capture (but for the plan's
+        own compile, made before any call)."""
+        if self._bound and capture.is_capturing():
+            raise capture.CaptureError(
+                f"attention ({brief(at)}) on {self.device.label}: triton meets a new kernel configuration at "
+                f"seqlen_q={at.seqlen_q}, seqlen_k={at.seqlen_k} ({cfg}) inside CUDA stream capture, where "
+                f"compiling it cannot run; run one call at these lengths before capture")
+        self.builds += 1
+        return forward.build_at(at, self.device, cfg)
 
 
-__all__ = ["BOUND_LENGTHS", "BUILT_KERNELS", "LengthKernel"]
+__all__ = ["BOUND_LENGTHS", "BUILT_KERNELS", "CHOICES", "LengthKernel", "Lengths", "choice_key", "lengths_of"]
