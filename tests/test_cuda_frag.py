@@ -431,6 +431,25 @@ def test_lowers_for_every_target_without_spilling(C, target, op, cfg):
     assert f["frame_bytes"] <= C.MAX_SPILL_FRAME_BYTES and f["smem_bytes"] <= C.SMEM_PER_CTA
 
 
+def test_every_int4_table_entry_translates_to_a_launch_that_does_not_spill(C):
+    # a fragment-only weight runs the word kernel's measured entry translated (frag_config): each committed int4 entry
+    # gives a launch the kernel takes, lowered for sm_90a without spilling
+    from portakern.backends.cuda.common import nvrtc
+    from portakern.backends.cuda.tuning import TABLE
+
+    seen = set()
+    for (key, M, bits, N, K), entry in TABLE.items():
+        op = gemv(M=M, N=N, K=K)
+        f = C.frag_config(op, C.SmallMConfig(*entry[:5]))
+        if bits != 4 or (M, N, K, f) in seen:
+            continue
+        seen.add((M, N, K, f))
+        C._check_frag_config(op, f)
+        c = nvrtc.compile_source(C.FRAG_SOURCE, tuple(C.frag_defines(op, f, True, None).items()), "sm_90a")
+        assert (c.spill_bytes or 0) == 0 and c.frame_bytes == 0, (key, M, N, K, f)
+    assert len(seen) >= 20
+
+
 def test_int8_lowers_the_word_kernel_only(C):
     assert "frag" not in C.compile_for_target(gemv(bits=8, N=8192, K=8192), "sm_90a")
 
