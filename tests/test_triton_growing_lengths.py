@@ -224,3 +224,43 @@ def test_lengths_of_one_choice_key_get_one_configuration(name, arch, dtype):
             assert first[1] == cfg, f"{name} {arch} causal={causal}: Sk={first[0]} and Sk={at.seqlen_k} share " \
                                     f"{choice_key(n)} but the table picks {first[1]} and {cfg}"
         assert len(by_key) > 1
+
+
+def test_free_integers_stay_on_the_fast_launch_while_their_specialisation_holds(monkeypatch):
+    """``KernelLaunch(free_ints=True).on(grid, ...)``: a length or stride that changes keeps the fast launch (on the
+    call's own grid) while Triton would specialise it alike (== 1, divisible by 16, 32-bit), and goes through
+    Triton's path when it would not (stand-ins of ``test_triton_launch``)."""
+    import test_triton_launch as T
+    from portakern.backends.triton.common.launch import KernelLaunch
+
+    _fake(monkeypatch, T)
+    jit = T._JIT()
+    ln = KernelLaunch(jit, (1,), {"BLOCK": 64}, {}, free_ints=True)
+    x, out = T._Tensor(4096), T._Tensor(8192)
+    ln.on((3, 2), x, out, 17, 33)
+    assert jit.log[0][:3] == ("slow", (3, 2), (x, out, 17, 33))
+    ln.on((4, 2), x, out, 18, 35)            # neither 1 nor a multiple of 16, as before: fast, on (4, 2)
+    assert jit.log[1][0] == "fast" and jit.log[1][1][:3] == (4, 2, 1) and jit.log[1][1][-4:] == (18, 35, 64, True)
+    ln.on((4, 2), x, out, 32, 35)            # 32 % 16 == 0: another specialisation
+    ln.on((4, 2), x, out, 1, 35)             # 1: a constant to Triton
+    ln.on((4, 2), x, out, 2**31, 35)         # 64-bit
+    ln.on((4, 2), x, out, 2.0, 35)           # a float where an int was
+    assert [e[0] for e in jit.log] == ["slow", "fast", "slow", "slow", "slow", "slow"]
+    fixed = KernelLaunch(T._JIT(), (1,), {"BLOCK": 64}, {})
+    fixed.on((1,), x, out, 17, 33)
+    fixed.on((1,), x, out, 18, 33)           # without free_ints every scalar is compared by value
+    assert [e[0] for e in fixed.fn.log] == ["slow", "slow"]
+
+
+def _fake(monkeypatch, T):
+    import types
+
+    import triton
+    import triton.runtime
+
+    from portakern.backends.triton.common import switches
+
+    rt = types.SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    monkeypatch.setattr(triton.runtime, "driver", types.SimpleNamespace(active=T._Driver()))
+    monkeypatch.setattr(triton, "knobs", types.SimpleNamespace(runtime=rt))
+    monkeypatch.delenv(switches.FAST_LAUNCH_ENV, raising=False)
