@@ -264,3 +264,71 @@ def _fake(monkeypatch, T):
     monkeypatch.setattr(triton.runtime, "driver", types.SimpleNamespace(active=T._Driver()))
     monkeypatch.setattr(triton, "knobs", types.SimpleNamespace(runtime=rt))
     monkeypatch.delenv(switches.FAST_LAUNCH_ENV, raising=False)
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gpu_a_growing_decode_loop_compiles_per_configuration_and_launches_fast(dtype, fresh):
+    """On the GPU: a 300-step dense decode loop makes one plan, builds one kernel per configuration,
+    launches through the fast path except where Triton specialises an integer anew, and matches float64."""
+    dt, dev = getattr(torch, dtype), "cuda"
+    g = torch.Generator(device=dev).manual_seed(0)
+    B, Hq, Hkv, D, steps = 1, 32, 8, 128, 300
+    cache = torch.randn((2, B, 16 + steps, Hkv, D), generator=g, device=dev).to(dt)
+    q = torch.randn((B, 1, Hq, D), generator=g, device=dev).to(dt)
+    before = dispatch.cache_info()
+    for L in range(16, 16 + steps):
+        k, v = cache[0, :, :L].contiguous(), cache[1, :, :L].contiguous()
+        out = portakern.attention(q, k, v, backend="triton")
+        if L % 37 == 0 or L == 15 + steps:
+            np.testing.assert_allclose(f64(out.cpu()), reference(*(f64(a.cpu()) for a in (q, k, v))), rtol=1e-2,
+                                       atol=1e-2, err_msg=f"Sk={L}")
+    after = dispatch.cache_info()
+    assert after["plans_made"] - before["plans_made"] == 1 and after["lengths_compiled"] == before["lengths_compiled"]
+    (plan,) = triton_plans()
+    kern = plan.kernel
+    assert kern.builds == len(kern.configs) < 12, [c for c in kern.configs]
+    launchers = [ln for b in kern.built() if hasattr(b, "launchers") for ln in b.launchers()]
+    fast, slow = sum(ln.fast_calls for ln in launchers), sum(ln.slow_calls for ln in launchers)
+    # Triton's path: each configuration's first launch and each change of an integer's specialisation (Sk
+    # divisible by 16 or not, so about two per 16 steps)
+    assert fast > steps // 2 and slow <= 3 * steps // 16 + 4 * kern.builds, (fast, slow)
+
+
+@needs_cuda
+def test_gpu_a_captured_decode_step_replays_at_a_known_configuration_and_refuses_a_new_one(fresh):
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(1)
+    cache = torch.randn((2, 1, 600, 8, 128), generator=g, device=dev).to(torch.float16)
+    q = torch.randn((1, 1, 32, 128), generator=g, device=dev).to(torch.float16)
+    k, v = cache[0, :, :40].contiguous(), cache[1, :, :40].contiguous()
+    portakern.attention(q, k, v, backend="triton")             # warm-up: plan, build, workspace
+    k2, v2 = cache[0, :, :41].contiguous(), cache[1, :, :41].contiguous()
+    portakern.attention(q, k2, v2, backend="triton")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = portakern.attention(q, k2, v2, backend="triton")
+    graph.replay()
+    torch.cuda.synchronize()
+    np.testing.assert_allclose(f64(out.cpu()), reference(*(f64(a.cpu()) for a in (q, k2, v2))), rtol=1e-2, atol=1e-2)
+    kernel = triton_plans()[0].kernel
+    far = 599
+    k3, v3 = cache[0, :, :far].contiguous(), cache[1, :, :far].contiguous()
+    if choice_cfg(kernel, far) in kernel.configs:
+        pytest.skip("the table picks the same configuration at both lengths on this GPU")
+    graph2 = torch.cuda.CUDAGraph()
+    with pytest.raises(CaptureError, match="inside CUDA stream capture"):
+        with torch.cuda.graph(graph2):
+            portakern.attention(q, k3, v3, backend="triton")
+
+
+def choice_cfg(kernel, L):
+    from portakern.lengths import attention_at
+
+    op = kernel.op
+    s = op.shapes()
+    return kernel._choose(attention_at(op, s["q"], (op.batch, L, *s["k"][2:])))

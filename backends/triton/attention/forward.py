@@ -189,6 +189,7 @@ def build_at(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., No
         if cfg.num_splits > 1 and not cfg.fused_combine:
             combine_launch.on((R * Hq,), ws_o, ws_lse, out, lse, *so_, *sl_, n.seqlen_q, R)
 
+    kernel.launchers = lambda: [*fwd_launch.values(), combine_launch]   # introspection (tests, benchmarks)
     return kernel
 
 

@@ -104,6 +104,10 @@ class LengthKernel:
         self.workspace_bytes = plan.workspace_bytes(op, self.config)
         self.__name__ = f"triton_attention_{op.content_hash()}"
 
+    def built(self) -> list:
+        """The built kernels held now (``forward.build_at``'s; introspection for tests and benchmarks)."""
+        return list(self._built.values())
+
     def __call__(self, q, k, v, out, lse, aux=None) -> None:
         bt = aux.get("block_table") if aux else None
         key = (q.shape, k.shape, None if bt is None else bt.shape)
