@@ -352,7 +352,8 @@ def main(argv=None) -> int:
               f"{r['growing_overhead_us']:6.2f} us/call vs repeated {r['repeated_overhead_us']:6.2f} us "
               f"({r['ratio']:.2f}x; min {r['ratio_min']:.2f}x; {r['ratio_to_fresh_arrays']:.2f}x of fresh arrays at one "
               f"length), first pass {r['first_pass_overhead_us']:.2f} us, "
-              f"{r['plans_made']} plan(s), {r['lengths_compiled']} length(s) compiled", flush=True)
+              f"{r['plans_made']} plan(s), {r['lengths_compiled']} length(s) compiled; kernel host "
+              f"{r['kernel_growing_us']:.2f} vs {r['kernel_repeated_us']:.2f} us, builds {r['kernel_builds']}", flush=True)
 
     for lib, device in setups:   # real kernels: the backend dispatch picks, as for an application
         if not args.only_growing:
