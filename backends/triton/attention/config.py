@@ -1,4 +1,5 @@
-"""One launch configuration of the attention kernels (``AttnConfig``) and the shared-memory estimate of a tile.
+"""One launch configuration of the attention kernels (``AttnConfig``), the lengths a built kernel reads of a call
+(``Lengths``) and the shared-memory estimate of a tile.
 
 ``rules.py`` says which configurations can run an op; ``plan.py`` picks the table's and fits any other.
 """
@@ -7,7 +8,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
+
+class Lengths(NamedTuple):
+    """What a built kernel reads of a call's lengths: the op's ``seqlen_q``, ``seqlen_k`` and ``total_q`` at them
+    (as ``portakern.lengths.attention_at`` sets them: varlen has ``seqlen_q = total_q``, ``seqlen_k = total_k``;
+    paged ``seqlen_k`` = the block table's width x page size)."""
+
+    seqlen_q: int
+    seqlen_k: int
+    total_q: int
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from portakern.stream_workspace import StreamWorkspace, stream_index
 from ..common.launch import KERNEL_OPTIONS, KernelLaunch
 from . import combine, decode_ws, plan, wgmma
 from .checks import AUX_NAMES, check_aux, check_operands, layout_key, unit_stride_aux
-from .config import AttnConfig, next_pow2
+from .config import AttnConfig, Lengths, next_pow2
 from .rules import check
 from .tma import descriptors, tma_blocker
 
@@ -89,9 +89,7 @@ def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]
 
 
 def own_lengths(op: Attention) -> tuple:
-    """``(runtime.Lengths, shapes)`` of ``op`` itself, as ``build_at``'s kernels take them."""
-    from .runtime import Lengths
-
+    """``(Lengths, shapes)`` of ``op`` itself, as ``build_at``'s kernels take them."""
     R = op.total_q if op.kv_layout is KVLayout.VARLEN else op.batch * op.seqlen_q
     return Lengths(op.seqlen_q, op.seqlen_k, R), op.shapes()
 
@@ -105,7 +103,7 @@ def fixed_lengths(op: Attention, cfg: AttnConfig) -> bool:
 
 def build_at(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]:
     """``kernel(n, shapes, q, k, v, out, lse, aux)`` under ``cfg`` for a member of ``op``'s shape class at lengths
-    ``n`` (``runtime.Lengths``; ``shapes``: its operands' shapes, ``runtime.lengths_of``): the grid, the rows and
+    ``n`` (``Lengths``; ``shapes``: its operands' shapes, ``runtime.lengths_of``): the grid, the rows and
     the lengths the kernel gets follow ``n`` on every call, so one built kernel (and Triton's one compile of each
     integer specialisation) serves every length (``fixed_lengths``: the Gluon kernels that cannot)."""
     from .. import kernels

@@ -19,7 +19,7 @@ Nothing here re-enters dispatch or replans.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable
 
 from portakern import capture
 from portakern.decision import brief
@@ -30,6 +30,7 @@ from portakern.lru import LRU
 
 from .. import tuning
 from . import forward
+from .config import Lengths
 
 #: lengths (a call's q, k and block table shapes) whose lengths, shapes and kernel are remembered
 BOUND_LENGTHS = 256
@@ -37,16 +38,6 @@ BOUND_LENGTHS = 256
 CHOICES = 256
 #: configurations (or, for ``forward.fixed_lengths`` kernels, configurations at one length) holding a built kernel
 BUILT_KERNELS = 32
-
-
-class Lengths(NamedTuple):
-    """What a built kernel reads of a call's lengths: the op's ``seqlen_q``, ``seqlen_k`` and ``total_q`` at them
-    (as ``portakern.lengths.attention_at`` sets them: varlen has ``seqlen_q = total_q``, ``seqlen_k = total_k``;
-    paged ``seqlen_k`` = the block table's width x page size)."""
-
-    seqlen_q: int
-    seqlen_k: int
-    total_q: int
 
 
 def lengths_of(op: Attention, q_shape: tuple, k_shape: tuple, bt_shape: tuple | None) -> tuple[Lengths, dict]:
