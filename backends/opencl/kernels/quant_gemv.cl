@@ -1,15 +1,21 @@
 /* portakern opencl backend: weight-only quantized GEMV, out = x_in @ dequant(W)^T, OpenCL C 1.2.
  *
  * The weight arrives repacked once by quant_gemv.prepare_weight into one layout for every packing:
- *   codes  uchar (N, K/2) at 4 bits (k = 2j low nibble, 2j+1 high nibble) or (N, K) at 8 bits, unsigned;
+ *   codes  uchar (N, K/2) at BITS 4 (k = 2j low nibble, 2j+1 high nibble) or (N, K) at BITS 8 (5-, 6- and
+ *          8-bit codes, one a byte), unsigned;
  *   scales float (N, NG), zeros float (N, NG): dequant(W)[n, k] = (code - zeros[n, g]) * scales[n, g];
- *   g_idx  int (K,) with HAS_GIDX (GPTQ act-order), else g = k / GS.
+ *   g_idx  int (K,) with HAS_GIDX (GPTQ act-order), else g = k / GS;
+ *   mins   float (N, NG) with HAS_MINS (GGUF Q4_K / Q5_K, zeros unused): dequant = code * scales - mins.
  * One work-group per (output column n, block of MT activation rows). Its WG work-items split K into
  * chunks of CH consecutive k inside one quantization group, so a work-item reads the scale and zero
  * point once per chunk; every code is dequantized once and used for all MT rows. A local-memory tree
  * reduction sums the work-items' partial dot products. Accumulation is float32; half is storage only.
+ * With HAS_MINS a chunk is one whole group (CH == GS) and the group's term is
+ *   scales[n, g] * sum_{k in g} x[k] * code[n, k] - mins[n, g] * xs[m, g],   xs[m, g] = sum_{k in g} x[m, k],
+ * the group sums formed once for all output columns by pk_group_sums.
  *
- * Defines (quant_gemv.py): K, N, M, MT, WG, GS, NG, CH, BITS, HAS_GIDX, IN_HALF (x), OUT_HALF; storage.cl (prepended) gives tin / LD, tout / ST.
+ * Defines (quant_gemv.py): K, N, M, MT, WG, GS, NG, CH, BITS (code storage: 4 or 8), HAS_GIDX, HAS_MINS,
+ * IN_HALF (x), OUT_HALF, XIN_FLOAT; storage.cl (prepended) gives tin / LD, tout / ST.
  */
 
 /* The silu_mul prologue: x_in[m, k] = silu(x[m, k]) * x[m, K + k] in float32, into a float buffer the
@@ -33,10 +39,33 @@ typedef float ta;
 typedef tin ta;
 #endif
 
+#if HAS_MINS
+/* The group sums of the minimum term: xs[m, g] = sum_{k in g} x_in[m, k] in float32, once for all columns. */
+__kernel void pk_group_sums(__global const ta *x, __global float *xs, const long x_off, const long x_sm)
+{
+    const int g = get_global_id(0);
+    const int m = get_global_id(1);
+    if (g >= NG)
+        return;
+    const long base = x_off + m * x_sm + (long)g * GS;
+    float s = 0.0f;
+    for (int i = 0; i < GS; ++i)
+        s += LDA(x, base + i);
+    xs[(long)m * NG + g] = s;
+}
+#endif
+
+/* The unsigned code of weight (n, k): crow is the first byte of row n. */
+#if BITS == 4
+#define CODE(k) ((codes[crow + ((k) >> 1)] >> (((k) & 1) * 4)) & 15u)
+#else
+#define CODE(k) ((uint)codes[crow + (k)])
+#endif
+
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1)))
 void pk_quant_gemv(__global const ta *x, __global const uchar *codes, __global const float *scales,
-                   __global const float *zeros, __global const int *g_idx, __global tout *out,
-                   const long x_off, const long x_sm)
+                   __global const float *zeros, __global const int *g_idx, __global const float *mins,
+                   __global const float *xs, __global tout *out, const long x_off, const long x_sm)
 {
     __local float red[MT * WG];
     const int lid = get_local_id(0);
@@ -47,9 +76,29 @@ void pk_quant_gemv(__global const ta *x, __global const uchar *codes, __global c
     for (int r = 0; r < MT; ++r)
         acc[r] = 0.0f;
 
-    /* -- phase 1: this work-item's chunks of K: dequantize each code once, FMA it into every row */
     const long crow = (long)n * (BITS == 4 ? K / 2 : K);
     const long srow = (long)n * NG;
+#if HAS_MINS
+    /* -- phase 1 (float minimums): per group g of this work-item, s * sum(x * code) - min * sum(x) */
+    for (int g = lid; g < NG; g += WG) {
+        float dot[MT];
+        for (int r = 0; r < MT; ++r)
+            dot[r] = 0.0f;
+        for (int kk = 0; kk < GS; ++kk) {
+            const int k = g * GS + kk;
+            const float code = (float)CODE(k);
+            for (int r = 0; r < MT; ++r)
+                if (r < rows)
+                    dot[r] = fma(LDA(x, x_off + (long)(m0 + r) * x_sm + k), code, dot[r]);
+        }
+        const float s = scales[srow + g];
+        const float mn = mins[srow + g];
+        for (int r = 0; r < MT; ++r)
+            if (r < rows)
+                acc[r] = fma(-mn, xs[(long)(m0 + r) * NG + g], fma(s, dot[r], acc[r]));
+    }
+#else
+    /* -- phase 1: this work-item's chunks of K: dequantize each code once, FMA it into every row */
     for (int c = lid; c < K / CH; c += WG) {
         const int k0 = c * CH;
 #if !HAS_GIDX
@@ -63,17 +112,13 @@ void pk_quant_gemv(__global const ta *x, __global const uchar *codes, __global c
             const float s = scales[srow + g];
             const float z = zeros[srow + g];
 #endif
-#if BITS == 4
-            const uint code = (codes[crow + (k >> 1)] >> ((k & 1) * 4)) & 15u;
-#else
-            const uint code = codes[crow + k];
-#endif
-            const float w = ((float)code - z) * s;
+            const float w = ((float)CODE(k) - z) * s;
             for (int r = 0; r < MT; ++r)
                 if (r < rows)
                     acc[r] = fma(LDA(x, x_off + (long)(m0 + r) * x_sm + k), w, acc[r]);
         }
     }
+#endif
 
     /* -- phase 2: tree reduction of the WG partial sums of each row in local memory */
     for (int r = 0; r < MT; ++r)
