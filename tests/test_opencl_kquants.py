@@ -45,16 +45,14 @@ def quantized_blocks(name: str, w: np.ndarray) -> np.ndarray:
 
 
 def random_blocks(name: str, N: int, K: int, rng) -> np.ndarray:
-    """Random block bytes with finite float16 super-scales of either sign (2^-8 .. 2^-3: results fit float16)."""
+    """Blocks of random bytes whose float16 super-scales are redrawn finite, of either sign, in 2^-8 .. 2^-3 (the
+    results fit float16)."""
     packing = KQUANTS[name][0]
-    b = rng.integers(0, 256, (N, K // 256, KQ.BLOCK_BYTES[packing]), dtype=np.uint8)
-    scales = rng.uniform(-2, 2, (N, K // 256, 2)) * 2.0 ** rng.integers(-8, -3, (N, K // 256, 2))
-    f16 = scales.astype("<f2").view(np.uint8).reshape(N, K // 256, 4)
-    if packing is Packing.GGUF_Q6_K:
-        b[..., 208:210] = f16[..., :2]
-    else:
-        b[..., 0:4] = f16
-    return b.reshape(N, -1)
+    raw = rng.integers(0, 256, (N, K // 256 * KQ.BLOCK_BYTES[packing]), dtype=np.uint8)
+    fields = KQ.unpack_fields(packing, raw, N, K)
+    for key in ("d", "dmin") if "dmin" in fields else ("d",):
+        fields[key] = rng.uniform(-2, 2, (N, K // 256)) * 2.0 ** rng.integers(-8, -3, (N, K // 256))
+    return KQ.pack_fields(packing, fields, N, K)
 
 
 def make_weight(name: str, N: int, K: int, rng) -> tuple[QuantizedWeight, np.ndarray, np.ndarray]:
