@@ -95,6 +95,20 @@ def test_untuned_gfx_target_is_refused_with_the_way_out():
     assert not s and "AMD GPUs" in s.reason and "triton backend" in s.reason
 
 
+def test_expressions_lower_through_the_kernels_generator_with_this_backends_files():
+    """Both backends write the same score_mod / mask_mod functions for attn_fwd (one generator, beside the kernel
+    body); each module's header names the backend that wrote it, and the files go to each backend's folder."""
+    from portakern.backends.triton import expr_triton as T
+    from portakern.backends.triton_rocm import expr_triton as R
+    from portakern.ir import expr as E
+
+    pair = (E.where(E.q_idx > 3, E.score, 1) + E.tanh(E.score), E.causal_mask() & ~(E.kv_idx.eq(E.h)))
+    ours, theirs = R.generate_source(*pair), T.generate_source(*pair)
+    assert ours.split('"""', 2)[2] == theirs.split('"""', 2)[2]
+    assert "portakern.backends.triton_rocm.expr_triton" in ours.split("\n", 1)[0]
+    assert R.analyse_mask(pair[1]) == T.analyse_mask(pair[1])
+    assert R.load_mods.__self__.subdir == "triton-rocm-expr" != T.load_mods.__self__.subdir
+
 def test_every_tuning_entry_names_its_source():
     from portakern.backends.triton_rocm import tuning
 

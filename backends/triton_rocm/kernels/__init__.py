@@ -2,6 +2,8 @@
 the one designed edge between two backends). This package names the ones it launches and loads them in this
 process's Triton flavour (interpreter or compiler); nothing NVIDIA-only is among them (no Gluon kernel, no inline
 PTX: the "mma" GEMV's PTX dequantization, the wgmma and warp-specialised decode kernels are never loaded here).
+The generator of the ``score_mod`` / ``mask_mod`` functions ``attn_fwd`` calls sits beside those bodies too
+(``kernels.expr_mods``); ``expr_triton.py`` binds it to this backend.
 """
 
 from __future__ import annotations
@@ -28,10 +30,3 @@ def interpreted() -> bool:
 
     return kernels.interpreted()
 
-
-def exec_module_file(path, name: str, interpret: bool) -> ModuleType:
-    """Import the file at ``path`` as module ``name`` with its ``@triton.jit`` functions in the flavour
-    ``interpret`` names (the generated expression modules, ``expr_triton.load_mods``)."""
-    from portakern.backends.triton import kernels
-
-    return kernels.exec_module_file(path, name, interpret)
