@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from .dtypes import DType
 from .errors import InvalidInputError
 from .quant import Packing
 
@@ -251,6 +252,52 @@ def q6_k_to_native(data: Any, N: int, K: int) -> dict[str, np.ndarray]:
     19 significant bits, and float16 exponents lie well inside float32's)."""
     codes, scales, zeros, _ = affine(Packing.GGUF_Q6_K, data, N, K)
     return {"qweight": codes.astype(np.uint8), "scales": scales.astype(np.float32), "zeros": zeros.astype(np.uint8)}
+
+
+#: the code width of the GPU GEMV layout (``portakern.ir.gemv_layout``) that holds each K-quant's codes: Q4_K's
+#: nibbles as they are, Q5_K's 5 and Q6_K's 6 bits one per byte (the layout packs 4- or 8-bit codes)
+GEMV_BITS = {Packing.GGUF_Q4_K: 4, Packing.GGUF_Q5_K: 8, Packing.GGUF_Q6_K: 8}
+
+
+def gemv_bits(fmt) -> int:
+    """The code width of the GPU GEMV layout for ``fmt`` (a ``QuantFormat``): ``GEMV_BITS`` for a K-quant, else
+    ``fmt.bits``."""
+    return GEMV_BITS.get(fmt.packing, fmt.bits)
+
+
+def prepared_scale_dtype(fmt) -> DType:
+    """The dtype of the scales (and minimums) of ``fmt`` in the GPU GEMV layout: float32 for a K-quant (``d * sc``
+    and ``dmin * m`` are exact there, not in float16), else the format's ``scale_dtype``."""
+    return DType.float32 if fmt.packing in GEMV_BITS else fmt.scale_dtype
+
+
+def gemv_parts(packing: Packing, data: Any, N: int, K: int) -> dict[str, Any]:
+    """K-quant ``data`` as the parts of the GPU GEMV layout (the numpy reference; ``portakern.gemv_kquants``
+    computes the same bits with torch ops on a device).
+
+    Returns ``codes`` uint8 ``(N, K)`` (unsigned ``q``), ``scales`` float32 ``(N, K // group)`` = ``d * sc`` and
+    ``mins`` float32 ``(N, K // group)`` = ``dmin * m`` (None for Q6_K), ``zero_point`` (0 for Q4_K / Q5_K, 32 for
+    Q6_K) and ``bits`` (``GEMV_BITS``), so that ``dequant = (codes - zero_point) * scales - mins``. Both products
+    are exact in float32 (a float16 times an integer of at most 8 bits: at most 19 significant bits, and float16
+    exponents lie well inside float32's), so the float32 parts hold the stored weight bit for bit.
+    """
+    f = unpack_fields(packing, data, N, K)
+    scales = (f["d"].astype(np.float32)[..., None] * f["sc"].astype(np.float32)).reshape(N, -1)
+    mins = None
+    if packing is not Packing.GGUF_Q6_K:
+        mins = (f["dmin"].astype(np.float32)[..., None] * f["m"].astype(np.float32)).reshape(N, -1)
+    return {"codes": f["q"], "scales": scales, "mins": mins, "bits": GEMV_BITS[packing],
+            "zero_point": 32 if packing is Packing.GGUF_Q6_K else 0}
+
+
+def kquant_refusal(fmt, backend: str, served_by: str) -> str | None:
+    """The reason a backend without a K-quant GEMV gives for GGUF Q4_K, Q5_K and Q6_K ``fmt`` (None for every
+    other packing), naming the backends that run it (``served_by``, e.g. "triton on NVIDIA and AMD GPUs")."""
+    if fmt.packing not in GEMV_BITS:
+        return None
+    what = "a float scale and a float minimum per group" if fmt.has_mins else "float32 scales d * sc per group"
+    return (f"quant_gemv(packing={fmt.packing.value}) is not supported by {backend}: its kernels have no GGUF "
+            f"K-quant form ({what}); it is served by {served_by}, and by backend='cpu'")
 
 
 def kernel_refusal(fmt, backend: str) -> str | None:

@@ -9,6 +9,8 @@ depends on the weight and the device only, never on which backend built it. The 
 * codes as unsigned integers, ``32 // bits`` per int32 word along K, word rows padded to ``K_ALIGN_WORDS`` and
   columns to ``N_ALIGN_WORDS``; int4 word rows interleaved in blocks (``interleave_words``);
 * scales and integer zero points transposed to ``(groups, NP)`` in the format's scale dtype;
+* GGUF K-quants (Q4_K, Q5_K, Q6_K): codes of 4 or 8 bits, float32 scales ``d * sc`` and, for Q4_K and Q5_K, float32
+  minimums ``dmin * m`` per group (``mins``; ``portakern.gemv_kquants``);
 * act-order GPTQ (``g_idx``): K permuted so that groups are contiguous (``perm``); an irregular ``g_idx``
   keeps its per-column group table (``kgroup``);
 * on CUDA, for the formats ``frag_eligible`` accepts, the codes in the tensor-core fragment layout, where
@@ -45,7 +47,10 @@ class PreparedGemvWeight:
     Tensors: ``qweight`` int32 ``(KWP, NP)``, K-major (None when the weight was prepared with
     ``layout="fragments"`` and holds its codes only in ``frag``); ``scales`` / ``zeros`` ``(G, NP)`` in the
     scale dtype (``zeros`` None for symmetric formats, which use ``zero_point``); ``perm`` int32
-    ``(K,)`` or None; ``kgroup`` int32 ``(K,)`` or None. ``dequant[n, k] = (code - zero) * scale``.
+    ``(K,)`` or None; ``kgroup`` int32 ``(K,)`` or None. ``dequant[n, k] = (code - zero) * scale - min``.
+    ``mins``: float32 ``(G, NP)``, the float minimum of each group (GGUF Q4_K, Q5_K: ``dmin * m``; no zeros then),
+    else None (min 0). ``bits`` is the width of the codes in the words (4 or 8), which for Q5_K and Q6_K is wider
+    than the format's (``portakern.ir.gguf_kquants.GEMV_BITS``).
     ``frag``: the same codes in the tensor-core fragment layout, int32 ``(KC, NP / 16, 256)``
     (``pack_fragments``), on CUDA devices for the formats ``frag_eligible`` accepts; else None.
     """
@@ -61,6 +66,7 @@ class PreparedGemvWeight:
     N: int
     K: int
     frag: Any = None
+    mins: Any = None
 
     @property
     def codes_per_word(self) -> int:
@@ -83,6 +89,10 @@ class PreparedGemvWeight:
     @property
     def has_z(self) -> bool:
         return self.zeros is not None
+
+    @property
+    def has_mins(self) -> bool:
+        return self.mins is not None
 
     @property
     def has_perm(self) -> bool:
@@ -108,14 +118,16 @@ class PreparedGemvWeight:
         if key is None:
             key = (self.N, self.K, self.bits, self.group_size, self.scales.device,
                    self.has_z, self.has_perm, self.kgroup is not None, self.zero_point, self.per_elem_group,
-                   str(self.scales.dtype), self.KWP, self.stride_qk, self.frag is not None, self.qweight is not None)
+                   str(self.scales.dtype), self.KWP, self.stride_qk, self.frag is not None, self.qweight is not None,
+                   self.mins is not None)
             object.__setattr__(self, "_key", key)
         return key
 
     def tensors(self) -> dict[str, Any]:
         """The tensors that are present, by field name."""
         return {n: t for n, t in (("qweight", self.qweight), ("scales", self.scales), ("zeros", self.zeros),
-                                  ("perm", self.perm), ("kgroup", self.kgroup), ("frag", self.frag)) if t is not None}
+                                  ("perm", self.perm), ("kgroup", self.kgroup), ("frag", self.frag),
+                                  ("mins", self.mins)) if t is not None}
 
 
 @functools.lru_cache(maxsize=None)
@@ -199,10 +211,13 @@ def prepare_gemv_weight(weight, device: Device, *, fragments: bool | None = None
     if layout == "words":
         fragments = False
     tdev = "cpu" if device.type == "cpu" else f"cuda:{device.index}"
+    from portakern import gemv_kquants
     from portakern.gemv_torch import PACKINGS
 
     kinds = {type(t).__module__.split(".")[0] for t in weight.tensors.values()}
-    if kinds <= {"torch", "cupy"} and weight.fmt.packing in PACKINGS:
+    if weight.fmt.packing in gemv_kquants.PACKINGS:
+        prepared = gemv_kquants.prepare(weight, tdev, on_device=kinds <= {"torch", "cupy"})
+    elif kinds <= {"torch", "cupy"} and weight.fmt.packing in PACKINGS:
         prepared = _prepare_torch(weight, tdev, fragments, layout)
     else:
         prepared = _prepare_host(weight, tdev, fragments, layout)
@@ -329,12 +344,13 @@ def dequantize_prepared(p: PreparedGemvWeight) -> np.ndarray:
     scales = np.asarray(to_numpy(p.scales.float())).astype(np.float64)[:, :N]                 # (G, N)
     zeros = (np.asarray(to_numpy(p.zeros.float())).astype(np.float64)[:, :N] if p.zeros is not None
              else np.full_like(scales, float(p.zero_point)))
+    mins = 0.0 if p.mins is None else np.asarray(to_numpy(p.mins)).astype(np.float64)[:, :N][group].T
     if p.perm is not None:   # internal column k is original column perm[k], of group k // group_size
         w = np.empty((N, K))
         perm = np.asarray(to_numpy(p.perm)).astype(np.int64)
         w[:, perm] = (codes - zeros[group].T) * scales[group].T
         return w
-    return (codes - zeros[group].T) * scales[group].T
+    return (codes - zeros[group].T) * scales[group].T - mins
 
 
 __all__ = ["DEFAULT_LAYOUT", "GEMV_LAYOUT", "LAYOUTS", "PreparedGemvWeight", "check_layout", "dequantize_prepared",

@@ -85,19 +85,18 @@ def test_gemv_on_cpu_and_exact_repack(model_gguf):
         np.testing.assert_allclose(y, x.astype(np.float64) @ w64.T, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("module", ["portakern.backends.triton.quant_gemv", "portakern.backends.opencl.quant_gemv"])
-def test_gpu_backends_refuse_kquants_with_the_reason(model_gguf, module):
+@pytest.mark.parametrize("module, device", [("triton", "cuda"), ("triton_rocm", "rocm"), ("opencl", "opencl")])
+def test_gpu_backends_serve_kquants_as_stored(model_gguf, module, device):
+    """triton, triton-rocm and opencl run Q4_K / Q5_K (float minimums) and Q6_K as loaded, and the repacked Q6_K."""
     from portakern.devices import Device
     from portakern.ir import QuantGemv
 
-    mod = pytest.importorskip(module)
-    got = portakern.load_gguf(model_gguf)
-    for name, why in (("q4_k.weight", "float minimum per group"), ("q5_k.weight", "float minimum per group"),
-                      ("q6_k.weight", "repack_exact")):
-        s = mod.supports(QuantGemv(1, 8, 512, DType.float16, got[name].fmt), Device("cuda", 0))
-        assert not s and why in s.reason, (name, s)
-    repacked = portakern.load_gguf(model_gguf, repack=True)["q6_k.weight"]
-    assert mod.supports(QuantGemv(1, 8, 512, DType.float16, repacked.fmt), Device("cuda", 0))
+    mod = pytest.importorskip(f"portakern.backends.{module}.quant_gemv")
+    device = Device(device, 0)
+    stored, repacked = portakern.load_gguf(model_gguf), portakern.load_gguf(model_gguf, repack=True)
+    for weight in [stored[n] for n in KQUANTS] + [repacked["q6_k.weight"]]:
+        s = mod.supports(QuantGemv(1, 8, 512, DType.float16, weight.fmt), device)
+        assert s, (weight.fmt, s)
 
 
 def test_unsupported_type_names_file_tensor_and_type(tmp_path):
@@ -264,6 +263,8 @@ def test_readme_example_runs(tmp_path, monkeypatch):
 # -- the device kernels on a loaded file -----------------------------------------------------------
 
 GPU_SERVED = ("q4_0.weight", "q8_0.weight", "q6_k.weight")        # q6_k through load_gguf(repack=True)
+#: the K-quants as stored (no repack), which the triton backend runs too
+KQUANTS = ("q4_k.weight", "q5_k.weight", "q6_k.weight")
 
 
 def _reference(model_gguf, name, x):
@@ -289,12 +290,11 @@ def _torch_values(model_gguf, device):
     torch = pytest.importorskip("torch")
     got = portakern.load_gguf(model_gguf, repack=True)
     x = RNG.standard_normal((2, 512)).astype(np.float32)
-    for name in GPU_SERVED:
-        y = portakern.quant_gemv(torch.from_numpy(x).to(device), got[name].to(device), backend="triton")
+    stored = portakern.load_gguf(model_gguf)
+    for weight, name in [(got[n], n) for n in GPU_SERVED] + [(stored[n], n) for n in KQUANTS]:
+        y = portakern.quant_gemv(torch.from_numpy(x).to(device), weight.to(device), backend="triton")
         ref = _reference(model_gguf, name, x)
         np.testing.assert_allclose(y.cpu().numpy(), ref, rtol=0, atol=1e-5 * np.abs(ref).max())
-    with pytest.raises(UnsupportedError, match="float minimum per group"):
-        portakern.quant_gemv(torch.from_numpy(x).to(device), got["q4_k.weight"].to(device), backend="triton")
     from portakern.checkpoints import split_mins
 
     sums = torch.from_numpy(x.reshape(2, 16, 32).sum(axis=-1, dtype=np.float32)).to(device)

@@ -3,7 +3,9 @@
 Every packing is repacked once into the core's GEMV layout (``portakern.gemv_weight``, shared with the triton
 backend: ``weight_layout``), so two kernel bodies of the triton backend's ``kernels/gemv_quant.py`` serve every
 format: ``gemv_fma_kernel`` (FMAs on the vector ALUs; M up to ``tuning.FMA_MAX_M``, per-element groups and the
-``silu_mul`` x prologue) and ``gemv_dot_kernel`` (``tl.dot`` over 16-row tiles of x: MFMA on CDNA). The NVIDIA
+``silu_mul`` x prologue) and ``gemv_dot_kernel`` (``tl.dot`` over 16-row tiles of x: MFMA on CDNA). GGUF Q4_K and
+Q5_K run on both with their float minimum per group (``PreparedGemvWeight.mins``, the kernels' ``MINS`` constexpr),
+Q6_K as 8-bit codes with zero point 32 (``portakern.gemv_kquants``), as on the triton backend. The NVIDIA
 tables' other kernels are never chosen here: "mma" dequantizes with inline PTX, "frag" and "stream" are Gluon
 kernels written for NVIDIA's MMA layouts and programmatic dependent launch.
 
@@ -20,6 +22,7 @@ from portakern.devices import Device
 from portakern.errors import InvalidInputError, InvalidTypeError
 from portakern.gemv_weight import PreparedGemvWeight
 from portakern.ir.dtypes import DType
+from portakern.ir.gguf_kquants import gemv_bits, prepared_scale_dtype
 from portakern.ir.ops import QuantGemv
 
 from .common import plan as plans
@@ -30,9 +33,9 @@ MAX_OFFSET = 2**31 - 1
 
 
 def supports(op: QuantGemv, device: Device) -> Support:
-    """4- and 8-bit codes of every packing, fp16 / bf16 / fp32 activations, any N and K, M while x and the output
-    each hold at most 2^31 elements."""
-    if op.fmt.bits not in (4, 8):
+    """4- and 8-bit codes of every packing (GGUF Q5_K and Q6_K held as 8-bit codes: ``gemv_bits``), fp16 / bf16 /
+    fp32 activations, any N and K, M while x and the output each hold at most 2^31 elements."""
+    if gemv_bits(op.fmt) not in (4, 8):
         return no(f"quant_gemv(bits={op.fmt.bits}) is not supported by triton-rocm: bits must be 4 or 8")
     if op.dtype not in (DType.float16, DType.bfloat16, DType.float32):
         return no(f"quant_gemv(dtype={op.dtype.value}) is not supported by triton-rocm: use float16, bfloat16 or "
@@ -61,9 +64,10 @@ def prepare_weight(weight, device: Device) -> PreparedGemvWeight:
 def constexprs(op: QuantGemv, layout, plan: plans.GemvPlan, interpret: bool) -> dict:
     """The compile-time arguments of the plan's kernel (shared by launches and lowering)."""
     even_k = layout.KWP * layout.codes_per_word == op.K
-    c = dict(BITS=layout.bits, GS=layout.group_size, ZP=layout.zero_point, HAS_Z=layout.has_z,
+    mins = layout.has_mins   # GGUF Q4_K / Q5_K: z_ptr holds the float minimums (the kernels' MINS)
+    c = dict(BITS=layout.bits, GS=layout.group_size, ZP=layout.zero_point, HAS_Z=layout.has_z or mins,
              HAS_PERM=layout.has_perm, BM=plans.block_m(plan.kind, op.M), BN=plan.block_n, BKW=plan.block_kw,
-             SPLIT_K=plan.split_k, DQ=plan.dq, EVEN_K=even_k, PDL=False, IW=layout.interleave)
+             SPLIT_K=plan.split_k, DQ=plan.dq, EVEN_K=even_k, PDL=False, IW=layout.interleave, MINS=mins)
     if plan.kind == "fma":
         c.update(PER_ELEM_GROUP=layout.per_elem_group, HAS_KG=layout.kgroup is not None, PIPE=plan.num_stages,
                  PREFETCH=1, GROUP_ROWS=False, NMASK=layout.stride_qk % plan.block_n != 0,
@@ -147,7 +151,7 @@ class _Launcher:
                                     f"the kernels' 32-bit offsets reach; pass a contiguous out and copy it into "
                                     f"the view")
         ws, lock = self.buffers.get() if self.buffers is not None else (out, w.qweight)
-        z = w.scales if w.zeros is None else w.zeros
+        z = w.mins if w.mins is not None else (w.scales if w.zeros is None else w.zeros)
         perm = w.qweight if w.perm is None else w.perm
         if self.kind == "fma":
             kg = w.qweight if w.kgroup is None else w.kgroup
@@ -166,7 +170,7 @@ def _max_row_stride(rows: int, cols: int) -> int:
 def check_weight(op: QuantGemv, w: PreparedGemvWeight, tdev: str) -> None:
     """Raise unless ``w`` is a word-layout weight of ``op`` on ``tdev``."""
     f = op.fmt
-    for what, got, want in (("(N, K)", (w.N, w.K), (op.N, op.K)), ("bits", w.bits, f.bits),
+    for what, got, want in (("(N, K)", (w.N, w.K), (op.N, op.K)), ("bits", w.bits, gemv_bits(f)),
                             ("group_size", w.group_size, f.group_size)):
         if got != want:
             raise InvalidInputError(f"prepared weight has {what} = {got} but this quant_gemv op was compiled for "
@@ -188,12 +192,13 @@ class LayoutStub:
         from portakern.ir.quant import Packing
 
         f = op.fmt
-        self.bits, self.group_size, self.N, self.K = f.bits, f.group_size, op.N, op.K
-        self.codes_per_word = 32 // f.bits
+        self.bits, self.group_size, self.N, self.K = gemv_bits(f), f.group_size, op.N, op.K
+        self.codes_per_word = 32 // self.bits
         words = -(-op.K // self.codes_per_word)
         self.KWP = -(-words // K_ALIGN_WORDS) * K_ALIGN_WORDS
         self.stride_qk = -(-op.N // N_ALIGN_WORDS) * N_ALIGN_WORDS
-        self.has_z, self.has_perm, self.kgroup = not f.symmetric, f.has_g_idx, None
+        self.has_mins = f.has_mins
+        self.has_z, self.has_perm, self.kgroup = not f.symmetric and not f.has_mins, f.has_g_idx, None
         self.zero_point = f.zero_point + ((1 << (f.bits - 1)) if f.packing is Packing.GGUF_Q8_0 else 0)
         self.per_elem_group = self.group_size % self.codes_per_word != 0
         self.interleave = interleave_words(self.bits, self.group_size, False)
@@ -215,7 +220,7 @@ def compile_for_target(op: QuantGemv, target: str) -> dict:
     plan = plans.gemv(lay, op.M, op.N, target, prologue=op.prologue)
     fn = compiler_kernel("gemv_quant", "gemv_fma_kernel" if plan.kind == "fma" else "gemv_dot_kernel")
     consts = constexprs(op, lay, plan, False)
-    sdt = POINTER[op.fmt.scale_dtype.value]
+    sdt = POINTER[prepared_scale_dtype(op.fmt).value]
     ptrs = {"x_ptr": POINTER[op.dtype.value], "qw_ptr": "*i32", "s_ptr": sdt, "z_ptr": sdt, "perm_ptr": "*i32",
             "kg_ptr": "*i32", "out_ptr": POINTER[op.result_dtype.value], "ws_ptr": "*fp32", "lock_ptr": "*i32",
             "glu_ptr": "*fp32"}

@@ -102,8 +102,9 @@ def _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, pe
               K, stride_qk, mask_rt, BITS: tl.constexpr, GS: tl.constexpr, ZP: tl.constexpr, HAS_Z: tl.constexpr,
               HAS_PERM: tl.constexpr, PER_ELEM_GROUP: tl.constexpr, HAS_KG: tl.constexpr, BM: tl.constexpr,
               BKW: tl.constexpr, BN: tl.constexpr, DQE: tl.constexpr, EVEN_K: tl.constexpr,
-              GROUP_ROWS: tl.constexpr, IW: tl.constexpr, GLU: tl.constexpr):
+              GROUP_ROWS: tl.constexpr, IW: tl.constexpr, GLU: tl.constexpr, MINS: tl.constexpr = False):
     """Add one ``(BKW, BN)`` tile of words (with its scales ``s`` and zeros ``z``) times x to ``acc``.
+    ``MINS``: ``z`` holds each group's float minimum instead of a zero point (``_group_term``).
 
     ``GROUP_ROWS``: the tile's rows lie in one group; ``s``, ``z`` are ``(BN,)`` and ``acc`` is ``(BN,)``
     (``(BM, BN)``): the products are summed over the rows first (within each thread, whose layout
@@ -153,21 +154,32 @@ def _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, pe
             ks = kw0 * EPW + tl.arange(0, BKW * EPW)
             xs = _denorm_fwd(tl.sum(_x_column(x_ptr, pid_m, stride_xm, perm_ptr, ks, K, HAS_PERM, EVEN_K, GLU),
                                     axis=0), DQE)
-            acc += s * (tl.sum(dot, axis=0) - z * xs)
+            acc += _group_term(tl.sum(dot, axis=0), xs, s, z, MINS)
         elif BM == 1:
             xs = _denorm_fwd(tl.sum(xsum, axis=0), DQE)
-            acc += s * (tl.sum(dot, axis=0) - z * xs)
+            acc += _group_term(tl.sum(dot, axis=0), xs, s, z, MINS)
         else:
             xs = _denorm_fwd(tl.sum(xsum, axis=1), DQE)
-            acc += s[None, :] * (tl.sum(dot, axis=1) - z * xs[:, None])
+            acc += _group_term(tl.sum(dot, axis=1), xs[:, None], s[None, :], z, MINS)
     elif not PER_ELEM_GROUP:
         # -- per word row: s (sum x q - z sum x); DQ=3: sum x to the 2^-DENORM_C scale of dot
         xsum = _denorm_fwd(xsum, DQE)
         if BM == 1:
-            acc += s * (dot - z * xsum[:, None])
+            acc += _group_term(dot, xsum[:, None], s, z, MINS)
         else:
-            acc += s[None, :, :] * (dot - z * xsum[:, :, None])
+            acc += _group_term(dot, xsum[:, :, None], s[None, :, :], z, MINS)
     return acc
+
+
+@triton.jit
+def _group_term(dot, xs, s, z, MINS: tl.constexpr):
+    """One group's share of the output from ``dot`` = sum x q and ``xs`` = sum x over its columns:
+    ``s (dot - z xs)`` with a zero point ``z``, or ``s dot - z xs`` when ``z`` is the group's float minimum
+    (``MINS``: GGUF Q4_K / Q5_K, ``w = s q - min``)."""
+    if MINS:
+        return s * dot - z * xs
+    else:
+        return s * (dot - z * xs)
 
 
 @triton.jit
@@ -199,10 +211,12 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
                     HAS_KG: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BKW: tl.constexpr,
                     SPLIT_K: tl.constexpr, DQ: tl.constexpr, EVEN_K: tl.constexpr, PIPE: tl.constexpr,
                     PREFETCH: tl.constexpr, PDL: tl.constexpr, GROUP_ROWS: tl.constexpr, NMASK: tl.constexpr,
-                    IW: tl.constexpr, GLU: tl.constexpr = 0, MERGE: tl.constexpr = 0):
+                    IW: tl.constexpr, GLU: tl.constexpr = 0, MERGE: tl.constexpr = 0, MINS: tl.constexpr = False):
     """CUDA-core GEMV for small M: per code one LOP3 and one exact FMA, then one FMA per row of x.
 
     The zero point is applied per word row: ``sum x (q - z) s = s (sum x q - z sum x)``.
+    ``MINS`` (GGUF Q4_K / Q5_K, with ``HAS_Z`` and ``ZP = 0``): ``z_ptr`` holds each group's float minimum, not a
+    zero point, and the row's share is ``s sum x q - min sum x`` (``_group_term``).
     ``PER_ELEM_GROUP``: the group of each code is looked up per element (``k // GS`` or ``kg``),
     for group sizes that are not whole words or irregular act-order groups (slow path).
     ``PIPE``: 1 = the next tile of words, scales and zeros is prefetched into registers while this
@@ -252,7 +266,7 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
                                      PER_ELEM_GROUP, True, GROUP_ROWS, NMASK)
             acc = _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, perm_ptr, kg_ptr,
                             s_ptr, z_ptr, K, stride_qk, mask_rt, BITS, GS, ZP, HAS_Z, HAS_PERM, PER_ELEM_GROUP,
-                            HAS_KG, BM, BKW, BN, DQE, EVEN_K, GROUP_ROWS, IW, GLU == 1)
+                            HAS_KG, BM, BKW, BN, DQE, EVEN_K, GROUP_ROWS, IW, GLU == 1, MINS)
     else:
         # -- the first tile of words, its scales and zeros; rows past K are zero padding
         kw_first = tl.minimum(kw_begin, KWP - BKW)
@@ -274,7 +288,7 @@ def gemv_fma_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kg_ptr, out_ptr, ws_p
                 words_far = tl.load(w_ptrs + tl.where(kw0 + 2 * BKW < kw_end, kw0 + 2 * BKW, kw0) * stride_qk)
             acc = _fma_tile(acc, words, s, z, kw0, kwr, n, x_ptr, pid_m, x_rows, stride_xm, perm_ptr, kg_ptr,
                             s_ptr, z_ptr, K, stride_qk, mask_rt, BITS, GS, ZP, HAS_Z, HAS_PERM, PER_ELEM_GROUP,
-                            HAS_KG, BM, BKW, BN, DQE, EVEN_K, GROUP_ROWS, IW, GLU == 1)
+                            HAS_KG, BM, BKW, BN, DQE, EVEN_K, GROUP_ROWS, IW, GLU == 1, MINS)
             if PREFETCH == 2:
                 words = words_ahead
                 words_ahead = words_far
@@ -304,7 +318,8 @@ def gemv_dot_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, out_ptr, ws_ptr, lock
                     BITS: tl.constexpr, GS: tl.constexpr, ZP: tl.constexpr,
                     HAS_Z: tl.constexpr, HAS_PERM: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                     BKW: tl.constexpr, SPLIT_K: tl.constexpr, DQ: tl.constexpr, EVEN_K: tl.constexpr,
-                    COMPUTE_F32: tl.constexpr, SWAP_AB: tl.constexpr, PDL: tl.constexpr, IW: tl.constexpr):
+                    COMPUTE_F32: tl.constexpr, SWAP_AB: tl.constexpr, PDL: tl.constexpr, IW: tl.constexpr,
+                    MINS: tl.constexpr = False):
     """Tensor-core GEMV for M up to 16: ``acc (BM, BN) += x[:, k_e] (BM, BKW) @ w_e (BKW, BN)``
     for each code position e, with ``w_e = (q - z) * s`` dequantized in the compute dtype.
 
@@ -313,6 +328,7 @@ def gemv_dot_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, out_ptr, ws_ptr, lock
     words change layout), and the small x tile is the operand staged in shared memory.
     ``COMPUTE_F32``: multiply in fp32 (fp32 activations, or bf16 under the interpreter).
     DQ=3 (a CUDA-core variant) runs as DQ=2 here.
+    ``MINS`` (GGUF Q4_K / Q5_K, with ``HAS_Z``): ``z_ptr`` holds each group's float minimum: ``w_e = q s - min``.
     ``PDL``: launched as a programmatic dependent (``_wait_for_producer`` before the first load).
     """
     EPW: tl.constexpr = 32 // BITS
@@ -340,7 +356,10 @@ def gemv_dot_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, out_ptr, ws_ptr, lock
             s, z = _scale_zero(s_ptr, z_ptr, g[None, :] * stride_qk + n[:, None], HAS_Z, ZP)
         else:
             s, z = _scale_zero(s_ptr, z_ptr, g[:, None] * stride_qk + n[None, :], HAS_Z, ZP)
-        zs = z * s
+        if MINS:
+            zs = z   # the float minimum: w = q s - min
+        else:
+            zs = z * s
         # -- one MMA per code position e: the columns k of x that meet it (``_k_index``)
         for e in tl.static_range(EPW):
             k = _k_index(kw0, kwr, e, EPW, IW, BKW)

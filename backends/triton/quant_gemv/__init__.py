@@ -3,7 +3,9 @@
 Every packing of ``portakern.ir.Packing`` is repacked once, at ``prepare_weight``, into one
 internal layout (``portakern.gemv_weight``: ``PreparedGemvWeight``; the byte layout is documented in
 ``portakern.ir.gemv_layout``), so the kernels know a single format; act-order GPTQ reads ``x`` through
-the weight's K permutation, an irregular ``g_idx`` runs the per-element path.
+the weight's K permutation, an irregular ``g_idx`` runs the per-element path. GGUF Q4_K and Q5_K carry a
+float minimum per group (``PreparedGemvWeight.mins``, ``portakern.gemv_kquants``), which the "fma" and "dot"
+kernels subtract once per group (their ``MINS`` constexpr); the "mma", "stream" and "frag" kernels refuse it.
 
 ``compile(op, device)`` returns ``kernel(x, prepared, out)``: one ``launcher.Launcher`` per weight layout, built
 on the layout's first call (the CUDA-graph contract is ``launcher.py``'s). The launch configuration comes from
@@ -27,7 +29,7 @@ from portakern.devices import Device
 from portakern.errors import UnsupportedError
 from portakern.gemv_weight import PreparedGemvWeight
 from portakern.ir.dtypes import DType
-from portakern.ir.gguf_kquants import kernel_refusal
+from portakern.ir.gguf_kquants import gemv_bits
 from portakern.ir.ops import QuantGemv
 
 from .. import tuning
@@ -39,11 +41,10 @@ from .launcher import Launcher
 
 
 def supports(op: QuantGemv, device: Device) -> Support:
-    """Every packing, 4 and 8 bits, fp16/bf16/fp32 activations, any N and K, and M while x and the output each
-    hold fewer than 2^31 elements (``MAX_OFFSET``)."""
-    if kernel_refusal(op.fmt, "triton"):  # GGUF K-quants: no exact form in the kernels' layout
-        return no(kernel_refusal(op.fmt, "triton"))
-    if op.fmt.bits not in (4, 8):
+    """Every packing (4 and 8 bits, and GGUF Q4_K / Q5_K / Q6_K, whose codes the prepared weight holds in 4- or
+    8-bit words: ``gemv_bits``), fp16/bf16/fp32 activations, any N and K, and M while x and the output each hold
+    fewer than 2^31 elements (``MAX_OFFSET``)."""
+    if gemv_bits(op.fmt) not in (4, 8):
         return no(f"quant_gemv(bits={op.fmt.bits}) is not supported by triton on {device}: bits must be 4 or 8")
     if op.dtype not in (DType.float16, DType.bfloat16, DType.float32):
         return no(f"quant_gemv(dtype={op.dtype.value}) is not supported by triton: use float16, bfloat16 "

@@ -10,6 +10,7 @@ from __future__ import annotations
 from portakern.errors import UnsupportedError
 from portakern.gemv_weight import fragment_kernel_available as frag_kernel_available
 from portakern.ir.gemv_layout import K_ALIGN_WORDS, N_ALIGN_WORDS, frag_eligible, interleave_words
+from portakern.ir.gguf_kquants import gemv_bits, prepared_scale_dtype
 from portakern.ir.ops import QuantGemv
 from portakern.ir.quant import Packing
 
@@ -26,19 +27,20 @@ class LayoutStub:
 
     def __init__(self, op: QuantGemv):
         f = op.fmt
-        self.bits, self.group_size, self.N, self.K = f.bits, f.group_size, op.N, op.K
-        self.codes_per_word = 32 // f.bits
+        self.bits, self.group_size, self.N, self.K = gemv_bits(f), f.group_size, op.N, op.K
+        self.codes_per_word = 32 // self.bits
         kw = -(-op.K // self.codes_per_word)
         self.KWP = -(-kw // K_ALIGN_WORDS) * K_ALIGN_WORDS
         self.stride_qk = -(-op.N // N_ALIGN_WORDS) * N_ALIGN_WORDS
-        self.has_z = not f.symmetric
+        self.has_mins = f.has_mins                     # GGUF Q4_K / Q5_K: float minimums, no zero points
+        self.has_z = not f.symmetric and not f.has_mins
         self.has_perm = f.has_g_idx
         self.kgroup = None
         self.zero_point = f.zero_point + ((1 << (f.bits - 1)) if f.packing is Packing.GGUF_Q8_0 else 0)
         self.per_elem_group = self.group_size % self.codes_per_word != 0
         self.interleave = interleave_words(self.bits, self.group_size, False)
         # what prepare_weight builds on a CUDA device: a fragment layout for the eligible formats
-        eligible = frag_kernel_available() and frag_eligible(f.bits, f.group_size, f.has_g_idx, False) is None
+        eligible = frag_kernel_available() and frag_eligible(self.bits, f.group_size, f.has_g_idx, False) is None
         self.frag = True if eligible else None
 
 
@@ -72,7 +74,7 @@ def compile_for_target(op: QuantGemv, target: str, config: GemvConfig | None = N
     fn = kernel_fn(cfg)
     act = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[op.dtype.value]
     outp = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[op.result_dtype.value]
-    sdt = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[op.fmt.scale_dtype.value]
+    sdt = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[prepared_scale_dtype(op.fmt).value]
     ptrs = {"x_ptr": act, "qw_ptr": "*i32", "fw_ptr": "*i32", "s_ptr": sdt, "z_ptr": sdt, "perm_ptr": "*i32",
             "kg_ptr": "*i32", "out_ptr": outp, "ws_ptr": "*fp32", "lock_ptr": "*i32", "cnt_ptr": "*i32",
             "glu_ptr": "*fp32"}

@@ -14,13 +14,16 @@ from .config import GemvConfig, choose, fit, frag_split, next_pow2, split_k_for,
 
 def bucket(layout, M: int, N: int, dtype: str) -> str:
     """Tuning bucket: bits, group, zeros, permutation, dtype, M (exact up to 16), N and K rounded to
-    powers of two, irregular act-order groups (``kg``: a per-code group table, ``kgroup``) and a fragment
-    layout (``fr``). The last two decide which kinds ``fit`` accepts ("mma", "stream" and "frag" need
-    regular groups; "frag" a fragment layout), so weights that differ in them must not share a cached
-    configuration: a winner restored on a weight that rules it out would be a ``ValueError``."""
+    powers of two, irregular act-order groups (``kg``: a per-code group table, ``kgroup``), a fragment
+    layout (``fr``) and float minimums (``mn``: GGUF Q4_K / Q5_K). The last three decide which kinds ``fit``
+    accepts ("mma", "stream" and "frag" need regular groups and no minimums; "frag" a fragment layout), so
+    weights that differ in them must not share a cached configuration: a winner restored on a weight that rules
+    it out would be a ``ValueError``."""
+    mn = "-mn1" if getattr(layout, "has_mins", False) else ""   # buckets of other weights keep their names
     return (f"b{layout.bits}-g{layout.group_size}-z{int(layout.has_z)}-p{int(layout.has_perm)}"
             f"-{dtype}-m{M if M <= 16 else next_pow2(M)}-n{next_pow2(N)}-k{next_pow2(layout.K)}"
-            f"-kg{int(getattr(layout, 'kgroup', None) is not None)}-fr{int(getattr(layout, 'frag', None) is not None)}")
+            f"-kg{int(getattr(layout, 'kgroup', None) is not None)}-fr{int(getattr(layout, 'frag', None) is not None)}"
+            f"{mn}")
 
 
 def candidates(layout, M: int, N: int, arch: str, num_sms: int, dtype: str = "bfloat16") -> list[GemvConfig]:

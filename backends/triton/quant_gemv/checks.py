@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from portakern.errors import InvalidInputError, InvalidTypeError
+from portakern.ir.gguf_kquants import gemv_bits
 
 if TYPE_CHECKING:
     from portakern.ir.ops import QuantGemv
@@ -33,10 +34,10 @@ def raise_out_stride(M: int, stride: int) -> None:
 
 def check_weight(op: QuantGemv, w: PreparedGemvWeight, tdev: str) -> None:
     """Raise unless ``w`` is a weight of ``op`` on ``tdev``: its shape, bits and group size are the op's (the
-    launcher's grid and constexprs are), and every tensor of it lives on the device the kernel launches on (a
+    launcher's grid and constexprs are; bits of the words: ``gemv_bits``), and every tensor of it lives on the device the kernel launches on (a
     kernel reading another GPU's memory faults, which ends the CUDA context)."""
     f = op.fmt
-    for what, got, want in (("(N, K)", (w.N, w.K), (op.N, op.K)), ("bits", w.bits, f.bits),
+    for what, got, want in (("(N, K)", (w.N, w.K), (op.N, op.K)), ("bits", w.bits, gemv_bits(f)),
                             ("group_size", w.group_size, f.group_size)):
         if got != want:
             raise InvalidInputError(f"prepared weight has {what} = {got} but this quant_gemv op was compiled for "

@@ -269,6 +269,8 @@ def mma_eligible(layout, dtype: str | None = None) -> str | None:
     configuration (``fit`` asks without a dtype) also runs fp32 x, multiplying in fp32."""
     if layout.bits != 4:
         return f"bits={layout.bits} (int4 only: the 16-bit magic-number dequantization holds 4-bit codes)"
+    if getattr(layout, "has_mins", False):
+        return "a float minimum per group (GGUF Q4_K; the 'fma' and 'dot' kernels subtract it)"
     if layout.per_elem_group or layout.interleave != 8:
         return f"group_size={layout.group_size} (needs whole-word regular groups, a multiple of 64)"
     if layout.has_perm:

@@ -88,7 +88,7 @@ class Launcher:
         ws = out if ws is None else ws
         words = w.frag if w.qweight is None else w.qweight   # an int32 stand-in for unused pointer arguments
         lock = words if lock is None else lock
-        z = w.scales if w.zeros is None else w.zeros
+        z = zero_table(w)
         perm = words if w.perm is None else w.perm
         launch = self.launch
         if self.kind == "frag":
@@ -104,6 +104,14 @@ class Launcher:
         else:
             launch(x, w.qweight, w.scales, z, perm, out, ws, lock, M, N, K, KWP, sqk,
                    sx, so, self.ksw, self.mask_rt)
+
+
+def zero_table(w: PreparedGemvWeight):
+    """What the kernels read through ``z_ptr``: the float minimums of a K-quant weight (``MINS``), else the zero
+    points, else (symmetric: never read) the scales as a stand-in pointer."""
+    if w.mins is not None:
+        return w.mins
+    return w.scales if w.zeros is None else w.zeros
 
 
 def slice_words(kwp: int, cfg: GemvConfig) -> int:
@@ -160,6 +168,7 @@ def constexprs(op: QuantGemv, layout, cfg: GemvConfig, interpret: bool = False) 
     ``interpret``: Triton's CPU interpreter (which computes bf16 wrongly and runs no PTX)."""
     even_k = layout.KWP * layout.codes_per_word == op.K
     f32 = op.dtype is DType.float32 or (interpret and op.dtype is DType.bfloat16)
+    mins = getattr(layout, "has_mins", False)   # GGUF Q4_K / Q5_K: z_ptr holds float minimums (fma and dot only)
     if cfg.kind == "stream":
         raise ValueError("constexprs(kind='stream'): the stream kernel's constexprs depend on the grid; "
                          "use stream.constexprs")
@@ -171,9 +180,10 @@ def constexprs(op: QuantGemv, layout, cfg: GemvConfig, interpret: bool = False) 
         return dict(GS=layout.group_size, ZP=layout.zero_point, HAS_Z=layout.has_z, BM=block_m(cfg.kind, op.M),
                     BN=cfg.block_n, BKW=cfg.block_kw, SPLIT_K=cfg.split_k, EVEN_K=even_k, IW=layout.interleave,
                     ASM=not interpret, COMPUTE_F32=f32, PDL=cfg.pdl, X_RUNS=cfg.x_runs)
-    c = dict(BITS=layout.bits, GS=layout.group_size, ZP=layout.zero_point, HAS_Z=layout.has_z,
+    c = dict(BITS=layout.bits, GS=layout.group_size, ZP=layout.zero_point, HAS_Z=layout.has_z or mins,
              HAS_PERM=layout.has_perm, BM=block_m(cfg.kind, op.M), BN=cfg.block_n,
-             BKW=cfg.block_kw, SPLIT_K=cfg.split_k, DQ=cfg.dq, EVEN_K=even_k, PDL=cfg.pdl, IW=layout.interleave)
+             BKW=cfg.block_kw, SPLIT_K=cfg.split_k, DQ=cfg.dq, EVEN_K=even_k, PDL=cfg.pdl, IW=layout.interleave,
+             MINS=mins)
     if cfg.kind == "fma":
         c.update(PER_ELEM_GROUP=layout.per_elem_group, HAS_KG=layout.kgroup is not None, PIPE=cfg.num_stages,
                  PREFETCH=cfg.prefetch, GROUP_ROWS=cfg.group_rows, NMASK=layout.stride_qk % cfg.block_n != 0,

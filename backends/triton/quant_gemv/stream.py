@@ -38,6 +38,8 @@ def usable(layout, M: int, dtype: str | None = None) -> str | None:
         return f"M={M} (the kernel serves one row of x)"
     if layout.bits != 4:
         return f"bits={layout.bits} (int4 only)"
+    if getattr(layout, "has_mins", False):
+        return "a float minimum per group (GGUF Q4_K; the 'fma' and 'dot' kernels subtract it)"
     if layout.has_perm or getattr(layout, "kgroup", None) is not None:
         return "an act-order permutation (x is staged in the words' plain order)"
     gs = layout.group_size
