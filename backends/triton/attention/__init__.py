@@ -13,47 +13,18 @@ from typing import Callable
 
 from portakern.backend import YES, Support, no
 from portakern.devices import Device
-from portakern.errors import UnsupportedError
-from portakern.ir.ops import Attention, KVLayout
+from portakern.ir.ops import Attention
 
 from ..common.switches import autotune_enabled
+from ..kernels.attention_args import MAX_GRID_Y, MAX_HEAD_DIM, MAX_VARLEN_BATCH, refusal  # noqa: F401 (the limits)
 from . import plan
-
-MAX_HEAD_DIM = 256
-MAX_GRID_Y = 65535
-MAX_VARLEN_BATCH = 1 << 14
 
 
 def supports(op: Attention, device: Device) -> Support:
-    """Whether the kernels can run ``op`` on ``device``; a reason naming the limit when not."""
-    from .. import kernels
-
-    where = f"triton on {device.arch or device.type}"
-    for field, value in (("head_dim", op.head_dim), ("head_dim_v", op.head_dim_v)):
-        if value > MAX_HEAD_DIM:
-            return no(f"attention({field}={value}) is not supported by {where}: head dimensions up to "
-                      f"{MAX_HEAD_DIM} fit the kernel's tiles; pass backend=\"cpu\" or split the head dimension")
-    if device.type == "cpu" and not kernels.interpreted():
-        return no("triton was imported before TRITON_INTERPRET=1 was set, so its interpreter cannot run "
-                  "here; set TRITON_INTERPRET=1 before the first import of triton")
-    cfg = plan.for_device(op, device)
-    if op.kv_layout is KVLayout.VARLEN:
-        if op.batch >= MAX_VARLEN_BATCH:
-            return no(f"varlen attention with batch={op.batch} is not supported by {where}: at most "
-                      f"{MAX_VARLEN_BATCH - 1} sequences per call; split the batch")
-        grid_y = op.heads_q // cfg.pack
-    else:
-        grid_y = op.batch * op.heads_q // cfg.pack
-    if grid_y > MAX_GRID_Y:
-        return no(f"attention with batch x heads = {grid_y} programs on the grid's second axis is not "
-                  f"supported by {where} (CUDA allows {MAX_GRID_Y}); split the batch")
-    try:
-        from ..expr_triton import generate_source
-
-        generate_source(op.score_mod, op.mask_mod)
-    except UnsupportedError as e:
-        return no(f"{e}; pass backend=\"cpu\"")
-    return YES
+    """Whether the kernels can run ``op`` on ``device``; a reason naming the limit when not (the kernel's limits,
+    ``kernels.attention_args.refusal``, on this backend's table plan)."""
+    why = refusal(op, device, "triton", lambda: plan.for_device(op, device).pack, "CUDA allows")
+    return no(why) if why else YES
 
 
 def compile(op: Attention, device: Device) -> Callable[..., None]:

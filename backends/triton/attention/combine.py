@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from portakern.ir.ops import Attention, KVLayout
+from portakern.ir.ops import Attention
 
-from .config import AttnConfig, next_pow2
+from ..kernels.attention_args import combine_constexprs
+from .config import AttnConfig
 
 
 def merge_pdl(cfg: AttnConfig) -> bool:
@@ -24,11 +25,10 @@ def merge_pdl(cfg: AttnConfig) -> bool:
 
 
 def constexprs(op: Attention, cfg: AttnConfig, block_dv: int) -> dict[str, Any]:
-    """The compile-time arguments of ``attn_combine`` (shared by launches and AOT lowering)."""
-    return dict(HQ=op.heads_q, DV=op.head_dim_v, BLOCK_DV=block_dv, NUM_SPLITS=cfg.num_splits,
-                SPLITS_P2=next_pow2(cfg.num_splits), VARLEN=op.kv_layout is KVLayout.VARLEN,
-                RETURN_LSE=op.return_lse, PDL=merge_pdl(cfg), RELEASE=cfg.release_next,
-                EARLY=cfg.early_merge)
+    """The compile-time arguments of ``attn_combine`` (shared by launches and AOT lowering):
+    ``kernels.attention_args.combine_constexprs`` with the configuration's launch switches."""
+    return combine_constexprs(op, cfg.num_splits, block_dv, pdl=merge_pdl(cfg), release=cfg.release_next,
+                              early=cfg.early_merge)
 
 
 def split_partials(op: Attention, cfg: AttnConfig, R: int, device):

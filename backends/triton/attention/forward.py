@@ -36,42 +36,24 @@ from portakern.lru import LRU
 from portakern.stream_workspace import StreamWorkspace, stream_index
 
 from ..common.launch import KERNEL_OPTIONS, KernelLaunch
+from ..kernels.attention_args import fwd_constexprs
 from . import combine, decode_ws, plan, wgmma
 from .checks import AUX_NAMES, check_aux, check_operands, layout_key, unit_stride_aux
 from .config import AttnConfig, Lengths, next_pow2
 from .rules import check
 from .tma import descriptors, tma_blocker
 
-_LAYOUT = {KVLayout.DENSE: 0, KVLayout.PAGED: 1, KVLayout.VARLEN: 2}
 #: split-KV workspace sets a built kernel keeps (one per device, rows and grid, least recently used first out)
 WORKSPACE_SETS = 4
 
 
 def constexprs(op: Attention, cfg: AttnConfig, interpret: bool, mods) -> dict[str, Any]:
     """The compile-time arguments of ``attn_fwd`` for ``op`` under ``cfg`` (``mods``: the generated module of
-    ``op``'s score_mod and mask_mod, ``expr_triton.load_mods``)."""
-    from ..expr_triton import analyse_mask
-
-    bounds = analyse_mask(op.mask_mod)
-    bd = max(16, next_pow2(op.head_dim))
-    bdv = max(16, next_pow2(op.head_dim_v))
-    return dict(
-        SCORE_MOD=mods.score_mod, MASK_MOD=mods.mask_mod,
-        HQ=op.heads_q, GROUP=op.group_size, PACK=cfg.pack,
-        D=op.head_dim, DV=op.head_dim_v, BLOCK_D=bd, BLOCK_DV=bdv,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        LAYOUT=_LAYOUT[op.kv_layout], HAS_SEQLENS=op.has_seqlens_k, PAGE_SIZE=max(1, op.page_size),
-        BATCH_P2=next_pow2(op.batch + 1) if op.kv_layout is KVLayout.VARLEN else 1,
-        NUM_SPLITS=cfg.num_splits, FUSED_COMBINE=cfg.fused_combine,
-        HAS_LEFT=bounds.left is not None, WIN_LEFT=bounds.left or 0,
-        HAS_RIGHT=bounds.right is not None, WIN_RIGHT=bounds.right or 0,
-        HAS_MASK=op.mask_mod is not None, MASK_ALL=bounds.residual, NEVER=bounds.never,
-        HAS_SCORE_MOD=op.score_mod is not None, RETURN_LSE=op.return_lse,
-        UPCAST=interpret and op.dtype.value == "bfloat16",
-        DOT_PREC="ieee" if op.dtype.value == "float32" else "tf32",
-        PDL=cfg.pdl, LAZY_RESCALE=cfg.lazy_rescale, TMA=cfg.tma,
-        RAW_MAX=op.score_mod is None and op.scale > 0 and not cfg.lazy_rescale,
-    )
+    ``op``'s score_mod and mask_mod, ``expr_triton.load_mods``): ``kernels.attention_args.fwd_constexprs`` with
+    the configuration's switches, and tf32 ``tl.dot`` inputs unless the op is fp32."""
+    return fwd_constexprs(op, mods, interpret, block_m=cfg.block_m, block_n=cfg.block_n, pack=cfg.pack,
+                          num_splits=cfg.num_splits, dot_prec="ieee" if op.dtype.value == "float32" else "tf32",
+                          fused_combine=cfg.fused_combine, pdl=cfg.pdl, lazy_rescale=cfg.lazy_rescale, tma=cfg.tma)
 
 
 def build(op: Attention, device: Device, cfg: AttnConfig) -> Callable[..., None]:
