@@ -109,6 +109,17 @@ def test_expressions_lower_through_the_kernels_generator_with_this_backends_file
     assert R.analyse_mask(pair[1]) == T.analyse_mask(pair[1])
     assert R.load_mods.__self__.subdir == "triton-rocm-expr" != T.load_mods.__self__.subdir
 
+def test_attention_limits_are_the_kernels_and_name_this_backend():
+    """supports() reports the kernel's own limits (kernels.attention_args), naming triton-rocm and its target."""
+    from portakern.backends.triton.kernels import attention_args
+    from portakern.backends.triton_rocm import attention
+
+    s = attention.supports(_attention(batch=40000), MI300)
+    assert not s and "triton-rocm on gfx942" in s.reason and f"(at most {attention_args.MAX_GRID_Y})" in s.reason
+    s = attention.supports(_attention(head_dim=320, head_dim_v=320), MI300)
+    assert not s and "head_dim=320" in s.reason and "triton-rocm on gfx942" in s.reason
+    assert attention.supports(_attention(), MI300)
+
 def test_every_tuning_entry_names_its_source():
     from portakern.backends.triton_rocm import tuning
 
