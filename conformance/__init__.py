@@ -15,7 +15,7 @@ Imports are lazy: the pytest plugin loads this package in every pytest run of th
 
 from __future__ import annotations
 
-SUITE_VERSION = "cases-v2"
+SUITE_VERSION = "cases-v3"
 
 __all__ = ["SUITE_VERSION", "cli_main", "goldens_main", "run", "support_main"]
 

@@ -170,7 +170,9 @@ class GemvCase:
     """One ``portakern.quant_gemv`` call on a weight packed by ``portakern.ir.packing.pack``.
 
     Codes, scales and zero points come from the generator; ``group_size`` is the real group size
-    (the "group = K" cases simply have ``group_size == K``).
+    (the "group = K" cases simply have ``group_size == K``). GGUF K-quants (``kquant``) store no free float
+    scales: their fields (float16 super-scales ``d`` / ``dmin``, 6-bit (Q6_K: int8) sub-block scales ``sc`` and
+    minimums ``m``, codes) come from the generator and are written by ``portakern.ir.gguf_kquants.pack_fields``.
     """
 
     id: str
@@ -215,13 +217,37 @@ class GemvCase:
             return -127, 128
         return 0, 1 << self.bits
 
+    @property
+    def kquant(self) -> bool:
+        """Whether the packing is a GGUF K-quant (Q4_K, Q5_K, Q6_K: super-blocks of 256 weights)."""
+        return self.packing in ("gguf_q4_k", "gguf_q5_k", "gguf_q6_k")
+
+    def _kquant_fields(self, out: dict[str, np.ndarray]) -> None:
+        """The stored fields of a K-quant weight: float16 ``d`` (and ``dmin``) per super-block, sub-block scales
+        ``sc`` (6-bit; Q6_K int8, signed) and minimums ``m`` (6-bit), so that ``d * sc`` lies within
+        ``[0.002, 0.02)`` in magnitude, like the other formats' scales, and ``dmin * m`` in ``[0, 0.063)``."""
+        s, N, nb, sub = self.seed, self.N, self.K // 256, 256 // self.group_size
+        if self.packing == "gguf_q6_k":
+            out["d"] = gen.round_to(1.25e-4 + 2.5e-5 * gen.uniform(s, "d", (N, nb)), "float16")
+            sign = np.where(gen.integers(s, "sc_sign", (N, nb, sub), 0, 2) == 0, -1, 1)
+            out["sc"] = sign * gen.integers(s, "sc", (N, nb, sub), 32, 128)
+            return
+        out["d"] = gen.round_to(3.75e-4 + 1.25e-4 * gen.uniform(s, "d", (N, nb)), "float16")
+        out["sc"] = gen.integers(s, "sc", (N, nb, sub), 8, 40)
+        out["dmin"] = gen.round_to(7.5e-4 + 2.5e-4 * gen.uniform(s, "dmin", (N, nb)), "float16")
+        out["m"] = gen.integers(s, "m", (N, nb, sub), 0, 64)
+
     def inputs(self) -> dict[str, np.ndarray]:
-        """x (float32, exact in ``dtype``), codes, scales (exact in ``scale_dtype``), zeros, g_idx."""
+        """x (float32, exact in ``dtype``), codes, scales (exact in ``scale_dtype``), zeros, g_idx; for a K-quant,
+        x, codes and the fields of ``_kquant_fields``."""
         s, N, K, G = self.seed, self.N, self.K, self.group_size
         ng = K // G
         out = {"x": gen.floats(s, "x", (self.M, self.x_columns), self.dtype, 1.0)}
         lo, hi = self._code_range()
         out["codes"] = gen.integers(s, "codes", (N, K), lo, hi)
+        if self.kquant:
+            self._kquant_fields(out)
+            return out
         mag = 0.012 + 0.008 * gen.uniform(s, "scales", (N, ng))          # in [0.004, 0.02)
         if self.packing == "gguf_q4_0":  # llama.cpp's Q4_0 scales are often negative
             mag = mag * np.where(gen.integers(s, "scale_sign", (N, ng), 0, 2) == 0, -1.0, 1.0)
@@ -246,8 +272,15 @@ class GemvCase:
         return out
 
     def tensors(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The packed tensors of the weight (``portakern.ir.packing.pack``)."""
+        """The packed tensors of the weight (``portakern.ir.packing.pack``; K-quants ``gguf_kquants.pack_fields``)."""
         from portakern.ir.packing import pack
+
+        if self.kquant:
+            from portakern.ir.gguf_kquants import pack_fields
+            from portakern.ir.quant import Packing
+
+            fields = {k: inputs[k] for k in ("d", "sc", "dmin", "m") if k in inputs}
+            return {"data": pack_fields(Packing(self.packing), dict(fields, q=inputs["codes"]), self.N, self.K)}
 
         return pack(self.fmt, inputs["codes"], inputs["scales"], inputs.get("zeros"), self.N, self.K,
                     g_idx=inputs.get("g_idx"))
@@ -260,8 +293,15 @@ class GemvCase:
         return QuantizedWeight(self.fmt, self.N, self.K, packed or self.tensors(inputs))
 
     def dequantized(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        """float64 ``W (N, K)`` straight from the generated codes (independent of the packers)."""
+        """float64 ``W (N, K)`` straight from the generated codes (independent of the packers); a K-quant's
+        ``d * sc * (q - z) - dmin * m`` (z: 32 for Q6_K, else 0) per sub-block of ``group_size`` columns."""
         G = self.group_size
+        if self.kquant:
+            scales = np.repeat((inputs["d"].astype(np.float64)[..., None] * inputs["sc"]).reshape(self.N, -1), G, 1)
+            mins = 0.0
+            if "m" in inputs:
+                mins = np.repeat((inputs["dmin"].astype(np.float64)[..., None] * inputs["m"]).reshape(self.N, -1), G, 1)
+            return (inputs["codes"] - float(self.fmt.zero_point)) * scales - mins
         group = inputs["g_idx"].astype(np.int64) if self.has_g_idx else np.arange(self.K) // G
         zero = inputs["zeros"].astype(np.float64) if not self.symmetric else float(self.fmt.zero_point)
         z = zero[:, group] if not self.symmetric else zero

@@ -1,4 +1,4 @@
-"""The case catalogue ``cases-v2``: a cpu tier (goldens checked in) and a larger gpu tier.
+"""The case catalogue ``cases-v3``: a cpu tier (goldens checked in) and a larger gpu tier.
 
 Every case has a stable id that spells what it checks, e.g.
 ``attn-d128-sq113-sk512-h8g4-b1-causal-bf16`` or ``gemv-gptq-gidx-g128-m7-n200-k640-fp16``.
@@ -11,6 +11,8 @@ production-sized problems; its goldens are computed by the CPU reference on the 
 
 ``cases-v2`` is ``cases-v1`` plus the cases with NaN and infinities in the inputs
 (``conformance/nonfinite.py``, ids ``nf-*``), whose goldens follow ``docs/ir.md`` "Non-finite values".
+``cases-v3`` is ``cases-v2`` plus the GEMV cases of the GGUF K-quants Q4_K, Q5_K and Q6_K (``KQUANT_FORMATS``,
+ids ``gemv-q4_k-*``, ``gemv-q5_k-*``, ``gemv-q6_k-*``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from portakern.ir import expr as E
 
 from .case import DTYPE_SHORT, AttentionCase, GemvCase
 
-SUITE = "cases-v2"
+SUITE = "cases-v3"
 TIERS = ("cpu", "gpu")
 DTYPES = ("float16", "bfloat16", "float32")
 HEAD_DIMS = (32, 59, 64, 96, 111, 128, 256)
@@ -170,6 +172,12 @@ FORMATS = (("native", 4, True, False, "native4s"), ("native", 4, False, False, "
            ("awq", 4, False, False, "awq"), ("gptq", 4, False, False, "gptq"),
            ("gptq", 4, False, True, "gptq-gidx"), ("gguf_q4_0", 4, True, False, "q4_0"),
            ("gguf_q8_0", 8, True, False, "q8_0"))
+#: GGUF K-quants: super-blocks of 256 weights along K, groups (sub-blocks) of 32 (Q6_K: 16), float16 super-scales
+#: times small integer sub-block scales, and (Q4_K, Q5_K) a float minimum per group
+KQUANT_FORMATS = (("gguf_q4_k", 4, False, False, "q4_k"), ("gguf_q5_k", 5, False, False, "q5_k"),
+                  ("gguf_q6_k", 6, True, False, "q6_k"))
+#: (M, N, K) of the K-quant cases: batch 1 and small batches, K a multiple of 256, N not a multiple of 64
+KQUANT_SHAPES = ((1, 77, 256), (3, 130, 512), (1, 199, 1024), (8, 61, 768), (16, 33, 256))
 GROUPS = (32, 64, 128, 0)                  # 0: one group spanning K
 MS = (1, 2, 7, 16)
 #: K per group size: never a multiple of 64 where the group allows it
@@ -209,6 +217,12 @@ def gemv_cpu() -> list[GemvCase]:
     for fmt in (FORMATS[1], FORMATS[4], FORMATS[6]):
         out.append(_gemv("bfloat16", 1, 72, 4096, fmt, 128))
         out.append(_gemv("float16", 16, 1032, 256, fmt, 32))
+    # GGUF K-quants: every dtype over the shapes, and the silu_mul prologue at a small batch
+    for fi, fmt in enumerate(KQUANT_FORMATS):
+        group = 16 if fmt[0] == "gguf_q6_k" else 32
+        for si, (M, N, K) in enumerate(KQUANT_SHAPES):
+            out.append(_gemv(DTYPES[(fi + si) % 3], M, N, K, fmt, group))
+        out.append(_gemv(DTYPES[fi], 2, 48, 512, fmt, group, prologue="silu_mul"))
     # the silu_mul prologue (x = gate | up): int4 / int8, act-order, GGUF, batch 1 to 16, every dtype
     # (M = 1 runs in the gpu tier and the GEMV tests: a cpu-tier "m1" case would join the "gemv-*m1-*" subsets)
     for fmt, G, M, dt in ((FORMATS[1], 128, 3, "bfloat16"), (FORMATS[3], 64, 7, "float16"),
@@ -258,6 +272,10 @@ def gemv_gpu() -> list[GemvCase]:
                 for mi, M in enumerate((1, 16) if si % 2 else (1, 4, 16)):
                     dt = ("bfloat16", "float16", "float32")[(fi + si + mi) % 3]
                     out.append(_gemv(dt, M, N, K, fmt, G, tier="gpu"))
+    # GGUF K-quants on a square projection, batch 1 and 16
+    for fi, fmt in enumerate(KQUANT_FORMATS):
+        for M, dt in ((1, "bfloat16"), (16, ("float16", "float32", "float16")[fi])):
+            out.append(_gemv(dt, M, 4096, 4096, fmt, 16 if fmt[0] == "gguf_q6_k" else 32, tier="gpu"))
     # the silu_mul prologue on a down projection's shape (x = gate | up of width 2 x 11008)
     for fmt in (FORMATS[1], FORMATS[3], FORMATS[5]):
         for M, dt in ((1, "bfloat16"), (16, "float16")):

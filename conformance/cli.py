@@ -42,7 +42,7 @@ exit status: 0 every record passed or was unsupported, and at least one ran;
 def _run_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
         prog="portakern conformance", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_RUN_EPILOG,
-        description="Run the conformance suite (cases-v2) on backends and compare every output with the "
+        description="Run the conformance suite (cases-v3) on backends and compare every output with the "
                     "float64 CPU-reference goldens. Tolerance: max|out - gold| <= 2 * naive error + floor "
                     "(see docs/conformance.md).")
     p.add_argument("--backend", action="extend", nargs="+", metavar="NAME", default=[],

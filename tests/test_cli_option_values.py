@@ -121,7 +121,7 @@ def test_an_unknown_device_names_the_option_and_the_present_ones(fresh_registry,
 @pytest.mark.parametrize("argv", [["--list"], ["--backend", "cpu", "--no-progress"]])
 def test_a_glob_matching_nothing_names_the_option(fresh_registry, capsys, argv):
     usage_error(capsys, ["conformance", *argv, "--cases", "no-such-case-*"],
-                "--cases no-such-case-*: matches no case of cases-v2 tier cpu; list the ids with: "
+                "--cases no-such-case-*: matches no case of cases-v3 tier cpu; list the ids with: "
                 "portakern conformance --list --tier cpu")
 
 
@@ -140,11 +140,11 @@ def test_tier_choices_name_the_option(fresh_registry, capsys):
 # -- a corrupt --goldens manifest ----------------------------------------------------------------------
 
 CORRUPT_MANIFESTS = {
-    "truncated": '{"suite": "cases-v2", "cases": {"a": ',
+    "truncated": '{"suite": "cases-v3", "cases": {"a": ',
     "deeply-nested": "[" * 200000,
     "binary": "\x00\x01\x02garbage",
     "not-an-object": json.dumps(["cases"]),
-    "cases-not-an-object": json.dumps({"suite": "cases-v2", "cases": []}),
+    "cases-not-an-object": json.dumps({"suite": "cases-v3", "cases": []}),
 }
 
 

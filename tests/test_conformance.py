@@ -95,7 +95,7 @@ def test_cases_cover_the_issue_list():
     assert any(c.causal for c in attn if c.Sq > c.Sk)                      # fully masked rows
     gemv = [c for c in CPU_CASES if c.kind == "quant_gemv"]
     formats = {(c.packing, c.bits, c.symmetric, c.has_g_idx) for c in gemv}
-    assert len(formats) == 9
+    assert len(formats) == 12                                               # cases-v3: + Q4_K, Q5_K, Q6_K
     assert {32, 64, 128} <= {c.group_size for c in gemv} and any(c.group_size == c.K for c in gemv)
     assert {1, 2, 7, 16} <= {c.M for c in gemv}
     assert any(c.N % 64 and c.K % 64 for c in gemv)

@@ -49,7 +49,7 @@ def test_list_of_a_glob_matching_nothing_is_a_usage_error(capsys):
     from portakern.conformance import cli_main
 
     assert cli_main(["--list", "--cases", "no-such-case-*", "--tier", "gpu"]) == 2
-    assert "matches no case of cases-v2 tier gpu; list the ids with: portakern conformance --list --tier gpu" \
+    assert "matches no case of cases-v3 tier gpu; list the ids with: portakern conformance --list --tier gpu" \
         in capsys.readouterr().err
 
 

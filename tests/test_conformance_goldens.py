@@ -28,7 +28,7 @@ def store():
 def test_manifest_matches_the_data_and_the_tier(store):
     assert store.verify_sha() == []
     assert set(store.cases) == {c.id for c in CPU_CASES}
-    assert store.manifest["suite"] == "cases-v2"
+    assert store.manifest["suite"] == "cases-v3"
     size = (store.directory / G.DATA_FILE).stat().st_size
     assert size < 12e6, f"goldens grew to {size / 1e6:.1f} MB"
 

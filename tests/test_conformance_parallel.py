@@ -16,7 +16,8 @@ from portakern.conformance import runner
 from portakern.conformance.runner import run
 from portakern.errors import InvalidInputError
 
-GEMV = "gemv-*m1-*"          # 35 quant_gemv cases; the first with N == 65 is number 29 (q4_0)
+#: 35 quant_gemv cases at M = 1 (every packing but the K-quants of cases-v3); the first with N == 65 is number 29 (q4_0)
+GEMV = "gemv-native*-m1-*,gemv-awq-*m1-*,gemv-gptq-*m1-*,gemv-q4_0-*m1-*,gemv-q8_0-*m1-*"
 
 PLUGIN = """
     import os

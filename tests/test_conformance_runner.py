@@ -113,7 +113,7 @@ def test_exit_codes(capsys):
 @pytest.mark.parametrize("kwargs, fragment", [
     (dict(repeat=0), r"repeat=0 must be >= 1"),
     (dict(tier="tpu"), r"tier='tpu' is unknown: expected one of cpu, gpu"),
-    (dict(cases_glob="no-such-case-*"), r"cases='no-such-case-\*' matches no case of cases-v2 tier cpu; list the "
+    (dict(cases_glob="no-such-case-*"), r"cases='no-such-case-\*' matches no case of cases-v3 tier cpu; list the "
                                         r"ids with: portakern conformance --list"),
     (dict(compile_only=True), r"--compile-only needs --target T1,T2 \(e.g. sm_100a,gfx942\)"),
 ], ids=["repeat", "tier", "no-case", "compile-only-without-target"])
@@ -127,7 +127,7 @@ def test_run_usage_errors_name_the_argument(kwargs, fragment):
 def test_unknown_case_id_names_the_way_to_list_them():
     from portakern.conformance.cases import by_id
 
-    with pytest.raises(KeyError, match=r"no case 'attn-nope' in cases-v2 \(tier cpu\); list the ids with: "
+    with pytest.raises(KeyError, match=r"no case 'attn-nope' in cases-v3 \(tier cpu\); list the ids with: "
                                        r"portakern conformance --list --tier cpu"):
         by_id("attn-nope", tier="cpu")
 

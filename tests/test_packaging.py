@@ -22,7 +22,7 @@ def test_wheel_layout_and_import(tmp_path):
                    "portakern/backends/opencl/kernels/quant_gemv.cl", "portakern/backends/opencl/kernels/storage.cl",
                    "portakern/backends/cuda/backend.py", "portakern/backends/cuda/kernels/gemv_small_m.cu",
                    "portakern/backends/cuda/kernels/host_shim.h", "portakern/backends/cuda/kernels/host_launch.cpp",
-                   "portakern/conformance/data/cases-v2/manifest.json", "portakern/conformance/__init__.py"):
+                   "portakern/conformance/data/cases-v3/manifest.json", "portakern/conformance/__init__.py"):
         assert module in names
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "[portakern.backends]" in entry_points and "cpu = portakern.backends.cpu" in entry_points
