@@ -37,6 +37,7 @@ from portakern.backend import YES, Support, no
 from portakern.devices import Device
 from portakern.errors import InvalidInputError
 from portakern.ir.dtypes import DType
+from portakern.ir.gguf_kquants import kquant_refusal
 from portakern.ir.ops import QuantGemv
 
 from .common import nvrtc
@@ -116,6 +117,9 @@ def supports(op: QuantGemv, device: Device) -> Support:
     """M = 1 to 4, int4 / int8 codes in groups of 128 without act-order, K a multiple of 128, fp16 / bf16
     activations and scales, no prologue."""
     f = op.fmt
+    why = kquant_refusal(f, "cuda", "triton on NVIDIA GPUs (backend='triton')")   # GGUF K-quants
+    if why:
+        return no(why)
     if not 1 <= op.M <= MAX_M:
         return no(f"quant_gemv(M={op.M}) is not supported by cuda: its kernel takes M = 1 to {MAX_M} rows; use "
                   f"the triton backend for M > {MAX_M}")

@@ -35,6 +35,7 @@ from portakern.arrays import to_numpy
 from portakern.backend import YES, Support, no
 from portakern.errors import BackendError
 from portakern.ir.dtypes import DType
+from portakern.ir.gguf_kquants import kquant_refusal
 from portakern.ir.ops import QuantGemv
 from portakern.ir.packing import unpack
 from portakern.ir.quant import Packing
@@ -69,6 +70,9 @@ def supports(op: QuantGemv, device) -> Support:
     """Native 4-bit, no g_idx, group 32 / 64 / 128 / 256, K a multiple of 32, and an exact repack for the
     activation dtype on the device (cuda: bfloat16 activations, sm_80 and newer)."""
     fmt = op.fmt
+    why = kquant_refusal(fmt, "torch", "triton on NVIDIA GPUs, triton-rocm on AMD GPUs and opencl")   # GGUF K-quants
+    if why:
+        return no(why)
     if fmt.packing not in PACKINGS or fmt.bits != 4:
         names = ", ".join(p.value for p in PACKINGS)
         return no(f"tinygemm runs 4-bit codes with one scale and offset per group ({names} repack into it); "
