@@ -182,7 +182,8 @@ def unpack(fmt, t, N: int, K: int):
         raise InvalidInputError(
             f"packing {fmt.packing.value} subtracts a float minimum per group (d * sc * q - dmin * m), which "
             "(codes - zeros) * scales with integer zero points cannot hold exactly; read it with "
-            "portakern.ir.packing.unpack_affine (which returns the minimums), or run it on backend='cpu'")
+            "portakern.ir.packing.unpack_affine (which returns the minimums), or gemv_parts (the GPU GEMV layout's "
+            "codes, scales and minimums)")
     codes, scales, zeros, _ = affine(fmt.packing, t["data"], N, K)
     return codes, scales, zeros, np.arange(K, dtype=np.int64) // fmt.group_size
 
@@ -298,18 +299,3 @@ def kquant_refusal(fmt, backend: str, served_by: str) -> str | None:
     what = "a float scale and a float minimum per group" if fmt.has_mins else "float32 scales d * sc per group"
     return (f"quant_gemv(packing={fmt.packing.value}) is not supported by {backend}: its kernels have no GGUF "
             f"K-quant form ({what}); it is served by {served_by}, and by backend='cpu'")
-
-
-def kernel_refusal(fmt, backend: str) -> str | None:
-    """Why a GPU kernel that computes ``(q - z) * s`` with 4- or 8-bit codes cannot run K-quant ``fmt`` exactly
-    (None for every other packing): the reason a backend's ``supports`` gives, with the way out."""
-    if fmt.has_mins:
-        return (f"quant_gemv(packing={fmt.packing.value}) is not supported by {backend}: its float minimum per "
-                "group (d * sc * q - dmin * m) is no integer zero point, so no packing its kernels read holds "
-                "it exactly; use backend='cpu', or portakern.checkpoints.split_mins(weight): two exact native "
-                "weights, x @ W.T = gemv(x, scaled) - gemv(group sums of x, mins)")
-    if fmt.packing is Packing.GGUF_Q6_K:
-        return (f"quant_gemv(packing={fmt.packing.value}) is not supported by {backend}: its kernels unpack 4- "
-                "and 8-bit codes; repack the weight exactly with portakern.checkpoints.repack_exact(weight) (or "
-                "load_gguf(path, repack=True)): native int8 codes, zero point 32, float32 scales, groups of 16")
-    return None

@@ -1,17 +1,18 @@
 """Loading quantized checkpoints from disk: GGUF files (``load_gguf``), AWQ and GPTQ safetensors (``load_awq``,
-``load_gptq``), and the exact repack that lets the GPU kernels serve GGUF Q6_K (``repack_exact``).
+``load_gptq``), and two exact rewrites of GGUF K-quants into native weights (``repack_exact``, ``split_mins``).
 
 Every loader returns plain data: ``{name: QuantizedWeight}`` (and, for GGUF, float arrays for the unquantized
 tensors), nothing is moved to a device (``QuantizedWeight.to(device)`` does that). Errors name the file, the
 tensor and the way out; a truncated or corrupt file is an ``InvalidInputError``, a type portakern cannot hold an
 ``UnsupportedError``.
 
-Which backend runs which GGUF type (``portakern.quant_gemv``): Q4_0 and Q8_0 every backend; Q6_K the cpu
-backend as stored, triton and opencl after ``repack_exact`` (native int8 codes with zero point 32 and float32
-scales ``d * sc``: bit for bit the same weight); Q4_K and Q5_K as stored the cpu backend only -- their per-group
-float minimum ``dmin * m`` is no integer zero point, so no one layout the GPU kernels read holds them exactly, and
-those backends' ``supports`` say so rather than round; ``split_mins`` gives them an exact form of two native
-weights (two GEMVs) that triton and opencl run.
+Which backend runs which GGUF type (``portakern.quant_gemv``): Q4_0 and Q8_0 every backend; Q4_K, Q5_K and Q6_K
+as stored the cpu, triton, triton-rocm and opencl backends, whose prepared weights keep the float32 scales
+``d * sc`` and (Q4_K, Q5_K) the per-group float minimums ``dmin * m`` exactly (``portakern.gemv_kquants``); the
+cuda and torch backends refuse them, naming those. Q6_K after ``repack_exact`` (native int8 codes with zero point
+32 and float32 scales ``d * sc``: bit for bit the same weight) is a native weight any backend reading 8-bit
+groups of 16 runs; ``split_mins`` gives Q4_K and Q5_K an exact form of two native weights (two GEMVs) for a
+backend without a K-quant kernel.
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ def load_gguf(path: str | os.PathLike, *, repack: bool = False,
 
     Args:
         path: the ``.gguf`` file.
-        repack: True repacks each Q6_K weight exactly into the native int8 layout the triton and opencl kernels
-            read (``repack_exact``); Q4_K and Q5_K stay as they are (no exact form exists; cpu only).
+        repack: True repacks each Q6_K weight exactly into the native int8 layout (``repack_exact``); Q4_K and
+            Q5_K stay as they are (no exact native form exists; the cpu, triton, triton-rocm and opencl backends
+            run them as stored, as they do Q6_K).
         skip_unsupported: True leaves out tensors of other types (Q2_K, Q3_K, IQ*, ...) and quantized tensors that
             are not 2-D, with one warning listing them; False raises on the first.
 
@@ -140,11 +142,11 @@ def _cut_tensor(seen: dict[str, Any], gguf) -> str | None:
 
 
 def repack_exact(weight: QuantizedWeight) -> QuantizedWeight:
-    """``weight`` in a layout the GPU kernels read, holding bit for bit the same dequantized values.
+    """``weight`` in a native layout, holding bit for bit the same dequantized values.
 
     GGUF Q6_K becomes ``QuantFormat(8, 16, False, NATIVE, float32)``: the 6-bit codes as int8 codes, zero point
     32, scales ``d * sc`` in float32 (exact: at most 19 significant bits). Every other weight is returned as it is:
-    either the kernels read it already, or (Q4_K, Q5_K) no exact integer-zero-point form exists. The repack runs
+    either it is native already, or (Q4_K, Q5_K) no exact integer-zero-point form exists. The repack runs
     on the host: a Q6_K weight on a device raises ``InvalidInputError`` (repack it before ``.to(device)``); host
     numpy or torch tensors give numpy tensors.
     """
@@ -158,16 +160,17 @@ def repack_exact(weight: QuantizedWeight) -> QuantizedWeight:
 
 
 def split_mins(weight: QuantizedWeight) -> tuple[QuantizedWeight, QuantizedWeight]:
-    """GGUF Q4_K / Q5_K ``weight`` as two native weights the GPU kernels read, exactly: ``(scaled, mins)`` with
+    """GGUF Q4_K / Q5_K ``weight`` as two native weights, exactly: ``(scaled, mins)`` with
 
     ``dequant(weight)[n, k] = dequant(scaled)[n, k] - dequant(mins)[n, k // 32]``
 
     ``scaled`` ``(N, K)``: the codes ``q`` (4-bit for Q4_K, 8-bit holding Q5_K's 5), zero point 0, float32 scales
     ``d * sc`` in groups of 32; ``mins`` ``(N, K // 32)``: the 6-bit ``m`` as int8 codes, zero point 0, float16
     scales ``dmin`` in groups of 8 (one super-block). So ``x @ W.T = quant_gemv(x, scaled) -
-    quant_gemv(s, mins)`` with ``s[:, g]`` the sum of ``x[:, 32g : 32g + 32]``: two GEMVs the triton and opencl
-    backends run, whose weights hold every value bit for bit (the sums and the difference round as any float
-    arithmetic does; form them in float32). Host tensors only; ``InvalidInputError`` for another packing or a
+    quant_gemv(s, mins)`` with ``s[:, g]`` the sum of ``x[:, 32g : 32g + 32]``: two GEMVs on native weights, for a
+    backend without a K-quant kernel (cpu, triton, triton-rocm and opencl run ``weight`` as it is), whose weights
+    hold every value bit for bit (the sums and the difference round as any float arithmetic does; form them in
+    float32). Host tensors only; ``InvalidInputError`` for another packing or a
     weight on a device.
     """
     if not weight.fmt.has_mins:
