@@ -34,7 +34,7 @@ import torch
 
 from portakern import dispatch
 from portakern.devices import CPU, Device, torch_device
-from portakern.errors import InvalidInputError, InvalidTypeError
+from portakern.errors import InvalidInputError, InvalidTypeError, UnsupportedError
 from portakern.gemv_weight import GEMV_LAYOUT, PreparedGemvWeight, prepare_gemv_weight
 from portakern.ir import DType, Packing, QuantFormat
 from portakern.ir.ops import QuantGemv, x_columns
@@ -216,11 +216,19 @@ def prepared(w, device: Device | str | torch.device | None = None, layout: str |
     """The GEMV layout of ``w`` on ``device`` (default: where ``w``'s tensors are), cached on ``w.prepared`` under
     the key ``portakern.quant_gemv`` uses for the backends of that layout (``(GEMV_LAYOUT, device)``), so both
     share one copy. ``layout``: ``portakern.gemv_weight.LAYOUTS`` (None: the default), for a copy built here.
-    Inside CUDA stream capture a copy that is not built yet raises ``portakern.capture.CaptureError``."""
+    Inside CUDA stream capture a copy that is not built yet raises ``portakern.capture.CaptureError``; a GGUF K-quant
+    weight (whose minimums the op's signature does not carry) raises ``UnsupportedError``."""
+    from portakern.gemv_kquants import PACKINGS as KQUANTS
     from portakern.quantized import QuantizedWeight
 
-    if isinstance(w, PreparedGemvWeight):
+    if isinstance(w, PreparedGemvWeight) and w.mins is None:
         return w
+    if isinstance(w, PreparedGemvWeight) or (isinstance(w, QuantizedWeight) and w.fmt.packing in KQUANTS):
+        # the op's signature carries no minimums and names no K-quant packing: refuse rather than drop them
+        raise UnsupportedError("torch.ops.portakern.quant_gemv, quant_linear and QuantLinear take no GGUF K-quant "
+                               "weight (Q4_K, Q5_K, Q6_K: float32 scales d * sc and per-group minimums); call "
+                               "portakern.quant_gemv(x, weight), which runs them on triton, triton-rocm, opencl "
+                               "and cpu")
     if not isinstance(w, QuantizedWeight):
         raise InvalidTypeError(f"w is a {type(w).__name__}: expected a portakern.QuantizedWeight "
                                "(portakern.quantize(...)) or a PreparedGemvWeight")

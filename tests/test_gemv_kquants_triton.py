@@ -230,3 +230,25 @@ def test_triton_rocm_matches_ggufs_weight_in_float64(kind, M, dt):
     ref = x.double().numpy() @ gguf_dequant(w).T
     assert not np.isnan(y).any()
     assert np.abs(y - ref).max() / np.abs(ref).max() <= TOL[dt]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_torch_ops_refuse_kquants_rather_than_drop_the_minimums(kind):
+    """``torch.ops.portakern.quant_gemv``'s signature carries no minimums: its wrappers refuse a K-quant weight (and
+    its prepared copy) instead of computing without them."""
+    from portakern import torch_ops
+    from portakern.errors import UnsupportedError
+    from portakern.gemv_weight import prepare_gemv_weight
+
+    w = kquant_weight(kind, 16, 256)
+    p = prepare_gemv_weight(w, CPU)
+    for arg in (w, p) if p.has_mins else (w,):
+        with pytest.raises(UnsupportedError, match=r"take no GGUF K-quant weight .* call portakern.quant_gemv\(x, "
+                                                   r"weight\)"):
+            torch_ops.quant_linear(torch.zeros((1, 256)), arg)
+    with pytest.raises(UnsupportedError, match="take no GGUF K-quant weight"):
+        torch_ops.QuantLinear(w)
+    if not p.has_mins:   # Q6_K's prepared copy is codes, scales and a fixed zero point: the CPU path computes it
+        x = _x(2, 256, "float32")
+        ref = x.double().numpy() @ gguf_dequant(w).T
+        np.testing.assert_allclose(torch_ops.quant_linear(x, p).double().numpy(), ref, rtol=0, atol=1e-5)
