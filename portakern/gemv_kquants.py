@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from portakern.ir import gguf_kquants
-from portakern.ir.gemv_layout import interleave_words, pack_internal, padded_columns
+from portakern.ir.gemv_layout import interleave_words, pack_internal
 from portakern.ir.quant import Packing
 
 #: the packings this module prepares
@@ -69,7 +69,7 @@ def prepare(weight, tdev: str, on_device: bool):
     device when ``on_device`` (torch or cupy tensors), else with the numpy reference on the host and uploaded."""
     import torch
 
-    from portakern.gemv_weight import PreparedGemvWeight
+    from portakern.gemv_weight import PreparedGemvWeight, host_by_group
 
     fmt, N, K = weight.fmt, weight.N, weight.K
     data = weight.tensors["data"]
@@ -90,11 +90,8 @@ def prepare(weight, tdev: str, on_device: bool):
         iw = interleave_words(p["bits"], fmt.group_size, False)
         words = torch.from_numpy(pack_internal(p["codes"], p["bits"], iw)).to(tdev)
 
-        def by_group(a):   # (N, G) -> (G, NP), columns past N repeat column 0 (finite, never stored)
-            out = np.empty((a.shape[1], padded_columns(N)), dtype=np.float32)
-            out[:, :N] = a.T
-            out[:, N:] = a.T[:, :1]
-            return torch.from_numpy(out).to(tdev)
+        def by_group(a):
+            return torch.from_numpy(host_by_group(a, N)).to(tdev)
     return PreparedGemvWeight(
         qweight=words, scales=by_group(p["scales"]), zeros=None, perm=None, kgroup=None, bits=p["bits"],
         group_size=fmt.group_size, zero_point=p["zero_point"], N=N, K=K,

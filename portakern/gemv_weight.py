@@ -264,11 +264,8 @@ def _prepare_host(weight, tdev: str, fragments: bool, layout: str) -> PreparedGe
         t = torch.from_numpy(np.ascontiguousarray(a))
         return t.to(device=tdev, dtype=dtype or t.dtype)
 
-    def by_group(a):  # (N, G) -> (G, NP), columns past N repeat column 0 (finite, never stored)
-        t = np.empty((a.shape[1], padded_columns(N)), dtype=np.float32)
-        t[:, :N] = a.T
-        t[:, N:] = a.T[:, :1]
-        return t
+    def by_group(a):
+        return host_by_group(a, N)
 
     frag = None
     if fragments and frag_eligible(fmt.bits, GS, perm is not None, kgroup is not None) is None:
@@ -280,6 +277,15 @@ def _prepare_host(weight, tdev: str, fragments: bool, layout: str) -> PreparedGe
         zeros=None if fmt.symmetric else dev(by_group(zeros + offset), sdt),
         perm=None if perm is None else dev(perm), kgroup=None if kgroup is None else dev(kgroup),
         bits=fmt.bits, group_size=GS, zero_point=int(fmt.zero_point + offset), N=N, K=K, frag=frag)
+
+
+def host_by_group(a: np.ndarray, N: int) -> np.ndarray:
+    """Per-group values ``(N, G)`` -> float32 ``(G, NP)`` (the scales' and zeros' layout); columns past N repeat
+    column 0 (finite, never stored). ``portakern.gemv_torch.by_group`` is its torch form."""
+    t = np.empty((a.shape[1], padded_columns(N)), dtype=np.float32)
+    t[:, :N] = a.T
+    t[:, N:] = a.T[:, :1]
+    return t
 
 
 def _prepare_torch(weight, tdev: str, fragments: bool, layout: str) -> PreparedGemvWeight:
