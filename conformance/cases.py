@@ -6,7 +6,7 @@ Ids never depend on list order; a case's inputs are seeded by its id. Changing a
 id (or a new suite version): goldens are keyed by id and checked by input hash.
 
 The cpu tier keeps big problems rare (one batch entry, few heads) so the float64 reference runs
-the whole tier in well under 3 minutes on two cores. The gpu tier (``cases-v2-gpu``) adds
+the whole tier in well under 3 minutes on two cores. The gpu tier (``cases-v3-gpu``) adds
 production-sized problems; its goldens are computed by the CPU reference on the fly and cached.
 
 ``cases-v2`` is ``cases-v1`` plus the cases with NaN and infinities in the inputs
