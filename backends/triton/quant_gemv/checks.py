@@ -34,8 +34,8 @@ def raise_out_stride(M: int, stride: int) -> None:
 
 def check_weight(op: QuantGemv, w: PreparedGemvWeight, tdev: str) -> None:
     """Raise unless ``w`` is a weight of ``op`` on ``tdev``: its shape, bits and group size are the op's (the
-    launcher's grid and constexprs are; bits of the words: ``gemv_bits``), and every tensor of it lives on the device the kernel launches on (a
-    kernel reading another GPU's memory faults, which ends the CUDA context)."""
+    launcher's grid and constexprs are; the bits of its words: ``gemv_bits``), and every tensor of it lives on the
+    device the kernel launches on (a kernel reading another GPU's memory faults, which ends the CUDA context)."""
     f = op.fmt
     for what, got, want in (("(N, K)", (w.N, w.K), (op.N, op.K)), ("bits", w.bits, gemv_bits(f)),
                             ("group_size", w.group_size, f.group_size)):
