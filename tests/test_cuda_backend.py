@@ -83,7 +83,7 @@ def test_refuses_other_devices_and_old_gpus(backend):
 
     attn = Attention(batch=1, seqlen_q=1, seqlen_k=8, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8,
                      dtype=DType.float16, scale=1.0)
-    assert "no cuda lowering yet" in backend.supports(attn, H200).reason
+    assert "head_dim must equal head_dim_v and be one of 32, 64, 96, 128, 256" in backend.supports(attn, H200).reason
 
 
 @pytest.mark.parametrize("M,N,K,bits", [(1, 4096, 4096, 4), (1, 4096, 14336, 4), (1, 28672, 8192, 4),
@@ -453,17 +453,17 @@ def test_every_table_entry_names_the_result_file_that_measured_it():
         assert (row["best_us"] <= 0.98 * row["table_us"]) == entry.beats_triton
 
 
-def test_attention_is_refused_with_the_way_out_and_never_compiled(backend):
-    from portakern.backends.cuda import attention
+def test_attention_it_has_no_kernel_for_is_refused_with_the_way_out_and_never_compiled(backend):
+    # what the CuTe DSL attention serves, and its lowering: tests/test_cuda_cute_attention.py
     from portakern.ir.ops import Attention
 
     attn = Attention(batch=1, seqlen_q=1, seqlen_k=8, heads_q=1, heads_kv=1, head_dim=8, head_dim_v=8,
                      dtype=DType.float16, scale=1.0)
     why = backend.supports(attn, H200).reason
-    assert why == attention.REASON and "backend='triton'" in why
-    with pytest.raises(NotImplementedError, match="no CUDA attention kernel"):
+    assert "one of 32, 64, 96, 128, 256" in why and "backend='triton'" in why
+    with pytest.raises(NotImplementedError, match="one of 32, 64, 96, 128, 256"):
         backend.compile(attn, H200)
-    with pytest.raises(NotImplementedError, match="no CUDA attention kernel"):
+    with pytest.raises(NotImplementedError, match="one of 32, 64, 96, 128, 256"):
         backend.compile_for_target(attn, "sm_90a")
 
 

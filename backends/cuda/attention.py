@@ -1,30 +1,193 @@
-"""Attention on the cuda backend: no kernel yet.
+"""Attention on the cuda backend: a CuTe DSL prefill forward for Hopper (sm_90a), ``kernels/attn_fwd_sm90.py``.
 
-The cuda backend has no CUDA attention kernel; on NVIDIA GPUs the triton backend serves attention. This module keeps
-the backend's shape (every backend has ``attention`` and ``quant_gemv``) and says so with the way out: ``supports``
-refuses every attention op with ``REASON``, and ``compile`` / ``compile_for_target`` raise ``NotImplementedError``
-with the same text should anything call them without asking.
+What it serves (``supports``): dense BSHD q / k / v in float16 or bfloat16, ``head_dim == head_dim_v`` in 32, 64,
+96, 128 or 256, any GQA ratio, any ``score_mod`` / ``mask_mod`` expression (lowered to CuTe DSL while the kernel is
+traced: ``expr_cute.py``), with or without the LSE, on a GPU of compute capability 9.0 (sm_90a: wgmma and TMA).
+Everything else is refused with the reason: float32, other head dims, paged and varlen KV and ``seqlens_k``,
+Blackwell (no tcgen05 kernel yet) and older GPUs (no wgmma).
+
+One compiled kernel serves a specialisation -- (dtype, head dim, score_mod, mask_mod, LSE): the shapes B, Sq, Sk, Hq,
+Hkv are run-time values of the compiled function (symbolic in its fake signature), so conformance's compile-only run
+lowers each specialisation once and every case of it reuses the lowering (``_lowered`` is memoised per
+specialisation and target).
+
+Status: **compiled, not executed**. ``compile_for_target(op, "sm_90a")`` lowers on a CPU-only machine and the tests
+read wgmma, TMA and setmaxnreg in its PTX; ``compile(op, device)`` builds the launcher for an sm_90 GPU, which no GPU
+has run yet (``docs/design/attention-cute.md`` names the first GPU session's commands). The backend never ranks this
+kernel above triton (``tuning.ATTENTION_TABLE`` is empty: nothing is measured), so ``backend=None`` is unchanged and
+only ``backend="cuda"`` on an sm_90 GPU reaches it.
 """
 
 from __future__ import annotations
 
-from portakern.backend import Support, no
+from functools import lru_cache
+from typing import Callable, NamedTuple
 
-#: why the cuda backend refuses attention, and the way out
-REASON = ("op 'attention' has no cuda lowering yet: the cuda backend has no CUDA attention kernel; the triton backend "
-          "serves attention on NVIDIA GPUs (leave backend unset, or pass backend='triton')")
+from portakern.backend import YES, Support, no
+from portakern.errors import BackendError
+from portakern.ir.dtypes import DType
+from portakern.ir.expr import Expr
+from portakern.ir.ops import Attention, KVLayout
+
+from . import expr_cute
+from .common import cute_dsl
+
+#: head dims (= head_dim_v) the kernel is built for, and the keys of its key tile at each (128 query rows a tile;
+#: D = 256 takes 64 keys so that S, P and the 64 x 256 O accumulator of a warpgroup fit its registers unspilled)
+TILE_N = {32: 128, 64: 128, 96: 128, 128: 128, 256: 64}
+HEAD_DIMS = tuple(TILE_N)
+#: compute capability of the GPUs it runs on (Hopper: wgmma, TMA, setmaxnreg)
+CAPABILITY = (9, 0)
+#: compile-only targets and the DSL architecture each lowers for
+TARGETS = {"sm_90a": "sm_90a"}
+#: the largest grid y (query heads) and z (batch) of a launch
+MAX_GRID_YZ = 65535
+_WAY_OUT = "use the triton backend (leave backend unset, or pass backend='triton')"
 
 
-def supports(op, device) -> Support:
-    """Always no, with ``REASON``."""
-    return no(REASON)
+class Spec(NamedTuple):
+    """One compiled specialisation: what the kernel fixes at compile time."""
+
+    dtype: DType
+    head_dim: int
+    score_mod: Expr | None
+    mask_mod: Expr | None
+    return_lse: bool
 
 
-def compile(op, device):
-    """Raise ``NotImplementedError(REASON)``: there is no kernel to build."""
-    raise NotImplementedError(REASON)
+def spec(op: Attention) -> Spec:
+    """The specialisation that serves ``op`` (supported ops only)."""
+    return Spec(op.dtype, op.head_dim, op.score_mod, op.mask_mod, op.return_lse)
 
 
-def compile_for_target(op, target: str):
-    """Raise ``NotImplementedError(REASON)``: there is no kernel to lower."""
-    raise NotImplementedError(REASON)
+def refusal(op: Attention) -> str | None:
+    """Why the kernel cannot compute ``op`` on any GPU (None when it can): the IR features it serves."""
+    where = f"attention({op.dtype.value}, head_dim={op.head_dim}, head_dim_v={op.head_dim_v}"
+    if op.dtype not in (DType.float16, DType.bfloat16):
+        return f"{where}) is not supported by cuda: its wgmma kernel takes float16 or bfloat16; {_WAY_OUT}"
+    if op.head_dim != op.head_dim_v or op.head_dim not in HEAD_DIMS:
+        return (f"{where}) is not supported by cuda: head_dim must equal head_dim_v and be one of "
+                f"{', '.join(map(str, HEAD_DIMS))}; {_WAY_OUT} or pad the head dimension")
+    if op.kv_layout is not KVLayout.DENSE or op.has_seqlens_k:
+        layout = "seqlens_k" if op.kv_layout is KVLayout.DENSE else f"{op.kv_layout.value} KV"
+        return f"attention with {layout} is not supported by cuda: its kernel reads dense BSHD k / v; {_WAY_OUT}"
+    for name in ("score_mod", "mask_mod"):
+        why = expr_cute.refusal(getattr(op, name))
+        if why:
+            return f"attention with {name} {getattr(op, name)} is not supported by cuda: {why}; {_WAY_OUT}"
+    if op.heads_q > MAX_GRID_YZ or op.batch > MAX_GRID_YZ:
+        return (f"attention(batch={op.batch}, heads_q={op.heads_q}) is not supported by cuda: its grid takes at "
+                f"most {MAX_GRID_YZ} of each; {_WAY_OUT}")
+    return None
+
+
+def supports(op: Attention, device) -> Support:
+    """Dense float16 / bfloat16 attention, D = Dv in 32, 64, 96, 128 or 256, any expressions, on sm_90 (capability
+    9.0) with CuTe DSL importable; else no, with the reason."""
+    why = cute_dsl.unavailable()
+    if why:
+        return no(f"attention on cuda needs {why}")
+    cap = tuple(device.capability or ())
+    if cap != CAPABILITY:
+        arch = device.arch or f"capability {cap}"
+        if cap and cap >= (10, 0):
+            return no(f"attention on cuda has no kernel for {arch} yet: the CuTe DSL kernel is Hopper's (wgmma, "
+                      f"sm_90a only); a Blackwell tcgen05 / TMEM kernel is not written; {_WAY_OUT}")
+        return no(f"attention on cuda needs a Hopper GPU (sm_90: wgmma and TMA); {device} is {arch}; {_WAY_OUT}")
+    why = refusal(op)
+    return no(why) if why else YES
+
+
+# -- lowering --------------------------------------------------------------------------------------------------------
+
+def _fake_args(s: Spec):
+    """The kernel's signature as fake tensors: q, k, v, out (B, S, H, D) and lse (B, Hq, Sq) with symbolic B, Sq,
+    Sk, Hq, Hkv (one compilation serves every shape), the scale and a stream."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+    dtype = cutlass.Float16 if s.dtype is DType.float16 else cutlass.BFloat16
+    B, Sq, Sk, Hq, Hkv = (cute.sym_int() for _ in range(5))
+    bshd = (3, 2, 1, 0)                                    # row-major: D innermost
+    q, o = (make_fake_compact_tensor(dtype, (B, Sq, Hq, s.head_dim), stride_order=bshd, assumed_align=16)
+            for _ in range(2))
+    k, v = (make_fake_compact_tensor(dtype, (B, Sk, Hkv, s.head_dim), stride_order=bshd, assumed_align=16)
+            for _ in range(2))
+    lse = (make_fake_compact_tensor(cutlass.Float32, (B, Hq, Sq), stride_order=(2, 1, 0), assumed_align=4)
+           if s.return_lse else None)
+    return dtype, (q, k, v, o, lse, cutlass.Float32(1.0), make_fake_stream())
+
+
+@lru_cache(maxsize=64)
+def _lowered(s: Spec, arch: str):
+    """``(Lowered, compiled)`` of specialisation ``s`` for ``arch``, lowered once per process."""
+    from .kernels.attn_fwd_sm90 import AttnFwdSm90
+
+    dtype, args = _fake_args(s)
+    kernel = AttnFwdSm90(dtype, s.head_dim, s.score_mod, s.mask_mod, s.return_lse, tile_n=TILE_N[s.head_dim])
+    return cute_dsl.lower(kernel, args, arch)
+
+
+def compile_for_target(op: Attention, target: str) -> dict:
+    """Lower ``op`` for ``target`` ("sm_90a") through CuTe DSL, no GPU: the specialisation, its PTX and cubin, the
+    registers and stack frame a thread, the wgmma / TMA instruction counts and the compile seconds (0.0 when the
+    specialisation was already lowered in this process).
+
+    Raises:
+      NotImplementedError for another target (sm_100a: no tcgen05 kernel yet) or an op ``supports`` refuses;
+      BackendError when the lowering spills registers to local memory (a stack frame) or lacks the wgmma / TMA
+      instructions the kernel is written with.
+    """
+    if target not in TARGETS:
+        raise NotImplementedError(f"attention on cuda lowers for {', '.join(TARGETS)} only, not {target}: the "
+                                  f"CuTe DSL kernel is Hopper's (wgmma); no tcgen05 kernel for sm_100a is written")
+    why = cute_dsl.unavailable() or refusal(op)
+    if why:
+        raise NotImplementedError(why)
+    s = spec(op)
+    hits = _lowered.cache_info().hits
+    low, _ = _lowered(s, TARGETS[target])
+    fresh = _lowered.cache_info().hits == hits
+    wgmma, tma = low.count(r"wgmma\.mma_async"), low.count(r"cp\.async\.bulk\.tensor")
+    if low.frame_bytes:
+        raise BackendError(f"attention {s} for {target}: the CuTe DSL kernel spills ({low.frame_bytes} bytes of "
+                           f"stack frame a thread, {low.registers} registers); its tiles need fewer live registers")
+    if not wgmma or not tma:
+        raise BackendError(f"attention {s} for {target}: the lowered PTX has {wgmma} wgmma.mma_async and {tma} "
+                           f"cp.async.bulk.tensor instructions; the kernel is written with both")
+    return {"target": target, "kernel": "attn_fwd_sm90", "spec": s, "ptx": low.ptx, "cubin": low.cubin,
+            "registers": low.registers, "frame_bytes": low.frame_bytes, "wgmma": wgmma, "tma": tma,
+            "compile_s": low.seconds if fresh else 0.0}
+
+
+def compile(op: Attention, device) -> Callable[..., None]:
+    """The launcher ``kernel(q, k, v, out, lse, aux)`` for ``op`` on an sm_90 ``device`` (not yet run on a GPU).
+
+    q / k / v / out are torch CUDA tensors in BSHD, lse (B, Hq, Sq) float32 or None; a non-contiguous operand is
+    copied to a contiguous one first (and out copied back)."""
+    why = refusal(op)
+    if why:
+        raise NotImplementedError(why)
+    _, compiled = _lowered(spec(op), "sm_90a")
+
+    def run(q, k, v, out, lse, aux) -> None:
+        import cuda.bindings.driver as cuda
+        import cutlass
+        import torch
+        from cutlass.cute.runtime import from_dlpack
+
+        dense = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
+        tensors = [from_dlpack(t.contiguous(), assumed_align=16).mark_layout_dynamic(leading_dim=3)
+                   for t in (q, k, v)]
+        tensors.append(from_dlpack(dense, assumed_align=16).mark_layout_dynamic(leading_dim=3))
+        lse_t = from_dlpack(lse, assumed_align=4).mark_layout_dynamic(leading_dim=2) if lse is not None else None
+        stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+        compiled(*tensors, lse_t, cutlass.Float32(op.scale), stream)
+        if dense is not out:
+            out.copy_(dense)
+
+    return run
+
+
+__all__ = ["CAPABILITY", "HEAD_DIMS", "TILE_N", "Spec", "compile", "compile_for_target", "refusal", "spec", "supports"]

@@ -30,8 +30,9 @@ class CudaBackend(Backend):
     triton backend (``portakern.gemv_weight``): a kernel that reads its words and one that reads its fragment layout,
     for a weight prepared without words. It ranks below triton (90) except for the problems its measured table
     (``tuning.TABLE``) says it runs faster, where its priority hook ranks it at 110; elsewhere it serves when asked
-    by name (``backend="cuda"``) or when ``use_policy("fastest")`` measures it ahead. Attention has no cuda kernel
-    (``attention.py`` says so and names the triton backend).
+    by name (``backend="cuda"``) or when ``use_policy("fastest")`` measures it ahead. Attention is a CuTe DSL kernel
+    for Hopper (``attention.py``): compiled for sm_90a without a GPU, not yet run on one, so it never ranks above
+    triton (``tuning.ATTENTION_TABLE`` is empty) and serves only when asked by name.
     """
 
     name = "cuda"

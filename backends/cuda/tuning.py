@@ -78,3 +78,15 @@ TABLE: dict[tuple[str, int, int, int, int], GemvEntry] = {
     ('sm_90/h200', 1, 8, 16384, 16384): GemvEntry(32, 8, 4, 1, 0, True, 'gemv-wide-sweep-h200.json'),
     ('sm_90/h200', 1, 8, 28672, 8192): GemvEntry(32, 8, 8, 1, 0, True, 'gemv-wide-sweep-h200.json'),
 }
+
+
+class AttentionEntry(NamedTuple):
+    """A measured attention problem class where the CuTe DSL kernel (``attention.py``) timed ahead of triton."""
+
+    source: str             #: the result file under benchmarks/results/ that measured it
+
+
+#: (family or family/card, dtype, head_dim, masked) -> AttentionEntry. Empty: the CuTe DSL attention kernel has been
+#: compiled for sm_90a but not yet run on a GPU, so nothing is measured and the backend's priority hook never ranks its
+#: attention above triton (``portakern_backend_priority`` in ``__init__``); ``backend="cuda"`` reaches it.
+ATTENTION_TABLE: dict[tuple[str, str, int, bool], AttentionEntry] = {}
