@@ -352,3 +352,22 @@ def test_lowers_for_sm90a_with_wgmma_and_tma(backend, op):
     assert re.search(r"bar\.sync\s+%r\d+, 256;", ptx) and re.search(r"bar\.arrive %r\d+, 256;", ptx)
     assert art["frame_bytes"] == 0 and art["registers"] <= 168
     assert art["cubin"][:4] == b"\x7fELF"
+
+
+def test_the_gpu_launcher_compiles_on_its_own_arguments():
+    """The run path (``attention.compile``) builds its DSL arguments from torch tensors (dynamic-layout
+    ``from_dlpack`` views, the scale, a stream) and compiles the kernel on them for sm_90a: traced and compiled here
+    from CPU tensors of the same layout. Launching needs the GPU: the GPU conformance run checks that."""
+    import cuda.bindings.driver as cuda
+    import torch
+
+    from portakern.backends.cuda import attention
+
+    op = attn(64, DType.float16, mask_mod=causal_mask(), return_lse=True)
+    q = torch.zeros(2, 300, 8, 64, dtype=torch.float16)
+    k = torch.zeros(2, 500, 2, 64, dtype=torch.float16)
+    args = attention.call_args(q, k, k.clone(), torch.empty_like(q), torch.empty(2, 8, 300), op.scale,
+                               cuda.CUstream(0))
+    fn = attention._device_kernel(attention.spec(op), args)
+    assert fn is attention._device_kernel(attention.spec(op), args)        # compiled once per specialisation
+    assert fn.kernel_info, "the launcher holds no kernel"

@@ -20,6 +20,7 @@ only ``backend="cuda"`` on an sm_90 GPU reaches it.
 
 from __future__ import annotations
 
+import threading
 from functools import lru_cache
 from typing import Callable, NamedTuple
 
@@ -122,11 +123,8 @@ def _fake_args(s: Spec):
 @lru_cache(maxsize=64)
 def _lowered(s: Spec, arch: str):
     """``(Lowered, compiled)`` of specialisation ``s`` for ``arch``, lowered once per process."""
-    from .kernels.attn_fwd_sm90 import AttnFwdSm90
-
-    dtype, args = _fake_args(s)
-    kernel = AttnFwdSm90(dtype, s.head_dim, s.score_mod, s.mask_mod, s.return_lse, tile_n=TILE_N[s.head_dim])
-    return cute_dsl.lower(kernel, args, arch)
+    _, args = _fake_args(s)
+    return cute_dsl.lower(_kernel(s), args, arch)
 
 
 def compile_for_target(op: Attention, target: str) -> dict:
@@ -161,33 +159,71 @@ def compile_for_target(op: Attention, target: str) -> dict:
             "compile_s": low.seconds if fresh else 0.0}
 
 
+def _kernel(s: Spec):
+    """The kernel object of specialisation ``s``."""
+    import cutlass
+
+    from .kernels.attn_fwd_sm90 import AttnFwdSm90
+
+    dtype = cutlass.Float16 if s.dtype is DType.float16 else cutlass.BFloat16
+    return AttnFwdSm90(dtype, s.head_dim, s.score_mod, s.mask_mod, s.return_lse, tile_n=TILE_N[s.head_dim])
+
+
+_DEVICE_LOCK = threading.Lock()
+#: Spec -> the compiled launcher for the GPU (a compile cache: one entry per specialisation a process runs)
+_DEVICE_KERNELS: dict = {}
+
+
+def _device_kernel(s: Spec, args: tuple):
+    """The compiled launcher of ``s`` for the GPU, compiled (sm_90a) once, on the first call's ``args`` -- the same
+    kind of DSL tensors every later call passes, so the signature matches by construction."""
+    fn = _DEVICE_KERNELS.get(s)
+    if fn is None:
+        import cutlass.cute as cute
+
+        with _DEVICE_LOCK:
+            fn = _DEVICE_KERNELS.get(s)
+            if fn is None:
+                fn = _DEVICE_KERNELS[s] = cute.compile(_kernel(s), *args, options="--gpu-arch sm_90a")
+    return fn
+
+
+def call_args(q, k, v, out, lse, scale: float, stream) -> tuple:
+    """The launcher's arguments from torch tensors: ``from_dlpack`` views with a dynamic layout (D innermost; q / k /
+    v copied when not contiguous), ``lse`` likewise or None, the scale as Float32, the CUstream ``stream``."""
+    import cutlass
+    from cutlass.cute.runtime import from_dlpack
+
+    tensors = [from_dlpack(t.contiguous().detach(), assumed_align=16).mark_layout_dynamic(leading_dim=3)
+               for t in (q, k, v, out)]
+    lse_t = from_dlpack(lse.detach(), assumed_align=4).mark_layout_dynamic(leading_dim=2) if lse is not None else None
+    return (*tensors, lse_t, cutlass.Float32(scale), stream)
+
+
 def compile(op: Attention, device) -> Callable[..., None]:
     """The launcher ``kernel(q, k, v, out, lse, aux)`` for ``op`` on an sm_90 ``device`` (not yet run on a GPU).
 
     q / k / v / out are torch CUDA tensors in BSHD, lse (B, Hq, Sq) float32 or None; a non-contiguous operand is
-    copied to a contiguous one first (and out copied back)."""
+    copied to a contiguous one first (and out copied back). The DSL tensors are ``from_dlpack`` views with a dynamic
+    layout (D innermost), the scale a Float32, the stream torch's current one; the first call of a specialisation
+    compiles it on those arguments (so never inside a CUDA-graph capture), later calls reuse it."""
     why = refusal(op)
     if why:
         raise NotImplementedError(why)
-    _, compiled = _lowered(spec(op), "sm_90a")
+    s = spec(op)
 
     def run(q, k, v, out, lse, aux) -> None:
         import cuda.bindings.driver as cuda
-        import cutlass
         import torch
-        from cutlass.cute.runtime import from_dlpack
 
         dense = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
-        tensors = [from_dlpack(t.contiguous(), assumed_align=16).mark_layout_dynamic(leading_dim=3)
-                   for t in (q, k, v)]
-        tensors.append(from_dlpack(dense, assumed_align=16).mark_layout_dynamic(leading_dim=3))
-        lse_t = from_dlpack(lse, assumed_align=4).mark_layout_dynamic(leading_dim=2) if lse is not None else None
-        stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
-        compiled(*tensors, lse_t, cutlass.Float32(op.scale), stream)
+        args = call_args(q, k, v, dense, lse, op.scale, cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream))
+        _device_kernel(s, args)(*args)
         if dense is not out:
             out.copy_(dense)
 
     return run
 
 
-__all__ = ["CAPABILITY", "HEAD_DIMS", "TILE_N", "Spec", "compile", "compile_for_target", "refusal", "spec", "supports"]
+__all__ = ["CAPABILITY", "HEAD_DIMS", "TILE_N", "Spec", "call_args", "compile", "compile_for_target", "refusal", "spec",
+           "supports"]
