@@ -6,10 +6,11 @@ traced: ``expr_cute.py``), with or without the LSE, on a GPU of compute capabili
 Everything else is refused with the reason: float32, other head dims, paged and varlen KV and ``seqlens_k``,
 Blackwell (no tcgen05 kernel yet) and older GPUs (no wgmma).
 
-One compiled kernel serves a specialisation -- (dtype, head dim, score_mod, mask_mod, LSE): the shapes B, Sq, Sk, Hq,
-Hkv are run-time values of the compiled function (symbolic in its fake signature), so conformance's compile-only run
-lowers each specialisation once and every case of it reuses the lowering (``_lowered`` is memoised per
-specialisation and target).
+One compiled kernel serves a specialisation -- (dtype, head dim, score_mod, mask_mod, LSE): its tensors have a
+dynamic layout (``call_args``: ``from_dlpack`` views, D innermost), so B, Sq, Sk, Hq, Hkv and the strides are
+run-time values. Compile-only builds those same arguments from small CPU tensors (``_host_args``) and lowers what a
+launch runs; each specialisation is lowered once per process and every case of it reuses the lowering
+(``_lowered``).
 
 Status: **compiled, not executed**. ``compile_for_target(op, "sm_90a")`` lowers on a CPU-only machine and the tests
 read wgmma, TMA and setmaxnreg in its PTX; ``compile(op, device)`` builds the launcher for an sm_90 GPU, which no GPU
@@ -101,30 +102,24 @@ def supports(op: Attention, device) -> Support:
 
 # -- lowering --------------------------------------------------------------------------------------------------------
 
-def _fake_args(s: Spec):
-    """The kernel's signature as fake tensors: q, k, v, out (B, S, H, D) and lse (B, Hq, Sq) with symbolic B, Sq,
-    Sk, Hq, Hkv (one compilation serves every shape), the scale and a stream."""
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+def _host_args(s: Spec, heads_q: int, heads_kv: int) -> tuple:
+    """The launcher's arguments (``call_args``) built from small CPU torch tensors of the specialisation's dtype and
+    head dim: the same dynamic-layout DSL tensors a GPU call passes, so compile-only lowers what a launch runs (every
+    length is a run-time value of that layout, so the tensors' own lengths do not matter)."""
+    import cuda.bindings.driver as cuda
+    import torch
 
-    dtype = cutlass.Float16 if s.dtype is DType.float16 else cutlass.BFloat16
-    B, Sq, Sk, Hq, Hkv = (cute.sym_int() for _ in range(5))
-    bshd = (3, 2, 1, 0)                                    # row-major: D innermost
-    q, o = (make_fake_compact_tensor(dtype, (B, Sq, Hq, s.head_dim), stride_order=bshd, assumed_align=16)
-            for _ in range(2))
-    k, v = (make_fake_compact_tensor(dtype, (B, Sk, Hkv, s.head_dim), stride_order=bshd, assumed_align=16)
-            for _ in range(2))
-    lse = (make_fake_compact_tensor(cutlass.Float32, (B, Hq, Sq), stride_order=(2, 1, 0), assumed_align=4)
-           if s.return_lse else None)
-    return dtype, (q, k, v, o, lse, cutlass.Float32(1.0), make_fake_stream())
+    dtype = torch.float16 if s.dtype is DType.float16 else torch.bfloat16
+    q, out = (torch.zeros(1, 2, heads_q, s.head_dim, dtype=dtype) for _ in range(2))
+    k, v = (torch.zeros(1, 2, heads_kv, s.head_dim, dtype=dtype) for _ in range(2))
+    lse = torch.zeros(1, heads_q, 2) if s.return_lse else None
+    return call_args(q, k, v, out, lse, 1.0, cuda.CUstream(0))
 
 
 @lru_cache(maxsize=64)
 def _lowered(s: Spec, arch: str):
     """``(Lowered, compiled)`` of specialisation ``s`` for ``arch``, lowered once per process."""
-    _, args = _fake_args(s)
-    return cute_dsl.lower(_kernel(s), args, arch)
+    return cute_dsl.lower(_kernel(s), _host_args(s, 2, 1), arch)
 
 
 def compile_for_target(op: Attention, target: str) -> dict:
