@@ -208,6 +208,8 @@ def test_refusals_say_why(backend, op, why):
 def test_blackwell_and_older_gpus_are_refused_with_the_reason(backend):
     assert "tcgen05" in backend.supports(attn(), B200).reason
     assert "needs a Hopper GPU" in backend.supports(attn(), A100).reason
+    rtx = Device("cuda", 0, arch="sm_120", name="RTX 5090 (test)", capability=(12, 0), warp_size=32)
+    assert "needs a Hopper GPU" in backend.supports(attn(), rtx).reason
     from portakern.backends.cuda import attention
 
     with pytest.raises(NotImplementedError, match="no tcgen05 kernel for sm_100a"):

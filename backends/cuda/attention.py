@@ -92,7 +92,7 @@ def supports(op: Attention, device) -> Support:
     cap = tuple(device.capability or ())
     if cap != CAPABILITY:
         arch = device.arch or f"capability {cap}"
-        if cap and cap >= (10, 0):
+        if cap and (10, 0) <= cap < (12, 0):
             return no(f"attention on cuda has no kernel for {arch} yet: the CuTe DSL kernel is Hopper's (wgmma, "
                       f"sm_90a only); a Blackwell tcgen05 / TMEM kernel is not written; {_WAY_OUT}")
         return no(f"attention on cuda needs a Hopper GPU (sm_90: wgmma and TMA); {device} is {arch}; {_WAY_OUT}")

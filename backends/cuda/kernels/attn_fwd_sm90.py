@@ -101,7 +101,10 @@ class AttnFwdSm90:
 
     @cute.jit
     def __call__(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor, lse, scale: Float32, stream):
-        # q, o: (B, Sq, Hq, D); k, v: (B, Sk, Hkv, D); lse: (B, Hq, Sq) fp32 or None. Re-viewed as (S, D, H, B).
+        """Host side: build the tiled wgmmas, shared-memory layouts and TMA atoms, and launch one CTA per (128 query
+        rows, query head, batch) on ``stream``. q, o: (B, Sq, Hq, D); k, v: (B, Sk, Hkv, D); lse: (B, Hq, Sq)
+        float32 or None; ``scale`` multiplies q.k."""
+        # re-view BSHD as (S, D, H, B): TMA tiles the first two modes
         mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
                           for t in (q, k, v, o)]
         D, BM, BN = self.head_dim, self.tile_m, self.tile_n
@@ -139,6 +142,8 @@ class AttnFwdSm90:
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
                tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, SharedStorage: cutlass.Constexpr,
                bytes_q: cutlass.Constexpr, bytes_kv: cutlass.Constexpr):
+        """Device side: set up shared memory and the pipelines, then split into the producer warpgroup
+        (``load``) and the two consumer warpgroups (``consume``)."""
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
