@@ -168,15 +168,23 @@ def _define_host_functions():
                 out[r, d] = o[r, d] * inv[r]
 
     @cute.jit
+    def key_tiles_host(kernel: cutlass.Constexpr, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, tile: Int32,
+                       out: cute.Tensor):
+        start, count = kernel.key_tiles(m_block, seqlen_q, seqlen_k)
+        out[0] = start
+        out[1] = count
+        out[2] = Int32(kernel.needs_mask(tile, m_block, seqlen_q, seqlen_k))
+
+    @cute.jit
     def probe_fragments(tile_n: cutlass.Constexpr, found: cutlass.Constexpr):
         qk, pv = make_tiled_mmas(cutlass.BFloat16, 128, tile_n, 128)
         _record_fragments(qk, pv, tile_n, found)
 
-    return expression_host, tiles_host, probe_fragments
+    return expression_host, tiles_host, probe_fragments, key_tiles_host
 
 
 try:
-    _expression_host, _tiles_host, _probe_fragments = _define_host_functions()
+    _expression_host, _tiles_host, _probe_fragments, _key_tiles_host = _define_host_functions()
 except ImportError:          # no CuTe DSL: the module fixture skips (or fails under CI) with the reason
     pass
 
@@ -246,6 +254,27 @@ def test_expression_lowering_matches_the_reference_evaluator(tree):
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
 
 
+def test_every_conformance_expression_lowers_to_the_reference_values():
+    """Every distinct score_mod / mask_mod of the conformance suite's attention cases (both tiers), lowered to CuTe
+    DSL and run on the CPU, equals the IR's evaluator on a grid of (b, h, q_idx, kv_idx) and scores."""
+    from conformance.cases import all_cases
+    from conformance.execute import static_op
+
+    trees = {e for tier in ("cpu", "gpu") for c in all_cases(tier) if c.kind == "attention"
+             for e in (static_op(c).score_mod, static_op(c).mask_mod) if e is not None}
+    assert len(trees) >= 10
+    rng = np.random.default_rng(11)
+    n = 256
+    sc = (rng.normal(size=n) * 6).astype(np.float32)
+    ints = np.stack([rng.integers(0, 4, n), rng.integers(0, 8, n), rng.integers(0, 300, n), rng.integers(0, 600, n),
+                     rng.integers(200, 300, n), rng.integers(300, 600, n)], 1).astype(np.int32)
+    env = {"score": sc.astype(np.float64), **{k: ints[:, i].astype(np.int64) for i, k in
+                                              enumerate(("b", "h", "q_idx", "kv_idx", "seqlen_q", "seqlen_k"))}}
+    for tree in sorted(trees, key=str):
+        want = np.asarray(evaluate(tree, env), dtype=np.float64)
+        np.testing.assert_allclose(run_expression(tree, sc, ints), want, rtol=2e-6, atol=2e-5, err_msg=str(tree))
+
+
 def test_band_reads_the_library_masks():
     from portakern.backends.cuda.expr_cute import Band, band
 
@@ -304,6 +333,45 @@ def test_online_softmax_over_key_tiles_matches_numpy(score_mod, mask_mod, Sq, Sk
             assert np.isfinite(lse[5]) and np.isfinite(lse[7])
     if Sq > Sk and mask_mod == causal_mask():
         assert not seen.all() and np.all(out[~seen] == 0) and np.all(lse[~seen] == -np.inf)
+
+
+@pytest.mark.parametrize("mask_mod", [None, causal_mask(), window_mask(100, 0), window_mask(5, 40),
+                                      window_mask(-1, 3), window_mask(3, -1), prefix_lm_mask(9)],
+                         ids=lambda m: str(m)[:30])
+def test_key_tiles_and_mask_skipping_never_drop_a_visible_key(mask_mod):
+    """The kernel's own ``key_tiles`` / ``needs_mask``, run on the CPU over query tiles of many (Sq, Sk): every key
+    tile holding a key some row of the query tile sees lies in the visited range, and a tile the kernel leaves
+    unmasked holds only visible, existing keys (against the IR's evaluator of the mask, tile by tile)."""
+    import cutlass
+    from cutlass.cute.runtime import from_dlpack
+
+    BM, BN = 128, 64
+    rows, want = [], []
+    pairs = [(1, 1), (1, 700), (239, 1), (130, 500), (500, 130), (257, 1000)]
+    # Sk - Sq such that each band edge of these masks falls on a tile edge (right: 62 - r mod 64, left: 2 + l)
+    pairs += [(300, 300 + d) for d in (-66, -2, -1, 0, 1, 4, 5, 6, 7, 22, 23, 38, 39, 61, 62, 63, 64, 65)]
+    for Sq, Sk in pairs:
+        qi = np.arange(Sq)[:, None]
+        kj = np.arange(Sk)[None, :]
+        env = {"b": 0, "h": 0, "q_idx": qi, "kv_idx": kj, "seqlen_q": Sq, "seqlen_k": Sk}
+        keep = np.broadcast_to(evaluate(mask_mod, env) if mask_mod is not None else True, (Sq, Sk))
+        for m in range(-(-Sq // BM)):
+            block = keep[m * BM:(m + 1) * BM]
+            for n in range(-(-Sk // BN) + 1):
+                rows.append((m, Sq, Sk, n))
+                tile = block[:, n * BN:(n + 1) * BN]
+                full = tile.shape[1] == BN and bool(tile.all())      # rows past Sq are never written
+                want.append((bool(tile.any()), full))
+    from portakern.backends.cuda.kernels.attn_fwd_sm90 import AttnFwdSm90
+
+    kernel = AttnFwdSm90(cutlass.BFloat16, 64, None, mask_mod, False, tile_n=BN)
+    out = np.zeros((len(rows), 3), np.int32)
+    for row, res in zip(rows, out):
+        _key_tiles_host(kernel, *(cutlass.Int32(x) for x in row), from_dlpack(res))
+    for (m, Sq, Sk, n), (start, count, masked), (any_visible, all_visible) in zip(rows, out, want):
+        visited = start <= n < start + count
+        assert visited or not any_visible, f"m_block {m}, Sq {Sq}, Sk {Sk}: tile {n} holds a visible key, skipped"
+        assert not visited or masked or all_visible, f"m_block {m}, Sq {Sq}, Sk {Sk}: tile {n} left unmasked"
 
 
 # -- the fragments between the two wgmmas ---------------------------------------------------------------------------
