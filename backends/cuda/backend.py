@@ -23,6 +23,13 @@ def _version() -> str:
     return f"cuda-bindings, NVRTC {major}.{minor}"
 
 
+def _dsl_version() -> str:
+    """The CuTe DSL the attention kernel is lowered with, or that it is missing."""
+    from .common.cute_dsl import version
+
+    return f"CuTe DSL {version()}" if version() else "no CuTe DSL"
+
+
 class CudaBackend(Backend):
     """CUDA C kernels compiled at run time by NVRTC, for NVIDIA GPUs (sm_80 and newer).
 
@@ -36,7 +43,7 @@ class CudaBackend(Backend):
     """
 
     name = "cuda"
-    version = _version()
+    version = f"{_version()}, {_dsl_version()}"
     array_kind = "torch"
     device_types = ("cuda",)
     priority = 90
