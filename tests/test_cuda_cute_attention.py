@@ -133,14 +133,27 @@ def _define_host_functions():
             out[i] = Float32(CuteLowering(env).emit(tree))
 
     @cute.jit
+    def _accumulate_pv(o, p, V, key0: cutlass.Constexpr, rows: cutlass.Constexpr, tile_n: cutlass.Constexpr,
+                       dv: cutlass.Constexpr):
+        """O += P V over one key tile (the harness's stand-in for the PV wgmma, in fp32)."""
+        for r in cutlass.range(rows, unroll=1):
+            for d in cutlass.range_constexpr(dv):
+                acc = o[r, d]
+                for c in cutlass.range_constexpr(tile_n):
+                    acc = acc + p[r, c] * V[key0 + c, d]
+                o[r, d] = acc
+
+    @cute.jit
     def tiles_host(S: cute.Tensor, V: cute.Tensor, out: cute.Tensor, lse: cute.Tensor, scale: Float32,
                    seqlen_q: Int32, seqlen_k: Int32, score_mod: cutlass.Constexpr, mask_mod: cutlass.Constexpr,
                    rows: cutlass.Constexpr, tile_n: cutlass.Constexpr, n_tiles: cutlass.Constexpr,
                    dv: cutlass.Constexpr, head: cutlass.Constexpr):
         s = cute.make_rmem_tensor((rows, tile_n), Float32)
+        p_prev = cute.make_rmem_tensor((rows, tile_n), Float32)
         o = cute.make_rmem_tensor((rows, dv), Float32)
         row_max = cute.make_rmem_tensor(rows, Float32)
         row_sum = cute.make_rmem_tensor(rows, Float32)
+        correction = cute.make_rmem_tensor(rows, Float32)
         inv = cute.make_rmem_tensor(rows, Float32)
         l_out = cute.make_rmem_tensor(rows, Float32)
         o.fill(0.0)
@@ -148,19 +161,21 @@ def _define_host_functions():
         row_sum.fill(0.0)
         coords = cute.make_identity_tensor((rows, tile_n))
         ctx = sm.TileContext(score_mod, mask_mod, Int32(0), Int32(head), seqlen_q, seqlen_k)
+        # the kernel's order: tile t's softmax, then (while its P V would run) O += P_{t-1} V_{t-1}, then O rescaled
         for t in cutlass.range_constexpr(n_tiles):
             for r in cutlass.range(rows, unroll=1):
                 for c in cutlass.range_constexpr(tile_n):
                     s[r, c] = S[r, t * tile_n + c]
             sm.to_log2_units(s, coords, Int32(0), Int32(t * tile_n), scale, ctx)
             sm.mask(s, coords, Int32(0), Int32(t * tile_n), seqlen_k, ctx)
-            sm.online_softmax(s, o, row_max, row_sum, sm.same)
+            sm.online_softmax(s, row_max, row_sum, correction, sm.same)
+            if cutlass.const_expr(t > 0):
+                _accumulate_pv(o, p_prev, V, (t - 1) * tile_n, rows, tile_n, dv)
+            sm.rescale(o, correction)
             for r in cutlass.range(rows, unroll=1):
-                for d in cutlass.range_constexpr(dv):
-                    acc = o[r, d]
-                    for c in cutlass.range_constexpr(tile_n):
-                        acc = acc + s[r, c] * V[t * tile_n + c, d]
-                    o[r, d] = acc
+                for c in cutlass.range_constexpr(tile_n):
+                    p_prev[r, c] = s[r, c]
+        _accumulate_pv(o, p_prev, V, (n_tiles - 1) * tile_n, rows, tile_n, dv)
         sm.finish(row_max, row_sum, inv, l_out, sm.same)
         for r in cutlass.range(rows, unroll=1):
             lse[r] = l_out[r]
@@ -408,15 +423,16 @@ def test_lowers_for_sm90a_with_wgmma_and_tma(backend, op):
     t = "bf16" if op.dtype is DType.bfloat16 else "f16"
     assert ".target sm_90a" in ptx
     # S = Q K^T: D/16 k-steps of m64nBNk16, both operands in shared memory; O += P V: BN/16 k-steps of m64nDk16
-    # with P from registers (the A operand a brace list of 4 registers)
+    # with P from registers (the A operand a brace list of 4 registers); the loop overlaps S_i with P_{i-1} V_{i-1}
     from portakern.backends.cuda.attention import TILE_N
 
     D, BN = op.head_dim, TILE_N[op.head_dim]
     qk = ptx.count(f"wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{t}.{t}")
     pv_rs = len(re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{D}k16\.f32\.{t}\.{t} \{{[^}}]*\}}, "
                            r"\{%r\d+, %r\d+, %r\d+, %r\d+\}", ptx))
-    assert pv_rs == BN // 16 and ptx.count("wgmma.mma_async") == D // 16 + BN // 16
-    assert qk >= D // 16
+    # each GEMM appears twice: the first tile's S and the last tile's P V outside the overlapped loop, both inside
+    assert pv_rs == 2 * (BN // 16) and ptx.count("wgmma.mma_async") == 2 * (D // 16 + BN // 16)
+    assert qk >= 2 * (D // 16)
     assert "cp.async.bulk.tensor" in ptx and "setmaxnreg.inc" in ptx and "setmaxnreg.dec" in ptx
     # the consumers' ping-pong: named barriers of 256 threads (both consumer warpgroups), waited on and arrived at
     assert re.search(r"bar\.sync\s+%r\d+, 256;", ptx) and re.search(r"bar\.arrive %r\d+, 256;", ptx)

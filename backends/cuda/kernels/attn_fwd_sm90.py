@@ -6,10 +6,11 @@ warpgroups. Warpgroup 0 is the producer: one warp issues the TMA loads of the Q 
 each owns 64 query rows; per key tile it waits for K, issues the S = Q K^T wgmma (both operands in shared memory),
 applies the score_mod and the mask, updates the running row max / row sum and rescales its O accumulator
 (``attn_softmax``), converts P to the input dtype in registers and issues the O += P V wgmma with P from registers
-(RS) and V from shared memory, then frees the slots. The two consumer warpgroups take turns at the tensor cores
-(FA3's ping-pong, two named barriers): one's softmax runs while the other's GEMMs do. The producer runs up to
-``stages`` tiles ahead. Register budgets follow the roles (``setmaxnreg``: 24 for the producer, 240 for the
-consumers).
+(RS) and V from shared memory, then frees the slots. Within a warpgroup the GEMMs of neighbouring tiles overlap
+(FA3's intra-warpgroup overlap): S_i = Q K_i^T and O += P_{i-1} V_{i-1} are issued together and the softmax of S_i
+runs while the P V GEMM does, O being rescaled once it is done. Between the two consumer warpgroups the tensor cores
+take turns (FA3's ping-pong, two named barriers). The producer runs up to ``stages`` tiles ahead. Register budgets
+follow the roles (``setmaxnreg``: 24 for the producer, 240 for the consumers).
 
 Key tiles: only those some row of the query tile can see. A mask whose AND-ed terms hold the library bounds
 (``causal_mask()``, ``window_mask(l, r)``: ``expr_cute.band``) narrows the range to the band; the per-element mask
@@ -22,6 +23,8 @@ expressions, LSE).
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import cutlass
 import cutlass.cute as cute
@@ -286,6 +289,16 @@ class AttnFwdSm90:
         return crosses
 
     @cute.jit
+    def softmax_tile(self, s_mn, tScS, row_max, row_sum, correction, m_block, seqlen_q, seqlen_k, scale, ctx, n):
+        """Key tile ``n``'s scores in ``s_mn`` (raw q.k) -> log2 units through the score_mod, the mask where the
+        tile needs it, then the online softmax: P in place, the row stats and O's ``correction``."""
+        row0, col0 = m_block * self.tile_m, n * self.tile_n
+        sm.to_log2_units(s_mn, tScS, row0, col0, scale, ctx)
+        if self.needs_mask(n, m_block, seqlen_q, seqlen_k):
+            sm.mask(s_mn, tScS, row0, col0, seqlen_k, ctx)
+        sm.online_softmax(s_mn, row_max, row_sum, correction, sm.quad_max)
+
+    @cute.jit
     def consume(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sVt, mO, mLSE, pipe_q, pipe_k, pipe_v, tidx, m_block,
                 head, batch, n_start, n_blocks, seqlen_q, seqlen_k, scale):
         """Consumer warpgroups: per key tile S = Q K^T, score_mod and mask, online softmax, O += P V; then the
@@ -316,35 +329,52 @@ class AttnFwdSm90:
 
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_q.consumer_wait(q_state)
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        correction = cute.make_rmem_tensor(cute.size(row_max), Float32)
         row0 = m_block * BM
+        tile = partial(self.softmax_tile, s_mn, tScS, row_max, row_sum, correction, m_block, seqlen_q, seqlen_k,
+                       scale, ctx)
+        p_view = cute.make_tensor(acc_s.iterator, acc_as_operand_a(acc_s.layout))
         self.sched_init(wg)
-        self.sched_wait(wg)
-        for i in cutlass.range(n_blocks, unroll=1):
-            n = n_start + i
-            # -- phase: S = Q K^T (issued; the other warpgroup may go once it is) --------------------------------
-            pipe_k.consumer_wait(kv_state)
-            self.gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, kv_state.index], True, wait=False)
+        if n_blocks > 0:
+            # -- phase: the first tile's S = Q K^T and softmax (its turn handed on once S is issued) ---------------
+            self.sched_wait(wg)
+            pipe_k.consumer_wait(k_state)
+            self.gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, k_state.index], True, wait=False)
             self.sched_pass(wg)
             warpgroup.wait_group(0)
-            pipe_k.consumer_release(kv_state)
-
-            # -- phase: scores in log2 units (score_mod), then the mask where the tile needs it -------------------
-            sm.to_log2_units(s_mn, tScS, row0, n * BN, scale, ctx)
-            if self.needs_mask(n, m_block, seqlen_q, seqlen_k):
-                sm.mask(s_mn, tScS, row0, n * BN, seqlen_k, ctx)
-
-            # -- phase: update m_i and l_i, rescale O, P = exp2(t - m_i) ------------------------------------------
-            sm.online_softmax(s_mn, o_mn, row_max, row_sum, sm.quad_max)
-
-            # -- phase: O += P V (P from registers in the input dtype), in this warpgroup's turn -----------------
-            tOrP.store(cute.make_tensor(acc_s.iterator, acc_as_operand_a(acc_s.layout)).load().to(self.dtype))
-            pipe_v.consumer_wait(kv_state)
+            pipe_k.consumer_release(k_state)
+            tile(n_start)
+            sm.rescale(o_mn, correction)
+            tOrP.store(p_view.load().to(self.dtype))
+            for i in cutlass.range(1, n_blocks, unroll=1):
+                # -- phase: S_i = Q K_i^T and O += P_{i-1} V_{i-1} issued together, in this warpgroup's turn ---------
+                v_state = k_state.clone()
+                k_state.advance()
+                pipe_k.consumer_wait(k_state)
+                self.sched_wait(wg)
+                self.gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, k_state.index], True, wait=False)
+                pipe_v.consumer_wait(v_state)
+                self.gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_state.index], False, wait=False)
+                self.sched_pass(wg)
+                # -- phase: softmax of S_i while P_{i-1} V_{i-1} runs (O untouched until it is done) -------------
+                warpgroup.wait_group(1)
+                pipe_k.consumer_release(k_state)
+                tile(n_start + i)
+                warpgroup.wait_group(0)
+                pipe_v.consumer_release(v_state)
+                # -- phase: O rescaled for the new row max; P_i to the input dtype for the next P V -------------
+                sm.rescale(o_mn, correction)
+                tOrP.store(p_view.load().to(self.dtype))
+            # -- phase: the last tile's O += P V ------------------------------------------------------------------
+            pipe_v.consumer_wait(k_state)
             self.sched_wait(wg)
-            self.gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, kv_state.index], False)
-            pipe_v.consumer_release(kv_state)
-            kv_state.advance()
-        self.sched_pass(wg)
+            self.gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, k_state.index], False)
+            self.sched_pass(wg)
+            pipe_v.consumer_release(k_state)
+        else:
+            self.sched_wait(wg)         # no key tile: one turn taken and handed on, as the other warpgroup counts
+            self.sched_pass(wg)
         pipe_q.consumer_release(q_state)
 
         # -- phase: epilogue: O / l in the output dtype for rows < Sq; the LSE from one lane of each quad ----------

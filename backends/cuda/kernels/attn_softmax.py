@@ -87,28 +87,34 @@ def mask(s_mn, coords, row0, col0, seqlen_k, ctx):
             s_mn[r, c] = Float32(cutlass.select_(hidden, -Float32.inf, s_mn[r, c]))
 
 
-def online_softmax(s_mn, o_mn, row_max, row_sum, reduce_max):
+def online_softmax(s_mn, row_max, row_sum, correction, reduce_max):
     """One key tile of the online softmax: per row, the new running max ``m`` (over this thread's columns, then
     ``reduce_max`` over the row's lanes), ``p = exp2(t - m)`` in place of ``t`` in ``s_mn``, the running sum
-    ``l = l * exp2(m_old - m) + sum(p)`` (this thread's columns only: ``finish`` reduces it) and O's row scaled by
-    the same correction. A row whose keys are all hidden so far keeps ``m = -inf`` and gets ``p = 0`` (its max is
-    taken as 0 for the subtraction, so no ``-inf - -inf``)."""
+    ``l = l * exp2(m_old - m) + sum(p)`` (this thread's columns only: ``finish`` reduces it), and that factor
+    ``exp2(m_old - m)`` in ``correction[r]``: O's row must be scaled by it (``rescale``) before this tile's P V is
+    added. A row whose keys are all hidden so far keeps ``m = -inf`` and gets ``p = 0`` (its max is taken as 0 for
+    the subtraction, so no ``-inf - -inf``)."""
     for r in range(cute.size(s_mn, mode=[0])):
         m_tile = s_mn[r, 0]
         for c in range(1, cute.size(s_mn, mode=[1])):
             m_tile = cutlass.max(m_tile, s_mn[r, c])
         m_new = cutlass.max(row_max[r], reduce_max(m_tile))
         m_safe = Float32(cutlass.select_(m_new == -Float32.inf, Float32(0.0), m_new))
-        correction = cute.math.exp2(row_max[r] - m_safe, fastmath=True)
+        correction[r] = cute.math.exp2(row_max[r] - m_safe, fastmath=True)
         row_max[r] = m_new
         l_tile = Float32(0.0)
         for c in range(cute.size(s_mn, mode=[1])):
             p = cute.math.exp2(s_mn[r, c] - m_safe, fastmath=True)
             s_mn[r, c] = p
             l_tile = l_tile + p
-        row_sum[r] = row_sum[r] * correction + l_tile
+        row_sum[r] = row_sum[r] * correction[r] + l_tile
+
+
+def rescale(o_mn, correction):
+    """O's rows times their ``correction`` (from ``online_softmax``)."""
+    for r in range(cute.size(o_mn, mode=[0])):
         for c in range(cute.size(o_mn, mode=[1])):
-            o_mn[r, c] = o_mn[r, c] * correction
+            o_mn[r, c] = o_mn[r, c] * correction[r]
 
 
 def finish(row_max, row_sum, inv_out, lse_out, reduce_sum):
@@ -124,5 +130,5 @@ def finish(row_max, row_sum, inv_out, lse_out, reduce_sum):
         lse_out[r] = Float32(cutlass.select_(no_key, -Float32.inf, lse))
 
 
-__all__ = ["LN_2", "LOG2_E", "TileContext", "finish", "mask", "online_softmax", "quad_max", "quad_sum", "same",
-           "to_log2_units"]
+__all__ = ["LN_2", "LOG2_E", "TileContext", "finish", "mask", "online_softmax", "quad_max", "quad_sum", "rescale",
+           "same", "to_log2_units"]
