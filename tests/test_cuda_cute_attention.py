@@ -415,8 +415,10 @@ def test_p_fragment_feeds_the_pv_wgmma_the_same_elements(tile_n):
 
 @pytest.mark.parametrize("op", [attn(mask_mod=causal_mask(), return_lse=True), attn(64, DType.float16),
                                 attn(score_mod=softcap_score(30.0), mask_mod=window_mask(128, 0)),
-                                attn(256, DType.float16, mask_mod=causal_mask())],
-                         ids=["bf16-d128-causal-lse", "fp16-d64", "bf16-d128-softcap-window", "fp16-d256-causal"])
+                                attn(256, DType.float16, mask_mod=causal_mask()),
+                                attn(mask_mod=document_mask((259, 518)))],
+                         ids=["bf16-d128-causal-lse", "fp16-d64", "bf16-d128-softcap-window", "fp16-d256-causal",
+                              "bf16-d128-docmask"])
 def test_lowers_for_sm90a_with_wgmma_and_tma(backend, op):
     art = backend.compile_for_target(op, "sm_90a")
     ptx = art["ptx"]
@@ -430,9 +432,13 @@ def test_lowers_for_sm90a_with_wgmma_and_tma(backend, op):
     qk = ptx.count(f"wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{t}.{t}")
     pv_rs = len(re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{D}k16\.f32\.{t}\.{t} \{{[^}}]*\}}, "
                            r"\{%r\d+, %r\d+, %r\d+, %r\d+\}", ptx))
-    # each GEMM appears twice: the first tile's S and the last tile's P V outside the overlapped loop, both inside
-    assert pv_rs == 2 * (BN // 16) and ptx.count("wgmma.mma_async") == 2 * (D // 16 + BN // 16)
-    assert qk >= 2 * (D // 16)
+    # with the overlap each GEMM appears twice (the first tile's S and the last tile's P V outside the overlapped
+    # loop, both inside it) and the loop waits for S alone (wait_group 1); without it (a specialisation whose
+    # overlapped lowering spilled) once each
+    times = 2 if art["overlap"] else 1
+    assert pv_rs == times * (BN // 16) and ptx.count("wgmma.mma_async") == times * (D // 16 + BN // 16)
+    assert qk >= times * (D // 16)
+    assert bool(re.search(r"wgmma\.wait_group\.sync\.aligned\s+1;", ptx)) == art["overlap"]
     assert "cp.async.bulk.tensor" in ptx and "setmaxnreg.inc" in ptx and "setmaxnreg.dec" in ptx
     # the consumers' ping-pong: named barriers of 256 threads (both consumer warpgroups), waited on and arrived at
     assert re.search(r"bar\.sync\s+%r\d+, 256;", ptx) and re.search(r"bar\.arrive %r\d+, 256;", ptx)
@@ -457,3 +463,15 @@ def test_the_gpu_launcher_compiles_on_its_own_arguments():
     fn = attention._device_kernel(attention.spec(op), args)
     assert fn is attention._device_kernel(attention.spec(op), args)        # compiled once per specialisation
     assert fn.kernel_info, "the launcher holds no kernel"
+
+
+def test_without_the_overlap_the_kernel_runs_one_tile_at_a_time():
+    """The fallback a spilling specialisation gets (``attention._build``): each GEMM once, every group waited on in
+    full (no ``wgmma.wait_group 1``), no spill."""
+    from portakern.backends.cuda import attention
+    from portakern.backends.cuda.common import cute_dsl
+
+    s = attention.spec(attn(mask_mod=causal_mask(), return_lse=True))
+    low, _ = cute_dsl.lower(attention._kernel(s, overlap=False), attention._host_args(s, 2, 1), "sm_90a")
+    assert low.count(r"wgmma\.mma_async") == 128 // 16 + 128 // 16 and low.frame_bytes == 0
+    assert not re.search(r"wgmma\.wait_group\.sync\.aligned\s+1;", low.ptx)

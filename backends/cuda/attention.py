@@ -116,16 +116,26 @@ def _host_args(s: Spec, heads_q: int, heads_kv: int) -> tuple:
     return call_args(q, k, v, out, lse, 1.0, cuda.CUstream(0))
 
 
+def _build(s: Spec, args: tuple, arch: str):
+    """``(Lowered, compiled, overlap)`` of ``s`` for ``arch`` on ``args``: with the intra-warpgroup overlap, or --
+    when that lowering spills registers (a stack frame; expression-heavy specialisations at D >= 128) -- without."""
+    low, compiled = cute_dsl.lower(_kernel(s, overlap=True), args, arch)
+    if not low.frame_bytes:
+        return low, compiled, True
+    low, compiled = cute_dsl.lower(_kernel(s, overlap=False), args, arch)
+    return low, compiled, False
+
+
 @lru_cache(maxsize=64)
 def _lowered(s: Spec, arch: str):
-    """``(Lowered, compiled)`` of specialisation ``s`` for ``arch``, lowered once per process."""
-    return cute_dsl.lower(_kernel(s), _host_args(s, 2, 1), arch)
+    """``(Lowered, compiled, overlap)`` of specialisation ``s`` for ``arch``, lowered once per process."""
+    return _build(s, _host_args(s, 2, 1), arch)
 
 
 def compile_for_target(op: Attention, target: str) -> dict:
-    """Lower ``op`` for ``target`` ("sm_90a") through CuTe DSL, no GPU: the specialisation, its PTX and cubin, the
-    registers and stack frame a thread, the wgmma / TMA instruction counts and the compile seconds (0.0 when the
-    specialisation was already lowered in this process).
+    """Lower ``op`` for ``target`` ("sm_90a") through CuTe DSL, no GPU: the specialisation, whether it kept the
+    intra-warpgroup overlap (``_build``), its PTX and cubin, the registers and stack frame a thread, the wgmma / TMA
+    instruction counts and the compile seconds (0.0 when the specialisation was already lowered in this process).
 
     Raises:
       NotImplementedError for another target (sm_100a: no tcgen05 kernel yet) or an op ``supports`` refuses;
@@ -140,7 +150,7 @@ def compile_for_target(op: Attention, target: str) -> dict:
         raise NotImplementedError(why)
     s = spec(op)
     hits = _lowered.cache_info().hits
-    low, _ = _lowered(s, TARGETS[target])
+    low, _, overlap = _lowered(s, TARGETS[target])
     fresh = _lowered.cache_info().hits == hits
     wgmma, tma = low.count(r"wgmma\.mma_async"), low.count(r"cp\.async\.bulk\.tensor")
     if low.frame_bytes:
@@ -149,19 +159,20 @@ def compile_for_target(op: Attention, target: str) -> dict:
     if not wgmma or not tma:
         raise BackendError(f"attention {s} for {target}: the lowered PTX has {wgmma} wgmma.mma_async and {tma} "
                            f"cp.async.bulk.tensor instructions; the kernel is written with both")
-    return {"target": target, "kernel": "attn_fwd_sm90", "spec": s, "ptx": low.ptx, "cubin": low.cubin,
-            "registers": low.registers, "frame_bytes": low.frame_bytes, "wgmma": wgmma, "tma": tma,
-            "compile_s": low.seconds if fresh else 0.0}
+    return {"target": target, "kernel": "attn_fwd_sm90", "spec": s, "overlap": overlap, "ptx": low.ptx,
+            "cubin": low.cubin, "registers": low.registers, "frame_bytes": low.frame_bytes, "wgmma": wgmma,
+            "tma": tma, "compile_s": low.seconds if fresh else 0.0}
 
 
-def _kernel(s: Spec):
-    """The kernel object of specialisation ``s``."""
+def _kernel(s: Spec, overlap: bool = True):
+    """The kernel object of specialisation ``s`` (``overlap``: FA3's intra-warpgroup overlap)."""
     import cutlass
 
     from .kernels.attn_fwd_sm90 import AttnFwdSm90
 
     dtype = cutlass.Float16 if s.dtype is DType.float16 else cutlass.BFloat16
-    return AttnFwdSm90(dtype, s.head_dim, s.score_mod, s.mask_mod, s.return_lse, tile_n=TILE_N[s.head_dim])
+    return AttnFwdSm90(dtype, s.head_dim, s.score_mod, s.mask_mod, s.return_lse, tile_n=TILE_N[s.head_dim],
+                       overlap=overlap)
 
 
 _DEVICE_LOCK = threading.Lock()
@@ -174,12 +185,10 @@ def _device_kernel(s: Spec, args: tuple):
     kind of DSL tensors every later call passes, so the signature matches by construction."""
     fn = _DEVICE_KERNELS.get(s)
     if fn is None:
-        import cutlass.cute as cute
-
         with _DEVICE_LOCK:
             fn = _DEVICE_KERNELS.get(s)
             if fn is None:
-                fn = _DEVICE_KERNELS[s] = cute.compile(_kernel(s), *args, options="--gpu-arch sm_90a")
+                fn = _DEVICE_KERNELS[s] = _build(s, args, "sm_90a")[1]
     return fn
 
 

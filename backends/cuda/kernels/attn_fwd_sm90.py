@@ -75,11 +75,13 @@ def make_tiled_mmas(dtype, tile_m: int, tile_n: int, head_dim: int):
 class AttnFwdSm90:
     """The kernel for one specialisation: ``dtype`` (cutlass.Float16 / BFloat16), ``head_dim`` (= Dv),
     ``score_mod`` / ``mask_mod`` (IR expressions or None) and ``return_lse`` are compile-time; shapes and the scale
-    are run-time."""
+    are run-time. ``overlap`` selects the intra-warpgroup overlap, which holds S, P and O live at once: a
+    specialisation whose expressions need more registers than that leaves builds without it (``attention.py``)."""
 
     def __init__(self, dtype, head_dim: int, score_mod, mask_mod, return_lse: bool, tile_m: int = 128,
-                 tile_n: int = 128, stages: int = 2):
+                 tile_n: int = 128, stages: int = 2, overlap: bool = True):
         self.dtype = dtype
+        self.overlap = overlap      # FA3's intra-warpgroup overlap (False: one tile's S, softmax, P V in turn)
         self.head_dim = head_dim
         self.score_mod = score_mod
         self.mask_mod = mask_mod
@@ -336,45 +338,64 @@ class AttnFwdSm90:
                        scale, ctx)
         p_view = cute.make_tensor(acc_s.iterator, acc_as_operand_a(acc_s.layout))
         self.sched_init(wg)
-        if n_blocks > 0:
-            # -- phase: the first tile's S = Q K^T and softmax (its turn handed on once S is issued) ---------------
+        if const_expr(not self.overlap):
             self.sched_wait(wg)
-            pipe_k.consumer_wait(k_state)
-            self.gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, k_state.index], True, wait=False)
-            self.sched_pass(wg)
-            warpgroup.wait_group(0)
-            pipe_k.consumer_release(k_state)
-            tile(n_start)
-            sm.rescale(o_mn, correction)
-            tOrP.store(p_view.load().to(self.dtype))
-            for i in cutlass.range(1, n_blocks, unroll=1):
-                # -- phase: S_i = Q K_i^T and O += P_{i-1} V_{i-1} issued together, in this warpgroup's turn ---------
-                v_state = k_state.clone()
-                k_state.advance()
+            for i in cutlass.range(n_blocks, unroll=1):
+                # -- phase: S = Q K^T, its softmax, O rescaled, then O += P V in this warpgroup's turn -------------
                 pipe_k.consumer_wait(k_state)
-                self.sched_wait(wg)
                 self.gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, k_state.index], True, wait=False)
-                pipe_v.consumer_wait(v_state)
-                self.gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_state.index], False, wait=False)
                 self.sched_pass(wg)
-                # -- phase: softmax of S_i while P_{i-1} V_{i-1} runs (O untouched until it is done) -------------
-                warpgroup.wait_group(1)
+                warpgroup.wait_group(0)
                 pipe_k.consumer_release(k_state)
                 tile(n_start + i)
-                warpgroup.wait_group(0)
-                pipe_v.consumer_release(v_state)
-                # -- phase: O rescaled for the new row max; P_i to the input dtype for the next P V -------------
                 sm.rescale(o_mn, correction)
                 tOrP.store(p_view.load().to(self.dtype))
-            # -- phase: the last tile's O += P V ------------------------------------------------------------------
-            pipe_v.consumer_wait(k_state)
-            self.sched_wait(wg)
-            self.gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, k_state.index], False)
+                pipe_v.consumer_wait(k_state)
+                self.sched_wait(wg)
+                self.gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, k_state.index], False)
+                pipe_v.consumer_release(k_state)
+                k_state.advance()
             self.sched_pass(wg)
-            pipe_v.consumer_release(k_state)
         else:
-            self.sched_wait(wg)         # no key tile: one turn taken and handed on, as the other warpgroup counts
-            self.sched_pass(wg)
+            if n_blocks > 0:
+                # -- phase: the first tile's S = Q K^T and softmax (its turn handed on once S is issued) ---------------
+                self.sched_wait(wg)
+                pipe_k.consumer_wait(k_state)
+                self.gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, k_state.index], True, wait=False)
+                self.sched_pass(wg)
+                warpgroup.wait_group(0)
+                pipe_k.consumer_release(k_state)
+                tile(n_start)
+                sm.rescale(o_mn, correction)
+                tOrP.store(p_view.load().to(self.dtype))
+                for i in cutlass.range(1, n_blocks, unroll=1):
+                    # -- phase: S_i = Q K_i^T and O += P_{i-1} V_{i-1} issued together, in this warpgroup's turn -------
+                    v_state = k_state.clone()
+                    k_state.advance()
+                    pipe_k.consumer_wait(k_state)
+                    self.sched_wait(wg)
+                    self.gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, k_state.index], True, wait=False)
+                    pipe_v.consumer_wait(v_state)
+                    self.gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, v_state.index], False, wait=False)
+                    self.sched_pass(wg)
+                    # -- phase: softmax of S_i while P_{i-1} V_{i-1} runs (O untouched until it is done) -------------
+                    warpgroup.wait_group(1)
+                    pipe_k.consumer_release(k_state)
+                    tile(n_start + i)
+                    warpgroup.wait_group(0)
+                    pipe_v.consumer_release(v_state)
+                    # -- phase: O rescaled for the new row max; P_i to the input dtype for the next P V -------------
+                    sm.rescale(o_mn, correction)
+                    tOrP.store(p_view.load().to(self.dtype))
+                # -- phase: the last tile's O += P V ------------------------------------------------------------------
+                pipe_v.consumer_wait(k_state)
+                self.sched_wait(wg)
+                self.gemm(tiled_mma_pv, acc_o, tOrP, tOrVt[None, None, None, k_state.index], False)
+                self.sched_pass(wg)
+                pipe_v.consumer_release(k_state)
+            else:
+                self.sched_wait(wg)         # no key tile: one turn taken and handed on, as the other warpgroup counts
+                self.sched_pass(wg)
         pipe_q.consumer_release(q_state)
 
         # -- phase: epilogue: O / l in the output dtype for rows < Sq; the LSE from one lane of each quad ----------
