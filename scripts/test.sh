@@ -42,8 +42,8 @@ if [ -z "${PORTAKERN_SKIP_SLOW_CONFORMANCE:-}" ]; then
     --report reports/triton-rocm-compile-only.json --markdown reports/triton-rocm-compile-only.md || status=1
   echo "== cuda backend, compile-only (NVRTC; CuTe DSL attention for sm_90a) for sm_80, sm_90a, sm_100a, sm_120 =="
   # every GEMV case; of attention a representative subset (both dtypes, every head dim, every expression kind, the
-  # LSE, the nf-* cases) -- each attention specialisation costs 1.5-5 s of CuTe DSL
-  # tracing and compiling, the whole set over 3 minutes here (docs/design/attention-cute.md has the full command)
+  # LSE, the nf-* cases) -- each attention specialisation costs 1.4-9.5 s of CuTe DSL
+  # tracing and compiling, the whole set about 5 minutes here (docs/design/attention-cute.md has the full command)
   $PK conformance --backend cuda --compile-only --target sm_80,sm_90a,sm_100a,sm_120 --jobs 0 \
     --cases 'gemv-*,nf-*-gemv-*,attn-d64-sq24-sk300-*-fp16*,attn-d128-sq1-sk777-*-bf16*,attn-d*-sq113-sk512-*,nf-*-attn-*' \
     --report reports/cuda-compile-only.json --markdown reports/cuda-compile-only.md || status=1
