@@ -268,6 +268,26 @@ def window_mask(left: int, right: int) -> Expr:
     return parts[0] if len(parts) == 1 else parts[0] & parts[1]
 
 
+def window_bound(term: Expr) -> tuple[str, int] | None:
+    """The side and width of one term of ``causal_mask()`` / ``window_mask(l, r)``, or None for any other term.
+
+    ``("right", r)`` for ``kv_idx <= diag + r`` (``r = 0`` for ``kv_idx <= diag``), ``("left", l)`` for
+    ``kv_idx >= diag - l``, with ``diag = q_idx + seqlen_k - seqlen_q`` and ``r``, ``l`` non-negative integer constants:
+    the inverse of ``window_mask``'s terms, so a backend can read a band off a mask and skip the key tiles outside it.
+    """
+    if term.op not in (Op.LE, Op.GE) or term.args[0] != kv_idx:
+        return None
+    rhs = term.args[1]
+    side, combine = ("right", Op.ADD) if term.op is Op.LE else ("left", Op.SUB)
+    if rhs == _diag:
+        return side, 0
+    if rhs.op is combine and rhs.args[0] == _diag:
+        width = rhs.args[1]
+        if width.op is Op.CONST and type(width.value) is int and width.value >= 0:
+            return side, width.value
+    return None
+
+
 def softcap_score(cap: float) -> Expr:
     """Logit soft-capping ``cap * tanh(score / cap)`` (Gemma 2, Grok)."""
     return cap * tanh(score / cap)

@@ -310,3 +310,31 @@ def test_cpu_lowering_checks_the_tree_once_when_lowered():
     fn = lower(E.causal_mask())
     with pytest.raises(InvalidInputError, match="kv_idx"):
         fn({"q_idx": 0, "seqlen_q": 1, "seqlen_k": 1})
+
+
+# -- window_bound: the inverse of the library masks' terms ---------------------------------------
+
+@pytest.mark.parametrize("left,right", [(0, 0), (3, -1), (-1, 5), (7, 2), (0, -1)])
+def test_window_bound_reads_back_each_term_of_window_mask(left, right):
+    mask = E.window_mask(left, right)
+    terms = list(mask.args) if mask.op is Op.AND else [mask]
+    found = dict(E.window_bound(t) for t in terms)
+    assert found == {k: v for k, v in (("left", left), ("right", right)) if v >= 0}
+
+
+def test_window_bound_reads_causal_mask_as_right_zero():
+    assert E.window_bound(E.causal_mask()) == ("right", 0)
+
+
+@pytest.mark.parametrize("term", [
+    E.kv_idx <= E.q_idx,                                                       # not the bottom-right diagonal
+    E.q_idx <= E.q_idx + E.seqlen_k - E.seqlen_q,                              # not kv_idx on the left
+    E.kv_idx < E.q_idx + E.seqlen_k - E.seqlen_q,                              # strict: not a library term
+    E.kv_idx <= E.q_idx + E.seqlen_k - E.seqlen_q + E.const(-2),               # negative width
+    E.kv_idx <= E.q_idx + E.seqlen_k - E.seqlen_q + E.const(2.0),              # float width
+    E.kv_idx <= E.q_idx + E.seqlen_k - E.seqlen_q + E.const(True),             # bool width
+    E.kv_idx >= E.q_idx + E.seqlen_k - E.seqlen_q + E.const(2),                # left side widened with +
+    E.document_mask((0, 4, 9)),
+])
+def test_window_bound_refuses_every_other_term(term):
+    assert E.window_bound(term) is None

@@ -21,13 +21,11 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from portakern.ir.evaluate import evaluate
-from portakern.ir.expr import Expr, Op, causal_mask, value_kind
+from portakern.ir.expr import Expr, Op, value_kind, window_bound
 
 #: ops this lowering has an entry for (every op of the IR)
 LOWERED = frozenset(Op)
 INT32 = (-(2 ** 31), 2 ** 31 - 1)
-#: the bottom-right diagonal ``q_idx + seqlen_k - seqlen_q`` the library masks are written against
-DIAG = causal_mask().args[1]
 
 
 def constant(node: Expr):
@@ -65,24 +63,6 @@ class Band(NamedTuple):
     exact: bool
 
 
-def _int(node: Expr) -> int | None:
-    ok = node.op is Op.CONST and isinstance(node.value, int) and not isinstance(node.value, bool)
-    return node.value if ok else None
-
-
-def _bound(term: Expr) -> tuple[str, int] | None:
-    """``("right", r)`` for ``kv_idx <= diag (+ r)``, ``("left", l)`` for ``kv_idx >= diag (- l)``, else None."""
-    if term.op not in (Op.LE, Op.GE) or term.args[0].op is not Op.VAR or term.args[0].value != "kv_idx":
-        return None
-    rhs = term.args[1]
-    side, combine = ("right", Op.ADD) if term.op is Op.LE else ("left", Op.SUB)
-    if rhs == DIAG:
-        return side, 0
-    if rhs.op is combine and rhs.args[0] == DIAG and _int(rhs.args[1]) is not None and _int(rhs.args[1]) >= 0:
-        return side, _int(rhs.args[1])
-    return None
-
-
 def band(mask: Expr | None) -> Band:
     """The band of the library masks among ``mask``'s AND-ed terms (``Band(None, None, mask is None)`` when it has
     none): a term ``kv_idx <= diag + r`` bounds the right side, ``kv_idx >= diag - l`` the left."""
@@ -98,7 +78,7 @@ def band(mask: Expr | None) -> Band:
     found: dict[str, int] = {}
     exact = True
     for t in terms:
-        b = _bound(t)
+        b = window_bound(t)
         if b is None:
             exact = False
         else:
@@ -205,4 +185,4 @@ class CuteLowering:
         raise NotImplementedError(f"expression node {op.value!r} has no CuTe DSL lowering")
 
 
-__all__ = ["Band", "CuteLowering", "DIAG", "TILE_INVARIANT", "band", "constant", "invariant_subtrees", "refusal"]
+__all__ = ["Band", "CuteLowering", "TILE_INVARIANT", "band", "constant", "invariant_subtrees", "refusal"]

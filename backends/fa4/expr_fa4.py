@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from portakern.ir.expr import Expr, Op, causal_mask, softcap_score, window_mask
+from portakern.ir.expr import Expr, Op, causal_mask, softcap_score, window_bound, window_mask
 
-#: the bottom-right diagonal ``q_idx + seqlen_k - seqlen_q`` the library masks are written against
-_DIAG = causal_mask().args[1]
 
 
 @dataclass(frozen=True)
@@ -28,24 +26,6 @@ class Window:
         return self.left is None and self.right == 0
 
 
-def _int(node: Expr) -> int | None:
-    ok = node.op is Op.CONST and isinstance(node.value, int) and not isinstance(node.value, bool)
-    return node.value if ok else None
-
-
-def _bound(term: Expr) -> tuple[str, int] | None:
-    """``("right", r)`` for ``kv_idx <= diag (+ r)``, ``("left", l)`` for ``kv_idx >= diag (- l)``, else None."""
-    if term.op not in (Op.LE, Op.GE) or term.args[0].op is not Op.VAR or term.args[0].value != "kv_idx":
-        return None
-    rhs = term.args[1]
-    side, combine = ("right", Op.ADD) if term.op is Op.LE else ("left", Op.SUB)
-    if rhs == _DIAG:
-        return side, 0
-    if rhs.op is combine and rhs.args[0] == _DIAG and _int(rhs.args[1]) is not None and _int(rhs.args[1]) >= 0:
-        return side, _int(rhs.args[1])
-    return None
-
-
 def mask_window(mask_mod: Expr | None) -> Window | None:
     """The window ``mask_mod`` is (``causal_mask()``, ``window_mask(l, r)`` or None), or None when it is any
     other mask."""
@@ -54,7 +34,7 @@ def mask_window(mask_mod: Expr | None) -> Window | None:
     terms = list(mask_mod.args) if mask_mod.op is Op.AND else [mask_mod]
     found: dict[str, int] = {}
     for term in terms:
-        b = _bound(term)
+        b = window_bound(term)
         if b is None or b[0] in found:
             return None
         found[b[0]] = b[1]
