@@ -20,6 +20,7 @@ under ``~/.cache/portakern/conformance``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import io
@@ -36,12 +37,15 @@ from typing import Iterable
 
 import numpy as np
 
+from portakern.cache import remove_stale_temp_files
 from portakern.errors import PortakernError
 
 from . import naive
 from .generate import hash_arrays
 from .cases import SUITE
 from .tolerance import STORED_MANTISSA_BITS, trim_mantissa
+
+_TMP_SUFFIX = ".tmp.npz"  # a computed golden's temp file: <case>-<key>.<pid>.tmp.npz
 
 FORMAT = 1
 DATA_FILE = "goldens.zip"
@@ -291,15 +295,18 @@ def golden_for(case, store: Store | None) -> Golden:
     except Exception:
         pass  # a missing or corrupt cache entry is a miss
     g = compute(case)
+    tmp = path.with_suffix(f".{os.getpid()}{_TMP_SUFFIX}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
         extra = {"lse": g.lse} if g.lse is not None else {}
         np.savez(tmp, out=g.out, input_sha256=g.input_sha256, naive_err=g.naive_err,
                  naive_nmse=g.naive_nmse, naive_lse_err=g.naive_lse_err, **extra)
         os.replace(tmp, path)
     except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)  # a failed write (disk full) leaves no partial file behind
+    # a writer killed between savez and os.replace left its temp file: removed once it is an hour old
+    remove_stale_temp_files(path.parent, pattern=f"*{_TMP_SUFFIX}")
     return g
 
 

@@ -177,8 +177,10 @@ def _glob_escape(text: str) -> str:
     return "".join(f"[{c}]" if c in "*?[" else c for c in text)
 
 
-def remove_stale_temp_files(directory: Path, now: float | None = None) -> list[Path]:
-    """Remove the ``.tmp-*.json`` files in ``directory`` not modified for ``STALE_TMP_S`` seconds; return them.
+def remove_stale_temp_files(directory: Path, now: float | None = None,
+                            pattern: str = f"{TMP_PREFIX}*{TMP_SUFFIX}") -> list[Path]:
+    """Remove the temp files (``pattern``, a glob; default ``.tmp-*.json``) in ``directory`` not modified for
+    ``STALE_TMP_S`` seconds; return them.
 
     These are left by writers killed mid-write (see the module docstring for why a live writer's file is never
     stale). A file that vanishes meanwhile (another process cleaned it) or cannot be removed (another user's,
@@ -187,7 +189,7 @@ def remove_stale_temp_files(directory: Path, now: float | None = None) -> list[P
     now = time.time() if now is None else now
     removed = []
     try:
-        candidates = list(directory.glob(f"{TMP_PREFIX}*{TMP_SUFFIX}"))
+        candidates = list(directory.glob(pattern))
     except OSError:
         return removed
     for tmp in candidates:

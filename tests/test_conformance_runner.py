@@ -330,6 +330,37 @@ def test_a_cached_computed_golden_is_not_served_after_the_reference_changed(plug
     assert len(list(G._CACHE_DIR.rglob("plugin-attn-*.npz"))) == 2
 
 
+def test_computing_a_golden_removes_temp_files_that_killed_writers_left(plugin, monkeypatch):
+    import os
+    import time
+
+    from portakern import cache
+
+    folder = G._CACHE_DIR / G.SUITE
+    folder.mkdir(parents=True, exist_ok=True)
+    old = time.time() - cache.STALE_TMP_S - 60
+    killed = folder / "plugin-attn-x-0123456789ab.4242.tmp.npz"      # a writer killed before os.replace
+    live = folder / "plugin-attn-y-0123456789ab.4343.tmp.npz"        # a writer still at work
+    other = folder / "notes.npz"                                       # not a temp file
+    for f in (killed, live, other):
+        f.write_bytes(b"partial")
+    os.utime(killed, (old, old))
+    os.utime(other, (old, old))
+    G.golden_for(PLUGIN_CASE, None)
+    assert not killed.exists() and live.exists() and other.exists()
+    assert not list(folder.glob(f"*.{os.getpid()}.tmp.npz"))           # its own temp file was renamed into place
+
+
+def test_a_golden_that_cannot_be_written_leaves_no_partial_file(plugin, monkeypatch):
+    import os
+
+    monkeypatch.setattr(G.os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    g = G.golden_for(PLUGIN_CASE, None)
+    assert g.out is not None                                           # the golden is still served, uncached
+    assert not list((G._CACHE_DIR / G.SUITE).glob("*.tmp.npz"))
+    assert not list((G._CACHE_DIR / G.SUITE).glob("plugin-attn-*.npz"))
+
+
 def test_the_reference_fingerprint_covers_the_modules_that_make_a_golden(monkeypatch):
     # the naive model and the IR's evaluator by module; the cpu reference through the registry (its backend's
     # source_fingerprint), never by the backend's module names
