@@ -289,6 +289,16 @@ def test_kernel_rounds_its_output_to_the_dtype(odt, tol):
     assert np.isfinite(out).all() and np.median(rel) < tol and np.abs(out - ref).max() / np.abs(ref).max() < 8 * tol
 
 
+@pytest.mark.parametrize("odt", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("bits,sym,splits", [(4, False, 1), (4, False, 4), (8, True, 2)])
+def test_a_nan_in_x_reaches_every_output_of_its_row_in_every_output_dtype(odt, bits, sym, splits):
+    # bf16 output rounds by adding 0x7FFF to the float's bits: without the NaN branch, the NaN CUDA's arithmetic
+    # makes (0x7FFFFFFF) carries over into -0.0 (the GPU conformance case nf-xnan-gemv-native4a found it)
+    _require_cxx()
+    out, _ = _host_gemv(256, 1024, bits, sym, "float16", "float16", odt, (16, 4, splits, 2), M=2, x_nan=(0, 300))
+    assert np.isnan(out[0]).all() and np.isfinite(out[1]).all()
+
+
 def test_host_run_sees_a_broken_lane_map(monkeypatch):
     # the same kernel with each thread's rows taken one lane off: the host run must not pass it
     _require_cxx()
@@ -314,7 +324,7 @@ def test_host_run_sees_a_broken_lane_map(monkeypatch):
     assert np.abs(out - ref).max() / np.abs(ref).max() > 1e-2
 
 
-def _host_gemv(N, K, bits, sym, xdt, sdt, odt, cfg, M=1):
+def _host_gemv(N, K, bits, sym, xdt, sdt, odt, cfg, M=1, x_nan=None):
     torch = pytest.importorskip("torch")
     from portakern.backends.cuda import quant_gemv as C
     from portakern.backends.cuda.common.host_run import quant_gemv_on_host
@@ -324,6 +334,8 @@ def _host_gemv(N, K, bits, sym, xdt, sdt, odt, cfg, M=1):
     w = portakern.quantize(torch.randn(N, K, generator=g).numpy(), bits=bits, group_size=128, symmetric=sym,
                            scale_dtype=sdt)
     x = torch.randn(M, K, generator=g).to(getattr(torch, xdt))
+    if x_nan is not None:   # a NaN of every mantissa bit set: fp16 0x7FFF widens to 0x7FFFE000, like the GPU's 0x7FFFFFFF
+        x.view(torch.int16)[x_nan] = 0x7FFF
     op = QuantGemv(M=M, N=N, K=K, dtype=DType(xdt), fmt=w.fmt, out_dtype=DType(odt))
     cpu = Device("cpu", None, arch="x86_64", name="cpu")
     out = quant_gemv_on_host(op, prepare_gemv_weight(w, cpu), x, C.SmallMConfig(*cfg))

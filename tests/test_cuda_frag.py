@@ -220,7 +220,7 @@ def _float64(x, w):
 CPU = Device("cpu", None, arch="x86_64", name="cpu")
 
 
-def _host_frag(N, K, M, sym, xdt, sdt, odt, cfg, gs=128):
+def _host_frag(N, K, M, sym, xdt, sdt, odt, cfg, gs=128, x_nan=None):
     torch = pytest.importorskip("torch")
     from portakern.backends.cuda import quant_gemv as C
     from portakern.backends.cuda.common.host_run import frag_gemv_on_host
@@ -230,6 +230,8 @@ def _host_frag(N, K, M, sym, xdt, sdt, odt, cfg, gs=128):
     w = portakern.quantize(torch.randn(N, K, generator=g).numpy(), bits=4, group_size=gs, symmetric=sym,
                            scale_dtype=sdt)
     x = torch.randn(M, K, generator=g).to(getattr(torch, xdt))
+    if x_nan is not None:   # a NaN of every mantissa bit set: fp16 0x7FFF widens to 0x7FFFE000, like the GPU's 0x7FFFFFFF
+        x.view(torch.int16)[x_nan] = 0x7FFF
     op = QuantGemv(M=M, N=N, K=K, dtype=DType(xdt), fmt=w.fmt, out_dtype=DType(odt))
     pw = prepare_gemv_weight(w, CPU, fragments=True, layout="fragments")        # each code once, as fragments
     assert pw.qweight is None
@@ -248,6 +250,15 @@ def test_kernel_source_on_the_host_matches_float64(M, N, K, sym, xdt, sdt, cfg):
     out, ref = _host_frag(N, K, M, sym, xdt, sdt, "float32", cfg)
     assert out.shape == (M, N) and np.isfinite(out).all()
     assert np.abs(out - ref).max() / np.abs(ref).max() < 1e-6       # fp32 accumulation, fp32 out
+
+
+@pytest.mark.parametrize("odt", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("cfg", [(2, 2, 2, 2, 1), (4, 2, 1, 4, 2)])
+def test_a_nan_in_x_reaches_every_output_of_its_row_in_every_output_dtype(odt, cfg):
+    # the bf16 rounding's carry must not turn CUDA's NaN (0x7FFFFFFF) into -0.0 (GPU case nf-xnan-gemv-native4a)
+    _require_cxx()
+    out, _ = _host_frag(256, 1024, 2, False, "float16", "float16", odt, cfg, x_nan=(1, 700))
+    assert np.isnan(out[1]).all() and np.isfinite(out[0]).all()
 
 
 @pytest.mark.parametrize("odt,tol", [("bfloat16", 2 ** -8), ("float16", 2 ** -11)])

@@ -53,8 +53,10 @@ static_assert(M >= 1 && M <= 4, "1 to 4 rows of x");
 // -- conversions (16-bit floats as raw bits; fp16 through PTX)
 __device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
 
-__device__ __forceinline__ u16 f32_to_bf16(float f) {           // round to nearest even (finite values)
+__device__ __forceinline__ u16 f32_to_bf16(float f) {           // round to nearest even; NaN stays NaN
     u32 u = __float_as_uint(f);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (u16)((u >> 16) | 0x40u);  // quiet NaN, sign kept (the rounding
+                                                                           // carry would wrap 0x7FFFFFFF to -0.0)
     u += 0x7FFFu + ((u >> 16) & 1u);
     return (u16)(u >> 16);
 }
