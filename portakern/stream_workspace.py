@@ -14,6 +14,13 @@ stream that made it, and two graphs of one signature share it too: replaying the
 each other, or with eager calls on that stream, is not supported (``docs/api.md``, "Streams and
 threads").
 
+A set is made with a side stream of the device current (``made_off_stream``), never the calling stream: a memory
+pool bound to the calling stream -- torch.compile's CUDA-graph trees run their warm-up and their recording in a
+private pool bound to their own stream -- would otherwise own buffers that outlive the call, and the trees refuse
+such a pool ("tensor(s) in the cudagraph pool not tracked as outputs"). The calling stream then waits for the side
+stream (the counters' zeroing), with no host synchronisation. Inside a capture a set is made on the capturing stream
+as before (a wait on a stream outside the capture is not allowed there).
+
 Sets are never freed while the kernel (its dispatch plan) lives: one per stream that called it, bounded for
 ``torch.cuda.Stream()`` streams (PyTorch hands them out from a fixed pool) and dropped with the plan by
 ``portakern.dispatch.clear_cache()``.
@@ -49,6 +56,30 @@ def _capturing() -> bool:
     return torch.cuda.is_current_stream_capturing()
 
 
+_SIDE_STREAMS: dict[int, Any] = {}
+
+
+def made_off_stream(make: Callable[[], Any], index: int) -> Any:
+    """``make()`` run with a side stream of CUDA device ``index`` current, so that no memory pool bound to the
+    calling stream (a CUDA-graph tree's) takes its buffers; the calling stream waits for the side stream's work
+    (zeroing) before its next launch, and each tensor made is marked as used by the calling stream, so that freeing
+    it (``dispatch.clear_cache()``) waits for that stream's kernels. Not for use inside a capture."""
+    import torch
+
+    side = _SIDE_STREAMS.get(index)
+    if side is None:
+        side = _SIDE_STREAMS.setdefault(index, torch.cuda.Stream(device=index))
+    caller = torch.cuda.current_stream(index)
+    side.wait_stream(caller)
+    with torch.cuda.stream(side):
+        made = make()
+    caller.wait_stream(side)
+    for t in made if isinstance(made, (tuple, list)) else (made,):
+        if isinstance(t, torch.Tensor):
+            t.record_stream(caller)
+    return made
+
+
 class StreamWorkspace:
     """``get()`` returns ``make()``'s buffers for the current CUDA stream of device ``index``, made once per
     stream (``index`` None: the CPU interpreter, one set)."""
@@ -73,14 +104,15 @@ class StreamWorkspace:
 
     def _other(self, stream: int) -> Any:
         if self._first is None:   # the signature's first call (a capture without warm-up makes it too)
-            self._first, self._first_stream = self._make(), stream
+            self._first = self._make() if _capturing() else made_off_stream(self._make, self._index)
+            self._first_stream = stream
             return self._first
         found = self._others.get(stream)
         if found is not None:
             return found
         if _capturing():          # no allocation inside a capture: the first set (see the module docstring)
             return self._first
-        return self._others.setdefault(stream, self._make())
+        return self._others.setdefault(stream, made_off_stream(self._make, self._index))
 
     @property
     def streams(self) -> int:

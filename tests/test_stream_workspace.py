@@ -18,9 +18,15 @@ class _Streams:
     """A stand-in for the CUDA runtime: the current stream and whether it is being captured."""
 
     def __init__(self, monkeypatch):
-        self.current, self.capturing, self.asked = 7, False, []
+        self.current, self.capturing, self.asked, self.off_stream = 7, False, [], []
         monkeypatch.setattr(SW, "_current_stream", self._stream)
         monkeypatch.setattr(SW, "_capturing", lambda: self.capturing)
+        monkeypatch.setattr(SW, "made_off_stream", self._off_stream)
+
+    def _off_stream(self, make, index):
+        made = make()
+        self.off_stream.append((index, made))
+        return made
 
     def _stream(self, index):
         self.asked.append(index)
@@ -49,6 +55,7 @@ def test_one_set_per_stream_made_on_its_first_call(monkeypatch):
     assert ws.get() is a
     rt.current = 9
     assert ws.get() is b and ws.streams == 2 and len(made) == 2
+    assert rt.off_stream == [(3, a), (3, b)]          # both made with the device's side stream current
 
 
 def test_a_capture_makes_no_set_and_takes_the_first(monkeypatch):
@@ -82,6 +89,44 @@ def test_a_first_call_inside_a_capture_makes_the_first_set(monkeypatch):
     ws = SW.StreamWorkspace(make, 0)
     a = ws.get()
     assert made == [a] and ws.get() is a
+    assert rt.off_stream == []                        # inside a capture: made on the capturing stream
+
+
+class _FakeStream:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def wait_stream(self, other):
+        self.log.append(f"{self.name} waits for {other.name}")
+
+
+def test_a_set_is_made_with_a_side_stream_current_and_the_caller_waits_for_it(monkeypatch):
+    # what keeps a set out of a CUDA-graph tree's pool (bound to the calling stream): the allocation happens while
+    # another stream is current, and the caller orders its next launch after that stream's zeroing
+    import contextlib
+
+    torch = pytest.importorskip("torch")
+    log, current = [], []
+    caller = _FakeStream("caller", log)
+    monkeypatch.setattr(SW, "_SIDE_STREAMS", {})
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: _FakeStream(f"side{device}", log))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda index: current[-1] if current else caller)
+
+    @contextlib.contextmanager
+    def use(stream):
+        current.append(stream)
+        yield
+        current.pop()
+    monkeypatch.setattr(torch.cuda, "stream", use)
+
+    def make():
+        log.append(f"made on {torch.cuda.current_stream(2).name}")
+        return ("ws", "counters")
+    assert SW.made_off_stream(make, 2) == ("ws", "counters")
+    assert log == ["side2 waits for caller", "made on side2", "caller waits for side2"]
+    side = SW._SIDE_STREAMS[2]
+    SW.made_off_stream(make, 2)
+    assert SW._SIDE_STREAMS == {2: side}              # one side stream per device, reused
 
 
 def test_the_interpreter_keeps_one_set_and_asks_no_stream(monkeypatch):
