@@ -131,7 +131,7 @@ def generate_markdown(builtin_only: bool = True) -> str:
         "`opencl` backend need pyopencl and an OpenCL device (the `[opencl]` extra brings PoCL); its `cpu` columns",
         "are host arrays with `backend=\"opencl\"` (copied to the OpenCL device). Answers of the `cuda` backend",
         "need cuda-bindings and NVRTC, and for attention CuTe DSL (the `[cuda]` extra); it runs on NVIDIA GPUs only,",
-        "so its `cpu` columns are 0; its attention is compiled for sm_90a but not yet run on a GPU.",
+        "so its `cpu` columns are 0; its attention runs on sm_90 (Hopper) only.",
         "",
         "Devices: " + "; ".join(f"**{c.label}**: `{c.device.type}` arch `{c.device.arch}`"
                                 + (f", capability {c.device.capability}" if c.device.capability else "")

@@ -205,7 +205,7 @@ def call_args(q, k, v, out, lse, scale: float, stream) -> tuple:
 
 
 def compile(op: Attention, device) -> Callable[..., None]:
-    """The launcher ``kernel(q, k, v, out, lse, aux)`` for ``op`` on an sm_90 ``device`` (not yet run on a GPU).
+    """The launcher ``kernel(q, k, v, out, lse, aux)`` for ``op`` on an sm_90 ``device``.
 
     q / k / v / out are torch CUDA tensors in BSHD, lse (B, Hq, Sq) float32 or None; a non-contiguous operand is
     copied to a contiguous one first (and out copied back). The DSL tensors are ``from_dlpack`` views with a dynamic

@@ -86,7 +86,8 @@ class AttentionEntry(NamedTuple):
     source: str             #: the result file under benchmarks/results/ that measured it
 
 
-#: (family or family/card, dtype, head_dim, masked) -> AttentionEntry. Empty: the CuTe DSL attention kernel has been
-#: compiled for sm_90a but not yet run on a GPU, so nothing is measured and the backend's priority hook never ranks its
-#: attention above triton (``portakern_backend_priority`` in ``__init__``); ``backend="cuda"`` reaches it.
+#: (family or family/card, dtype, head_dim, masked) -> AttentionEntry. Empty: the CuTe DSL attention kernel passes the
+#: gpu-tier conformance cases it supports on an H100 but runs at 0.80-0.83x of triton's prefill there
+#: (benchmarks/results/attention-cute-first-run-h100.json), so the backend's priority hook never ranks its attention
+#: above triton (``portakern_backend_priority`` in ``__init__``); ``backend="cuda"`` reaches it.
 ATTENTION_TABLE: dict[tuple[str, str, int, bool], AttentionEntry] = {}
