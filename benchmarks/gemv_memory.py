@@ -8,7 +8,8 @@ made on the GPU) is quantized (``portakern.quantize``, on the device) and prepar
 * resident bytes per parameter after preparation: ``torch.cuda.memory_allocated()`` after, minus before (the bf16
   weights are held throughout and not counted), per layer and in all;
 * quantize and prepare time (synchronised, after a warm-up on a small weight);
-* torchao's int4 weight-only (``quantize_(model, Int4WeightOnlyConfig(group_size=128))``) on the same weights in
+* torchao's int4 weight-only (``quantize_(model, Int4WeightOnlyConfig(group_size=128, int4_packing_format=
+  "tile_packed_to_4d"))``, tinygemm's packing) on the same weights in
   the same run, when torchao imports (else recorded as unavailable with the reason), and the same recipe written
   out with torch ops (fp32 group min/max, ``aten._convert_weight_to_int4pack``: tinygemm, the kernel torchao's
   int4 weight-only calls) so a machine without torchao still has a peer;
@@ -119,16 +120,19 @@ def torchao_run(shapes, ws) -> dict:
             m.append(lin)
         return m
 
+    # the tinygemm packing (what e2e_decode.py uses too): torchao 0.17's default int4 packing needs the mslk
+    # package, which its wheel does not bring ("Requires mslk >= 1.0.0" on the H100)
+    config = dict(group_size=GROUP, int4_packing_format="tile_packed_to_4d")
     try:
         warm = model([ws[0][:256]])
-        quantize_(warm, Int4WeightOnlyConfig(group_size=GROUP))
+        quantize_(warm, Int4WeightOnlyConfig(**config))
         del warm
         m = model(ws)
         gc.collect()
         _sync()
         base = torch.cuda.memory_allocated()
         t0 = time.perf_counter()
-        quantize_(m, Int4WeightOnlyConfig(group_size=GROUP))
+        quantize_(m, Int4WeightOnlyConfig(**config))
         _sync()
         t = time.perf_counter() - t0
         gc.collect()
