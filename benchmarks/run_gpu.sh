@@ -50,6 +50,10 @@
 #                   prologue (no SiLU-mul glue kernel), alternating with the table's step (--fused-silu), no peers
 #   decode-step-tiles  the step at ctx 2048 with the table and with the per-word-row GEMV tile
 #                   everywhere (--compare-tiles, no peers)
+#   vendor-bench    benchmarks/vendor_backends.py: every GPU backend (ours and the vendors') per shape, eager and in a
+#                   CUDA graph, and auto's choice
+#   vendor-conformance  the vendor backends on cuda:0, gpu tier, one report per backend ($VENDORS, default torch fa4
+#                   flashinfer; $CASES restricts the cases); fa4 / flashinfer need their packages
 #   dispatch        benchmarks/dispatch_overhead.py
 #   transformers-tests  tests/test_integration_transformers.py (tiny models against eager attention on cuda too, the
 #                   decode step compiled with CUDA graphs; needs transformers: pip install transformers)
@@ -147,6 +151,10 @@ for s in "$@"; do
         decode-step-tiles) step decode-step-tiles python3 benchmarks/decode_step.py --ctx 2048 --no-peers \
             --compare-tiles --tag="-tiles$TAG" --out "$RES" ;;
         dispatch) step dispatch python3 benchmarks/dispatch_overhead.py --tag="$TAG" --out "$RES" ;;
+        vendor-bench) step vendor-bench python3 benchmarks/vendor_backends.py --tag="$TAG" --out "$RES" ;;
+        vendor-conformance) for b in ${VENDORS:-torch fa4 flashinfer}; do step "conformance-$b" python3 -m portakern \
+            conformance --backend "$b" --device cuda:0 --tier gpu --jobs 0 --no-progress ${CASES:+--cases "$CASES"} \
+            --report "$RES/$b-$CARD-gpu$TAG.json" --markdown "$RES/$b-$CARD-gpu$TAG.md"; done ;;
         transformers-tests) step transformers-tests python3 -m pytest -q -p no:cacheprovider \
             tests/test_integration_transformers.py ;;
         e2e-decode) step e2e-decode python3 benchmarks/e2e_decode.py ${E2E_ARGS:---quick} --tag="$TAG" --out "$RES" ;;

@@ -3,9 +3,12 @@
 For the attention shapes (prefill at head dims 64 and 128, causal and not; GQA decode, dense and paged) and the int4
 GEMV shapes (M = 1 and 16; the symmetric bfloat16-scale format every backend here can run exactly), every registered
 backend that runs on the GPU is asked through its own ``supports()``; each one that says yes is checked against the
-cpu reference once (a wrong answer is recorded, never timed) and timed per call (median of 5 rounds of CUDA-event
-timed loops through the public API, so dispatch overhead is the same for all). ``auto`` is what ``explain()`` picks
-with no backend named; the result says, per shape, the fastest correct backend and how far auto is from it.
+cpu reference once (a wrong answer is recorded, never timed) and timed per call through the public API two ways:
+eagerly (``us``: median of 5 rounds of CUDA-event timed loops, so a wrapper's host work counts) and replayed in a
+CUDA graph (``graph_us``: the kernels alone; a backend whose call cannot be captured says why in ``graph_error``).
+``auto`` is what ``explain()`` picks with no backend named; the result says, per shape, the fastest correct backend
+and how far auto is from it, in the graph (``fastest_graph``, ``auto_over_fastest_graph``: what the dispatch tables
+rank) and eagerly (``fastest``, ``auto_over_fastest``).
 
     python benchmarks/vendor_backends.py [--quick] [--out DIR] [--tag -x]
 
@@ -18,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import math
 import os
 import statistics
 import sys
@@ -28,6 +30,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import default_out, result_path, write  # noqa: E402  (benchmarks/ is the script's folder)
+from timing import graph_us  # noqa: E402
 
 import portakern  # noqa: E402
 from portakern.plugins import registry  # noqa: E402
@@ -71,7 +74,7 @@ def _attention_inputs(B, Sq, Sk, Hq, Hkv, D, ps, dev):
     return (q, k, v), {"block_table": table, "seqlens_k": torch.full((B,), Sk, dtype=torch.int32, device=dev)}
 
 
-def _row(fn, args, kw, shape, reference, tol, backends) -> dict:
+def _row(fn, args, kw, shape, reference, tol, backends, graph_calls) -> dict:
     """Time every backend that supports ``fn(*args, **kw)``; record refusals and wrong answers."""
     row = {"op": fn.__name__, "shape": shape, "backends": {}}
 
@@ -93,17 +96,34 @@ def _row(fn, args, kw, shape, reference, tol, backends) -> dict:
             row["backends"][name] = {"us": _time_us(lambda: call(backend=name)), "rel_err": err}
         except Exception as e:  # a vendor failure is a result, not a crash of the benchmark
             row["backends"][name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            continue
+        try:
+            row["backends"][name]["graph_us"] = graph_us([lambda: call(backend=name)], calls=graph_calls)
+        except Exception as e:  # e.g. a host synchronisation inside the call: recorded, eager figure kept
+            torch.cuda.synchronize()
+            row["backends"][name]["graph_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     row["auto"] = portakern.explain(fn, *args, **kw).chosen
-    timed = {n: r["us"] for n, r in row["backends"].items() if "us" in r}
-    if timed:
+    for key, suffix in (("us", ""), ("graph_us", "_graph")):
+        timed = {n: r[key] for n, r in row["backends"].items() if key in r}
+        if not timed:
+            continue
         best = min(timed, key=timed.get)
-        row["fastest"] = best
+        row["fastest" + suffix] = best
         auto_us = timed.get(row["auto"])
-        row["auto_over_fastest"] = None if auto_us is None else auto_us / timed[best] - 1
+        row["auto_over_fastest" + suffix] = None if auto_us is None else auto_us / timed[best] - 1
         own = [timed[n] for n in timed if n in OWN]
         if best not in OWN and own and timed[best] < 0.97 * min(own):
-            row["candidate_rank_over_own"] = best
+            row["candidate_rank_over_own" + suffix] = best
     return row
+
+
+def _print(row: dict) -> None:
+    """One line per shape: each backend's graph / eager us (or why not), and auto's choice."""
+    def cell(r):
+        if "us" not in r:
+            return next(iter(r))
+        return f"{r['graph_us']:.1f} / {r['us']:.1f}" if "graph_us" in r else f"- / {r['us']:.1f}"
+    print(row["shape"], {n: cell(r) for n, r in row["backends"].items()}, "auto:", row["auto"], flush=True)
 
 
 def run(quick: bool) -> list[dict]:
@@ -116,9 +136,8 @@ def run(quick: bool) -> list[dict]:
                                   **{k: v.cpu() if torch.is_tensor(v) else v for k, v in kw.items()})
         rows.append(_row(portakern.attention, args, kw, dict(kind=name, B=B, Sq=Sq, Sk=Sk, Hq=Hq, Hkv=Hkv, D=D,
                                                               causal=causal, page_size=ps), ref.double(), 3e-2,
-                         backends))
-        print(rows[-1]["shape"], {n: r.get("us", next(iter(r))) for n, r in rows[-1]["backends"].items()},
-              "auto:", rows[-1]["auto"], flush=True)
+                         backends, graph_calls=20))
+        _print(rows[-1])
     for M, N, K in GEMV[: 2 if quick else None]:
         g = torch.Generator().manual_seed(1)
         w = portakern.quantize(torch.randn(N, K, generator=g), bits=4, group_size=128, symmetric=True,
@@ -126,9 +145,9 @@ def run(quick: bool) -> list[dict]:
         x = torch.randn(M, K, generator=g).to(torch.bfloat16)
         ref = x.double() @ torch.as_tensor(np.asarray(w.dequantize(), dtype=np.float64)).T
         rows.append(_row(portakern.quant_gemv, (x.to(dev), w.to(dev)), {},
-                         dict(M=M, N=N, K=K, fmt="int4 sym g128 bf16 scales"), ref, 1.6e-2, backends))
-        print(rows[-1]["shape"], {n: r.get("us", next(iter(r))) for n, r in rows[-1]["backends"].items()},
-              "auto:", rows[-1]["auto"], flush=True)
+                         dict(M=M, N=N, K=K, fmt="int4 sym g128 bf16 scales"), ref, 1.6e-2, backends,
+                         graph_calls=200))
+        _print(rows[-1])
     return rows
 
 
@@ -147,11 +166,12 @@ def main() -> None:
            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "commit": os.environ.get("PK_COMMIT", ""),
            "backends": {n: registry().backends[n].status() for n in _gpu_backends()}, "rows": rows}
     write(res, result_path(a.out, "vendor-backends", a.tag))
-    worst = max((r.get("auto_over_fastest") or 0.0 for r in rows), default=0.0)
-    print(f"auto within {worst:.1%} of the fastest correct backend on every shape" if math.isfinite(worst) else "")
-    for r in rows:
-        if "candidate_rank_over_own" in r:
-            print("RANK_OVER_OWN candidate:", r["candidate_rank_over_own"], r["op"], r["shape"])
+    for suffix, how in (("_graph", "in a CUDA graph"), ("", "eagerly")):
+        worst = max((r.get("auto_over_fastest" + suffix) or 0.0 for r in rows), default=0.0)
+        print(f"{how}: auto within {worst:.1%} of the fastest correct backend on every shape")
+        for r in rows:
+            if "candidate_rank_over_own" + suffix in r:
+                print(f"RANK_OVER_OWN candidate ({how}):", r["candidate_rank_over_own" + suffix], r["op"], r["shape"])
 
 
 if __name__ == "__main__":
