@@ -62,6 +62,26 @@ def test_attention_matches_the_reference(backend, variant, dtype):
     _close(lse, ref_lse, "float32", atol=3e-4 if dtype == "float32" else 3e-2)
 
 
+@pytest.mark.parametrize("variant", ["none", "causal", "window", "alibi", "prefix"])
+def test_masks_and_score_mods_copy_nothing_from_the_host(variant, monkeypatch):
+    # torch.tensor(v, device=...) is a blocking host-to-device copy on cuda (it waits for the stream, and a CUDA
+    # graph cannot capture it): the backend's positions, lengths and expression constants are fills instead (the
+    # SDPA path; flex_attention, which softcap takes, makes such constants itself)
+    q, k, v = _qkv()
+    kw = dict(VARIANTS[variant], return_lse=True)
+    ref, ref_lse = portakern.attention(q, k, v, backend="cpu", **kw)
+    real = torch.tensor
+
+    def no_device_copies(data, *args, **kwargs):
+        if kwargs.get("device") is not None:
+            raise AssertionError(f"torch.tensor({data!r}, device={kwargs['device']!r}) inside the torch backend")
+        return real(data, *args, **kwargs)
+    monkeypatch.setattr(torch, "tensor", no_device_copies)
+    out, lse = portakern.attention(q, k, v, backend="torch", **kw)
+    _close(out, ref, "float32")
+    _close(lse, ref_lse, "float32", atol=3e-4)
+
+
 @pytest.mark.parametrize("backend", CPU_VARIANTS)
 def test_rows_without_a_key_are_zero_and_minus_inf(backend):
     q, k, v = _qkv(Sq=9, Sk=4)                                 # causal, Sq > Sk: the first 5 rows see no key

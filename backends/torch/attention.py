@@ -157,8 +157,10 @@ def _attend(plan: _Plan, b: int, q, k, v, out, lse) -> None:
             lse.fill_(-math.inf)
         return
     qh = q.permute(1, 0, 2).to(plan.dtype)[None]                                     # (1, Hq, Sq, D)
-    kh = k.permute(1, 0, 2).to(plan.dtype).repeat_interleave(op.group_size, dim=0)[None]
-    vh = v.permute(1, 0, 2).to(plan.dtype).repeat_interleave(op.group_size, dim=0)[None]
+    kh, vh = (t.permute(1, 0, 2).to(plan.dtype) for t in (k, v))
+    if op.group_size > 1:                                                              # grouped heads: each KV head
+        kh, vh = (t.repeat_interleave(op.group_size, dim=0) for t in (kh, vh))      # serves group_size query heads
+    kh, vh = kh[None], vh[None]
     flex = plan.flex or (plan.kernel is None and op.mask_mod is not None and not _finite(q, k))
     o, row_lse = (_flex if flex else _sdpa)(plan, b, qh, kh, vh, lse is not None)
     out.copy_(o[0].permute(1, 0, 2))
@@ -188,10 +190,16 @@ def _plus_inf_is_nan(row_lse: torch.Tensor) -> torch.Tensor:
     return row_lse.masked_fill(row_lse == math.inf, math.nan)
 
 
+def _scalar(value: int, dev) -> torch.Tensor:
+    """A 0-d int64 tensor on ``dev`` made by a fill, not copied from the host: ``torch.tensor(v, device=cuda)`` is a
+    blocking host-to-device copy, which waits for the stream and cannot be captured in a CUDA graph."""
+    return torch.full((), value, dtype=torch.int64, device=dev)
+
+
 def _env(plan: _Plan, b: int, Sq: int, Sk: int, dev) -> dict[str, Any]:
     """The expression variables, shaped to broadcast to (Hq, Sq, Sk)."""
-    return {"b": torch.tensor(b, device=dev), "seqlen_q": torch.tensor(Sq, device=dev),
-            "seqlen_k": torch.tensor(Sk, device=dev), "h": torch.arange(plan.op.heads_q, device=dev)[:, None, None],
+    return {"b": _scalar(b, dev), "seqlen_q": _scalar(Sq, dev), "seqlen_k": _scalar(Sk, dev),
+            "h": torch.arange(plan.op.heads_q, device=dev)[:, None, None],
             "q_idx": torch.arange(Sq, device=dev)[None, :, None], "kv_idx": torch.arange(Sk, device=dev)[None, None, :]}
 
 
@@ -204,7 +212,7 @@ def _block(expr: Expr, env, dev, Sq: int, Sk: int, Hq: int) -> torch.Tensor:
 def _sdpa(plan: _Plan, b: int, qh, kh, vh, want_lse: bool):
     op, dev = plan.op, qh.device
     Hq, Sq, Sk = qh.shape[1], qh.shape[2], kh.shape[2]
-    env = _env(plan, b, Sq, Sk, dev)
+    env = _env(plan, b, Sq, Sk, dev) if op.mask_mod is not None or plan.bias is not None else None
     keep = _block(op.mask_mod, env, dev, Sq, Sk, Hq).to(torch.bool) if op.mask_mod is not None else None
     bias = _block(plan.bias, env, dev, Sq, Sk, Hq).to(torch.float32) if plan.bias is not None else None
     visible = keep.any(dim=-1) if keep is not None else None                          # (Hq or 1, Sq)
@@ -261,8 +269,7 @@ def _flex(plan: _Plan, b: int, qh, kh, vh, want_lse: bool):
     import torch.nn.attention.flex_attention as fx
 
     op, dev = plan.op, qh.device
-    consts = {"b": torch.tensor(b, device=dev), "seqlen_q": torch.tensor(qh.shape[2], device=dev),
-              "seqlen_k": torch.tensor(kh.shape[2], device=dev)}
+    consts = {"b": _scalar(b, dev), "seqlen_q": _scalar(qh.shape[2], dev), "seqlen_k": _scalar(kh.shape[2], dev)}
 
     def score_mod(score, _batch, h, q_idx, kv_idx):
         env = {**consts, "score": score, "h": h, "q_idx": q_idx, "kv_idx": kv_idx}

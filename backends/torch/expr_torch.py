@@ -40,7 +40,7 @@ def evaluate(expr: Expr, env: Mapping[str, torch.Tensor], device) -> torch.Tenso
         elif op is Op.CONST:
             v = node.value
             dt = torch.bool if isinstance(v, bool) else torch.int64 if isinstance(v, int) else torch.float64
-            r = torch.tensor(v, dtype=dt, device=device)
+            r = torch.full((), v, dtype=dt, device=device)   # a fill: no blocking host-to-device copy
         else:
             args = [ev(a) for a in node.args]
             if op in _NUMERIC:
