@@ -9,7 +9,6 @@ Without cuda-bindings / NVRTC or a host C++ compiler these tests skip on a devel
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -19,15 +18,7 @@ from portakern.devices import Device
 from portakern.ir import DType, Packing, QuantFormat
 from portakern.ir.ops import QuantGemv
 
-
-def _require_nvrtc():
-    from portakern.backends.cuda.common.nvrtc import unavailable
-
-    why = unavailable()
-    if why is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"the cuda backend's lowering must be checked here (CI is set) but {why}")
-        pytest.skip(why)
+from cuda_helpers import require_cxx, require_nvrtc
 
 
 H200 = Device("cuda", 0, arch="sm_90a", name="H200 (test)", capability=(9, 0), warp_size=32)
@@ -41,7 +32,7 @@ def gemv(M=1, N=4096, K=4096, bits=4, gs=128, sym=False, dtype=DType.bfloat16, *
 
 @pytest.fixture
 def C():
-    _require_nvrtc()
+    require_nvrtc()
     from portakern.backends.cuda import quant_gemv
 
     return quant_gemv
@@ -49,7 +40,7 @@ def C():
 
 @pytest.fixture
 def backend():
-    _require_nvrtc()
+    require_nvrtc()
     return next(b for b in portakern.list_backends() if b.name == "cuda")
 
 
@@ -251,15 +242,6 @@ def test_the_prepared_weight_is_shared_by_layout(register_plugin, rng):
 
 # -- the kernel's own CUDA C, run on the CPU (host_run: threads of a block as std::threads) -------------------
 
-def _require_cxx():
-    from portakern.backends.cuda.common.host_run import compiler
-
-    if compiler() is None:
-        if os.environ.get("CI"):
-            pytest.fail("the cuda kernels must run on the host here (CI is set) but no g++ / clang++ is installed")
-        pytest.skip("no host C++ compiler")
-
-
 @pytest.mark.parametrize("M,N,K,bits,sym,xdt,sdt,odt,cfg", [
     (1, 256, 1024, 4, False, "bfloat16", "float16", "float32", (16, 4, 1, 2)),    # one slice, the PF ring refilled
     (1, 1000, 1024, 4, False, "float16", "bfloat16", "float32", (16, 4, 2, 2)),   # N past the last full tile, masked
@@ -275,7 +257,7 @@ def _require_cxx():
     (1, 256, 1536, 4, False, "float16", "float16", "float32", (16, 4, 1, 8)),     # 12 groups, PF 8: one partial refill
 ])
 def test_kernel_source_on_the_host_matches_float64(M, N, K, bits, sym, xdt, sdt, odt, cfg):
-    _require_cxx()
+    require_cxx()
     out, ref = _host_gemv(N, K, bits, sym, xdt, sdt, odt, cfg, M)
     assert out.shape == (M, N) and np.isfinite(out).all()
     assert np.abs(out - ref).max() / np.abs(ref).max() < 1e-6       # fp32 accumulation, fp32 out
@@ -283,7 +265,7 @@ def test_kernel_source_on_the_host_matches_float64(M, N, K, bits, sym, xdt, sdt,
 
 @pytest.mark.parametrize("odt,tol", [("bfloat16", 2 ** -8), ("float16", 2 ** -11)])
 def test_kernel_rounds_its_output_to_the_dtype(odt, tol):
-    _require_cxx()
+    require_cxx()
     out, ref = _host_gemv(512, 1024, 4, False, "bfloat16", "float16", odt, (16, 4, 4, 2))
     rel = np.abs(out - ref) / np.maximum(np.abs(ref), 1e-3)
     assert np.isfinite(out).all() and np.median(rel) < tol and np.abs(out - ref).max() / np.abs(ref).max() < 8 * tol
@@ -294,14 +276,14 @@ def test_kernel_rounds_its_output_to_the_dtype(odt, tol):
 def test_a_nan_in_x_reaches_every_output_of_its_row_in_every_output_dtype(odt, bits, sym, splits):
     # bf16 output rounds by adding 0x7FFF to the float's bits: without the NaN branch, the NaN CUDA's arithmetic
     # makes (0x7FFFFFFF) carries over into -0.0 (the GPU conformance case nf-xnan-gemv-native4a found it)
-    _require_cxx()
+    require_cxx()
     out, _ = _host_gemv(256, 1024, bits, sym, "float16", "float16", odt, (16, 4, splits, 2), M=2, x_nan=(0, 300))
     assert np.isnan(out[0]).all() and np.isfinite(out[1]).all()
 
 
 def test_host_run_sees_a_broken_lane_map(monkeypatch):
     # the same kernel with each thread's rows taken one lane off: the host run must not pass it
-    _require_cxx()
+    require_cxx()
     from portakern.backends.cuda.common import host_run
 
     src = (host_run._KERNELS / "gemv_small_m.cu").read_text()
@@ -348,7 +330,7 @@ def _cuda():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    _require_nvrtc()
+    require_nvrtc()
     return torch
 
 

@@ -15,7 +15,6 @@ Without CuTe DSL (``nvidia-cutlass-dsl``, the ``[cuda]`` extra) these tests skip
 under ``CI``, which installs it."""
 
 
-import os
 import re
 
 import numpy as np
@@ -28,6 +27,8 @@ from portakern.ir.expr import (alibi_score, alibi_slopes, b, causal_mask, docume
                                q_idx, score, softcap_score, where, window_mask)
 from portakern.ir.ops import Attention, KVLayout
 
+from cuda_helpers import require_cute_dsl
+
 H200 = Device("cuda", 0, arch="sm_90", name="H200 (test)", capability=(9, 0), warp_size=32)
 B200 = Device("cuda", 0, arch="sm_100", name="B200 (test)", capability=(10, 0), warp_size=32)
 A100 = Device("cuda", 0, arch="sm_80", name="A100 (test)", capability=(8, 0), warp_size=32)
@@ -35,13 +36,7 @@ A100 = Device("cuda", 0, arch="sm_80", name="A100 (test)", capability=(8, 0), wa
 
 @pytest.fixture(scope="module", autouse=True)
 def _require_cute_dsl():
-    from portakern.backends.cuda.common.cute_dsl import unavailable
-
-    why = unavailable()
-    if why is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"the cuda backend's CuTe DSL attention must be checked here (CI is set) but {why}")
-        pytest.skip(why)
+    require_cute_dsl()
 
 
 @pytest.fixture(scope="module")

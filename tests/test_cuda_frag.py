@@ -14,7 +14,6 @@ Four levels, from no dependency to the GPU:
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -25,6 +24,8 @@ from portakern.devices import Device
 from portakern.ir import DType, QuantFormat
 from portakern.ir.gemv_layout import pack_fragments, padded_columns
 from portakern.ir.ops import QuantGemv
+
+from cuda_helpers import require_cxx, require_nvrtc
 
 # -- the numpy emulation of gemv_frag.cu's index maps -----------------------------------------------------------
 
@@ -187,25 +188,6 @@ def test_x_reads_cover_the_staged_slice_and_meet_no_bank_twice():
 # -- the CUDA C on the CPU ------------------------------------------------------------------------------------
 
 
-def _require_cxx():
-    from portakern.backends.cuda.common.host_run import compiler
-
-    if compiler() is None:
-        if os.environ.get("CI"):
-            pytest.fail("the cuda kernels must run on the host here (CI is set) but no g++ / clang++ is installed")
-        pytest.skip("no host C++ compiler")
-
-
-def _require_nvrtc():
-    from portakern.backends.cuda.common.nvrtc import unavailable
-
-    why = unavailable()
-    if why is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"the cuda backend's lowering must be checked here (CI is set) but {why}")
-        pytest.skip(why)
-
-
 def _float64(x, w):
     """float64 ``x @ dequant(W)^T``, the weight unpacked by its format's own reader (``ir.packing.unpack``)."""
     from portakern.arrays import to_numpy
@@ -246,7 +228,7 @@ def _host_frag(N, K, M, sym, xdt, sdt, odt, cfg, gs=128, x_nan=None):
     (1, 256, 4096, False, "float16", "float16", (2, 2, 1, 32, 1)),      # 32 slices of one chunk each
 ])
 def test_kernel_source_on_the_host_matches_float64(M, N, K, sym, xdt, sdt, cfg):
-    _require_cxx()
+    require_cxx()
     out, ref = _host_frag(N, K, M, sym, xdt, sdt, "float32", cfg)
     assert out.shape == (M, N) and np.isfinite(out).all()
     assert np.abs(out - ref).max() / np.abs(ref).max() < 1e-6       # fp32 accumulation, fp32 out
@@ -256,14 +238,14 @@ def test_kernel_source_on_the_host_matches_float64(M, N, K, sym, xdt, sdt, cfg):
 @pytest.mark.parametrize("cfg", [(2, 2, 2, 2, 1), (4, 2, 1, 4, 2)])
 def test_a_nan_in_x_reaches_every_output_of_its_row_in_every_output_dtype(odt, cfg):
     # the bf16 rounding's carry must not turn CUDA's NaN (0x7FFFFFFF) into -0.0 (GPU case nf-xnan-gemv-native4a)
-    _require_cxx()
+    require_cxx()
     out, _ = _host_frag(256, 1024, 2, False, "float16", "float16", odt, cfg, x_nan=(1, 700))
     assert np.isnan(out[1]).all() and np.isfinite(out[0]).all()
 
 
 @pytest.mark.parametrize("odt,tol", [("bfloat16", 2 ** -8), ("float16", 2 ** -11)])
 def test_kernel_rounds_its_output_to_the_dtype(odt, tol):
-    _require_cxx()
+    require_cxx()
     out, ref = _host_frag(512, 1024, 1, False, "bfloat16", "float16", odt, (4, 2, 1, 4, 2))
     rel = np.abs(out - ref) / np.maximum(np.abs(ref), 1e-3)
     assert np.isfinite(out).all() and np.median(rel) < tol and np.abs(out - ref).max() / np.abs(ref).max() < 8 * tol
@@ -271,7 +253,7 @@ def test_kernel_rounds_its_output_to_the_dtype(odt, tol):
 
 def test_host_run_sees_a_broken_lane_map(monkeypatch):
     # the kernel with each lane's two rows swapped (rb taken as 1 - rb): the host run must not pass it
-    _require_cxx()
+    require_cxx()
     import tempfile
     from pathlib import Path
 
@@ -305,7 +287,7 @@ def gemv(M=1, N=4096, K=4096, bits=4, gs=128, sym=False, dtype=DType.bfloat16, *
 
 @pytest.fixture
 def C():
-    _require_nvrtc()
+    require_nvrtc()
     from portakern.backends.cuda import quant_gemv
 
     return quant_gemv
@@ -472,7 +454,7 @@ def _cuda():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    _require_nvrtc()
+    require_nvrtc()
     return torch
 
 

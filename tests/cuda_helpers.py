@@ -1,0 +1,38 @@
+"""What the cuda backend's CPU-side tests need, and how they react when it is missing: a skip on a developer's
+machine, a failure where ``CI`` is set (CI installs all of it, so a missing piece there is a broken setup, not a
+reason to check less)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def _require(why: str | None, what: str) -> None:
+    if why is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{what} must be checked here (CI is set) but {why}")
+        pytest.skip(why)
+
+
+def require_nvrtc() -> None:
+    """NVRTC and cuda-bindings, which lower the cuda backend's CUDA C."""
+    from portakern.backends.cuda.common.nvrtc import unavailable
+
+    _require(unavailable(), "the cuda backend's lowering")
+
+
+def require_cxx() -> None:
+    """A host C++ compiler, which runs the cuda kernels' CUDA C on the CPU (``host_run``)."""
+    from portakern.backends.cuda.common.host_run import compiler
+
+    _require(None if compiler() is not None else "no host C++ compiler (g++ / clang++)",
+             "the cuda kernels on the host")
+
+
+def require_cute_dsl() -> None:
+    """CuTe DSL (nvidia-cutlass-dsl), in which the cuda backend's attention is written."""
+    from portakern.backends.cuda.common.cute_dsl import unavailable
+
+    _require(unavailable(), "the cuda backend's CuTe DSL attention")
