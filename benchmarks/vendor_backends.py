@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import statistics
 import sys
 
 import numpy as np
@@ -30,7 +29,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import default_out, result_path, write  # noqa: E402  (benchmarks/ is the script's folder)
-from timing import graph_us  # noqa: E402
+from timing import eager_us, graph_us  # noqa: E402
 
 import portakern  # noqa: E402
 from portakern.plugins import registry  # noqa: E402
@@ -41,21 +40,6 @@ ATTENTION = [("prefill", 2, 2048, 2048, 16, 16, d, c, 0) for d in (64, 128) for 
     ("decode", 8, 1, 8192, 32, 8, 128, False, 0), ("decode-paged", 8, 1, 8192, 32, 8, 128, False, 64)]
 #: (M, N, K)
 GEMV = [(m, n, k) for m in (1, 16) for n, k in ((4096, 4096), (11008, 4096), (4096, 11008))]
-
-
-def _time_us(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    reps, ts = 20, []
-    for _ in range(5):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for _ in range(reps):
-            fn()
-        e1.record()
-        torch.cuda.synchronize()
-        ts.append(e0.elapsed_time(e1) * 1e3 / reps)
-    return statistics.median(ts)
 
 
 def _gpu_backends() -> list[str]:
@@ -93,7 +77,7 @@ def _row(fn, args, kw, shape, reference, tol, backends, graph_calls) -> dict:
             if not err <= tol:
                 row["backends"][name] = {"wrong": err}
                 continue
-            row["backends"][name] = {"us": _time_us(lambda: call(backend=name)), "rel_err": err}
+            row["backends"][name] = {"us": eager_us([lambda: call(backend=name)], reps=20), "rel_err": err}
         except Exception as e:  # a vendor failure is a result, not a crash of the benchmark
             row["backends"][name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             continue
