@@ -14,12 +14,13 @@ stream that made it, and two graphs of one signature share it too: replaying the
 each other, or with eager calls on that stream, is not supported (``docs/api.md``, "Streams and
 threads").
 
-A set is made with a side stream of the device current (``made_off_stream``), never the calling stream: a memory
-pool bound to the calling stream -- torch.compile's CUDA-graph trees run their warm-up and their recording in a
-private pool bound to their own stream -- would otherwise own buffers that outlive the call, and the trees refuse
-such a pool ("tensor(s) in the cudagraph pool not tracked as outputs"). The calling stream then waits for the side
-stream (the counters' zeroing), with no host synchronisation. Inside a capture a set is made on the capturing stream
-as before (a wait on a stream outside the capture is not allowed there).
+A set is made by a helper thread with a side stream of the device current (``made_off_stream``), never by the
+calling thread on the calling stream: torch.compile's CUDA-graph trees run their warm-up and their recording with
+every allocation of the calling *thread* routed to a private pool, and they refuse a pool that still holds buffers
+after the call ("tensor(s) in the cudagraph pool not tracked as outputs") -- a set made there would outlive it. The
+calling stream then waits for the side stream (the counters' zeroing), with no host synchronisation. Inside a
+capture a set is made on the capturing stream as before (a wait on a stream outside the capture is not allowed
+there).
 
 Sets are never freed while the kernel (its dispatch plan) lives: one per stream that called it, bounded for
 ``torch.cuda.Stream()`` streams (PyTorch hands them out from a fixed pool) and dropped with the plan by
@@ -60,10 +61,13 @@ _SIDE_STREAMS: dict[int, Any] = {}
 
 
 def made_off_stream(make: Callable[[], Any], index: int) -> Any:
-    """``make()`` run with a side stream of CUDA device ``index`` current, so that no memory pool bound to the
-    calling stream (a CUDA-graph tree's) takes its buffers; the calling stream waits for the side stream's work
-    (zeroing) before its next launch, and each tensor made is marked as used by the calling stream, so that freeing
-    it (``dispatch.clear_cache()``) waits for that stream's kernels. Not for use inside a capture."""
+    """``make()`` run by a helper thread with a side stream of CUDA device ``index`` current, so that no memory pool
+    that takes the calling thread's allocations (a CUDA-graph tree's, during its warm-up or recording) takes its
+    buffers; the calling stream waits for the side stream's work (zeroing) before its next launch, and each tensor
+    made is marked as used by the calling stream, so that freeing it (``dispatch.clear_cache()``) waits for that
+    stream's kernels. An exception of ``make()`` is raised here. Not for use inside a capture."""
+    import threading
+
     import torch
 
     side = _SIDE_STREAMS.get(index)
@@ -71,8 +75,21 @@ def made_off_stream(make: Callable[[], Any], index: int) -> Any:
         side = _SIDE_STREAMS.setdefault(index, torch.cuda.Stream(device=index))
     caller = torch.cuda.current_stream(index)
     side.wait_stream(caller)
-    with torch.cuda.stream(side):
-        made = make()
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            with torch.cuda.stream(side):
+                box["made"] = make()
+        except BaseException as e:          # re-raised in the calling thread
+            box["error"] = e
+
+    helper = threading.Thread(target=work, name="portakern-workspace", daemon=True)
+    helper.start()
+    helper.join()
+    if "error" in box:
+        raise box["error"]
+    made = box["made"]
     caller.wait_stream(side)
     for t in made if isinstance(made, (tuple, list)) else (made,):
         if isinstance(t, torch.Tensor):

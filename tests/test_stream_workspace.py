@@ -100,10 +100,12 @@ class _FakeStream:
         self.log.append(f"{self.name} waits for {other.name}")
 
 
-def test_a_set_is_made_with_a_side_stream_current_and_the_caller_waits_for_it(monkeypatch):
-    # what keeps a set out of a CUDA-graph tree's pool (bound to the calling stream): the allocation happens while
-    # another stream is current, and the caller orders its next launch after that stream's zeroing
+def test_a_set_is_made_by_another_thread_on_a_side_stream_and_the_caller_waits_for_it(monkeypatch):
+    # what keeps a set out of a CUDA-graph tree's pool (which takes every allocation of the calling thread during the
+    # tree's warm-up and recording): the allocation happens in another thread, with another stream current, and the
+    # caller orders its next launch after that stream's zeroing
     import contextlib
+    import threading
 
     torch = pytest.importorskip("torch")
     log, current = [], []
@@ -120,13 +122,33 @@ def test_a_set_is_made_with_a_side_stream_current_and_the_caller_waits_for_it(mo
     monkeypatch.setattr(torch.cuda, "stream", use)
 
     def make():
-        log.append(f"made on {torch.cuda.current_stream(2).name}")
+        log.append(f"made on {torch.cuda.current_stream(2).name}"
+                   f"{' in the caller thread' if threading.get_ident() == caller_thread else ''}")
         return ("ws", "counters")
+    caller_thread = threading.get_ident()
     assert SW.made_off_stream(make, 2) == ("ws", "counters")
     assert log == ["side2 waits for caller", "made on side2", "caller waits for side2"]
     side = SW._SIDE_STREAMS[2]
     SW.made_off_stream(make, 2)
     assert SW._SIDE_STREAMS == {2: side}              # one side stream per device, reused
+
+
+def test_an_error_of_make_reaches_the_caller_and_the_caller_does_not_wait(monkeypatch):
+    import contextlib
+
+    torch = pytest.importorskip("torch")
+    log = []
+    caller = _FakeStream("caller", log)
+    monkeypatch.setattr(SW, "_SIDE_STREAMS", {})
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: _FakeStream(f"side{device}", log))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda index: caller)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+
+    def make():
+        raise MemoryError("CUDA out of memory (test)")
+    with pytest.raises(MemoryError, match="out of memory"):
+        SW.made_off_stream(make, 0)
+    assert log == ["side0 waits for caller"]
 
 
 def test_the_interpreter_keeps_one_set_and_asks_no_stream(monkeypatch):
