@@ -317,6 +317,42 @@ def test_choose_frag_follows_the_word_kernels_table(C, monkeypatch):
     assert (rule.rows, rule.splits) == (C.choose(op, 132).columns, C.choose(op, 132).splits)
 
 
+def test_choose_frag_takes_its_own_measured_entry_before_the_translation(C, monkeypatch):
+    from portakern.backends.cuda import tuning
+
+    op = gemv(N=4096, K=14336)
+    monkeypatch.setitem(tuning.TABLE, ("sm_90/h200", 1, 4, 4096, 14336), tuning.GemvEntry(16, 8, 7, 1, 1, True, "t"))
+    monkeypatch.setitem(tuning.FRAG_TABLE, ("sm_90/h200", 1, 4096, 14336), tuning.FragEntry(2, 2, 2, 7, 1, 1, "t"))
+    assert C.choose_frag(op, 132, (9, 0), "NVIDIA H200") == C.FragConfig(rw=2, nt=2, kw=2, splits=7, pf=1, ldna=1)
+    # the committed H100 entry serves the H100; an unmeasured card of the family falls back to the translation
+    assert C.choose_frag(op, 132, (9, 0), "NVIDIA H100 80GB HBM3") == C.FragConfig(2, 2, 2, 8, 2, 1)
+    assert C.choose_frag(op, 132, (9, 0), "NVIDIA H20") == C.frag_config(op, C.choose(op, 132, (9, 0), "NVIDIA H20"))
+    assert C.frag_table_entry(gemv(N=4096, K=14336, bits=8), (9, 0), "NVIDIA H100") is None   # int4 only
+
+
+def test_every_frag_table_entry_is_its_sweeps_fastest_variant_and_a_launch_that_does_not_spill(C):
+    # tuning is data: each entry names the result file whose sweep timed it fastest, more than 2% ahead of the
+    # translated launch, and it is a launch the kernel takes, lowered for sm_90a without spilling
+    import json
+    from pathlib import Path
+
+    from portakern.backends.cuda.common import nvrtc
+    from portakern.backends.cuda.tuning import FRAG_TABLE
+
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    assert FRAG_TABLE
+    for (key, M, N, K), entry in FRAG_TABLE.items():
+        sweep = json.loads((results / entry.source).read_text())
+        assert key == "sm_{}{}/h100".format(*sweep["capability"]) and "H100" in sweep["gpu"]
+        row = next(r for r in sweep["bench"] if (r["M"], r["N"], r["K"]) == (M, N, K))
+        assert tuple(int(v) for v in row["best"].split(",")) == tuple(entry[:6]), (key, M, N, K)
+        assert row["best_us"] < 0.98 * row["translated_us"], (key, M, N, K)
+        op, f = gemv(M=M, N=N, K=K), C.FragConfig(*entry[:6])
+        C._check_frag_config(op, f)
+        c = nvrtc.compile_source(C.FRAG_SOURCE, tuple(C.frag_defines(op, f, True, None).items()), "sm_90a")
+        assert (c.spill_bytes or 0) == 0 and c.frame_bytes == 0, (key, M, N, K, f)
+
+
 @pytest.mark.parametrize("op,why", [
     (gemv(bits=8), "bits=8 (the fragment layout holds int4 codes)"),
     (gemv(gs=64), "group_size=64, K=4096 (both must be multiples of 128)"),

@@ -245,10 +245,26 @@ def frag_config(op: QuantGemv, cfg: SmallMConfig) -> FragConfig:
     return FragConfig(rw=rw, nt=nt, kw=1, splits=cfg.splits, pf=max(1, min(cfg.pf, chunks)), ldna=cfg.ldna)
 
 
+def frag_table_entry(op: QuantGemv, capability: tuple[int, int] | None, name: str = ""):
+    """``tuning.FRAG_TABLE``'s entry for ``op`` (int4) on a GPU of ``capability`` named ``name``: that card's, else
+    the family's; None when unmeasured."""
+    from .tuning import FRAG_TABLE
+
+    if capability is None or op.fmt.bits != 4:
+        return None
+    fam, rest, c = family(capability), (op.M, op.N, op.K), card(name)
+    entry = FRAG_TABLE.get((f"{fam}/{c}", *rest)) if c else None
+    return entry if entry is not None else FRAG_TABLE.get((fam, *rest))
+
+
 def choose_frag(op: QuantGemv, num_sms: int, capability: tuple[int, int] | None = None,
                 name: str = "") -> FragConfig:
-    """The fragment kernel's launch for ``op``: ``frag_config`` of the word kernel's choice (``choose``: its measured
-    entry, else its rule), so that a weight serves at the word kernel's tuned shape whichever layout it holds."""
+    """The fragment kernel's launch for ``op``: its own measured entry (``frag_table_entry``) when the problem has
+    one, else ``frag_config`` of the word kernel's choice (``choose``: its measured entry, else its rule), so that a
+    weight serves at a tuned shape whichever layout it holds."""
+    entry = frag_table_entry(op, capability, name)
+    if entry is not None:
+        return FragConfig(*entry[:6])
     return frag_config(op, choose(op, num_sms, capability, name))
 
 
@@ -329,10 +345,10 @@ def _default_layout() -> str:
 def compile(op: QuantGemv, device: Device, config: SmallMConfig | None = None, frag: FragConfig | None = None):
     """``kernel(x, prepared, out)`` for ``op`` on CUDA ``device`` (``prepared``: a ``PreparedGemvWeight``, the GEMV
     layout): the word kernel (``config``, default ``choose``) when the weight has words, else the fragment kernel
-    (``frag``, default ``frag_config`` of the word kernel's choice). The kernel of the layout weights are prepared in
-    by default (``portakern.gemv_weight.DEFAULT_LAYOUT``) is compiled here, the other on its first call -- which,
-    inside CUDA stream capture, raises ``portakern.capture.CaptureError`` naming the way out (one call before
-    capture).
+    (``frag``, default ``choose_frag``: its measured entry, else the word kernel's choice translated). The kernel of
+    the layout weights are prepared in by default (``portakern.gemv_weight.DEFAULT_LAYOUT``) is compiled here, the
+    other on its first call -- which, inside CUDA stream capture, raises ``portakern.capture.CaptureError`` naming
+    the way out (one call before capture).
 
     Raises (from the kernel): InvalidInputError when the weight's zero points, zero point or row stride differ from
     the op's, when it holds neither words nor fragments, when the op is one the fragment kernel cannot run
@@ -347,7 +363,8 @@ def compile(op: QuantGemv, device: Device, config: SmallMConfig | None = None, f
         raise AssertionError(f"the GEMV layout's row stride alignment is {N_ALIGN_WORDS}, this kernel's {N_ALIGN}")
     props = torch.cuda.get_device_properties(device.index or 0)
     cfg = config or choose(op, props.multi_processor_count, device.capability, device.name)
-    fcfg = frag or frag_config(op, cfg)
+    fcfg = frag or (frag_config(op, config) if config is not None
+                    else choose_frag(op, props.multi_processor_count, device.capability, device.name))
     pdl = device.capability >= (9, 0)
     zp = _zero_point(op)
     np_ = -(-op.N // N_ALIGN) * N_ALIGN
@@ -450,7 +467,8 @@ def compile_for_target(op: QuantGemv, target: str, config: SmallMConfig | None =
     art = {"target": target, "config": cfg, **_lowered(SOURCE, defines(op, cfg, pdl, _zero_point(op)), target,
                                                        ENTRY), "smem_bytes": smem_bytes(op, cfg)}
     if frag_refusal(op) is None:
-        fcfg = frag or frag_config(op, cfg)
+        fcfg = frag or (frag_config(op, config) if config is not None
+                        else choose_frag(op, DEFAULT_SMS[target], _capability(target)))
         _check_frag_config(op, fcfg)
         art["frag"] = {"config": fcfg, **_lowered(FRAG_SOURCE, frag_defines(op, fcfg, pdl, _zero_point(op)), target,
                                                   FRAG_ENTRY), "smem_bytes": frag_smem_bytes(op, fcfg)}

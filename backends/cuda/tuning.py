@@ -1,4 +1,5 @@
-"""Tuning data of the cuda backend: the measured launch configurations of its GEMV (``kernels/gemv_small_m.cu``).
+"""Tuning data of the cuda backend: the measured launch configurations of its GEMV kernels (``TABLE``: the word
+kernel ``kernels/gemv_small_m.cu``; ``FRAG_TABLE``: the fragment kernel ``kernels/gemv_frag.cu``).
 
 Per GPU family and problem, the fastest launch variant a sweep found and whether it timed ahead of the triton
 backend's table in the same run. Written by ``benchmarks/gemv_table_sweep.py --phase write-table`` from the sweeps'
@@ -91,3 +92,29 @@ class AttentionEntry(NamedTuple):
 #: (benchmarks/results/attention-cute-first-run-h100.json), so the backend's priority hook never ranks its attention
 #: above triton (``portakern_backend_priority`` in ``__init__``); ``backend="cuda"`` reaches it.
 ATTENTION_TABLE: dict[tuple[str, str, int, bool], AttentionEntry] = {}
+
+
+class FragEntry(NamedTuple):
+    """One measured launch of the fragment kernel (the fields of ``quant_gemv.FragConfig``) and its evidence."""
+
+    rw: int                 #: row warps (16 nt rw rows per CTA)
+    nt: int                 #: 16-row tiles per warp
+    kw: int                 #: K warps
+    splits: int             #: K slices
+    pf: int                 #: 128-column chunks in flight per thread
+    ldna: int               #: 1: non-allocating loads of the weight
+    source: str             #: the result file under benchmarks/results/ that measured it
+
+
+#: (family or family/card, M, N, K) -> FragEntry for int4 weights held only as fragments: the fastest variant of
+#: ``benchmarks/gemv_table_sweep.py --kernel frag --phase bench`` (every variant checked against float64, timed in CUDA
+#: graphs over weights rotated past 4x the L2), kept where it beat the word kernel's entry translated
+#: (``quant_gemv.frag_config``, the fallback) by more than 2% in the same run; lookup as ``TABLE``'s.
+FRAG_TABLE: dict[tuple[str, int, int, int], FragEntry] = {
+    ('sm_90/h100', 1, 4096, 4096): FragEntry(4, 2, 2, 8, 1, 1, 'gemv-cuda-frag-sweep-h100.json'),
+    ('sm_90/h100', 1, 4096, 14336): FragEntry(2, 2, 2, 8, 2, 1, 'gemv-cuda-frag-sweep-h100.json'),
+    ('sm_90/h100', 1, 8192, 8192): FragEntry(4, 2, 2, 8, 1, 1, 'gemv-cuda-frag-sweep-h100.json'),
+    ('sm_90/h100', 1, 14336, 4096): FragEntry(2, 2, 2, 4, 1, 1, 'gemv-cuda-frag-sweep-h100.json'),
+    ('sm_90/h100', 1, 16384, 16384): FragEntry(4, 2, 2, 4, 1, 1, 'gemv-cuda-frag-sweep-h100.json'),
+    ('sm_90/h100', 1, 28672, 8192): FragEntry(8, 1, 1, 1, 4, 1, 'gemv-cuda-frag-sweep-h100.json'),
+}
