@@ -358,8 +358,9 @@ def main() -> int:
     M = args.m
     shapes = shapes_for(M) if args.kernel == "words" else SHAPES[:6]
     if args.kernel == "frag" and args.phase == "write-table":
-        raise SystemExit("--kernel frag --phase write-table: the fragment kernel has no table of its own (it runs the "
-                         "word kernel's entry, translated: quant_gemv.frag_config); use --phase lower, check or bench")
+        raise SystemExit("--kernel frag --phase write-table: not automated; tuning.FRAG_TABLE takes a sweep's 'best' "
+                         "per shape where it beat 'translated_us' by more than 2% (tests/test_cuda_frag.py checks "
+                         "each entry against its file); use --phase lower, check or bench")
     if args.shapes:
         try:
             wanted = {tuple(int(t) for t in sh.split("x")) for sh in args.shapes}
