@@ -51,7 +51,8 @@
 #   decode-step-tiles  the step at ctx 2048 with the table and with the per-word-row GEMV tile
 #                   everywhere (--compare-tiles, no peers)
 #   vendor-bench    benchmarks/vendor_backends.py: every GPU backend (ours and the vendors') per shape, eager and in a
-#                   CUDA graph, and auto's choice
+#                   CUDA graph, and auto's choice; backends failing a case in vendor-conformance's reports of this
+#                   card (run that step first) are marked uncertified
 #   vendor-conformance  the vendor backends on cuda:0, gpu tier, one report per backend ($VENDORS, default torch fa4
 #                   flashinfer; $CASES restricts the cases); fa4 / flashinfer need their packages
 #   dispatch        benchmarks/dispatch_overhead.py
@@ -151,7 +152,9 @@ for s in "$@"; do
         decode-step-tiles) step decode-step-tiles python3 benchmarks/decode_step.py --ctx 2048 --no-peers \
             --compare-tiles --tag="-tiles$TAG" --out "$RES" ;;
         dispatch) step dispatch python3 benchmarks/dispatch_overhead.py --tag="$TAG" --out "$RES" ;;
-        vendor-bench) step vendor-bench python3 benchmarks/vendor_backends.py --tag="$TAG" --out "$RES" ;;
+        vendor-bench) certs=$(ls "$RES"/{torch,fa4,flashinfer}-"$CARD"-gpu"$TAG".json 2>/dev/null)   # run vendor-conformance first
+            step vendor-bench python3 benchmarks/vendor_backends.py --tag="$TAG" --out "$RES" \
+            ${certs:+--certified-by $certs} ;;
         vendor-conformance) for b in ${VENDORS:-torch fa4 flashinfer}; do step "conformance-$b" python3 -m portakern \
             conformance --backend "$b" --device cuda:0 --tier gpu --jobs 0 --no-progress ${CASES:+--cases "$CASES"} \
             --report "$RES/$b-$CARD-gpu$TAG.json" --markdown "$RES/$b-$CARD-gpu$TAG.md"; done ;;

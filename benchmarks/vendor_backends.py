@@ -10,7 +10,13 @@ CUDA graph (``graph_us``: the kernels alone; a backend whose call cannot be capt
 and how far auto is from it, in the graph (``fastest_graph``, ``auto_over_fastest_graph``: what the dispatch tables
 rank) and eagerly (``fastest``, ``auto_over_fastest``).
 
-    python benchmarks/vendor_backends.py [--quick] [--out DIR] [--tag -x]
+A GEMV row times a ring of prepared weights whose codes together exceed 4x the L2 (``timing.copies_for``), the
+memory-bound case the dispatch tables measure; one weight called over and over stays in the L2 and ranks kernels
+differently. ``--certified-by`` names gpu-tier conformance reports of this card: a backend with a failing or erroring
+case there is still timed, but marked ``uncertified`` and never counted as the fastest correct backend nor printed as
+a candidate (``auto`` may only rank a backend that passes the suite).
+
+    python benchmarks/vendor_backends.py [--quick] [--out DIR] [--tag -x] [--certified-by REPORT.json ...]
 
 Results: ``DIR/vendor-backends<TAG>-<card>.json``. A vendor that beats every portakern kernel on a shape class by
 more than 3% is printed as a candidate row for its backend's ``tuning.RANK_OVER_OWN`` (the table stays data: a row
@@ -58,12 +64,38 @@ def _attention_inputs(B, Sq, Sk, Hq, Hkv, D, ps, dev):
     return (q, k, v), {"block_table": table, "seqlens_k": torch.full((B,), Sk, dtype=torch.int32, device=dev)}
 
 
-def _row(fn, args, kw, shape, reference, tol, backends, graph_calls) -> dict:
-    """Time every backend that supports ``fn(*args, **kw)``; record refusals and wrong answers."""
-    row = {"op": fn.__name__, "shape": shape, "backends": {}}
+def uncertified(reports: list[str], card: str) -> dict[str, str]:
+    """{backend: why} for each backend with a failing or erroring case in the conformance ``reports`` (JSON) that
+    ran on a GPU named ``card``. Raises ValueError naming the report when it ran on another device."""
+    import collections
+    import json
 
-    def call(backend=None):
-        return fn(*args, backend=backend, **kw)
+    failing: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for path in reports:
+        rep = json.load(open(path))
+        name = rep.get("device", {}).get("name")
+        if name != card:
+            raise ValueError(f"--certified-by {path}: that report ran on {name!r}, this GPU is {card!r}; pass a "
+                             "gpu-tier report of this card (portakern conformance --tier gpu --report ...)")
+        for r in rep.get("results", []):
+            if r.get("status") in ("fail", "error"):
+                failing[r["backend"]][os.path.basename(path)] += 1
+    return {b: "failing case(s): " + ", ".join(f"{n} in {f}" for f, n in sorted(c.items()))
+            for b, c in sorted(failing.items())}
+
+
+def _row(fn, args, kw, shape, reference, tol, backends, graph_calls, rotate=(), bad=None) -> dict:
+    """Time every backend that supports ``fn(*args, **kw)``; record refusals and wrong answers. ``rotate``: more
+    argument tuples like ``args`` that the timed loops cycle through (a weight ring past the L2); ``bad``: the
+    uncertified backends and why."""
+    row = {"op": fn.__name__, "shape": shape, "backends": {}}
+    bad = bad or {}
+
+    def call(backend=None, a=args):
+        return fn(*a, backend=backend, **kw)
+
+    def calls(name):
+        return [lambda a=a: call(backend=name, a=a) for a in (args, *rotate)]
 
     for name in backends:
         try:
@@ -77,18 +109,28 @@ def _row(fn, args, kw, shape, reference, tol, backends, graph_calls) -> dict:
             if not err <= tol:
                 row["backends"][name] = {"wrong": err}
                 continue
-            row["backends"][name] = {"us": eager_us([lambda: call(backend=name)], reps=20), "rel_err": err}
+            row["backends"][name] = {"us": eager_us(calls(name), reps=20), "rel_err": err}
         except Exception as e:  # a vendor failure is a result, not a crash of the benchmark
             row["backends"][name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             continue
         try:
-            row["backends"][name]["graph_us"] = graph_us([lambda: call(backend=name)], calls=graph_calls)
+            row["backends"][name]["graph_us"] = graph_us(calls(name), calls=graph_calls)
         except Exception as e:  # e.g. a host synchronisation inside the call: recorded, eager figure kept
             torch.cuda.synchronize()
             row["backends"][name]["graph_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     row["auto"] = portakern.explain(fn, *args, **kw).chosen
+    return judge(row, bad)
+
+
+def judge(row: dict, bad: dict[str, str]) -> dict:
+    """Mark ``row``'s uncertified backends (``bad``: name -> why), then per timing (eager ``us``, ``graph_us``) name
+    the fastest certified backend, auto's distance from it and, where a vendor beats every own kernel by more than
+    3%, the candidate for its ``RANK_OVER_OWN``."""
+    for name, why in bad.items():
+        if name in row["backends"]:
+            row["backends"][name]["uncertified"] = why
     for key, suffix in (("us", ""), ("graph_us", "_graph")):
-        timed = {n: r[key] for n, r in row["backends"].items() if key in r}
+        timed = {n: r[key] for n, r in row["backends"].items() if key in r and "uncertified" not in r}
         if not timed:
             continue
         best = min(timed, key=timed.get)
@@ -106,11 +148,14 @@ def _print(row: dict) -> None:
     def cell(r):
         if "us" not in r:
             return next(iter(r))
-        return f"{r['graph_us']:.1f} / {r['us']:.1f}" if "graph_us" in r else f"- / {r['us']:.1f}"
+        mark = " (uncertified)" if "uncertified" in r else ""
+        return (f"{r['graph_us']:.1f} / {r['us']:.1f}" if "graph_us" in r else f"- / {r['us']:.1f}") + mark
     print(row["shape"], {n: cell(r) for n, r in row["backends"].items()}, "auto:", row["auto"], flush=True)
 
 
-def run(quick: bool) -> list[dict]:
+def run(quick: bool, bad: dict | None = None) -> list[dict]:
+    from timing import copies_for
+
     dev = f"cuda:{torch.cuda.current_device()}"
     backends, rows = _gpu_backends(), []
     for name, B, Sq, Sk, Hq, Hkv, D, causal, ps in ATTENTION[: 3 if quick else None]:
@@ -120,7 +165,7 @@ def run(quick: bool) -> list[dict]:
                                   **{k: v.cpu() if torch.is_tensor(v) else v for k, v in kw.items()})
         rows.append(_row(portakern.attention, args, kw, dict(kind=name, B=B, Sq=Sq, Sk=Sk, Hq=Hq, Hkv=Hkv, D=D,
                                                               causal=causal, page_size=ps), ref.double(), 3e-2,
-                         backends, graph_calls=20))
+                         backends, graph_calls=20, bad=bad))
         _print(rows[-1])
     for M, N, K in GEMV[: 2 if quick else None]:
         g = torch.Generator().manual_seed(1)
@@ -128,9 +173,12 @@ def run(quick: bool) -> list[dict]:
                                scale_dtype="bfloat16")
         x = torch.randn(M, K, generator=g).to(torch.bfloat16)
         ref = x.double() @ torch.as_tensor(np.asarray(w.dequantize(), dtype=np.float64)).T
+        ring = [(x.to(dev), portakern.quantize(torch.randn(N, K, generator=g), bits=4, group_size=128, symmetric=True,
+                                               scale_dtype="bfloat16").to(dev))
+                for _ in range(copies_for(N * K // 2) - 1)]
         rows.append(_row(portakern.quant_gemv, (x.to(dev), w.to(dev)), {},
-                         dict(M=M, N=N, K=K, fmt="int4 sym g128 bf16 scales"), ref, 1.6e-2, backends,
-                         graph_calls=200))
+                         dict(M=M, N=N, K=K, fmt="int4 sym g128 bf16 scales", weights=1 + len(ring)), ref, 1.6e-2,
+                         backends, graph_calls=200, rotate=ring, bad=bad))
         _print(rows[-1])
     return rows
 
@@ -142,13 +190,21 @@ def main() -> None:
     ap.add_argument("--out", default=default_out(), help="folder for the result JSON (default: $OUT or "
                     "benchmarks/results)")
     ap.add_argument("--tag", default="", help="what the run varies, in the result name (e.g. -quick)")
+    ap.add_argument("--certified-by", nargs="+", default=[], metavar="REPORT",
+                    help="gpu-tier conformance reports (JSON) of this card: a backend failing a case there is timed "
+                         "but marked uncertified, never the fastest correct backend nor a RANK_OVER_OWN candidate")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("vendor_backends.py needs a CUDA device: it times kernels on the GPU")
-    rows = run(a.quick)
+    try:
+        bad = uncertified(a.certified_by, torch.cuda.get_device_name(0))
+    except (OSError, ValueError) as e:
+        ap.error(str(e))
+    rows = run(a.quick, bad)
     res = {"what": __doc__.splitlines()[0], "date": datetime.date.today().isoformat(),
            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "commit": os.environ.get("PK_COMMIT", ""),
-           "backends": {n: registry().backends[n].status() for n in _gpu_backends()}, "rows": rows}
+           "backends": {n: registry().backends[n].status() for n in _gpu_backends()},
+           "certified_by": [os.path.basename(p) for p in a.certified_by], "uncertified": bad, "rows": rows}
     write(res, result_path(a.out, "vendor-backends", a.tag))
     for suffix, how in (("_graph", "in a CUDA graph"), ("", "eagerly")):
         worst = max((r.get("auto_over_fastest" + suffix) or 0.0 for r in rows), default=0.0)
