@@ -169,16 +169,15 @@ def run(quick: bool, bad: dict | None = None) -> list[dict]:
         _print(rows[-1])
     for M, N, K in GEMV[: 2 if quick else None]:
         g = torch.Generator().manual_seed(1)
-        w = portakern.quantize(torch.randn(N, K, generator=g), bits=4, group_size=128, symmetric=True,
-                               scale_dtype="bfloat16")
         x = torch.randn(M, K, generator=g).to(torch.bfloat16)
-        ref = x.double() @ torch.as_tensor(np.asarray(w.dequantize(), dtype=np.float64)).T
-        ring = [(x.to(dev), portakern.quantize(torch.randn(N, K, generator=g), bits=4, group_size=128, symmetric=True,
-                                               scale_dtype="bfloat16").to(dev))
-                for _ in range(copies_for(N * K // 2) - 1)]
-        rows.append(_row(portakern.quant_gemv, (x.to(dev), w.to(dev)), {},
-                         dict(M=M, N=N, K=K, fmt="int4 sym g128 bf16 scales", weights=1 + len(ring)), ref, 1.6e-2,
-                         backends, graph_calls=200, rotate=ring, bad=bad))
+        ws = [portakern.quantize(torch.randn(N, K, generator=g), bits=4, group_size=128, symmetric=True,
+                                 scale_dtype="bfloat16") for _ in range(copies_for(N * K // 2))]
+        ref = x.double() @ torch.as_tensor(np.asarray(ws[0].dequantize(), dtype=np.float64)).T
+        xd = x.to(dev)
+        args = [(xd, w.to(dev)) for w in ws]
+        rows.append(_row(portakern.quant_gemv, args[0], {},
+                         dict(M=M, N=N, K=K, fmt="int4 sym g128 bf16 scales", weights=len(ws)), ref, 1.6e-2,
+                         backends, graph_calls=200, rotate=args[1:], bad=bad))
         _print(rows[-1])
     return rows
 

@@ -66,7 +66,7 @@ def made_off_stream(make: Callable[[], Any], index: int) -> Any:
     buffers; the calling stream waits for the side stream's work (zeroing) before its next launch, and each tensor
     made is marked as used by the calling stream, so that freeing it (``dispatch.clear_cache()``) waits for that
     stream's kernels. An exception of ``make()`` is raised here. Not for use inside a capture."""
-    import threading
+    from concurrent.futures import ThreadPoolExecutor
 
     import torch
 
@@ -75,21 +75,13 @@ def made_off_stream(make: Callable[[], Any], index: int) -> Any:
         side = _SIDE_STREAMS.setdefault(index, torch.cuda.Stream(device=index))
     caller = torch.cuda.current_stream(index)
     side.wait_stream(caller)
-    box: dict[str, Any] = {}
 
-    def work() -> None:
-        try:
-            with torch.cuda.stream(side):
-                box["made"] = make()
-        except BaseException as e:          # re-raised in the calling thread
-            box["error"] = e
+    def on_side_stream():
+        with torch.cuda.stream(side):
+            return make()
 
-    helper = threading.Thread(target=work, name="portakern-workspace", daemon=True)
-    helper.start()
-    helper.join()
-    if "error" in box:
-        raise box["error"]
-    made = box["made"]
+    with ThreadPoolExecutor(1, thread_name_prefix="portakern-workspace") as helper:
+        made = helper.submit(on_side_stream).result()        # an exception of make() is raised here
     caller.wait_stream(side)
     for t in made if isinstance(made, (tuple, list)) else (made,):
         if isinstance(t, torch.Tensor):

@@ -161,18 +161,23 @@ def card(name: str) -> str | None:
     return m.group(1).lower() if m else None
 
 
+def _measured(table: dict, capability: tuple[int, int] | None, name: str, rest: tuple):
+    """``table``'s entry keyed ``(family/card, *rest)`` for the card named ``name`` if any, else ``(family, *rest)``
+    (measured on another card of the family); None without a capability or an entry."""
+    if capability is None:
+        return None
+    fam, c = family(capability), card(name)
+    entry = table.get((f"{fam}/{c}", *rest)) if c else None
+    return entry if entry is not None else table.get((fam, *rest))
+
+
 def table_entry(op: QuantGemv, capability: tuple[int, int] | None, name: str = ""):
     """``tuning.TABLE``'s entry for ``op`` on a GPU of ``capability`` named ``name``: the one measured on that
     card (key ``"sm_90/h200"``) if any, else the family's (``"sm_90"``: measured on another card of the family);
     None when unmeasured."""
     from .tuning import TABLE
 
-    if capability is None:
-        return None
-    fam, rest = family(capability), (op.M, op.fmt.bits, op.N, op.K)
-    c = card(name)
-    entry = TABLE.get((f"{fam}/{c}", *rest)) if c else None
-    return entry if entry is not None else TABLE.get((fam, *rest))
+    return _measured(TABLE, capability, name, (op.M, op.fmt.bits, op.N, op.K))
 
 
 def choose(op: QuantGemv, num_sms: int, capability: tuple[int, int] | None = None, name: str = "") -> SmallMConfig:
@@ -250,11 +255,7 @@ def frag_table_entry(op: QuantGemv, capability: tuple[int, int] | None, name: st
     the family's; None when unmeasured."""
     from .tuning import FRAG_TABLE
 
-    if capability is None or op.fmt.bits != 4:
-        return None
-    fam, rest, c = family(capability), (op.M, op.N, op.K), card(name)
-    entry = FRAG_TABLE.get((f"{fam}/{c}", *rest)) if c else None
-    return entry if entry is not None else FRAG_TABLE.get((fam, *rest))
+    return _measured(FRAG_TABLE, capability, name, (op.M, op.N, op.K)) if op.fmt.bits == 4 else None
 
 
 def choose_frag(op: QuantGemv, num_sms: int, capability: tuple[int, int] | None = None,
