@@ -107,6 +107,24 @@ def pack_fragments(codes: torch.Tensor, n_align: int = N_ALIGN_WORDS) -> torch.T
     return _to_int32(words)
 
 
+def unpack_fragments(words: torch.Tensor, N: int, K: int) -> torch.Tensor:
+    """``portakern.ir.gemv_layout.unpack_fragments`` with torch ops, on ``words``' device: int32 fragment words
+    ``(KC, U, 256)`` -> uint8 codes ``(N, K)`` (``N <= 16 U``, ``K <= 128 KC``). ``words`` may be a slice of whole
+    16-row units (``frag[:, u0:u1]``) whose last dimension is contiguous.
+
+    Only views, shifts and one permuting copy, with no index tensor: word ``(c, u, 128 h + 16 g + 4 t + 2 cb + rb)``
+    holds, in byte ``2 half + p // 2`` (little-endian int32) at nibble ``p % 2``, the code of row ``16 u + 8 rb + g``
+    and column ``128 c + 64 h + 16 t + 4 p + 2 cb + half`` (``_frag_index`` worked out: ``_frag_kcol`` of MMA k
+    position ``2 (4 cb + t) + half`` is ``16 t + 4 p + 2 cb + half``). So nothing is copied from the host and the
+    function can run inside CUDA stream capture."""
+    kc, nu = int(words.shape[0]), int(words.shape[1])
+    b = words.view(torch.uint8).reshape(kc, nu, 2, 8, 4, 2, 2, 2, 2)   # (c, u, h, g, t, cb, rb, half, p // 2)
+    nib = torch.stack((b & 0xF, b >> 4), dim=-1)                        # (..., half, p // 2, p % 2)
+    # (c0, u1, h2, g3, t4, cb5, rb6, half7, ph8, pl9) -> (u, rb, g, c, h, t, p, cb, half)
+    codes = nib.permute(1, 6, 3, 0, 2, 4, 8, 9, 5, 7).reshape(nu * 16, kc * FRAG_CHUNK)
+    return codes[:N, :K]
+
+
 def by_group(a: torch.Tensor, N: int, dtype) -> torch.Tensor:
     """``(N, G)`` -> ``(G, NP)`` in ``dtype``; columns past N repeat column 0 (finite, never stored)."""
     out = torch.empty((a.shape[1], padded_columns(N)), dtype=dtype, device=a.device)
@@ -115,4 +133,4 @@ def by_group(a: torch.Tensor, N: int, dtype) -> torch.Tensor:
     return out
 
 
-__all__ = ["PACKINGS", "by_group", "pack_fragments", "pack_words", "unpack"]
+__all__ = ["PACKINGS", "by_group", "pack_fragments", "pack_words", "unpack", "unpack_fragments"]

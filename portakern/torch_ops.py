@@ -185,11 +185,10 @@ def _codes(w: PreparedGemvWeight) -> Tensor:
     epw = 32 // w.bits
     mask = (1 << w.bits) - 1
     q = w.qweight
-    if q is None:   # a fragments-only weight (layout="fragments"): the fragment layout's numpy unpacker
-        from portakern.ir.gemv_layout import unpack_fragments
+    if q is None:   # a fragments-only weight (layout="fragments"): unpacked on its device, no host copy
+        from portakern.gemv_torch import unpack_fragments
 
-        codes = unpack_fragments(w.frag.cpu().numpy(), w.N, w.K)
-        return torch.from_numpy(codes.astype("int32")).T.to(w.frag.device)
+        return unpack_fragments(w.frag, w.N, w.K).to(torch.int32).T
     iw = w.interleave
     codes = torch.stack([(q >> (w.bits * e)) & mask for e in range(epw)], dim=1)   # (KWP, epw, NP)
     # interleaved rows: (block, j, e, NP) -> (block, e, j, NP) is column k's order

@@ -8,7 +8,10 @@ float minimum per group (``PreparedGemvWeight.mins``, ``portakern.gemv_kquants``
 kernels subtract once per group (their ``MINS`` constexpr); the "mma", "stream" and "frag" kernels refuse it.
 
 ``compile(op, device)`` returns ``kernel(x, prepared, out)``: one ``launcher.Launcher`` per weight layout, built
-on the layout's first call (the CUDA-graph contract is ``launcher.py``'s). The launch configuration comes from
+on the layout's first call (the CUDA-graph contract is ``launcher.py``'s). A weight held only as fragments
+(``layout="fragments"``, the default on CUDA) runs the "frag" kernel where it can run the call and otherwise
+(``fragments_refusal``: M > 16, fp16 / fp32 x, a prologue, the interpreter) ``fragments_dense.FragmentsDense``:
+the fragments dequantized for the call, then one ``torch.matmul``. The launch configuration comes from
 ``config.choose`` (``tuning.py``'s tables), or is autotuned and cached with ``PORTAKERN_TRITON_AUTOTUNE=1``
 (``autotune.py``). ``checks.py`` holds the host-side checks, ``stream.py`` the stream-K kernel's host side,
 ``aot.py`` the lowering without the device.
@@ -37,6 +40,7 @@ from ..common.arch import check_pdl, device_family
 from ..common.switches import autotune_enabled
 from .checks import MAX_OFFSET, check_weight
 from .config import GemvConfig, choose, fit, frag_usable
+from .fragments_dense import FragmentsDense
 from .launcher import Launcher
 
 
@@ -67,7 +71,9 @@ def compile(op: QuantGemv, device: Device, config: GemvConfig | None = None):
     """The kernel ``kernel(x, prepared, out)`` for ``op`` on ``device`` (torch tensors).
 
     ``config`` forces a launch configuration (benchmarks, tests); by default the tuning table
-    (or the autotune cache) chooses one per weight layout on the first call.
+    (or the autotune cache) chooses one per weight layout on the first call. A weight held only as fragments runs
+    the "frag" kernel, or ``FragmentsDense`` where that kernel cannot run the call (``fragments_refusal``); a forced
+    configuration of another kind raises ``UnsupportedError`` for it (those kernels read the words).
     """
     op.verify()
     interpret = device.type == "cpu"
@@ -82,8 +88,16 @@ def compile(op: QuantGemv, device: Device, config: GemvConfig | None = None):
             raise UnsupportedError(f"GemvConfig(kind={config.kind!r}) is a Gluon kernel, which Triton's interpreter "
                                    "cannot run; force it on a CUDA device, or use kind='fma' or 'dot' here")
 
-    def build(x, w: PreparedGemvWeight, out) -> Launcher:
+    def build(x, w: PreparedGemvWeight, out) -> Launcher | FragmentsDense:
         check_weight(op, w, tdev)
+        if not w.has_words:   # fragments only: the "frag" kernel where it runs the call, else dequantize + matmul
+            why = fragments_refusal(op, w, interpret)
+            if config is not None and config.kind != "frag":
+                raise UnsupportedError(f"GemvConfig(kind={config.kind!r}) reads the word layout, and this prepared "
+                                       "weight holds its codes only as fragments (layout='fragments'); force "
+                                       "kind='frag', or leave the configuration to the table")
+            if why is not None and config is None:
+                return FragmentsDense(op, why)
         if config is not None:
             cfg = fit(config, w, op.M)
             why = frag_usable(w, op.M, op.dtype.value) if cfg.kind == "frag" else None
@@ -118,6 +132,17 @@ def compile(op: QuantGemv, device: Device, config: GemvConfig | None = None):
     kernel.__name__ = f"triton_quant_gemv_{op.content_hash()}"
     kernel.launchers = launchers  # introspection: the chosen configurations
     return kernel
+
+
+def fragments_refusal(op: QuantGemv, w: PreparedGemvWeight, interpret: bool) -> str | None:
+    """Why the "frag" kernel cannot run ``op`` on the fragments-only weight ``w`` (then ``FragmentsDense`` does),
+    or None if it can: a prologue (only the CUDA-core kernel reads x through one), Triton's interpreter (the kernel
+    is Gluon), or ``frag_usable``'s reasons (M > 16, activations other than bf16)."""
+    if op.prologue is not None:
+        return f"prologue={op.prologue!r} (only the CUDA-core kernel, which reads words, applies it)"
+    if interpret:
+        return "Triton's interpreter (the 'frag' kernel is a Gluon kernel)"
+    return frag_usable(w, op.M, op.dtype.value)
 
 
 def prepare_weight(weight, device: Device):
