@@ -14,8 +14,8 @@ depends on the weight and the device only, never on which backend built it. The 
 * act-order GPTQ (``g_idx``): K permuted so that groups are contiguous (``perm``); an irregular ``g_idx``
   keeps its per-column group table (``kgroup``);
 * on CUDA, for the formats ``frag_eligible`` accepts, the codes in the tensor-core fragment layout, where
-  the kernel that reads it can run (``fragment_kernel_available``): beside the words (``layout=
-  "words+fragments"``, the default) or instead of them (``layout="fragments"``: each code held once).
+  the kernel that reads it can run (``fragment_kernel_available``): instead of the words (``layout="fragments"``,
+  the default: each code held once) or beside them (``layout="words+fragments"``).
 
 A device weight (torch or cupy tensors) is repacked with torch ops on its device (``portakern.gemv_torch``), never
 through host memory; host arrays with the numpy reference packers.
@@ -149,13 +149,18 @@ def wants_fragments(device: Device) -> bool:
 
 #: the layouts a prepared weight may hold (``prepare_gemv_weight(..., layout=)``):
 #: "words+fragments": the word layout (``qweight``) for every format, plus the fragment layout (``frag``) where the
-#: format and device allow it (M = 1 reads the words, M = 2..16 the fragments);
-#: "fragments": only the fragment layout where it can be built (``qweight`` None: each code held once, every M read
-#: by the "frag" kernel), else the word layout; "words": only the word layout (no tensor-core fragment kernel)
+#: format and device allow it (each int4 code held twice: ~1.03 bytes per parameter at g128);
+#: "fragments": only the fragment layout where it can be built (``qweight`` None: each code held once, ~0.53 bytes per
+#: parameter), else the word layout; "words": only the word layout (no tensor-core fragment kernel).
+#: A fragments-only weight is served at every M: M = 1 to 4 by the cuda backend's fragment kernel where it ranks
+#: first (``backends/cuda/__init__.py``), M <= 16 of bf16 x by triton's "frag" kernel, everything else (M > 16,
+#: fp16 / fp32 x past the cuda kernel's M, a prologue) by triton dequantizing the fragments for the call and one
+#: matmul (``backends/triton/quant_gemv/fragments_dense.py``)
 LAYOUTS = ("words+fragments", "fragments", "words")
-#: the layout ``prepare_gemv_weight`` builds when none is asked for; set ``portakern.gemv_weight.DEFAULT_LAYOUT`` to
-#: change it for the process (the benchmark ``benchmarks/gemv_memory.py`` measures both)
-DEFAULT_LAYOUT = "words+fragments"
+#: the layout ``prepare_gemv_weight`` builds when none is asked for: "fragments", one resident copy of the codes;
+#: set ``portakern.gemv_weight.DEFAULT_LAYOUT`` to change it for the process (the benchmark
+#: ``benchmarks/gemv_memory.py`` measures both)
+DEFAULT_LAYOUT = "fragments"
 
 
 def check_layout(layout: str | None) -> str:

@@ -53,10 +53,10 @@ def prepare(weight: QuantizedWeight, device: Any = None, *, layout: str | None =
             on the host and uploaded, a GPU weight is repacked on its device with torch ops.
         device: where it will be used: "cuda", "cuda:<index>", a ``torch.device`` or a ``Device``; None: where its
             tensors are. On the CPU nothing is prepared (the CPU backends read the native tensors).
-        layout: for the GPU GEMV layout, one of ``portakern.gemv_weight.LAYOUTS``: "words+fragments" (the words
-            every kernel reads, plus the tensor-core fragment copy for int4 groups of 128), "fragments" (only the
-            fragment copy where the format has one: each code held once, every M read by the fragment kernel;
-            bf16 activations and M <= 16 only), "words"; None: ``portakern.gemv_weight.DEFAULT_LAYOUT``.
+        layout: for the GPU GEMV layout, one of ``portakern.gemv_weight.LAYOUTS``: "fragments" (the default,
+            ``portakern.gemv_weight.DEFAULT_LAYOUT``, for None: only the tensor-core fragment copy where the format
+            has one, int4 groups of a multiple of 128: each code held once, served at every M and dtype), "words+
+            fragments" (the word layout too: each such code held twice), "words" (only the word layout).
         keep_native: keep the native tensors (``weight.tensors``) beside the prepared copy. By default they are
             released when every backend on ``device`` reads a prepared copy (NVIDIA GPUs: triton, cuda), so the
             prepared copy is the only resident one; ``weight.dequantize()`` then reads it, and ``weight.to()``

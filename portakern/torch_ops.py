@@ -5,8 +5,8 @@ Importing this module registers, in the ``portakern`` namespace of ``torch.libra
 ``torch.ops.portakern.quant_gemv(x, qweight, scales, zeros, perm, kgroup, bits, group_size, zero_point, n, k, prologue=None, frag=None)``
     ``x (M, K) @ dequant(W)^T`` (``prologue="silu_mul"``: ``x (M, 2K)``, input ``silu(gate) * up``) for a weight
     already in the GEMV layout (the tensors of a ``portakern.gemv_weight.PreparedGemvWeight``; the byte layout
-    is ``portakern.ir.gemv_layout``'s; ``frag``, where the
-    prepared weight has one, its tensor-core fragment layout, which the M = 2..16 table runs). CUDA
+    is ``portakern.ir.gemv_layout``'s; ``frag``, where the prepared weight has one, its tensor-core fragment layout:
+    on CUDA by default the weight's only codes, ``qweight`` None). CUDA
     tensors run the kernel ``portakern.quant_gemv`` would pick among the backends that read this layout
     (``gemv_kernel``: triton, or cuda where its measured table ranks it first); CPU tensors run a plain torch
     dequantize-and-matmul in fp32.
@@ -56,8 +56,9 @@ def quant_gemv(x: Tensor, qweight: Optional[Tensor], scales: Tensor, zeros: Opti
     """``x (M, K) @ dequant(W (n, k))^T`` with the weight in the GEMV layout; returns (M, n).
     ``prologue="silu_mul"``: ``x`` is ``(M, 2k)``, gate then up, and the input is ``silu(gate) * up``
     (``QuantGemv.prologue``). ``frag``: the prepared weight's fragment layout (``PreparedGemvWeight.frag``), or
-    None; without it M = 2..16 on CUDA runs a slower tensor-core kernel. ``qweight`` None: a weight prepared with
-    ``layout="fragments"``, whose codes are only in ``frag``."""
+    None; beside ``qweight`` (``layout="words+fragments"``) it serves M = 2..16 on CUDA, without it they run a slower
+    tensor-core kernel. ``qweight`` None: a weight prepared with ``layout="fragments"`` (the default on CUDA), whose
+    codes are only in ``frag``."""
     _check_gemv_x(x, n, k, prologue)
     w = PreparedGemvWeight(qweight, scales, zeros, perm, kgroup, bits, group_size, zero_point, n, k, frag=frag)
     return _quant_gemv_impl(x, w, prologue)
@@ -279,15 +280,17 @@ class QuantLinear(torch.nn.Module):
     """``nn.Linear`` without bias over a quantized weight: ``forward(x) = x @ dequant(W)^T``.
 
     The weight is repacked once (``prepared``) and kept as buffers, so ``.to(device)`` moves it and
-    ``torch.compile`` sees plain tensors. Where the device has one, the buffer ``frag`` holds the same codes in the
-    fragment layout the M = 2..16 kernel reads: derived data, not saved in the state dict and rebuilt from
-    ``qweight`` after ``load_state_dict``; after writing ``qweight`` in place any other way, call
-    ``refresh_fragments()`` (else M = 2..16 would keep reading the old codes). Eager calls reuse one
-    ``PreparedGemvWeight`` over the buffers until a buffer is replaced (``.to``, ``_apply``).
+    ``torch.compile`` sees plain tensors. Eager calls reuse one ``PreparedGemvWeight`` over the buffers until a
+    buffer is replaced (``.to``, ``_apply``).
 
     The weight is prepared at construction (on the device given, else where ``w`` is), sharing ``w``'s cached
-    copy. ``layout="fragments"`` (``portakern.gemv_weight.LAYOUTS``) holds each code once, in ``frag`` only
-    (``qweight`` None, ``frag`` saved in the state dict): bf16 activations, M <= 16.
+    copy, in ``layout`` (``portakern.gemv_weight.LAYOUTS``; None: ``DEFAULT_LAYOUT``, "fragments"). On CUDA, for
+    int4 groups of a multiple of 128, the default holds each code once, in the fragment layout: ``frag`` is then the
+    codes (``qweight`` None) and is saved in the state dict; every M and activation dtype runs on it. Elsewhere
+    (the CPU, formats without a fragment layout) the codes are in ``qweight``. With ``layout="words+fragments"``
+    ``frag`` holds a second copy of ``qweight``'s codes for the M = 2..16 kernel: derived data, not saved in the
+    state dict and rebuilt from ``qweight`` after ``load_state_dict``; after writing ``qweight`` in place any other
+    way, call ``refresh_fragments()`` (else M = 2..16 would keep reading the old codes).
     """
 
     def __init__(self, w, device: Device | str | torch.device | None = None, layout: str | None = None):

@@ -35,8 +35,10 @@ class CudaBackend(Backend):
 
     One op so far: ``quant_gemv`` at M = 1 to 4 (``quant_gemv.py``), on the GEMV weight layout it shares with the
     triton backend (``portakern.gemv_weight``): a kernel that reads its words and one that reads its fragment layout,
-    for a weight prepared without words. It ranks below triton (90) except for the problems its measured table
-    (``tuning.TABLE``) says it runs faster, where its priority hook ranks it at 110; elsewhere it serves when asked
+    for a weight prepared without words. It ranks below triton (90) except for the problems its measured tables
+    (``tuning.FRAG_TABLE`` for weights held only as fragments, the default on CUDA; ``tuning.TABLE`` for words) say
+    it runs faster, where its priority hook ranks it at 110, and fp16 x on fragments-only weights (105: triton's
+    fragment kernel is bf16-only, ``__init__.py`` says why); elsewhere it serves when asked
     by name (``backend="cuda"``) or when ``use_policy("fastest")`` measures it ahead. Attention is a CuTe DSL kernel
     for Hopper (``attention.py``): compiled for sm_90a without a GPU, not yet run on one, so it never ranks above
     triton (``tuning.ATTENTION_TABLE`` is empty) and serves only when asked by name.

@@ -17,8 +17,10 @@ op, the other on its first call. Both read the layout either backend prepared (`
 
 The launch configuration (``choose``) comes from ``tuning.TABLE`` where a GPU sweep measured the problem
 (``benchmarks/gemv_table_sweep.py --phase write-table``), else from a rule. The backend ranks below triton
-(``CudaBackend.priority``) except where its table entry timed ahead of the triton table in the same run (the priority
-hook; on an H100: the large M = 1 int4 shapes and int8, never M = 4). Its CUDA C also runs on the CPU
+(``CudaBackend.priority``) except where the table of the kernel that will run timed ahead of the triton table in the
+same run (the priority hook): for weights held only as fragments (``fragments_only``: the default layout on CUDA),
+``tuning.FRAG_TABLE`` (on an H100: six M = 1 int4 shapes), plus fp16 x, which triton's fragment kernel cannot read
+(unmeasured: triton would dequantize the weight for each call); else ``tuning.TABLE`` (on an H100: the large M = 1 int4 shapes and int8, never M = 4). Its CUDA C also runs on the CPU
 in CI (``common/host_run.py``) against float64. Design and measurements: ``docs/design/quant-gemv-cuda.md``.
 
 CUDA-graph contract: the first call of a signature (and the first call with a weight of the other layout, which
@@ -341,6 +343,15 @@ def _default_layout() -> str:
     from portakern import gemv_weight
 
     return getattr(gemv_weight, "DEFAULT_LAYOUT", "words+fragments")
+
+
+def fragments_only(op: QuantGemv, device: Device) -> bool:
+    """Whether the weights of ``op`` prepared for ``device`` by default hold their codes only as fragments: the
+    default layout is "fragments", the device builds the fragment layout (``wants_fragments``) and the op's format has
+    one (``frag_refusal``). The priority hook ranks by ``FRAG_TABLE`` then, not by ``TABLE``."""
+    from portakern.gemv_weight import wants_fragments
+
+    return _default_layout() == "fragments" and frag_refusal(op) is None and wants_fragments(device)
 
 
 def compile(op: QuantGemv, device: Device, config: SmallMConfig | None = None, frag: FragConfig | None = None):
