@@ -393,9 +393,12 @@ def test_gpu_graph_replays_with_new_inputs():
 # -- the measured table ----------------------------------------------------------------------------------
 
 def test_choose_takes_a_measured_entry_and_the_hook_ranks_only_wins(C, backend, monkeypatch):
+    from portakern import gemv_weight
     from portakern.backends import cuda as plugin
     from portakern.backends.cuda import tuning
 
+    # weights that hold words (the word kernel runs them): its table ranks; fragments-only: tests/test_cuda_frag.py
+    monkeypatch.setattr(gemv_weight, "DEFAULT_LAYOUT", "words+fragments")
     op = gemv(N=4096, K=14336)
     rule = C.choose(op, 132)                                                      # no family: the rule
     monkeypatch.setattr(tuning, "TABLE", {})        # a table of its own: no committed family or card entries
@@ -409,12 +412,15 @@ def test_choose_takes_a_measured_entry_and_the_hook_ranks_only_wins(C, backend, 
     assert plugin.portakern_backend_priority(backend, gemv(N=4096, K=4096), H200) is None
 
 
-def test_the_committed_table_ranks_cuda_first_only_where_it_measured_ahead(backend):
-    # tuning.py as written from the sweeps (H100 family and card entries, H200 card entries): cuda above triton
-    # exactly where an entry says it won, never at M = 4 (the triton tensor-core kernel stays ahead there)
+def test_the_committed_table_ranks_cuda_first_only_where_it_measured_ahead(backend, monkeypatch):
+    # tuning.py as written from the sweeps (H100 family and card entries, H200 card entries): for weights that hold
+    # words, cuda above triton exactly where an entry says it won, never at M = 4 (the triton tensor-core kernel stays
+    # ahead there). Fragments-only weights (the default layout) rank by FRAG_TABLE: tests/test_cuda_frag.py
+    from portakern import gemv_weight
     from portakern.backends import cuda as plugin
     from portakern.backends.cuda.tuning import TABLE
 
+    monkeypatch.setattr(gemv_weight, "DEFAULT_LAYOUT", "words+fragments")
     for (key, M, bits, N, K), entry in TABLE.items():
         op = gemv(M=M, N=N, K=K, bits=bits)
         fam, _, card = key.partition("/")
@@ -501,9 +507,12 @@ def test_write_table_from_a_sweep(tmp_path, monkeypatch):
 
 def test_a_cards_own_entry_comes_before_its_familys(C, backend, monkeypatch):
     # measured on the H200 itself: the H200 takes that entry; an H100 (and an unnamed sm_90 card) keep the family's
+    # (weights that hold words: the word kernel's table ranks)
+    from portakern import gemv_weight
     from portakern.backends import cuda as plugin
     from portakern.backends.cuda import tuning
 
+    monkeypatch.setattr(gemv_weight, "DEFAULT_LAYOUT", "words+fragments")
     op = gemv(N=4096, K=14336)
     h100 = Device("cuda", 0, arch="sm_90a", name="NVIDIA H100 80GB HBM3", capability=(9, 0), warp_size=32)
     other = Device("cuda", 0, arch="sm_90a", name="Graphics Device", capability=(9, 0), warp_size=32)

@@ -353,6 +353,78 @@ def test_every_frag_table_entry_is_its_sweeps_fastest_variant_and_a_launch_that_
         assert (c.spill_bytes or 0) == 0 and c.frame_bytes == 0, (key, M, N, K, f)
 
 
+def _card(name):
+    return Device("cuda", 0, arch="sm_90a", name=name, capability=(9, 0), warp_size=32)
+
+
+def test_the_default_layout_holds_each_code_once():
+    from portakern import gemv_weight
+
+    assert gemv_weight.DEFAULT_LAYOUT == "fragments" and gemv_weight.check_layout(None) == "fragments"
+
+
+def test_the_hook_ranks_fragments_only_ops_by_the_fragment_kernels_table(C, monkeypatch):
+    # the hook sees the op, not the weight: with the default layout ("fragments") an int4 g128 weight on a device that
+    # builds fragments holds only fragments, so the fragment kernel's measured table ranks cuda, not the word kernel's
+    from portakern import gemv_weight
+    from portakern.backends import cuda as plugin
+    from portakern.backends.cuda.backend import CudaBackend
+
+    monkeypatch.setattr(gemv_weight, "wants_fragments", lambda device: True)   # the device builds fragments
+    backend, rank = CudaBackend(), plugin.portakern_backend_priority
+    h100, h200 = _card("NVIDIA H100 80GB HBM3"), _card("NVIDIA H200")
+    op = gemv(N=4096, K=14336)
+    assert C.frag_table_entry(op, (9, 0), h100.name) is not None and C.frag_table_entry(op, (9, 0), h200.name) is None
+    assert C.table_entry(op, (9, 0), h200.name).beats_triton                   # the word kernel won there ...
+    assert rank(backend, op, h100) == plugin.MEASURED_WIN_PRIORITY
+    assert rank(backend, op, h200) is None                                      # ... but fragments-only: unmeasured
+    assert rank(backend, gemv(M=2, N=4096, K=14336), h100) is None              # no M = 2 entry: triton's frag kernel
+    # fp16 x: triton's fragment kernel is bf16-only, so the cuda fragment kernel ranks first wherever it runs
+    fp16 = gemv(N=4096, K=14336, dtype=DType.float16)
+    assert rank(backend, fp16, h200) == plugin.FRAGMENT_FP16_PRIORITY > 100
+    assert rank(backend, fp16, h100) == plugin.MEASURED_WIN_PRIORITY
+    fp16_lost = gemv(N=6144, K=4096, dtype=DType.float16)                      # the word kernel lost there on an H200
+    assert rank(backend, fp16_lost, h200) == plugin.FRAGMENT_FP16_PRIORITY
+    # formats without a fragment layout keep their words: the word kernel's table (its H100 int8 entry won)
+    int8 = gemv(N=8192, K=8192, bits=8)
+    assert C.frag_refusal(int8) is not None and C.table_entry(int8, (9, 0), h100.name).beats_triton
+    assert rank(backend, int8, h100) == plugin.MEASURED_WIN_PRIORITY
+    # words held after all (no fragment kernel in this process, or the words+fragments layout): the word table
+    small = gemv(N=4096, K=4096)
+    assert C.frag_table_entry(small, (9, 0), h100.name) is not None
+    assert not C.table_entry(small, (9, 0), h100.name).beats_triton
+    assert rank(backend, small, h100) == plugin.MEASURED_WIN_PRIORITY
+    monkeypatch.setattr(gemv_weight, "wants_fragments", lambda device: False)
+    assert rank(backend, small, h100) is None and rank(backend, fp16_lost, h200) is None
+    monkeypatch.setattr(gemv_weight, "wants_fragments", lambda device: True)
+    monkeypatch.setattr(gemv_weight, "DEFAULT_LAYOUT", "words+fragments")
+    assert rank(backend, small, h100) is None and rank(backend, op, h200) == plugin.MEASURED_WIN_PRIORITY
+
+
+def test_every_frag_table_entry_timed_ahead_of_the_triton_table_and_ranks_cuda_first(C, monkeypatch):
+    # the sweep timed the triton backend's table (table_us, on a weight with words: its fastest layout at M = 1)
+    # in the same run: each entry's best variant beat it by the margin the word table's verdicts use (2%), so the
+    # hook ranks cuda first for that card's fragments-only weights
+    import json
+    from pathlib import Path
+
+    from portakern import gemv_weight
+    from portakern.backends import cuda as plugin
+    from portakern.backends.cuda.backend import CudaBackend
+    from portakern.backends.cuda.tuning import FRAG_TABLE
+
+    monkeypatch.setattr(gemv_weight, "wants_fragments", lambda device: True)
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    for (key, M, N, K), entry in FRAG_TABLE.items():
+        sweep = json.loads((results / entry.source).read_text())
+        row = next(r for r in sweep["bench"] if (r["M"], r["N"], r["K"]) == (M, N, K))
+        assert row["best_us"] <= 0.98 * row["table_us"], (key, M, N, K, row["best_us"], row["table_us"])
+        card = _card(sweep["gpu"])
+        assert key == f"sm_90/{C.card(card.name)}"
+        assert plugin.portakern_backend_priority(CudaBackend(), gemv(M=M, N=N, K=K), card) == \
+            plugin.MEASURED_WIN_PRIORITY
+
+
 @pytest.mark.parametrize("op,why", [
     (gemv(bits=8), "bits=8 (the fragment layout holds int4 codes)"),
     (gemv(gs=64), "group_size=64, K=4096 (both must be multiples of 128)"),
@@ -395,6 +467,10 @@ def test_the_kernel_follows_the_weights_layout(C, monkeypatch):
 
     monkeypatch.setattr(nvrtc, "Function", Recorder)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(multi_processor_count=132))
+    from portakern import capture, gemv_weight
+
+    # weights prepared with words by default first: the word kernel is compiled with the op
+    monkeypatch.setattr(gemv_weight, "DEFAULT_LAYOUT", "words+fragments")
     N, K = 1000, 1024
     w = portakern.quantize(np.random.default_rng(0).standard_normal((N, K)).astype(np.float32), bits=4,
                            group_size=128)
@@ -422,10 +498,8 @@ def test_the_kernel_follows_the_weights_layout(C, monkeypatch):
                                fragments=True, layout="fragments")
     with pytest.raises(InvalidInputError, match="fragments' row stride is 1280, expected 1024"):
         kern(x, wide, out)
-    # weights prepared as fragments by default: the fragment kernel is compiled with the op, the word kernel on its
-    # first call, which inside CUDA stream capture is refused with the way out
-    from portakern import capture, gemv_weight
-
+    # weights prepared as fragments by default (the committed default): the fragment kernel is compiled with the op,
+    # the word kernel on its first call, which inside CUDA stream capture is refused with the way out
     monkeypatch.setattr(gemv_weight, "DEFAULT_LAYOUT", "fragments")
     made.clear()
     kern = C.compile(op, H200, C.SmallMConfig(16, 4, 1, 2), fcfg)
