@@ -166,14 +166,16 @@ def test_prepared_weight_dequantizes_as_the_reference(case):
 def test_fragment_copy_is_built_when_asked_for_the_formats_that_hold_one(case):
     pytest.importorskip("torch")
     w = weight(case)
-    p = gemv_weight.prepare_gemv_weight(w, CPU, fragments=True)
+    p = gemv_weight.prepare_gemv_weight(w, CPU, fragments=True, layout="words+fragments")   # both, to compare
+    only = gemv_weight.prepare_gemv_weight(w, CPU, fragments=True)     # the default layout: "fragments"
     if L.frag_eligible(w.fmt.bits, w.fmt.group_size, p.perm is not None, p.kgroup is not None) is not None:
-        assert p.frag is None
+        assert p.frag is None and only.frag is None and only.qweight is not None   # no fragments: the words stay
         return
     codes = L.unpack_internal(p.qweight.numpy(), p.bits, p.interleave, p.N, p.K)
     np.testing.assert_array_equal(L.unpack_fragments(p.frag.numpy(), p.N, p.K), codes)
     assert p.frag.shape[1] * 16 == p.stride_qk and "frag" in p.tensors()
-    assert p.key() != gemv_weight.prepare_gemv_weight(w, CPU).key()    # launchers tell the two apart
+    assert only.qweight is None and np.array_equal(only.frag.numpy(), p.frag.numpy())     # each code held once
+    assert p.key() != gemv_weight.prepare_gemv_weight(w, CPU).key() != only.key()    # launchers tell them apart
 
 
 def test_every_backend_of_the_layout_builds_fragments_on_the_same_devices():
