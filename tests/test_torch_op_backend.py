@@ -36,12 +36,31 @@ def _gemv(M=1, N=28672, K=4096, prologue=None):
 
 @pytest.fixture
 def recorded(fresh_registry, monkeypatch):
-    """The triton and cuda backends with ``compile`` returning ``("compiled", backend name, op)``."""
+    """The triton and cuda backends with ``compile`` returning ``("compiled", backend name, op)``, for weights that
+    hold words (layout "words+fragments": the word kernel's table ranks; the default, fragments only:
+    ``test_fragments_only_ops_rank_by_the_fragment_kernels_table``)."""
+    from portakern import gemv_weight
     from portakern.backends.cuda.common.nvrtc import unavailable
 
     if unavailable() is not None:
         pytest.skip(f"the cuda backend cannot rank here: {unavailable()}")
+    monkeypatch.setattr(gemv_weight, "DEFAULT_LAYOUT", "words+fragments")
     return _record(monkeypatch)
+
+
+def test_fragments_only_ops_rank_by_the_fragment_kernels_table(recorded, monkeypatch):
+    # the default layout: int4 g128 weights hold only fragments, so cuda runs first where its fragment kernel was
+    # measured ahead (FRAG_TABLE: H100 entries) and for fp16 x (triton's fragment kernel is bf16-only), else triton
+    from portakern import gemv_weight
+
+    monkeypatch.setattr(gemv_weight, "DEFAULT_LAYOUT", "fragments")
+    monkeypatch.setattr(gemv_weight, "wants_fragments", lambda device: True)
+    h100 = Device("cuda", 0, arch="sm_90a", name="NVIDIA H100 80GB HBM3", capability=(9, 0), warp_size=32)
+    fp16 = QuantGemv(M=1, N=28672, K=4096, dtype=DType.float16, fmt=_gemv().fmt)
+    for op, dev, want in [(_gemv(N=28672, K=8192), h100, "cuda"), (_gemv(N=28672, K=8192), H200, "triton"),
+                          (_gemv(), H200, "triton"), (fp16, H200, "cuda"), (_gemv(M=8), h100, "triton")]:
+        assert torch_ops.gemv_kernel(op, dev)[0] == want, (op, dev.name)
+        assert dispatch.decide(op, dev, None).order[0].name == want
 
 
 def _record(monkeypatch):
