@@ -31,8 +31,14 @@ def floor_bytes(op: QuantGemv) -> int:
             + op.M * op.K * op.dtype.itemsize + op.M * op.N * op.result_dtype.itemsize)
 
 
-def random_prepared(N, K, bits, gs, sym, device="cuda", scale_dtype=torch.float16) -> PreparedGemvWeight:
-    """A random weight directly in the internal layout (timing only: random codes, no zeros)."""
+def random_prepared(N, K, bits, gs, sym, device="cuda", scale_dtype=torch.float16,
+                    layout: str | None = "words+fragments") -> PreparedGemvWeight:
+    """A random weight directly in the internal layout (timing only: random codes, no zeros), holding what
+    ``layout`` holds (``portakern.gemv_weight.LAYOUTS``; None: the default a prepared weight gets). The sweeps time
+    the word and the fragment kernels of one weight, so they keep both layouts."""
+    from portakern.gemv_weight import check_layout
+
+    layout = check_layout(layout)
     epw = 32 // bits
     kw = -(-K // epw)
     kwp = -(-kw // gemv_layout.K_ALIGN_WORDS) * gemv_layout.K_ALIGN_WORDS
@@ -46,18 +52,23 @@ def random_prepared(N, K, bits, gs, sym, device="cuda", scale_dtype=torch.float1
     if gemv_layout.frag_eligible(bits, gs, False, False) is None:
         frag = torch.randint(-2**31, 2**31 - 1, (-(-K // gemv_layout.FRAG_CHUNK), npad // 16, 256), dtype=torch.int32,
                              device=device)
+    if layout == "words":
+        frag = None
+    elif layout == "fragments" and frag is not None:
+        qw = None
     return PreparedGemvWeight(qw, s, z, None, None, bits, gs, 1 << (bits - 1), N, K, frag=frag)
 
 
-def ours(op: QuantGemv, cfg: GemvConfig | None, copies: int, kern=None):
+def ours(op: QuantGemv, cfg: GemvConfig | None, copies: int, kern=None, layout: str | None = "words+fragments"):
     """Input sets for the triton kernel of ``op`` under ``cfg`` (None: its table) -- or for ``kern``, any kernel of
-    the GEMV layout (``portakern.gemv_weight``) -- and that kernel."""
+    the GEMV layout (``portakern.gemv_weight``) -- and that kernel; the weights hold ``layout`` (``random_prepared``:
+    None for the default layout, what a user's weights hold)."""
     dev = torch_device("cuda", 0)
     kern = Q.compile(op, dev, cfg) if kern is None else kern
     dt = getattr(torch, op.dtype.value)
     sets = []
     for _ in range(copies):
-        w = random_prepared(op.N, op.K, op.fmt.bits, op.fmt.group_size, op.fmt.symmetric)
+        w = random_prepared(op.N, op.K, op.fmt.bits, op.fmt.group_size, op.fmt.symmetric, layout=layout)
         x = torch.randn(op.M, op.K, device="cuda").to(dt)
         out = torch.empty(op.M, op.N, device="cuda", dtype=dt)
         sets.append((x, w, out))
@@ -73,8 +84,12 @@ def dispatched(op: QuantGemv) -> tuple[str, object]:
     return torch_ops.gemv_kernel(op, torch_device("cuda", 0))
 
 
-def config_json(kern) -> dict:
-    """The launch configuration of a triton table kernel or a cuda backend kernel, as JSON."""
+def config_json(kern, fragments_only: bool = False) -> dict:
+    """The launch configuration of a triton table kernel or a cuda backend kernel, as JSON: for a cuda kernel its
+    word kernel's ``SmallMConfig``, or its fragment kernel's ``FragConfig`` when the weights hold only fragments."""
+    frag = getattr(kern, "frag_config", None)   # the cuda backend's FragConfig (None: the op has no fragment kernel)
+    if fragments_only and frag is not None:
+        return {"kernel": "frag", **asdict(frag)}
     cfg = getattr(kern, "config", None)     # the cuda backend's SmallMConfig
     return asdict(cfg) if cfg is not None else next(iter(kern.launchers.values())).cfg.to_json()
 

@@ -168,9 +168,12 @@ def test_the_op_on_the_cpu_still_matches_float64_for_every_storage():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device for the cuda backend's kernel")
-def test_the_op_runs_the_cuda_kernel_where_its_table_wins_in_a_graph_and_compiled(monkeypatch):
-    # a small shape marked as a measured win for this GPU's family: the op must then run the cuda kernel, with
+@pytest.mark.parametrize("layout", ["fragments", "words+fragments"])
+def test_the_op_runs_the_cuda_kernel_where_its_table_wins_in_a_graph_and_compiled(monkeypatch, layout):
+    # a small shape marked as a measured win for this GPU's family (in the table of the kernel that reads the
+    # default layout: FRAG_TABLE for fragments, TABLE for words): the op must then run the cuda kernel, with
     # values against float64, replayed in a CUDA graph with new inputs and under torch.compile
+    from portakern import gemv_weight
     from portakern.backends.cuda import tuning as gemv_table
     from portakern.backends.cuda.quant_gemv import family
     from portakern.devices import torch_device
@@ -178,7 +181,12 @@ def test_the_op_runs_the_cuda_kernel_where_its_table_wins_in_a_graph_and_compile
     from portakern.quantize import quantize
 
     dev = torch_device("cuda", 0)
-    monkeypatch.setitem(gemv_table.TABLE, (family(dev.capability), 1, 4, 640, 1024), (16, 4, 2, 2, 1, True))
+    monkeypatch.setattr(gemv_weight, "DEFAULT_LAYOUT", layout)
+    if layout == "fragments":
+        monkeypatch.setitem(gemv_table.FRAG_TABLE, (family(dev.capability), 1, 640, 1024),
+                            gemv_table.FragEntry(2, 2, 1, 2, 1, 1, "test"))
+    else:
+        monkeypatch.setitem(gemv_table.TABLE, (family(dev.capability), 1, 4, 640, 1024), (16, 4, 2, 2, 1, True))
     monkeypatch.setattr(torch_ops, "_kernels", LRU(8))
     w = quantize(torch.randn(640, 1024, device="cuda"), bits=4, group_size=128)
     lin = torch_ops.QuantLinear(w)
