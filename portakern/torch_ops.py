@@ -290,7 +290,9 @@ class QuantLinear(torch.nn.Module):
     (the CPU, formats without a fragment layout) the codes are in ``qweight``. With ``layout="words+fragments"``
     ``frag`` holds a second copy of ``qweight``'s codes for the M = 2..16 kernel: derived data, not saved in the
     state dict and rebuilt from ``qweight`` after ``load_state_dict``; after writing ``qweight`` in place any other
-    way, call ``refresh_fragments()`` (else M = 2..16 would keep reading the old codes).
+    way, call ``refresh_fragments()`` (else M = 2..16 would keep reading the old codes). ``load_state_dict``
+    reads a state dict saved in either layout (``qweight`` or ``frag``), repacking the codes into the layout this
+    module holds: a checkpoint written on the CPU loads on a GPU and the reverse.
     """
 
     def __init__(self, w, device: Device | str | torch.device | None = None, layout: str | None = None):
@@ -335,6 +337,14 @@ class QuantLinear(torch.nn.Module):
                                self.group_size, self.zero_point, self.out_features, self.in_features)
         self.frag.copy_(pack_fragments(_codes(w).T.to(torch.uint8), N_ALIGN_WORDS))   # on the buffers' device
 
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # a state dict saved in the other layout (words from a CPU module or "words+fragments", fragments from a
+        # fragments-only module) is converted to the layout this module holds before it is read
+        _convert_codes(self, state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
     def _prepared_weight(self) -> PreparedGemvWeight:
         """The buffers as one ``PreparedGemvWeight``, built again only when a buffer object changed."""
         p = self._prepared
@@ -365,6 +375,28 @@ class QuantLinear(torch.nn.Module):
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, " \
                f"group_size={self.group_size}"
+
+
+def _convert_codes(module: QuantLinear, state: dict, prefix: str) -> None:
+    """Rewrite ``state`` in place so that it holds ``module``'s codes in the layout the module keeps: words
+    (``qweight``) for a module that has them, else fragments (``frag``). A state saved by a module of the other
+    layout (a checkpoint written on the CPU, where weights hold words, read on a GPU where they hold fragments, or
+    the reverse) is repacked with torch ops on the device of its tensor; the same codes either way."""
+    from portakern.gemv_torch import pack_fragments, pack_words, unpack_fragments
+    from portakern.ir.gemv_layout import N_ALIGN_WORDS
+
+    words_key, frag_key = prefix + "qweight", prefix + "frag"
+    words, frag = state.get(words_key), state.get(frag_key)
+    if module.qweight is None and module.frag is not None and words is not None and frag is None:
+        w = PreparedGemvWeight(words, module.scales, module.zeros, None, None, module.bits, module.group_size,
+                               module.zero_point, module.out_features, module.in_features)
+        state[frag_key] = pack_fragments(_codes(w).T.to(torch.uint8), N_ALIGN_WORDS)
+        del state[words_key]
+    elif module.qweight is not None and frag is not None and words is None:
+        codes = unpack_fragments(frag, module.out_features, module.in_features)
+        w = module._prepared_weight()
+        state[words_key] = pack_words(codes, module.bits, w.interleave)
+        del state[frag_key]
 
 
 # -- attention ---------------------------------------------------------------------------------------

@@ -287,6 +287,42 @@ def test_fragment_layout_is_derived_not_saved_and_follows_loaded_codes():
     assert not torch.equal(lin.frag, frag_of(w_old))
 
 
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_a_state_dict_of_either_layout_loads_into_a_module_of_the_other(symmetric):
+    """A module whose codes are words (CPU, or "words+fragments") and one whose codes are only fragments (the CUDA
+    default) read each other's state dicts: the codes are repacked into the loading module's layout, and its output
+    is then the saved weight's (float64 reference), not the weight it was built from."""
+    from portakern.devices import CPU
+    from portakern.gemv_weight import prepare_gemv_weight
+    from portakern.quantize import quantize
+
+    torch.manual_seed(8)
+    w_saved, w_built = (quantize(torch.randn(40, 256), bits=4, group_size=128, symmetric=symmetric)
+                        for _ in range(2))
+    x = torch.randn(3, 256)
+    ref = _reference(x, w_saved)
+
+    def fragments_only(w):
+        return torch_ops.QuantLinear(prepare_gemv_weight(w, CPU, fragments=True, layout="fragments"))
+
+    words_state = torch_ops.QuantLinear(w_saved, "cpu").state_dict()
+    frag_state = fragments_only(w_saved).state_dict()
+    assert "qweight" in words_state and "frag" not in words_state
+    assert "frag" in frag_state and "qweight" not in frag_state
+
+    into_frags = fragments_only(w_built)
+    into_frags.load_state_dict(words_state)              # strict: no missing or unexpected key
+    assert into_frags.qweight is None
+    torch.testing.assert_close(into_frags.frag, frag_state["frag"], rtol=0, atol=0)
+    np.testing.assert_allclose(into_frags(x).double().numpy(), ref, rtol=1e-4, atol=1e-4)
+
+    into_words = torch_ops.QuantLinear(w_built, "cpu")
+    into_words.load_state_dict(frag_state)
+    torch.testing.assert_close(into_words.qweight, words_state["qweight"], rtol=0, atol=0)
+    np.testing.assert_allclose(into_words(x).double().numpy(), ref, rtol=1e-4, atol=1e-4)
+    assert "frag" in frag_state and "qweight" in words_state   # the caller's dicts are theirs: copies were read
+
+
 def test_op_and_fake_refuse_an_x_the_kernel_would_misread():
     """``torch.ops.portakern.quant_gemv`` takes a 2-D ``x (M, K)``: a 1-D x used to come back as ``(K, N)`` with
     one row broadcast over all of them (CPU), and the fake implementation returned ``(M, N)`` for any width, so a
