@@ -17,7 +17,9 @@ zeros; bf16 elsewhere -- plus the KV cache at the mean length) over the copy ban
 ``frac_floor`` = floor / measured. ``generate_overhead_ms`` is generate's minus the loop's ms/token per family. With
 ``--layers N`` (< 32) every figure, the floor included, is for that N-layer model (lm_head and embedding unchanged):
 measured, not scaled. ``--dry-run`` runs every mode on a 2-layer tiny config on the CPU (compile with the eager
-backend, a few tokens) to check the code path; its figures mean nothing.
+backend, a few tokens) to check the code path; its figures mean nothing. ``--profile``: each loop mode's step is
+also replayed under the profiler and its span attributed to kernels (``step_timing.exposed_times``: the time by which
+each kernel moved the finish line, and the idle time when none ran), grouped by who launched them.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ def parse_args(argv=None):
                     "this many seconds (default 480)")
     ap.add_argument("--dry-run", action="store_true", help="a 2-layer tiny config on the CPU, a few tokens: checks "
                     "the code path, measures nothing")
+    ap.add_argument("--profile", action="store_true", help="per-kernel breakdown of each loop mode's step (CUDA "
+                    "profiler): the time each kernel family moves the step's end, and the idle time")
     ap.add_argument("--out", default=harness.default_out(), help="folder of the JSON (default $OUT or "
                     "benchmarks/results)")
     ap.add_argument("--tag", default="", help="added to the result name (e.g. -quick)")
@@ -237,7 +241,49 @@ def time_loop(r: Run, m) -> dict:
         decode(a.new)
         r.sync()
         ts.append((time.perf_counter() - t0) / a.new)
-    return {**_figures(ts, warm), "tokens": [int(t) for t in torch.cat(tokens, 1)[0].tolist()]}
+    fig = {**_figures(ts, warm), "tokens": [int(t) for t in torch.cat(tokens, 1)[0].tolist()]}
+    if a.profile and r.dev == "cuda":
+        fig["breakdown"] = breakdown(decode)
+    return fig
+
+
+#: kernel-name fragments -> the family a kernel is counted in by ``breakdown`` (first match; else "other")
+KERNEL_FAMILIES = (("gemv", "portakern quant_gemv"), ("frag", "portakern quant_gemv"),
+                   ("attn", "attention"), ("flash", "attention"), ("fmha", "attention"),
+                   ("triton_", "Inductor glue"), ("gemm", "dense GEMM (lm_head, bf16 linears)"),
+                   ("cutlass", "dense GEMM (lm_head, bf16 linears)"), ("nvjet", "dense GEMM (lm_head, bf16 linears)"),
+                   ("Memcpy", "copies"), ("Memset", "copies"))
+
+
+def breakdown(decode, tokens: int = 4) -> dict:
+    """``tokens`` decode steps under the CUDA profiler: per token, the idle time and each kernel family's exposed
+    time (``step_timing.exposed_times``, so overlapping programmatic-dependent launches are not counted twice),
+    plus the ten kernels with the most exposed time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        decode(tokens)
+        torch.cuda.synchronize()
+    spans = [(ev.name, ev.time_range.start, ev.time_range.end) for ev in prof.events()
+             if ev.device_type == torch.autograd.DeviceType.CUDA]
+    return summarise_spans(spans, tokens)
+
+
+def summarise_spans(spans, tokens: int) -> dict:
+    """``breakdown``'s figures from kernel ``(name, start_us, end_us)`` spans of ``tokens`` steps."""
+    from step_timing import exposed_times
+
+    ex = exposed_times(spans)
+    families: dict[str, float] = {}
+    for k in ex["kernels"]:
+        fam = next((f for frag, f in KERNEL_FAMILIES if frag.lower() in k["name"].lower()), "other")
+        families[fam] = families.get(fam, 0.0) + k["us_exposed"] / tokens
+    return {"tokens": tokens, "span_us_per_token": round(ex["span_us"] / tokens, 1),
+            "idle_us_per_token": round(ex["idle_us"] / tokens, 1),
+            "families_us_per_token": {f: round(v, 1) for f, v in sorted(families.items(), key=lambda kv: -kv[1])},
+            "top_kernels": [{"name": k["name"][:120], "calls_per_token": k["calls"] / tokens,
+                             "us_exposed_per_token": round(k["us_exposed"] / tokens, 1)} for k in ex["kernels"][:10]]}
 
 
 def _figures(ts: list[float], warm: float) -> dict:

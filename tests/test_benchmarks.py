@@ -101,6 +101,24 @@ def test_gemv_memory_measures_llama3_8b_shaped_linears():
     assert sum(N * K for _, N, K in shapes) == 2 * 218_103_808 and gemv_memory.per_param(545, 1000) == 0.545
 
 
+def test_e2e_breakdown_charges_each_kernel_family_its_exposed_time():
+    """``e2e_decode.summarise_spans``: two steps of made-up kernel spans (us) -- a GEMV overlapping the next by
+    2 us (a programmatic dependent launch), attention, an Inductor kernel, a 5 us gap -- give per token the exposed
+    time per family (the overlap counted once), the idle gap and the span."""
+    import e2e_decode
+
+    spans = []
+    for t0 in (0.0, 100.0):
+        spans += [("gemv_small_m", t0, t0 + 10), ("gemv_frag_kernel", t0 + 8, t0 + 20),
+                  ("_attn_fwd_decode", t0 + 20, t0 + 50), ("triton_poi_fused_rms_norm_0", t0 + 55, t0 + 60)]
+    got = e2e_decode.summarise_spans(spans, tokens=2)
+    assert got["families_us_per_token"] == {"attention": 30.0, "portakern quant_gemv": 20.0, "Inductor glue": 5.0}
+    # the steps' gaps: 5 us inside each step, 40 us between the two (charged to the second step's first kernel's
+    # stretch as idle), over 2 tokens
+    assert got["idle_us_per_token"] == 25.0 and got["span_us_per_token"] == 80.0
+    assert got["top_kernels"][0]["name"] == "_attn_fwd_decode" and got["top_kernels"][0]["calls_per_token"] == 1
+
+
 def test_e2e_decode_runs_its_code_path_on_a_tiny_cpu_model(tmp_path):
     """``benchmarks/e2e_decode.py --dry-run``: every family's build and both modes (generate with the static cache,
     the compiled step in a plain loop) on a 2-layer tiny config on the CPU; torchao is skipped with its reason where it
