@@ -8,12 +8,9 @@ torch is imported by the caller (``portakern.gemv_weight``), which holds the onl
 
 from __future__ import annotations
 
-from functools import lru_cache
-
-import numpy as np
 import torch
 
-from portakern.ir.gemv_layout import (FRAG_CHUNK, N_ALIGN_WORDS, _frag_index, padded_columns, padded_rows)
+from portakern.ir.gemv_layout import FRAG_CHUNK, N_ALIGN_WORDS, padded_columns, padded_rows
 from portakern.ir.packing import AWQ_ORDER, GGUF_BLOCK_BYTES
 from portakern.ir.quant import Packing
 
@@ -79,32 +76,23 @@ def _to_int32(words: torch.Tensor) -> torch.Tensor:
     return torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32).contiguous()
 
 
-@lru_cache(maxsize=None)
-def _frag_index_np():
-    row, k = _frag_index()
-    return np.ascontiguousarray(row), np.ascontiguousarray(k)
-
-
 def pack_fragments(codes: torch.Tensor, n_align: int = N_ALIGN_WORDS) -> torch.Tensor:
     """``portakern.ir.gemv_layout.pack_fragments`` with torch ops: 4-bit codes ``(N, K)`` -> int32
-    ``(KC, NP / 16, 256)``."""
+    ``(KC, NP / 16, 256)``, on ``codes``' device.
+
+    The inverse of ``unpack_fragments``: the zero-padded codes are viewed as ``(u, rb, g, c, h, t, ph, pl, cb,
+    half)`` (row ``16 u + 8 rb + g``, column ``128 c + 64 h + 16 t + 4 (2 ph + pl) + 2 cb + half``), permuted into
+    word order in one copy, and each pair of nibbles ``pl = 0, 1`` joined into a byte; the bytes read as
+    little-endian int32 are the words. No index tensor, so no host copy."""
     N, K = codes.shape
-    dev = codes.device
     np_ = -(-N // n_align) * n_align
     kc = -(-K // FRAG_CHUNK)
-    padded = torch.zeros((np_, kc * FRAG_CHUNK), dtype=torch.uint8, device=dev)
+    padded = torch.zeros((np_, kc * FRAG_CHUNK), dtype=torch.uint8, device=codes.device)
     padded[:N, :K] = codes
-    units = padded.reshape(np_ // 16, 16, kc * 2, 64)                     # (u, r, unit along K, k)
-    row_np, k_np = _frag_index_np()
-    row, k = torch.tensor(row_np, device=dev), torch.tensor(k_np, device=dev)
-    words = torch.zeros((32, 4, np_ // 16, kc * 2), dtype=torch.int64, device=dev)
-    for p in range(4):
-        for half in range(2):
-            vals = units[:, row[:, :, p, half], :, k[:, :, p, half]]     # (32, 4, u, units along K)
-            words |= vals.to(torch.int64) << (4 * p + 16 * half)
-    # (lane, reg, u, 2 kc) -> (kc, u, half, lane, reg)
-    words = words.reshape(32, 4, np_ // 16, kc, 2).permute(3, 2, 4, 0, 1).reshape(kc, np_ // 16, 256)
-    return _to_int32(words)
+    # (u0, rb1, g2, c3, h4, t5, ph6, pl7, cb8, half9) -> (c, u, h, g, t, cb, rb, half, ph, pl)
+    nib = padded.reshape(np_ // 16, 2, 8, kc, 2, 4, 2, 2, 2, 2).permute(3, 0, 4, 2, 5, 8, 1, 9, 6, 7)
+    b = (nib[..., 0] | (nib[..., 1] << 4)).contiguous()                 # (c, u, h, g, t, cb, rb, half, ph)
+    return b.reshape(kc, np_ // 16, 1024).view(torch.int32)
 
 
 def unpack_fragments(words: torch.Tensor, N: int, K: int) -> torch.Tensor:
