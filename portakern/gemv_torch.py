@@ -2,7 +2,7 @@
 packers and the transposed scales, in one pass and without host memory.
 
 The numpy packers of ``portakern.ir.gemv_layout`` (with ``portakern.ir.packing.unpack``) are the reference: these
-functions give the same bits (``tests/test_gemv_torch.py`` compares them on CPU tensors), on any torch device.
+functions give the same bits (``tests/test_gemv_prepare.py`` compares them on CPU tensors), on any torch device.
 torch is imported by the caller (``portakern.gemv_weight``), which holds the only entry point here.
 """
 

@@ -1,7 +1,7 @@
 """Round-to-nearest quantization with torch ops on the tensor's own device: ``portakern.quantize`` of a GPU tensor.
 
 The same rule, in the same float64 arithmetic, as the numpy reference ``portakern.ir.packing.quantize_native``
-(which states it), so both give the same bits (``tests/test_gemv_torch.py`` compares them on CPU tensors); the
+(which states it), so both give the same bits (``tests/test_gemv_prepare.py`` compares them on CPU tensors); the
 result is in the NATIVE packing on the tensor's device, with real bfloat16 scales where the format asks for them.
 """
 
