@@ -20,7 +20,7 @@ from portakern.backend import YES
 from portakern.devices import CPU
 from portakern.errors import InvalidInputError, UnsupportedError
 from portakern.gemv_weight import GEMV_LAYOUT, dequantize_prepared, prepare_gemv_weight
-from portakern.ir import packing
+from portakern.ir import DType, packing
 from portakern.quantize_torch import quantize_native as quantize_native_torch
 from gemv_cases import CASES, weight
 from plugin_helpers import provides
@@ -108,6 +108,53 @@ def test_quantize_with_torch_ops_matches_the_numpy_reference(bits, symmetric, sc
         for name, a in ref.items():
             b = got[name].float() if got[name].dtype == torch.bfloat16 else got[name]   # numpy keeps bf16 in f32
             assert a.dtype == b.numpy().dtype and np.array_equal(a, b.numpy()), (name, dt)
+
+
+@pytest.mark.parametrize("scale_dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("bits,symmetric", [(4, False), (4, True), (8, False)])
+def test_quantize_with_torch_ops_rounds_quotients_next_to_a_tie_as_the_reference(bits, symmetric, scale_dtype):
+    """``round(w / scale)`` runs in float32 where ``quotient_dtype`` proves it rounds as float64 does. Groups whose
+    scale is exactly ``s0`` hold float32 weights on every tie ``(n + 1/2) s0`` and one unit in the last place either
+    side of it: the codes are the reference's bits (a float16 division would round some of them the other way: the
+    data is checked to contain such quotients). A bfloat16 weight, which numpy lacks, gives the bits of its float32
+    copy."""
+    s0 = 0.013671875                                         # 7 / 512: exact in fp16, bf16 and fp32
+    top = (1 << (bits - 1)) - 1
+    lo, hi = (-top if symmetric else -top - 1), top           # the group's extremes: its scale is exactly s0
+    ties = ((np.arange(lo, hi) + 0.5) * s0).astype(np.float32)
+    vals = np.concatenate([ties, np.nextafter(ties, np.float32(np.inf)), np.nextafter(ties, np.float32(-np.inf))])
+    g = -(-(vals.size + 2) // 64) * 64
+    w = np.zeros((2, g), np.float32)
+    w[:, :vals.size] = vals
+    w[:, vals.size:vals.size + 2] = (lo * s0, hi * s0)
+    w[1, :vals.size] = vals[::-1]
+    coarse = np.round((vals.astype(np.float16) / np.float16(s0)).astype(np.float64))
+    assert (coarse != np.round(vals.astype(np.float64) / s0)).any()   # near-tie quotients a coarse division misrounds
+    ref, _ = packing.quantize_native(w, bits, g, symmetric, scale_dtype)
+    got, _ = quantize_native_torch(torch.from_numpy(w), bits, g, symmetric, scale_dtype)
+    assert float(got["scales"].float()[0, 0]) == s0
+    for name, a in ref.items():
+        b = got[name].float() if got[name].dtype == torch.bfloat16 else got[name]
+        assert np.array_equal(a, b.numpy()), name
+    wb = torch.from_numpy(np.random.default_rng(3).standard_normal((8, 256)).astype(np.float32)).bfloat16()
+    ref, _ = packing.quantize_native(wb.float().numpy(), bits, 128, symmetric, scale_dtype)
+    got, _ = quantize_native_torch(wb, bits, 128, symmetric, scale_dtype)
+    for name, a in ref.items():
+        b = got[name].float() if got[name].dtype == torch.bfloat16 else got[name]
+        assert np.array_equal(a, b.numpy()), name
+
+
+def test_quotient_dtype_keeps_float64_where_float32_would_round_differently():
+    """float32 quotients only for float16 / bfloat16 / float32 weights over float16 / bfloat16 scales; a float32
+    scale has too many significant bits: this pair's float32 quotient lands on the other side of a tie."""
+    from portakern.quantize_torch import quotient_dtype
+
+    assert quotient_dtype(torch.float32, DType.float16) is torch.float32
+    assert quotient_dtype(torch.bfloat16, DType.bfloat16) is torch.float32
+    assert quotient_dtype(torch.float64, DType.float16) is torch.float64
+    assert quotient_dtype(torch.float16, DType.float32) is torch.float64
+    w, s = np.float32(-0.35232562), np.float32(0.064059205)
+    assert np.round(float(w) / float(s)) == -5.0 and np.round(np.float64(w / s)) == -6.0
 
 
 def test_quantize_with_torch_ops_refuses_what_the_reference_refuses():
