@@ -165,8 +165,9 @@ def test_ctrl_c_in_a_parallel_cli_run_exits_130_with_the_report(tmp_path):
     path = tmp_path / "r.json"
     cmd = [sys.executable, "-m", "portakern", "conformance", "--backend", "slow", "--cases", "gemv-*m1-*",
            "--jobs", "2", "--report", str(path)]
+    # SIGINT as a terminal leaves it, also where this test's launcher ignores it (nohup, a background job)
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         line = proc.stderr.readline()          # the first progress line: records are arriving
         assert line.startswith("conformance: "), line + proc.stderr.read()

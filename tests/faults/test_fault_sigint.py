@@ -91,7 +91,16 @@ def test_repeated_sigint_while_the_report_is_written_does_not_cut_it_short(tmp_p
     _check_report(tmp_path, out, err, serial=True)
 
 
-def test_an_interrupted_run_in_process_gives_the_sigint_handler_back(register_plugin, tmp_path):
+@pytest.fixture
+def sigint_raises():
+    """SIGINT raising KeyboardInterrupt in this process, as under a terminal, also where the launcher ignores it
+    (``nohup``, a background job of a non-interactive shell: Python then keeps SIGINT ignored); restored after."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_an_interrupted_run_in_process_gives_the_sigint_handler_back(register_plugin, tmp_path, sigint_raises):
     """run() absorbs Ctrl-C only while it stops and writes: the caller's handler is in place again after."""
     from portakern.backends.cpu.backend import CpuBackend
     from portakern.conformance.runner import run
