@@ -1,10 +1,18 @@
-"""Attention on the cuda backend: a CuTe DSL prefill forward for Hopper (sm_90a), ``kernels/attn_fwd_sm90.py``.
+"""Attention on the cuda backend: CuTe DSL prefill forwards for Hopper (sm_90a, ``kernels/attn_fwd_sm90.py``) and
+Blackwell (sm_100a, ``kernels/attn_fwd_sm100.py``).
 
 What it serves (``supports``): dense BSHD q / k / v in float16 or bfloat16, ``head_dim == head_dim_v`` in 32, 64,
 96, 128 or 256, any GQA ratio, any ``score_mod`` / ``mask_mod`` expression (lowered to CuTe DSL while the kernel is
 traced: ``expr_cute.py``), with or without the LSE, on a GPU of compute capability 9.0 (sm_90a: wgmma and TMA).
-Everything else is refused with the reason: float32, other head dims, paged and varlen KV and ``seqlens_k``,
-Blackwell (no tcgen05 kernel yet) and older GPUs (no wgmma).
+Everything else is refused with the reason: float32, other head dims, paged and varlen KV and ``seqlens_k``, older
+GPUs (no wgmma) and Blackwell GPUs.
+
+Blackwell: the sm_100a kernel (tcgen05, tensor memory) is **compiled, not executed**: ``compile_for_target(op,
+"sm_100a")`` lowers it without a GPU, and ``supports`` answers yes for the *described* sm_100a target that
+compile-only asks about, but no for a real GPU of capability 10.x -- no Blackwell GPU has run it, and an unexecuted
+kernel is never served. ``supports`` tells the two apart by the device's ``arch``: a described target
+(``conformance``'s ``target_device``) carries the compile target itself ("sm_90a", "sm_100a"), a real GPU
+(``portakern.devices``) its plain architecture ("sm_90", "sm_100").
 
 One compiled kernel serves a specialisation -- (dtype, head dim, score_mod, mask_mod, LSE): its tensors have a
 dynamic layout (``call_args``: ``from_dlpack`` views, D innermost), so B, Sq, Sk, Hq, Hkv and the strides are
@@ -40,8 +48,8 @@ TILE_N = {32: 128, 64: 128, 96: 128, 128: 128, 256: 64}
 HEAD_DIMS = tuple(TILE_N)
 #: compute capability of the GPUs it runs on (Hopper: wgmma, TMA, setmaxnreg)
 CAPABILITY = (9, 0)
-#: compile-only targets and the DSL architecture each lowers for
-TARGETS = {"sm_90a": "sm_90a"}
+#: compile-only targets -> the compute capability each is built for (the DSL's ``--gpu-arch`` is the target)
+TARGETS = {"sm_90a": (9, 0), "sm_100a": (10, 0)}
 #: the largest grid y (query heads) and z (batch) of a launch
 MAX_GRID_YZ = 65535
 _WAY_OUT = "use the triton backend (leave backend unset, or pass backend='triton')"
@@ -83,18 +91,35 @@ def refusal(op: Attention) -> str | None:
     return None
 
 
+def described_target(device) -> str | None:
+    """The compile target ``device`` describes (``TARGETS``: "sm_90a", "sm_100a"), or None for a real GPU.
+
+    Compile-only (``conformance --compile-only``) asks ``supports`` about a synthetic device whose ``arch`` is the
+    target itself, arch-specific suffix included; a GPU found by ``portakern.devices`` has its plain architecture
+    ("sm_100"), never a suffixed one. The answer for a described target is "can it be lowered for this target";
+    for a real GPU "can it run here"."""
+    arch = getattr(device, "arch", "")
+    return arch if arch in TARGETS and tuple(device.capability or ()) == TARGETS[arch] else None
+
+
 def supports(op: Attention, device) -> Support:
-    """Dense float16 / bfloat16 attention, D = Dv in 32, 64, 96, 128 or 256, any expressions, on sm_90 (capability
-    9.0) with CuTe DSL importable; else no, with the reason."""
+    """Dense float16 / bfloat16 attention, D = Dv in 32, 64, 96, 128 or 256, any expressions, with CuTe DSL
+    importable, on a real sm_90 GPU (capability 9.0) or a described compile target of ``TARGETS`` (sm_90a, sm_100a:
+    lowered, not run; ``described_target``); else no, with the reason. A real Blackwell GPU (capability 10.x) is
+    refused: the sm_100a kernel is compiled but has not run on one, and an unexecuted kernel is never served."""
     why = cute_dsl.unavailable()
     if why:
         return no(f"attention on cuda needs {why}")
     cap = tuple(device.capability or ())
-    if cap != CAPABILITY:
+    target = described_target(device)
+    if target is None and cap != CAPABILITY:
         arch = device.arch or f"capability {cap}"
-        if cap and (10, 0) <= cap < (12, 0):
-            return no(f"attention on cuda has no kernel for {arch} yet: the CuTe DSL kernel is Hopper's (wgmma, "
-                      f"sm_90a only); a Blackwell tcgen05 / TMEM kernel is not written; {_WAY_OUT}")
+        if cap and (10, 0) <= cap < (11, 0):
+            return no(f"attention on cuda is not served on {arch}: the sm_100a kernel is compiled but has not run "
+                      f"on a Blackwell GPU; {_WAY_OUT}")
+        if cap and (11, 0) <= cap < (12, 0):
+            return no(f"attention on cuda has no kernel for {arch}: the CuTe DSL kernels are built for sm_90a "
+                      f"(run) and sm_100a (compiled, not run); {_WAY_OUT}")
         return no(f"attention on cuda needs a Hopper GPU (sm_90: wgmma and TMA); {device} is {arch}; {_WAY_OUT}")
     why = refusal(op)
     return no(why) if why else YES
@@ -117,8 +142,13 @@ def _host_args(s: Spec, heads_q: int, heads_kv: int) -> tuple:
 
 
 def _build(s: Spec, args: tuple, arch: str):
-    """``(Lowered, compiled, overlap)`` of ``s`` for ``arch`` on ``args``: with the intra-warpgroup overlap, or --
-    when that lowering spills registers (a stack frame; expression-heavy specialisations at D >= 128) -- without."""
+    """``(Lowered, compiled, overlap)`` of ``s`` for ``arch`` on ``args``. sm_100a: the tcgen05 kernel (overlap
+    None: its MMA warp overlaps the next tile's Q K^T with the softmax by construction). sm_90a: with the
+    intra-warpgroup overlap, or -- when that lowering spills registers (a stack frame; expression-heavy
+    specialisations at D >= 128) -- without."""
+    if arch == "sm_100a":
+        low, compiled = cute_dsl.lower(_kernel_sm100(s), args, arch)
+        return low, compiled, None
     low, compiled = cute_dsl.lower(_kernel(s, overlap=True), args, arch)
     if not low.frame_bytes:
         return low, compiled, True
@@ -132,36 +162,48 @@ def _lowered(s: Spec, arch: str):
     return _build(s, _host_args(s, 2, 1), arch)
 
 
+#: per target: the kernel module and the MMA instructions its PTX must hold (regular expression, name)
+_MMA = {"sm_90a": ("attn_fwd_sm90", r"wgmma\.mma_async", "wgmma.mma_async"),
+        "sm_100a": ("attn_fwd_sm100", r"tcgen05\.mma\.cta_group", "tcgen05.mma")}
+
+
 def compile_for_target(op: Attention, target: str) -> dict:
-    """Lower ``op`` for ``target`` ("sm_90a") through CuTe DSL, no GPU: the specialisation, whether it kept the
-    intra-warpgroup overlap (``_build``), its PTX and cubin, the registers and stack frame a thread, the wgmma / TMA
-    instruction counts and the compile seconds (0.0 when the specialisation was already lowered in this process).
+    """Lower ``op`` for ``target`` ("sm_90a" or "sm_100a") through CuTe DSL, no GPU (the target is the DSL's
+    per-compile ``--gpu-arch``): the kernel, the specialisation, whether the sm_90a kernel kept the intra-warpgroup
+    overlap (``_build``; None for sm_100a), its PTX and cubin, the registers and stack frame a thread, the MMA
+    (``wgmma`` or ``tcgen05``) and TMA instruction counts and the compile seconds (0.0 when the specialisation was
+    already lowered in this process). The sm_100a kernel is compiled here, never run (``supports``).
 
     Raises:
-      NotImplementedError for another target (sm_100a: no tcgen05 kernel yet) or an op ``supports`` refuses;
-      BackendError when the lowering spills registers to local memory (a stack frame) or lacks the wgmma / TMA
-      instructions the kernel is written with.
+      NotImplementedError for another target or an op ``supports`` refuses;
+      BackendError when the lowering spills registers to local memory (a stack frame) or lacks the MMA / TMA
+      instructions the kernel is written with (and, for sm_100a, the tensor-memory allocation).
     """
     if target not in TARGETS:
-        raise NotImplementedError(f"attention on cuda lowers for {', '.join(TARGETS)} only, not {target}: the "
-                                  f"CuTe DSL kernel is Hopper's (wgmma); no tcgen05 kernel for sm_100a is written")
+        raise NotImplementedError(f"attention on cuda lowers for {', '.join(TARGETS)} only, not {target}: its "
+                                  f"CuTe DSL kernels are Hopper's (wgmma) and Blackwell's sm_100a (tcgen05)")
     why = cute_dsl.unavailable() or refusal(op)
     if why:
         raise NotImplementedError(why)
     s = spec(op)
     hits = _lowered.cache_info().hits
-    low, _, overlap = _lowered(s, TARGETS[target])
+    low, _, overlap = _lowered(s, target)
     fresh = _lowered.cache_info().hits == hits
-    wgmma, tma = low.count(r"wgmma\.mma_async"), low.count(r"cp\.async\.bulk\.tensor")
+    kernel, pattern, name = _MMA[target]
+    mma, tma = low.count(pattern), low.count(r"cp\.async\.bulk\.tensor")
     if low.frame_bytes:
         raise BackendError(f"attention {s} for {target}: the CuTe DSL kernel spills ({low.frame_bytes} bytes of "
                            f"stack frame a thread, {low.registers} registers); its tiles need fewer live registers")
-    if not wgmma or not tma:
-        raise BackendError(f"attention {s} for {target}: the lowered PTX has {wgmma} wgmma.mma_async and {tma} "
-                           f"cp.async.bulk.tensor instructions; the kernel is written with both")
-    return {"target": target, "kernel": "attn_fwd_sm90", "spec": s, "overlap": overlap, "ptx": low.ptx,
-            "cubin": low.cubin, "registers": low.registers, "frame_bytes": low.frame_bytes, "wgmma": wgmma,
-            "tma": tma, "compile_s": low.seconds if fresh else 0.0}
+    missing = target == "sm_100a" and not low.count(r"tcgen05\.alloc")
+    if not mma or not tma or missing:
+        raise BackendError(f"attention {s} for {target}: the lowered PTX has {mma} {name} and {tma} "
+                           f"cp.async.bulk.tensor instructions{' and no tcgen05.alloc' if missing else ''}; the "
+                           f"kernel is written with them")
+    art = {"target": target, "kernel": kernel, "spec": s, "overlap": overlap, "ptx": low.ptx, "cubin": low.cubin,
+           "registers": low.registers, "frame_bytes": low.frame_bytes, "tma": tma,
+           "compile_s": low.seconds if fresh else 0.0}
+    art["wgmma" if target == "sm_90a" else "tcgen05"] = mma
+    return art
 
 
 def _kernel(s: Spec, overlap: bool = True):
@@ -173,6 +215,16 @@ def _kernel(s: Spec, overlap: bool = True):
     dtype = cutlass.Float16 if s.dtype is DType.float16 else cutlass.BFloat16
     return AttnFwdSm90(dtype, s.head_dim, s.score_mod, s.mask_mod, s.return_lse, tile_n=TILE_N[s.head_dim],
                        overlap=overlap)
+
+
+def _kernel_sm100(s: Spec):
+    """The sm_100a kernel object of specialisation ``s``."""
+    import cutlass
+
+    from .kernels.attn_fwd_sm100 import AttnFwdSm100
+
+    dtype = cutlass.Float16 if s.dtype is DType.float16 else cutlass.BFloat16
+    return AttnFwdSm100(dtype, s.head_dim, s.score_mod, s.mask_mod, s.return_lse, tile_n=TILE_N[s.head_dim])
 
 
 _DEVICE_LOCK = threading.Lock()
@@ -205,7 +257,8 @@ def call_args(q, k, v, out, lse, scale: float, stream) -> tuple:
 
 
 def compile(op: Attention, device) -> Callable[..., None]:
-    """The launcher ``kernel(q, k, v, out, lse, aux)`` for ``op`` on an sm_90 ``device``.
+    """The launcher ``kernel(q, k, v, out, lse, aux)`` for ``op`` on an sm_90 ``device`` (the only kind ``supports``
+    serves: the sm_100a kernel is compiled, not run, so no launcher is built for it).
 
     q / k / v / out are torch CUDA tensors in BSHD, lse (B, Hq, Sq) float32 or None; a non-contiguous operand is
     copied to a contiguous one first (and out copied back). The DSL tensors are ``from_dlpack`` views with a dynamic
@@ -229,5 +282,5 @@ def compile(op: Attention, device) -> Callable[..., None]:
     return run
 
 
-__all__ = ["CAPABILITY", "HEAD_DIMS", "TILE_N", "Spec", "call_args", "compile", "compile_for_target", "refusal", "spec",
-           "supports"]
+__all__ = ["CAPABILITY", "HEAD_DIMS", "TARGETS", "TILE_N", "Spec", "call_args", "compile",
+           "compile_for_target", "described_target", "refusal", "spec", "supports"]
