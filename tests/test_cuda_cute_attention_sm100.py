@@ -97,6 +97,7 @@ def test_lowers_for_sm100a_with_tcgen05_and_tensor_memory(backend, op):
     # S = Q K^T: D/16 k-steps, issued for the first tile and for each next one in the loop; O += P V: BN/16 k-steps
     # once; all single-CTA 16-bit MMAs into tensor memory, both operands from shared-memory descriptors
     D, BN = op.head_dim, TILE_N[op.head_dim]
+    assert art["tile_n"] == BN
     mma = re.findall(r"tcgen05\.mma\.cta_group::1\.kind::f16\S* \[%r\d+\], %rd\d+, %rd\d+,", ptx)
     assert len(mma) == ptx.count("tcgen05.mma") == art["tcgen05"] == 2 * (D // 16) + BN // 16
     # tensor memory: allocated and freed once; S and O read with 32x32b loads (a row a thread), O rescaled in place
@@ -112,3 +113,16 @@ def test_lowers_for_sm100a_with_tcgen05_and_tensor_memory(backend, op):
     assert ptx.count("st.shared.v4.b32") == BN // 8
     assert art["frame_bytes"] == 0 and art["registers"] <= 255
     assert art["cubin"][:4] == b"\x7fELF"
+
+
+def test_an_expression_heavy_specialisation_takes_narrower_key_tiles_instead_of_spilling(backend):
+    """The conformance suite's bias-and-mask case (a score_mod and a mask_mod of several terms each) spills with
+    128-key tiles at D = 128 (a thread holds a whole row of S); it lowers with 64-key tiles, unspilled."""
+    from conformance.cases import all_cases
+    from conformance.execute import static_op
+    from portakern.backends.cuda.attention import SM100_NARROW_TILE_N
+
+    case = next(c for c in all_cases() if c.id == "attn-d128-sq1-sk777-h8g8-b3-biasmask-bf16")
+    art = backend.compile_for_target(static_op(case), "sm_100a")
+    assert art["tile_n"] == SM100_NARROW_TILE_N and art["frame_bytes"] == 0
+    assert art["tcgen05"] == 2 * (128 // 16) + SM100_NARROW_TILE_N // 16

@@ -141,24 +141,34 @@ def _host_args(s: Spec, heads_q: int, heads_kv: int) -> tuple:
     return call_args(q, k, v, out, lse, 1.0, cuda.CUstream(0))
 
 
+#: the sm_100a kernel's key tile when its default one spills (a thread holds a whole row of S: half the row, half
+#: the registers for the expressions' temporaries)
+SM100_NARROW_TILE_N = 64
+
+
 def _build(s: Spec, args: tuple, arch: str):
-    """``(Lowered, compiled, overlap)`` of ``s`` for ``arch`` on ``args``. sm_100a: the tcgen05 kernel (overlap
-    None: its MMA warp overlaps the next tile's Q K^T with the softmax by construction). sm_90a: with the
-    intra-warpgroup overlap, or -- when that lowering spills registers (a stack frame; expression-heavy
-    specialisations at D >= 128) -- without."""
+    """``(Lowered, compiled, variant)`` of ``s`` for ``arch`` on ``args``, the variant a dict of what was chosen.
+    sm_90a: with the intra-warpgroup overlap (``{"overlap": True}``), or -- when that lowering spills registers (a
+    stack frame; expression-heavy specialisations at D >= 128) -- without. sm_100a: key tiles of ``TILE_N``
+    (``{"tile_n": ...}``), or of ``SM100_NARROW_TILE_N`` when that lowering spills (a score_mod and mask_mod
+    both expression-heavy)."""
     if arch == "sm_100a":
-        low, compiled = cute_dsl.lower(_kernel_sm100(s), args, arch)
-        return low, compiled, None
+        tile_n = TILE_N[s.head_dim]
+        low, compiled = cute_dsl.lower(_kernel_sm100(s, tile_n), args, arch)
+        if low.frame_bytes and tile_n > SM100_NARROW_TILE_N:
+            tile_n = SM100_NARROW_TILE_N
+            low, compiled = cute_dsl.lower(_kernel_sm100(s, tile_n), args, arch)
+        return low, compiled, {"tile_n": tile_n}
     low, compiled = cute_dsl.lower(_kernel(s, overlap=True), args, arch)
     if not low.frame_bytes:
-        return low, compiled, True
+        return low, compiled, {"overlap": True}
     low, compiled = cute_dsl.lower(_kernel(s, overlap=False), args, arch)
-    return low, compiled, False
+    return low, compiled, {"overlap": False}
 
 
 @lru_cache(maxsize=64)
 def _lowered(s: Spec, arch: str):
-    """``(Lowered, compiled, overlap)`` of specialisation ``s`` for ``arch``, lowered once per process."""
+    """``(Lowered, compiled, variant)`` of specialisation ``s`` for ``arch``, lowered once per process."""
     return _build(s, _host_args(s, 2, 1), arch)
 
 
@@ -170,7 +180,7 @@ _MMA = {"sm_90a": ("attn_fwd_sm90", r"wgmma\.mma_async", "wgmma.mma_async"),
 def compile_for_target(op: Attention, target: str) -> dict:
     """Lower ``op`` for ``target`` ("sm_90a" or "sm_100a") through CuTe DSL, no GPU (the target is the DSL's
     per-compile ``--gpu-arch``): the kernel, the specialisation, whether the sm_90a kernel kept the intra-warpgroup
-    overlap (``_build``; None for sm_100a), its PTX and cubin, the registers and stack frame a thread, the MMA
+    overlap (``overlap``) or the sm_100a kernel's key tile (``tile_n``; ``_build``), its PTX and cubin, the registers and stack frame a thread, the MMA
     (``wgmma`` or ``tcgen05``) and TMA instruction counts and the compile seconds (0.0 when the specialisation was
     already lowered in this process). The sm_100a kernel is compiled here, never run (``supports``).
 
@@ -187,7 +197,7 @@ def compile_for_target(op: Attention, target: str) -> dict:
         raise NotImplementedError(why)
     s = spec(op)
     hits = _lowered.cache_info().hits
-    low, _, overlap = _lowered(s, target)
+    low, _, variant = _lowered(s, target)
     fresh = _lowered.cache_info().hits == hits
     kernel, pattern, name = _MMA[target]
     mma, tma = low.count(pattern), low.count(r"cp\.async\.bulk\.tensor")
@@ -199,7 +209,7 @@ def compile_for_target(op: Attention, target: str) -> dict:
         raise BackendError(f"attention {s} for {target}: the lowered PTX has {mma} {name} and {tma} "
                            f"cp.async.bulk.tensor instructions{' and no tcgen05.alloc' if missing else ''}; the "
                            f"kernel is written with them")
-    art = {"target": target, "kernel": kernel, "spec": s, "overlap": overlap, "ptx": low.ptx, "cubin": low.cubin,
+    art = {"target": target, "kernel": kernel, "spec": s, **variant, "ptx": low.ptx, "cubin": low.cubin,
            "registers": low.registers, "frame_bytes": low.frame_bytes, "tma": tma,
            "compile_s": low.seconds if fresh else 0.0}
     art["wgmma" if target == "sm_90a" else "tcgen05"] = mma
@@ -217,14 +227,14 @@ def _kernel(s: Spec, overlap: bool = True):
                        overlap=overlap)
 
 
-def _kernel_sm100(s: Spec):
-    """The sm_100a kernel object of specialisation ``s``."""
+def _kernel_sm100(s: Spec, tile_n: int):
+    """The sm_100a kernel object of specialisation ``s`` with key tiles of ``tile_n``."""
     import cutlass
 
     from .kernels.attn_fwd_sm100 import AttnFwdSm100
 
     dtype = cutlass.Float16 if s.dtype is DType.float16 else cutlass.BFloat16
-    return AttnFwdSm100(dtype, s.head_dim, s.score_mod, s.mask_mod, s.return_lse, tile_n=TILE_N[s.head_dim])
+    return AttnFwdSm100(dtype, s.head_dim, s.score_mod, s.mask_mod, s.return_lse, tile_n=tile_n)
 
 
 _DEVICE_LOCK = threading.Lock()
