@@ -32,7 +32,7 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass import Float32, Int32, const_expr
 from cutlass._mlir.dialects import nvvm
-from cutlass.cute.nvgpu import cpasync, tcgen05
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 
 from . import attn_softmax as sm
 from .attn_fwd_sm90 import AttnFwdSm90
@@ -107,7 +107,7 @@ class AttnFwdSm100:
         mVt = cute.make_tensor(mV.iterator, cute.select(mV.layout, mode=[1, 0, 2, 3]))
         D, BM, BN = self.head_dim, self.tile_m, self.tile_n
         one = tcgen05.CtaGroup.ONE
-        K, MN = tcgen05.OperandMajorMode.K, tcgen05.OperandMajorMode.MN
+        K, MN = OperandMajorMode.K, OperandMajorMode.MN
         mma_qk = sm100_utils.make_trivial_tiled_mma(self.dtype, K, K, Float32, one, (BM, BN))
         mma_pv = sm100_utils.make_trivial_tiled_mma(self.dtype, K, MN, Float32, one, (BM, D))
         tiler_qk, tiler_pv = (BM, BN, D), (BM, D, BN)
