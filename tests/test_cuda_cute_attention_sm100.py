@@ -106,6 +106,8 @@ def test_lowers_for_sm100a_with_tcgen05_and_tensor_memory(backend, op):
     assert re.search(r"tcgen05\.ld\.sync\.aligned\.32x32b\.x32\.b32", ptx)
     assert re.search(r"tcgen05\.st\.sync\.aligned\.32x32b\.x32\.b32", ptx)
     assert "tcgen05.wait::ld" in ptx and "tcgen05.wait::st" in ptx
+    # the conditional rescale: a warp votes whether any of its rows' max moved before it loads and stores O
+    assert ptx.count("vote.sync.any.pred") == 1
     assert "tcgen05.fence::before_thread_sync" in ptx and "tcgen05.fence::after_thread_sync" in ptx
     # each MMA's completion reaches its consumer through tcgen05.commit on an mbarrier; TMA loads Q, K and V
     assert ptx.count("tcgen05.commit") >= 4 and "cp.async.bulk.tensor" in ptx

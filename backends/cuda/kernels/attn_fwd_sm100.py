@@ -365,8 +365,12 @@ class AttnFwdSm100:
             # -- phase: once P_{i-1} V_{i-1} is done: O rescaled in tensor memory, P_i to shared memory ----------
             pipe_p.producer_acquire(p_state)
             tmem_fence(after=True)
+            # conditional rescale (exact): a warp whose rows' max did not move (every correction is 1) leaves O as
+            # it is; the loads and stores are warp-collective, so the whole warp decides together. A NaN
+            # correction differs from 1 and is applied
             if i > 0:
-                self.rescale_o(thr_pv, tOtO, tidx, correction[0])
+                if cute.arch.vote_any_sync(correction[0] != Float32(1.0)):
+                    self.rescale_o(thr_pv, tOtO, tidx, correction[0])
             tSrP.store(tSrS.load().to(self.dtype))
             for g in cutlass.range_constexpr(BN // P_VEC):
                 cute.autovec_copy(tSrP_v[None, g], tPsP_v[None, g])
