@@ -20,11 +20,10 @@ run-time values. Compile-only builds those same arguments from small CPU tensors
 launch runs; each specialisation is lowered once per process and every case of it reuses the lowering
 (``_lowered``).
 
-Status: **compiled, not executed**. ``compile_for_target(op, "sm_90a")`` lowers on a CPU-only machine and the tests
-read wgmma, TMA and setmaxnreg in its PTX; ``compile(op, device)`` builds the launcher for an sm_90 GPU, which no GPU
-has run yet (``docs/design/attention-cute.md`` names the first GPU session's commands). The backend never ranks this
-kernel above triton (``tuning.ATTENTION_TABLE`` is empty: nothing is measured), so ``backend=None`` is unchanged and
-only ``backend="cuda"`` on an sm_90 GPU reaches it.
+Status: the sm_90a kernel lowers on a CPU-only machine (the tests read wgmma, TMA and setmaxnreg in its PTX) and
+passed the gpu-tier conformance cases it supports on an H100, slower than triton (``docs/design/attention-cute.md``);
+the backend never ranks it above triton (``tuning.ATTENTION_TABLE`` is empty: no measured win), so ``backend=None``
+is unchanged and only ``backend="cuda"`` on an sm_90 GPU reaches it. The sm_100a kernel is compiled, not executed.
 """
 
 from __future__ import annotations

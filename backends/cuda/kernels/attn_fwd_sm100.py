@@ -5,8 +5,8 @@ One CTA computes a 128 x ``D`` block of the output for one (batch, query head) w
 - warps 0-3, the **softmax warpgroup**: tcgen05 loads put one row of the S tile into each thread's registers (the
   32x32b shape: warp ``w`` reads TMEM lanes ``32w .. 32w+31``, i.e. query rows), so every row reduction stays in
   one thread. Per key tile: score_mod, mask, online softmax in log2 units (``attn_softmax``), O's rescale in tensor
-  memory (tcgen05 load, multiply, tcgen05 store) when the row max moved, P in the input dtype written to shared
-  memory; at the end O / l and the LSE go out.
+  memory (tcgen05 load, multiply, tcgen05 store) in a warp where some row's max moved, P in the input dtype
+  written to shared memory; at the end O / l and the LSE go out.
 - warp 4, the **MMA warp**: allocates tensor memory (S: ``tile_n`` columns, then O: ``D`` columns) and issues
   every tcgen05 MMA from one thread: ``S = Q K^T`` (both operands in shared memory, K-major) and ``O += P V`` (P
   K-major and V MN-major in shared memory), each followed by a ``tcgen05.commit`` on the mbarrier its consumer
@@ -22,6 +22,9 @@ done -- so the softmax never touches O or P while an MMA uses them).
 Semantics are the Hopper kernel's (``attn_fwd_sm90.py``) and portakern's (``docs/ir.md``): the same per-tile
 functions, the same key-tile range and mask skipping (``AttnFwdSm90.key_tiles`` / ``needs_mask``), a row with no
 visible key writes zeros and LSE = -inf, NaN and +inf flow to NaN. Shapes are run-time values.
+
+Status: compiled for sm_100a without a GPU (``attention.compile_for_target``), never executed: no Blackwell GPU has
+run it, so ``attention.supports`` does not serve it on one.
 """
 
 from __future__ import annotations
