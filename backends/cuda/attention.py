@@ -73,7 +73,7 @@ def refusal(op: Attention) -> str | None:
     """Why the kernel cannot compute ``op`` on any GPU (None when it can): the IR features it serves."""
     where = f"attention({op.dtype.value}, head_dim={op.head_dim}, head_dim_v={op.head_dim_v}"
     if op.dtype not in (DType.float16, DType.bfloat16):
-        return f"{where}) is not supported by cuda: its wgmma kernel takes float16 or bfloat16; {_WAY_OUT}"
+        return f"{where}) is not supported by cuda: its tensor-core kernels take float16 or bfloat16; {_WAY_OUT}"
     if op.head_dim != op.head_dim_v or op.head_dim not in HEAD_DIMS:
         return (f"{where}) is not supported by cuda: head_dim must equal head_dim_v and be one of "
                 f"{', '.join(map(str, HEAD_DIMS))}; {_WAY_OUT} or pad the head dimension")
