@@ -5,7 +5,8 @@
 #   2b. the triton-rocm backend (triton's kernel bodies, AMD launch configurations) over the same cpu-tier suite in
 #      the interpreter, then lowered to hsaco for gfx942 and gfx950 (AMD is compiled and interpreted, never run here);
 #   3. compile-only lowering of the cuda backend's kernels (NVRTC from the package index) for the same targets
-#      and sm_120, and of its CuTe DSL attention for sm_90a (a representative subset of the cases);
+#      and sm_120, and of its CuTe DSL attention for sm_90a and sm_100a (a representative subset of the cases; the
+#      sm_100a kernel is compiled, never run);
 #   4. the opencl backend over the whole cpu-tier conformance suite on the OpenCL device (PoCL on the CPU),
 #      then again from host arrays (backend="opencl" on numpy / CPU torch: the bfloat16 cases too);
 #   4b. the torch backend (torch's SDPA kernels, flex_attention, tinygemm) over the cpu-tier suite on the CPU;
@@ -40,10 +41,10 @@ if [ -z "${PORTAKERN_SKIP_SLOW_CONFORMANCE:-}" ]; then
   echo "== triton-rocm backend, compile-only to hsaco for gfx942, gfx950 (Triton's HIP backend, no ROCm needed) =="
   $PK conformance --backend triton-rocm --compile-only --target gfx942,gfx950 --jobs 0 \
     --report reports/triton-rocm-compile-only.json --markdown reports/triton-rocm-compile-only.md || status=1
-  echo "== cuda backend, compile-only (NVRTC; CuTe DSL attention for sm_90a) for sm_80, sm_90a, sm_100a, sm_120 =="
+  echo "== cuda backend, compile-only (NVRTC; CuTe DSL attention for sm_90a, sm_100a) for sm_80, sm_90a, sm_100a, sm_120 =="
   # every GEMV case; of attention a representative subset (both dtypes, every head dim, every expression kind, the
-  # LSE, the nf-* cases) -- each attention specialisation costs 1.4-9.5 s of CuTe DSL
-  # tracing and compiling, the whole set about 5 minutes here (docs/design/attention-cute.md has the full command)
+  # LSE, the nf-* cases) for sm_90a and sm_100a -- each attention specialisation costs 1-9.5 s of CuTe DSL
+  # tracing and compiling (sm_100a adds about 75 s to this step); docs/design/attention-cute.md has the full command
   $PK conformance --backend cuda --compile-only --target sm_80,sm_90a,sm_100a,sm_120 --jobs 0 \
     --cases 'gemv-*,nf-*-gemv-*,attn-d64-sq24-sk300-*-fp16*,attn-d128-sq1-sk777-*-bf16*,attn-d*-sq113-sk512-*,nf-*-attn-*' \
     --report reports/cuda-compile-only.json --markdown reports/cuda-compile-only.md || status=1

@@ -8,7 +8,8 @@ What a CPU-only machine can check, and does here:
 * the register fragments the kernel hands between its two wgmmas map the same (row, key) elements, and the rows a
   thread holds are shared by exactly the 4 lanes its quad reductions shuffle over;
 * ``compile_for_target(op, "sm_90a")`` lowers through CuTe DSL and the PTX holds wgmma, TMA and setmaxnreg, with
-  no register spill; sm_100a is refused (no tcgen05 kernel yet); dispatch never ranks it above triton.
+  no register spill; a real Blackwell GPU is refused (the sm_100a kernel, lowered in
+  ``test_cuda_cute_attention_sm100.py``, has not run on one); dispatch never ranks it above triton.
 The kernel has not run on a GPU: its values there are the GPU conformance run's to check.
 
 Without CuTe DSL (``nvidia-cutlass-dsl``, the ``[cuda]`` extra) these tests skip on a developer's machine but fail
@@ -224,14 +225,16 @@ def test_refusals_say_why(backend, op, why):
 
 
 def test_blackwell_and_older_gpus_are_refused_with_the_reason(backend):
-    assert "tcgen05" in backend.supports(attn(), B200).reason
+    # a real Blackwell GPU: the sm_100a kernel is compiled, not run (test_cuda_cute_attention_sm100.py lowers it)
+    assert "compiled but has not run on a Blackwell GPU" in backend.supports(attn(), B200).reason
     assert "needs a Hopper GPU" in backend.supports(attn(), A100).reason
     rtx = Device("cuda", 0, arch="sm_120", name="RTX 5090 (test)", capability=(12, 0), warp_size=32)
     assert "needs a Hopper GPU" in backend.supports(attn(), rtx).reason
     from portakern.backends.cuda import attention
 
-    with pytest.raises(NotImplementedError, match="no tcgen05 kernel for sm_100a"):
-        attention.compile_for_target(attn(), "sm_100a")
+    for target in ("sm_80", "sm_120"):
+        with pytest.raises(NotImplementedError, match=f"lowers for sm_90a, sm_100a only, not {target}"):
+            attention.compile_for_target(attn(), target)
 
 
 def test_dispatch_never_ranks_it_above_triton(backend):

@@ -40,8 +40,9 @@ class CudaBackend(Backend):
     it runs faster, where its priority hook ranks it at 110, and fp16 x on fragments-only weights (105: triton's
     fragment kernel is bf16-only, ``__init__.py`` says why); elsewhere it serves when asked
     by name (``backend="cuda"``) or when ``use_policy("fastest")`` measures it ahead. Attention is a CuTe DSL kernel
-    for Hopper (``attention.py``): compiled for sm_90a without a GPU, not yet run on one, so it never ranks above
-    triton (``tuning.ATTENTION_TABLE`` is empty) and serves only when asked by name.
+    for Hopper (``attention.py``; correct on an H100, slower than triton), so it never ranks above triton
+    (``tuning.ATTENTION_TABLE`` is empty) and serves only when asked by name; its Blackwell sm_100a kernel is
+    compiled without a GPU and never served (no Blackwell GPU has run it).
     """
 
     name = "cuda"
