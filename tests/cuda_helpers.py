@@ -36,3 +36,17 @@ def require_cute_dsl() -> None:
     from portakern.backends.cuda.common.cute_dsl import unavailable
 
     _require(unavailable(), "the cuda backend's CuTe DSL attention")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cute_dsl_required():
+    """Module-wide ``require_cute_dsl`` for a test module that imports it (the CuTe attention tests)."""
+    require_cute_dsl()
+
+
+@pytest.fixture(scope="module")
+def backend():
+    """The cuda backend, as the registry builds it."""
+    from portakern.backends.cuda.backend import CudaBackend
+
+    return CudaBackend()

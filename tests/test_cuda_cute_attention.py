@@ -28,23 +28,11 @@ from portakern.ir.expr import (alibi_score, alibi_slopes, b, causal_mask, docume
                                q_idx, score, softcap_score, where, window_mask)
 from portakern.ir.ops import Attention, KVLayout
 
-from cuda_helpers import require_cute_dsl
+from cuda_helpers import backend, cute_dsl_required  # noqa: F401 (fixtures: the cuda backend, CuTe DSL present)
 
 H200 = Device("cuda", 0, arch="sm_90", name="H200 (test)", capability=(9, 0), warp_size=32)
 B200 = Device("cuda", 0, arch="sm_100", name="B200 (test)", capability=(10, 0), warp_size=32)
 A100 = Device("cuda", 0, arch="sm_80", name="A100 (test)", capability=(8, 0), warp_size=32)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _require_cute_dsl():
-    require_cute_dsl()
-
-
-@pytest.fixture(scope="module")
-def backend():
-    from portakern.backends.cuda.backend import CudaBackend
-
-    return CudaBackend()
 
 
 def attn(D=128, dtype=DType.bfloat16, Sq=300, Sk=500, Hq=8, Hkv=2, **kw):

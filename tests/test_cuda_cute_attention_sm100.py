@@ -19,23 +19,11 @@ from portakern.ir.dtypes import DType
 from portakern.ir.expr import causal_mask, softcap_score, window_mask
 from portakern.ir.ops import Attention
 
-from cuda_helpers import require_cute_dsl
+from cuda_helpers import backend, cute_dsl_required  # noqa: F401 (fixtures: the cuda backend, CuTe DSL present)
 
 B200 = Device("cuda", 0, arch="sm_100", name="B200 (test)", capability=(10, 0), warp_size=32)
 GB300 = Device("cuda", 0, arch="sm_103", name="GB300 (test)", capability=(10, 3), warp_size=32)
 H200 = Device("cuda", 0, arch="sm_90", name="H200 (test)", capability=(9, 0), warp_size=32)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _require_cute_dsl():
-    require_cute_dsl()
-
-
-@pytest.fixture(scope="module")
-def backend():
-    from portakern.backends.cuda.backend import CudaBackend
-
-    return CudaBackend()
 
 
 def attn(D=128, dtype=DType.bfloat16, **kw):
