@@ -8,6 +8,10 @@ import os
 
 import pytest
 
+from portakern.devices import Device
+from portakern.ir import DType, QuantFormat
+from portakern.ir.ops import QuantGemv
+
 
 def _require(why: str | None, what: str) -> None:
     if why is not None:
@@ -50,3 +54,23 @@ def backend():
     from portakern.backends.cuda.backend import CudaBackend
 
     return CudaBackend()
+
+
+#: an sm_90 card as the compile-only targets describe it (no GPU)
+H200 = Device("cuda", 0, arch="sm_90a", name="H200 (test)", capability=(9, 0), warp_size=32)
+
+
+def gemv(M=1, N=4096, K=4096, bits=4, gs=128, sym=False, dtype=DType.bfloat16, **kw):
+    """A ``QuantGemv`` op; ``packing``, ``scale_dtype``, ``has_g_idx`` go to its format, the rest to the op."""
+    fmt_kw = {k: kw.pop(k) for k in ("packing", "scale_dtype", "has_g_idx") if k in kw}
+    return QuantGemv(M=M, N=N, K=K, dtype=dtype, fmt=QuantFormat(bits=bits, group_size=gs, symmetric=sym, **fmt_kw),
+                     **kw)
+
+
+@pytest.fixture
+def C():
+    """The cuda backend's GEMV module (``backends/cuda/quant_gemv.py``), NVRTC required."""
+    require_nvrtc()
+    from portakern.backends.cuda import quant_gemv
+
+    return quant_gemv

@@ -18,24 +18,7 @@ from portakern.devices import Device
 from portakern.ir import DType, Packing, QuantFormat
 from portakern.ir.ops import QuantGemv
 
-from cuda_helpers import require_cxx, require_nvrtc
-
-
-H200 = Device("cuda", 0, arch="sm_90a", name="H200 (test)", capability=(9, 0), warp_size=32)
-
-
-def gemv(M=1, N=4096, K=4096, bits=4, gs=128, sym=False, dtype=DType.bfloat16, **kw):
-    fmt_kw = {k: kw.pop(k) for k in ("packing", "scale_dtype", "has_g_idx") if k in kw}
-    return QuantGemv(M=M, N=N, K=K, dtype=dtype, fmt=QuantFormat(bits=bits, group_size=gs, symmetric=sym, **fmt_kw),
-                     **kw)
-
-
-@pytest.fixture
-def C():
-    require_nvrtc()
-    from portakern.backends.cuda import quant_gemv
-
-    return quant_gemv
+from cuda_helpers import H200, C, gemv, require_cxx, require_nvrtc  # noqa: F401 (C: a fixture)
 
 
 @pytest.fixture
@@ -388,69 +371,6 @@ def test_gpu_graph_replays_with_new_inputs():
         torch.cuda.synchronize()
         ref = _float64(x, w)
         assert np.abs(out.double().cpu().numpy() - ref).max() / np.abs(ref).max() < 1e-2
-
-
-# -- the measured table ----------------------------------------------------------------------------------
-
-def test_choose_takes_a_measured_entry_and_the_hook_ranks_only_wins(C, backend, monkeypatch):
-    from portakern import gemv_weight
-    from portakern.backends import cuda as plugin
-    from portakern.backends.cuda import tuning
-
-    # weights that hold words (the word kernel runs them): its table ranks; fragments-only: tests/test_cuda_frag.py
-    monkeypatch.setattr(gemv_weight, "DEFAULT_LAYOUT", "words+fragments")
-    op = gemv(N=4096, K=14336)
-    rule = C.choose(op, 132)                                                      # no family: the rule
-    monkeypatch.setattr(tuning, "TABLE", {})        # a table of its own: no committed family or card entries
-    assert plugin.portakern_backend_priority(backend, op, H200) is None          # unmeasured: the class priority
-    monkeypatch.setitem(tuning.TABLE, ("sm_90", 1, 4, 4096, 14336), tuning.GemvEntry(16, 8, 7, 1, 1, False, "t"))
-    assert C.choose(op, 132, (9, 0)) == C.SmallMConfig(16, 8, 7, 1, 1) != rule
-    assert C.choose(op, 132, (10, 0)) == rule                                     # another family: the rule
-    assert plugin.portakern_backend_priority(backend, op, H200) is None          # measured, but not ahead
-    monkeypatch.setitem(tuning.TABLE, ("sm_90", 1, 4, 4096, 14336), tuning.GemvEntry(16, 8, 7, 1, 1, True, "t"))
-    assert plugin.portakern_backend_priority(backend, op, H200) == plugin.MEASURED_WIN_PRIORITY > 100
-    assert plugin.portakern_backend_priority(backend, gemv(N=4096, K=4096), H200) is None
-
-
-def test_the_committed_table_ranks_cuda_first_only_where_it_measured_ahead(backend, monkeypatch):
-    # tuning.py as written from the sweeps (H100 family and card entries, H200 card entries): for weights that hold
-    # words, cuda above triton exactly where an entry says it won, never at M = 4 (the triton tensor-core kernel stays
-    # ahead there). Fragments-only weights (the default layout) rank by FRAG_TABLE: tests/test_cuda_frag.py
-    from portakern import gemv_weight
-    from portakern.backends import cuda as plugin
-    from portakern.backends.cuda.tuning import TABLE
-
-    monkeypatch.setattr(gemv_weight, "DEFAULT_LAYOUT", "words+fragments")
-    for (key, M, bits, N, K), entry in TABLE.items():
-        op = gemv(M=M, N=N, K=K, bits=bits)
-        fam, _, card = key.partition("/")
-        dev = Device("cuda", 0, arch=fam, name=f"NVIDIA {card.upper()}" if card else fam,
-                     capability=(int(fam[3:-1]), int(fam[-1])), warp_size=32)
-        want = plugin.MEASURED_WIN_PRIORITY if entry.beats_triton else None
-        assert plugin.portakern_backend_priority(backend, op, dev) == want
-        assert not (M > 1 and entry.beats_triton)
-
-
-def test_every_table_entry_names_the_result_file_that_measured_it():
-    # each entry's source is a sweep under benchmarks/results/ of that GPU family (and card, for a card's own entry)
-    # whose fastest variant for the problem is the entry's configuration, with the same verdict against triton
-    import json
-    from pathlib import Path
-
-    from portakern.backends.cuda import quant_gemv
-    from portakern.backends.cuda.tuning import TABLE
-
-    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-    sweeps: dict = {}
-    for (key, M, bits, N, K), entry in TABLE.items():
-        path = results / entry.source
-        assert path.is_file(), f"{key} {M} {bits} {N} {K}: source {entry.source} is not under benchmarks/results/"
-        res = sweeps.setdefault(entry.source, json.loads(path.read_text()))
-        fam, _, card = key.partition("/")
-        assert "sm_{}{}".format(*res["capability"]) == fam and (not card or quant_gemv.card(res["gpu"]) == card)
-        (row,) = [r for r in res["bench"] if (r.get("M", 1), r["bits"], r["N"], r["K"]) == (M, bits, N, K)]
-        assert tuple(int(t) for t in row["best"].split(",")) == entry[:5]
-        assert (row["best_us"] <= 0.98 * row["table_us"]) == entry.beats_triton
 
 
 def test_attention_it_has_no_kernel_for_is_refused_with_the_way_out_and_never_compiled(backend):
