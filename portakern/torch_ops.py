@@ -330,12 +330,7 @@ class QuantLinear(torch.nn.Module):
         for a fragments-only module: ``frag`` is its codes)."""
         if self.frag is None or self.qweight is None:
             return
-        from portakern.gemv_torch import pack_fragments
-        from portakern.ir.gemv_layout import N_ALIGN_WORDS
-
-        w = PreparedGemvWeight(self.qweight, self.scales, self.zeros, self.perm, self.kgroup, self.bits,
-                               self.group_size, self.zero_point, self.out_features, self.in_features)
-        self.frag.copy_(pack_fragments(_codes(w).T.to(torch.uint8), N_ALIGN_WORDS))   # on the buffers' device
+        self.frag.copy_(_fragments_of(self, self.qweight))   # on the buffers' device
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
@@ -377,20 +372,28 @@ class QuantLinear(torch.nn.Module):
                f"group_size={self.group_size}"
 
 
+def _fragments_of(module: QuantLinear, words: Tensor) -> Tensor:
+    """The fragment layout of the codes in ``words`` (a ``qweight`` of ``module``'s format and shape), built with
+    torch ops on ``words``' device."""
+    from portakern.gemv_torch import pack_fragments
+    from portakern.ir.gemv_layout import N_ALIGN_WORDS
+
+    w = PreparedGemvWeight(words, module.scales, module.zeros, module.perm, module.kgroup, module.bits,
+                           module.group_size, module.zero_point, module.out_features, module.in_features)
+    return pack_fragments(_codes(w).T.to(torch.uint8), N_ALIGN_WORDS)
+
+
 def _convert_codes(module: QuantLinear, state: dict, prefix: str) -> None:
     """Rewrite ``state`` in place so that it holds ``module``'s codes in the layout the module keeps: words
     (``qweight``) for a module that has them, else fragments (``frag``). A state saved by a module of the other
     layout (a checkpoint written on the CPU, where weights hold words, read on a GPU where they hold fragments, or
     the reverse) is repacked with torch ops on the device of its tensor; the same codes either way."""
-    from portakern.gemv_torch import pack_fragments, pack_words, unpack_fragments
-    from portakern.ir.gemv_layout import N_ALIGN_WORDS
+    from portakern.gemv_torch import pack_words, unpack_fragments
 
     words_key, frag_key = prefix + "qweight", prefix + "frag"
     words, frag = state.get(words_key), state.get(frag_key)
     if module.qweight is None and module.frag is not None and words is not None and frag is None:
-        w = PreparedGemvWeight(words, module.scales, module.zeros, None, None, module.bits, module.group_size,
-                               module.zero_point, module.out_features, module.in_features)
-        state[frag_key] = pack_fragments(_codes(w).T.to(torch.uint8), N_ALIGN_WORDS)
+        state[frag_key] = _fragments_of(module, words)
         del state[words_key]
     elif module.qweight is not None and frag is not None and words is None:
         codes = unpack_fragments(frag, module.out_features, module.in_features)

@@ -342,7 +342,7 @@ def _default_layout() -> str:
     """The layout ``prepare_gemv_weight`` builds when none is asked for (``portakern.gemv_weight.DEFAULT_LAYOUT``)."""
     from portakern import gemv_weight
 
-    return getattr(gemv_weight, "DEFAULT_LAYOUT", "words+fragments")
+    return gemv_weight.DEFAULT_LAYOUT
 
 
 def fragments_only(op: QuantGemv, device: Device) -> bool:
